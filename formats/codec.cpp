@@ -1,0 +1,128 @@
+#include "formats/codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "formats/fp8.h"
+#include "lib/half.h"
+
+namespace moepack {
+
+const char* quant_method_name(QuantMethod m) {
+  switch (m) {
+    case QuantMethod::kNone:
+      return "none";
+    case QuantMethod::kGptq:
+      return "gptq";
+    case QuantMethod::kAwq:
+      return "awq";
+    case QuantMethod::kCtPackQuantized:
+      return "compressed-tensors-pack-quantized";
+    case QuantMethod::kCtIntQuantized:
+      return "compressed-tensors-int-quantized";
+    case QuantMethod::kCtMxfp8:
+      return "compressed-tensors-mxfp8";
+    case QuantMethod::kModeloptMxfp8:
+      return "modelopt-mxfp8";
+    case QuantMethod::kModeloptFp8:
+      return "modelopt-fp8";
+    case QuantMethod::kFp8Block:
+      return "fp8-block";
+  }
+  return "unknown";
+}
+
+void QuantTensor::check_consistent(const std::string& what) const {
+  const auto fail = [&](const std::string& m) {
+    throw Error(ErrorCode::kInternal, "", what, "inconsistent QuantTensor: " + m);
+  };
+  if (experts < 0 || n < 0 || k < 0) fail("negative extent");
+  if (static_cast<int64_t>(codes.size()) != experts * n * k) fail("codes size");
+  if (static_cast<int64_t>(scales.size()) != experts * scale_rows() * groups() * scale_bytes())
+    fail("scales size");
+  if (!symmetric && static_cast<int64_t>(zeros.size()) != experts * n * groups())
+    fail("zeros size");
+  if (symmetric && !zeros.empty()) fail("symmetric tensor with zeros");
+  if (!g_idx.empty() && static_cast<int64_t>(g_idx.size()) != experts * k) fail("g_idx size");
+}
+
+static float scale_value(const QuantTensor& q, int64_t index) {
+  const uint8_t* p = q.scales.data() + index * q.scale_bytes();
+  switch (q.scale_dtype) {
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_to_float(h);
+    }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return bf16_to_float(h);
+    }
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kU8:
+    case DType::kF8_E8M0:
+      return e8m0_to_float(*p);
+    default:
+      throw Error(ErrorCode::kInternal,
+                  std::string("unsupported scale dtype ") + dtype_name(q.scale_dtype));
+  }
+}
+
+std::vector<float> dequantize_expert(const QuantTensor& q, int64_t e) {
+  const int64_t G = q.groups(), SR = q.scale_rows();
+  std::vector<float> out(static_cast<size_t>(q.n * q.k));
+  const uint8_t* codes = q.codes.data() + e * q.n * q.k;
+  const int32_t* gi = q.g_idx.empty() ? nullptr : q.g_idx.data() + e * q.k;
+  const float bias = q.kind == CodeKind::kUint ? static_cast<float>(1 << (q.bits - 1)) : 0.0f;
+  for (int64_t n = 0; n < q.n; ++n) {
+    const int64_t srow = n / q.scale_block_n;
+    for (int64_t k = 0; k < q.k; ++k) {
+      int64_t g = gi ? gi[k] : (q.group_size > 0 ? k / q.group_size : 0);
+      const float s = scale_value(q, (e * SR + srow) * G + g);
+      const uint8_t c = codes[n * q.k + k];
+      float v;
+      switch (q.kind) {
+        case CodeKind::kUint: {
+          const float z = q.symmetric ? bias : static_cast<float>(q.zeros[(e * q.n + n) * G + g]);
+          v = (static_cast<float>(c) - z) * s;
+          break;
+        }
+        case CodeKind::kInt:
+          v = static_cast<float>(static_cast<int8_t>(c)) * s;
+          break;
+        case CodeKind::kFp8E4M3:
+          v = e4m3_to_float(c) * s;
+          break;
+      }
+      out[static_cast<size_t>(n * q.k + k)] = v;
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> invert_permutation(const std::vector<int32_t>& perm) {
+  std::vector<int32_t> inv(perm.size(), -1);
+  for (size_t i = 0; i < perm.size(); ++i) {
+    const int32_t p = perm[i];
+    if (p < 0 || static_cast<size_t>(p) >= perm.size() || inv[static_cast<size_t>(p)] != -1)
+      throw Error(ErrorCode::kBadValue, "not a permutation (index " + std::to_string(i) + ")");
+    inv[static_cast<size_t>(p)] = static_cast<int32_t>(i);
+  }
+  return inv;
+}
+
+std::vector<int32_t> stable_argsort(const int32_t* values, int64_t count) {
+  std::vector<int32_t> idx(static_cast<size_t>(count));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [values](int32_t a, int32_t b) { return values[a] < values[b]; });
+  return idx;
+}
+
+}  // namespace moepack

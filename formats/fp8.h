@@ -1,0 +1,37 @@
+// float8_e4m3fn and E8M0 scalar codecs (spec/mxfp8_trtllm.md §6).
+//
+//   e4m3fn: S EEEE MMM, bias 7, subnormal step 2^-9, max 448, no inf, S.1111.111 = NaN
+//   e8m0:   one byte c, value 2^(c-127), 255 = NaN
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "lib/half.h"
+
+namespace moepack {
+
+// Exact decode of an e4m3fn byte (NaN for 0x7f / 0xff).
+inline float e4m3_to_float(uint8_t b) {
+  const bool neg = b & 0x80;
+  const int exp = (b >> 3) & 0xf;
+  const int mant = b & 0x7;
+  float v;
+  if (exp == 0xf && mant == 0x7) return std::nanf("");
+  if (exp == 0)
+    v = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant * 2^-9
+  else
+    v = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
+  return neg ? -v : v;
+}
+
+// 2^(c-127) as float; c = 0 gives 2^-127 (a float32 subnormal), 255 gives NaN.
+inline float e8m0_to_float(uint8_t c) {
+  if (c == 255) return std::nanf("");
+  return std::ldexp(1.0f, static_cast<int>(c) - 127);
+}
+
+// float -> e4m3fn, round-to-nearest-even, saturating to +-448 (cvt.rn.satfinite); NaN -> 0x7f.
+uint8_t float_to_e4m3_satfinite(float x);
+
+}  // namespace moepack

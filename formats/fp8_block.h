@@ -1,0 +1,16 @@
+// DeepSeek-style FP8 block checkpoint Linear <-> QuantTensor: weight F8_E4M3 [N, K],
+// weight_scale_inv F32 [ceil(N/128), ceil(K/128)] (a dequant multiplier despite the name).
+// spec/checkpoints.md §3.2, spec/mxfp8_trtllm.md §5.
+#pragma once
+
+#include "formats/codec.h"
+
+namespace moepack {
+
+std::vector<std::string> fp8_block_required_suffixes(const QuantParams& p);
+std::vector<std::string> fp8_block_optional_suffixes(const QuantParams& p);
+QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                             int64_t k);
+TensorMap pack_fp8_block(const QuantParams& p, const QuantTensor& q);
+
+}  // namespace moepack

@@ -1,0 +1,62 @@
+// Marlin weight tile layout as closed-form index maps (spec/wna16_marlin.md §3.2-3.3), shared
+// by formats/marlin.cpp and kernels/ (host and device). Raw integers only, no library types.
+//
+// Output: uint32 words [K/16, N*16/pf], read as consecutive tiles of T = 1024/pf words.
+//   16-bit activations: tiles 16(k) x 64(n), tau = kt*(N/64) + nt
+//   8-bit activations (a8): tiles 32(k) x 32(n), tau = kt*(N/32) + nt
+// Word r of tile (kt, nt), field f (bits [nb*f, nb*f+nb)) holds Q[k, n] with (k, n) below.
+#pragma once
+
+#include <cstdint>
+
+#include "formats/layout/hd.h"
+
+namespace moepack::marlin {
+
+MOEPACK_HD int tile_k(bool a8) {
+  return a8 ? 32 : 16;
+}
+MOEPACK_HD int tile_n(bool a8) {
+  return a8 ? 32 : 64;
+}
+MOEPACK_HD int pack_factor(int bits) {
+  return 32 / bits;
+}
+MOEPACK_HD int words_per_tile(int bits) {
+  return 1024 / pack_factor(bits);
+}
+
+// (k, n) of field f of word r in tile (kt, nt).
+MOEPACK_HD void word_field_coords(int bits, bool a8, int64_t kt, int64_t nt, int r, int f,
+                                  int64_t* k, int64_t* n) {
+  if (!a8) {
+    if (bits == 4) {
+      // DK = (0,8,0,8,1,9,1,9), DN = (0,0,8,8,0,0,8,8)
+      const int t = r >> 2, j = r & 3, b = 2 * (t & 3);
+      const int dk = (f & 1) * 8 + (f >> 2);
+      const int dn = ((f >> 1) & 1) * 8;
+      *k = 16 * kt + b + dk;
+      *n = 64 * nt + 16 * j + (t >> 2) + dn;
+    } else {
+      // DK8 = (0,8,1,9)
+      const int t = r >> 3, j = (r & 7) >> 1, h = r & 1, b = 2 * (t & 3);
+      const int dk = (f & 1) * 8 + (f >> 1);
+      *k = 16 * kt + b + dk;
+      *n = 64 * nt + 16 * j + (t >> 2) + 8 * h;
+    }
+  } else {
+    if (bits == 4) {
+      // DKa = (0,16,1,17,2,18,3,19)
+      const int t = r >> 2, j = (r & 3) >> 1, h = r & 1;
+      const int dk = (f & 1) * 16 + (f >> 1);
+      *k = 32 * kt + 4 * (t & 3) + dk;
+      *n = 32 * nt + 16 * j + (t >> 2) + 8 * h;
+    } else {
+      const int t = r >> 3, j = (r & 7) >> 2, h = (r & 3) >> 1, s = r & 1;
+      *k = 32 * kt + 4 * (t & 3) + 16 * s + f;
+      *n = 32 * nt + 16 * j + (t >> 2) + 8 * h;
+    }
+  }
+}
+
+}  // namespace moepack::marlin

@@ -1,0 +1,15 @@
+// Built when CUDA is off: every device entry point says so explicitly (STYLE.md §7).
+#include "kernels/moepack_cuda.h"
+#include "lib/error.h"
+
+namespace moepack {
+
+CudaDeviceInfo cuda_device_info() {
+  return {};
+}
+
+std::vector<uint32_t> cuda_marlin_repack(const uint8_t*, int64_t, int64_t, int, const int32_t*) {
+  throw Error(ErrorCode::kNoCuda, "built without CUDA");
+}
+
+}  // namespace moepack
