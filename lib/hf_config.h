@@ -1,0 +1,48 @@
+// The Hugging Face config model: config.json (+ hf_quant_config.json / quantize_config.json)
+// normalised into the facts moepack needs: MoE shape, activation, model dtype, and QuantParams.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "formats/codec.h"
+
+namespace moepack {
+
+struct HfConfig {
+  nlohmann::json raw;          // config.json as read
+  nlohmann::json text;         // the object holding the language-model fields (raw or text_config)
+  std::string model_type;      // "qwen3_moe", "mixtral", "deepseek_v3", ...
+  std::string architecture;    // architectures[0] or ""
+  int64_t hidden_size = 0;
+  int64_t moe_intermediate_size = 0;  // per expert
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  int64_t num_layers = 0;
+  std::string hidden_act = "silu";
+  bool gated = true;           // silu/swiglu gated MLP; false for relu2-style activations
+  DType dtype = DType::kBF16;  // torch_dtype / dtype
+
+  // Quantization as found, and where it was found.
+  QuantParams quant;
+  nlohmann::json quant_raw;    // the quantization_config object (or {} for unquantized)
+  std::string quant_file;      // "config.json", "hf_quant_config.json", "quantize_config.json", ""
+};
+
+// Reads DIR/config.json and the quantization side files. Throws kBadConfig (naming the file and
+// the key) for malformed configs and kUnsupported (listing the supported formats) for unknown
+// quantization methods.
+HfConfig load_hf_config(const std::string& dir);
+
+// Normalises one quantization_config object. `file` names where it came from (for errors).
+QuantParams normalize_quant_config(const nlohmann::json& qc, const std::string& file,
+                                   DType model_dtype);
+
+// The supported checkpoint formats, for error messages and --help.
+std::string supported_formats_text();
+
+DType parse_torch_dtype(const std::string& s, const std::string& file);  // "bfloat16" -> kBF16
+
+}  // namespace moepack
