@@ -1,0 +1,88 @@
+// Plans apart from doing (STYLE.md §11): make_plan() decides everything a conversion will write
+// -- per output tensor its sources, codec pair, dtype, shape, bytes and shard; the copy-through
+// set; the shard layout -- without touching tensor bytes. `convert --dry-run` prints it;
+// execute_plan() writes exactly it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/checkpoint.h"
+#include "lib/oracle.h"
+#include "lib/shard_writer.h"
+
+namespace moepack {
+
+struct ConvertOptions {
+  std::string src, dst;
+  std::string backend = "auto";
+  std::string target_arch = "sm90";
+  DType act_dtype = DType::kBF16;
+  std::string quantize;              // "" or "mxfp8" (bf16/fp16 experts -> MXFP8)
+  std::string mx_recipe = "flashinfer";  // or "modelopt"
+  bool vllm_w13_scale_size_k = false;    // reproduce vLLM's loader instead of the kernel layout
+  uint64_t max_shard_bytes = 5000000000ull;
+  int threads = 0;
+  bool force = false;
+};
+
+struct PlannedTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  uint64_t bytes = 0;
+  bool converted = false;            // false: copied through byte-identically
+  int64_t layer = -1;                // index into Checkpoint::moe_layers() when converted
+  std::string codec;                 // "gptq->marlin", "copy"
+  std::vector<std::string> sources;  // source tensor names (brace patterns for expert sets)
+};
+
+struct PlannedLayer {
+  int64_t index = -1;                // into Checkpoint::moe_layers()
+  std::string module, param_prefix;
+  OracleDecision decision;
+  std::vector<std::string> deviations;
+};
+
+struct Plan {
+  ConvertOptions options;
+  std::string source_format;         // quant_method_name of the source
+  std::string backend;               // chosen for every MoE layer
+  std::string layout_name;
+  int layout_version = 0;
+  TargetArch arch = TargetArch::kSm90;
+  QuantParams source_quant, target_quant;
+  std::vector<PlannedLayer> layers;
+  std::vector<PlannedTensor> tensors;  // output order
+  ShardPlan shards;
+  std::vector<std::string> copied_files;
+  std::vector<std::string> deviations;  // union over layers, deduplicated
+  uint64_t total_bytes() const { return shards.total_tensor_bytes; }
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+// Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
+Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
+
+using ProgressFn = std::function<void(const std::string& stage, int64_t done, int64_t total)>;
+
+struct ConvertResult {
+  std::string dst;
+  uint64_t bytes_written = 0;
+  int64_t tensors = 0;
+  double seconds = 0;
+};
+
+// Writes the planned checkpoint atomically (temp sibling, fsync, rename). Never leaves a
+// partial output behind.
+ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress = {});
+
+// The layout options a plan uses for one MoE layer.
+LayoutOptions layout_options_for(const Plan& plan, const MoeLayer& layer);
+
+}  // namespace moepack
