@@ -58,7 +58,8 @@ Golden load_golden(const std::string& folder, const std::string& case_name,
 
 std::vector<std::string> golden_cases(const std::string& folder) {
   std::vector<std::string> out;
-  for (auto& [k, v] : read_manifest(folder)["cases"].items()) out.push_back(k);
+  const nlohmann::json manifest = read_manifest(folder);  // keep alive while iterating
+  for (auto& [k, v] : manifest["cases"].items()) out.push_back(k);
   return out;
 }
 

@@ -1,0 +1,28 @@
+// The moepack CLI: parsing and reporting only (STYLE.md §11). Each subcommand file registers its
+// options on a CLI11 subcommand and returns a callback that does the work through lib/.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace moepack::cli {
+
+struct Globals {
+  bool json = false;  // --json: machine-readable result on stdout
+};
+
+using Runner = std::function<int()>;  // returns the exit code
+
+Runner add_inspect(CLI::App& app, Globals& g);
+Runner add_convert(CLI::App& app, Globals& g);
+Runner add_verify(CLI::App& app, Globals& g);
+Runner add_synth(CLI::App& app, Globals& g);
+
+// Progress lines go to stderr, and only when stderr is a terminal.
+bool stderr_is_terminal();
+void print_json(const nlohmann::json& j);
+std::string human_bytes(uint64_t bytes);
+
+}  // namespace moepack::cli
