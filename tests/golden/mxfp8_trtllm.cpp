@@ -177,7 +177,9 @@ TEST(MxGoldenManifest, HasGatedAndNonGatedCases) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MxGolden, ::testing::ValuesIn(cases()),
-                         [](const auto& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& param_info) {
+                           return param_info.param;
+                         });
 
 }  // namespace
 }  // namespace moepack

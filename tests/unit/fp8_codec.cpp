@@ -384,7 +384,9 @@ TEST(Fp8BlockCodec, RoundTripIncludingRaggedShapes) {
         lin.at("weight_scale_inv").data.data() + 4 * ((rn / 128) * ((k + 127) / 128) + ck / 128),
         4);
     const float want = e4m3_to_float(lin.at("weight").data[static_cast<size_t>(rn * k + ck)]) * s;
-    if (!std::isnan(want)) EXPECT_EQ(deq[static_cast<size_t>(rn * k + ck)], want);
+    if (!std::isnan(want)) {
+      EXPECT_EQ(deq[static_cast<size_t>(rn * k + ck)], want);
+    }
   }
 }
 
