@@ -32,6 +32,17 @@ inline float e8m0_to_float(uint8_t c) {
 }
 
 // float -> e4m3fn, round-to-nearest-even, saturating to +-448 (cvt.rn.satfinite); NaN -> 0x7f.
+// -0 and negative values that round to zero keep the sign (0x80). +-inf saturate to +-448.
 uint8_t float_to_e4m3_satfinite(float x);
+
+// The E8M0 code c = smallest integer in [0, 254] with 2^(c-127) >= s, for a finite s >= 0
+// (FlashInfer's bit rule, spec/mxfp8_trtllm.md §6 step 2): normal s -> exponent field +
+// (mantissa != 0); subnormal s -> 1 if s > 2^-127 else 0. s = +inf or NaN gives 254 / 255.
+uint8_t e8m0_ceil_code(float s);
+
+// The MXFP8 block scale code for a block whose max |x| is `amax` (float32, finite, >= 0):
+// e8m0_ceil_code(amax / 448) with the float32 division correctly rounded (FlashInfer
+// mxfp8_quantize_reference, ModelOpt MXFP8QTensor).
+uint8_t mxfp8_scale_code_for_amax(float amax);
 
 }  // namespace moepack

@@ -1,6 +1,19 @@
-// FlashInfer TRT-LLM-Gen DeepSeek FP8 block MoE layout: W31 swap, shuffle_matrix_a (epilogue tile
-// 64), BlockMajorK [K/128, M, 128]; scales W31-swapped and clamped >= 1e-10. spec/mxfp8_trtllm.md
-// §5.
+// FlashInfer TRT-LLM-Gen DeepSeek FP8 block MoE layout (spec/mxfp8_trtllm.md §5). Mirrors vLLM
+// prepare_fp8_moe_layer_for_fi(is_trtllm=True) for block quant: swap_w13_to_w31 on weights and
+// scale rows -> _shuffle_deepseek_fp8_moe_weights (FlashInfer shuffle_matrix_a(., 64) then
+// convert_to_block_layout(., 128)) -> scales clamp_(min=1e-10). Parameter names follow
+// Fp8MoEMethod (weight_scale_name "weight_scale_inv" for block quant).
+//
+//   w13_weight           F8_E4M3 [E, H/128, 2I, 128]  BlockMajorK: [kb][r][j] = W'[r, kb*128 + j]
+//                        where W' = rows of [up; gate] (W31) gathered by shuffle_matrix_a(2I, 64)
+//                        (16-row blocks: src[r] = (r - w) + (w%8)*2 + w/8, w = r % 16)
+//   w2_weight            F8_E4M3 [E, I/128, H, 128]   same with shuffle_matrix_a(H, 64), no swap
+//   w13_weight_scale_inv F32 [E, 2I/128, H/128]       W31-swapped scale rows, not shuffled
+//   w2_weight_scale_inv  F32 [E, H/128, I/128]        as in the checkpoint
+// The scale of physical weight row r is scale row shuffle_matrix_a_rows(M, 64)[r] / 128.
+// Non-gated (opts.gated == false): w13 has I rows, no swap.
+// vLLM clamps scales to >= 1e-10; a clamp cannot be inverted, so pack refuses (kBadValue) any
+// scale below 1e-10 (and NaN / Inf / negative ones) and the layout stays exactly invertible.
 #pragma once
 
 #include "formats/codec.h"
@@ -12,6 +25,14 @@ MoeExperts unpack_trtllm_fp8_block_moe(const LayoutOptions& opts, const TensorMa
 void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
                                     MoeProj proj, int64_t expert, const float* x, int64_t m,
                                     float* y);
+// Every reason (with numbers) these experts cannot take this layout; empty when they can:
+// H and I multiples of 128 (BlockMajorK along H and I, W31 swap of whole 128-row scale blocks)
+// and both projections FP8 128x128 block (e4m3, group 128, scale_block_n 128, F32 scales).
+std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOptions& opts,
+                                                              const MoeExperts& experts);
+// The smallest scale vLLM leaves unclamped (_FI_CUTLASS_MIN_BLOCK_SCALE, as float32).
+constexpr float kTrtllmFp8BlockMinScale = 1e-10f;
+
 std::vector<std::string> trtllm_fp8_block_deviations_from_vllm(const LayoutOptions& opts,
                                                                const MoeExperts& experts);
 

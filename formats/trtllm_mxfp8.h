@@ -1,8 +1,21 @@
 // FlashInfer TRT-LLM-Gen MXFP8 MoE layout: W31 swap, gated row interleave, shuffle_matrix_a
 // (epilogue tile 128), scales with the same row map then 128x4 interleave. spec/mxfp8_trtllm.md §3.
+// Mirrors vLLM prepare_fp8_moe_layer_for_fi(is_trtllm=True) -> swap_w13_to_w31 +
+// _shuffle_mxfp8_moe_weights, i.e. FlashInfer reorder_rows_for_gated_act_gemm,
+// shuffle_matrix_a(., 128) and shuffle_matrix_sf_a(., 128) (= row gather + block_scale_interleave).
+//
+//   w13_weight       F8_E4M3 [E, 2I, H]     physical row r holds logical row trtllm_w13_rows[r]
+//   w13_weight_scale U8      [E, 2I, H/32]  nominal shape; bytes of each expert are the
+//                                           row-permuted [2I, H/32] E8M0 matrix, 128x4-tiled:
+//     tile t = (m/128)*(C/4) + k/4 is 512 bytes = [32][4][4] indexed [m%32][(m%128)/32][k%4]
+//        byte(m, k) = t*512 + (m%32)*16 + ((m%128)/32)*4 + k%4
+//   w2_weight        F8_E4M3 [E, H, I]      rows by shuffle_matrix_a(H, 128)
+//   w2_weight_scale  U8      [E, H, I/32]   same row map, then 128x4
+// Non-gated (opts.gated == false): w13 has I rows and only the shuffle (no W31 swap, no reorder).
 #pragma once
 
 #include "formats/codec.h"
+#include "formats/layout/hd.h"
 
 namespace moepack {
 
@@ -12,6 +25,23 @@ void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& para
                                 MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
 std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeExperts& experts);
+
+// Every reason (with the numbers) these experts cannot take this layout; empty when they can.
+// 2I (I non-gated), H and I must be multiples of 128 (else the 128x4 interleave pads and vLLM's
+// reshape fails at load) and both projections must be MXFP8 (e4m3, group 32, U8 E8M0 scales).
+std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& opts,
+                                                          const MoeExperts& experts);
+
+// Byte offset of scale (m, k) of an [R, cols] matrix in the 128x4 interleaved buffer
+// (FlashInfer get_sf_out_offset_128x4 / computeSFIndex(SWIZZLED_128x4), unpadded case).
+MOEPACK_HD int64_t scale_128x4_offset(int64_t m, int64_t k, int64_t cols) {
+  return ((m / 128) * (cols / 4) + k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+}
+// shuffle_matrix_a's source row for output row r with B-row blocks (B = 32 or 16).
+MOEPACK_HD int64_t shuffle_a_src_row(int64_t r, int64_t block) {
+  const int64_t w = r % block;
+  return (r - w) + (w % 8) * (block / 8) + w / 8;
+}
 
 // Row maps as data (out[r] = in[src[r]]); inverses via invert_permutation.
 std::vector<int32_t> shuffle_matrix_a_rows(int64_t rows, int epilogue_tile_m);

@@ -1,0 +1,121 @@
+// DeepSeek-style FP8 block checkpoint Linear <-> QuantTensor (spec/checkpoints.md §3.2,
+// spec/mxfp8_trtllm.md §5). Mirrors vLLM Fp8MoEMethod.create_weights (block_quant).
+//
+//   weight           F8_E4M3 [N, K]
+//   weight_scale_inv F32 [ceil(N/128), ceil(K/128)]   x[n, k] = e4m3(w[n, k]) * s[n/128, k/128]
+//
+// Canonical: kind kFp8E4M3, bits 8, group_size 128 (along K), scale_block_n 128 (along N),
+// scale_dtype F32, symmetric.
+#include "formats/fp8_block.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace moepack {
+namespace {
+
+constexpr int64_t kBlock = 128;
+
+const Tensor& require(const TensorMap& by_suffix, const std::string& suffix) {
+  auto it = by_suffix.find(suffix);
+  if (it == by_suffix.end())
+    throw Error(ErrorCode::kMissingTensor, "", suffix, "FP8 block Linear lacks '" + suffix + "'");
+  return it->second;
+}
+
+void check_block_params(const QuantParams& p) {
+  if (p.block_n != kBlock || p.block_k != kBlock)
+    throw Error(ErrorCode::kUnsupported, "", "weight_scale_inv",
+                "weight_block_size [" + std::to_string(p.block_n) + ", " +
+                    std::to_string(p.block_k) + "]: only [128, 128] is supported");
+}
+
+// Scales are dequant multipliers: NaN, Inf or negative ones cannot come from a real
+// quantiser and would poison every output they touch.
+void check_scales(const std::vector<uint8_t>& bytes, const std::string& what) {
+  const size_t count = bytes.size() / 4;
+  for (size_t i = 0; i < count; ++i) {
+    float v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    if (!std::isfinite(v) || v < 0.0f)
+      throw Error(ErrorCode::kBadValue, "", what,
+                  "scale " + std::to_string(v) + " at flat index " + std::to_string(i) +
+                      " (must be finite and >= 0)");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> fp8_block_required_suffixes(const QuantParams&) {
+  return {"weight", "weight_scale_inv"};
+}
+
+std::vector<std::string> fp8_block_optional_suffixes(const QuantParams&) {
+  // activation_scheme "dynamic": no input_scale in block-FP8 checkpoints.
+  return {};
+}
+
+QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                             int64_t k) {
+  check_block_params(p);
+  if (n <= 0 || k <= 0)
+    throw Error(ErrorCode::kBadShape, "", "weight",
+                "N=" + std::to_string(n) + ", K=" + std::to_string(k) + " must be positive");
+  const Tensor& w = require(by_suffix, "weight");
+  const Tensor& s = require(by_suffix, "weight_scale_inv");
+  if (w.dtype != DType::kF8_E4M3)
+    throw Error(ErrorCode::kBadDtype, "", "weight",
+                std::string("dtype ") + dtype_name(w.dtype) + ", expected F8_E4M3");
+  if (s.dtype != DType::kF32)
+    throw Error(ErrorCode::kBadDtype, "", "weight_scale_inv",
+                std::string("dtype ") + dtype_name(s.dtype) + ", expected F32");
+  const Shape ws{n, k}, ss{(n + kBlock - 1) / kBlock, (k + kBlock - 1) / kBlock};
+  if (w.shape != ws)
+    throw Error(ErrorCode::kBadShape, "", "weight",
+                "shape " + shape_str(w.shape) + ", expected " + shape_str(ws));
+  if (s.shape != ss)
+    throw Error(ErrorCode::kBadShape, "", "weight_scale_inv",
+                "shape " + shape_str(s.shape) + ", expected " + shape_str(ss));
+  check_scales(s.data, "weight_scale_inv");
+
+  QuantTensor q;
+  q.experts = 1;
+  q.n = n;
+  q.k = k;
+  q.kind = CodeKind::kFp8E4M3;
+  q.bits = 8;
+  q.group_size = kBlock;
+  q.scale_block_n = kBlock;
+  q.symmetric = true;
+  q.scale_dtype = DType::kF32;
+  q.codes = w.data;
+  q.scales = s.data;
+  q.check_consistent("fp8_block");
+  return q;
+}
+
+TensorMap pack_fp8_block(const QuantParams& p, const QuantTensor& q) {
+  check_block_params(p);
+  if (q.kind != CodeKind::kFp8E4M3 || q.bits != 8 || q.group_size != kBlock ||
+      q.scale_block_n != kBlock || q.scale_dtype != DType::kF32 || !q.zeros.empty() ||
+      !q.g_idx.empty())
+    throw Error(ErrorCode::kUnsupported, "", "weight",
+                "not an FP8 128x128 block tensor (have group " + std::to_string(q.group_size) +
+                    ", scale_block_n " + std::to_string(q.scale_block_n) + ", scale dtype " +
+                    dtype_name(q.scale_dtype) + ")");
+  if (q.experts != 1)
+    throw Error(ErrorCode::kInternal, "", "weight",
+                "source codecs pack one Linear, got " + std::to_string(q.experts) + " experts");
+  q.check_consistent("fp8_block");
+  check_scales(q.scales, "weight_scale_inv");
+  TensorMap out;
+  Tensor w("weight", DType::kF8_E4M3, {q.n, q.k});
+  w.data = q.codes;
+  Tensor s("weight_scale_inv", DType::kF32, {q.scale_rows(), q.groups()});
+  s.data = q.scales;
+  out.emplace("weight", std::move(w));
+  out.emplace("weight_scale_inv", std::move(s));
+  return out;
+}
+
+}  // namespace moepack
