@@ -1,0 +1,41 @@
+// moepack verify DST [--source SRC] [--tokens 64] [--seed 0] [--tolerance 1e-3]
+//                [--device cpu|cuda] [--report FILE.html] [--json]
+#include <fstream>
+#include <iostream>
+
+#include "lib/error.h"
+#include "lib/verify.h"
+#include "tools/cli.h"
+
+namespace moepack::cli {
+
+Runner add_verify(CLI::App& app, Globals& g) {
+  auto o = std::make_shared<VerifyOptions>();
+  auto report = std::make_shared<std::string>();
+  app.add_option("dst", o->dst, "Converted checkpoint directory")->required();
+  app.add_option("--source", o->source, "Source checkpoint: enables the exact round-trip check and the source reference");
+  app.add_option("--tokens", o->tokens, "Random hidden states per MoE layer")->capture_default_str();
+  app.add_option("--seed", o->seed, "Seed of the hidden states")->capture_default_str();
+  app.add_option("--tolerance", o->tolerance, "Normalised error tolerance per layer")->capture_default_str();
+  app.add_option("--device", o->device, "cpu|cuda")->capture_default_str();
+  app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  app.add_option("--report", *report, "Write a self-contained HTML report");
+  return [o, report, &g] {
+    const VerifyReport r = run_verify(*o);
+    if (!report->empty()) {
+      std::ofstream f(*report);
+      f << render_html(r);
+      if (!f) throw Error(ErrorCode::kIo, *report, "", "cannot write the report");
+    }
+    if (g.json) {
+      auto j = to_json(r);
+      j["ok"] = r.passed;
+      print_json(j);
+    } else {
+      std::cout << render_text(r);
+    }
+    return r.passed ? 0 : static_cast<int>(ExitCode::kVerifyFailed);
+  };
+}
+
+}  // namespace moepack::cli
