@@ -109,13 +109,11 @@ void projection_reasons(const LayoutOptions& o, const QuantTensor& q, const std:
                            : std::string("moe_wna16 does not take desc_act checkpoints")));
   if (q.bits == 4 && q.k % 2 != 0)
     r->push_back(w + ": K " + num(q.k) + " is odd (two int4 codes per byte)");
+  if (o.source_method == QuantMethod::kAwq && q.bits != 4)
+    r->push_back(w + ": AWQ with " + num(q.bits) + " bits (moe_wna16's AWQ loader asserts int4)");
   if (q.symmetric) return;
   if (is_ct(o)) {
     r->push_back(w + ": asymmetric; CT MoE methods are symmetric-only");
-    return;
-  }
-  if (o.source_method == QuantMethod::kAwq && q.bits != 4) {
-    r->push_back(w + ": AWQ zero points with " + num(q.bits) + " bits (moe_wna16 AWQ is int4)");
     return;
   }
   if (q.bits == 8) {
@@ -439,8 +437,10 @@ bool data_repeats(const Geometry& g, int64_t f) {
   return true;
 }
 
-GroupChoice choose_group(const LayoutOptions& o, const Geometry& g, int64_t group_size,
-                         bool need_data) {
+// Shapes alone can admit several checkpoint group sizes (e.g. H = I = 64 with two columns: gs 32,
+// or gs 128 halved to 64 with a padding repeat); the repeated columns decide, and any choice they
+// allow reads the same scale for every k.
+GroupChoice choose_group(const LayoutOptions& o, const Geometry& g, int64_t group_size) {
   const std::string scales = names_for(o, MoeProj::kW13).scales;
   if (is_ct(o)) {
     if (g.hidden % g.g13 != 0 || g.inter % g.g2 != 0 || g.hidden / g.g13 != g.inter / g.g2)
@@ -464,7 +464,7 @@ GroupChoice choose_group(const LayoutOptions& o, const Geometry& g, int64_t grou
       throw Error(ErrorCode::kBadShape, "", scales,
                   "scale columns " + num(g.g13) + " / " + num(g.g2) + " do not match group size " +
                       num(group_size) + " (halved to " + num(eff) + ")");
-    if (need_data && !data_repeats(g, f))
+    if (!data_repeats(g, f))
       throw Error(ErrorCode::kBadValue, "", scales,
                   "group size " + num(group_size) + " was halved " + num(f) +
                       "x but the repeated scale/zero columns differ");
@@ -476,15 +476,6 @@ GroupChoice choose_group(const LayoutOptions& o, const Geometry& g, int64_t grou
                 "no group size gives " + num(g.g13) + " / " + num(g.g2) +
                     " scale columns for hidden " + num(g.hidden) + " and intermediate " +
                     num(g.inter));
-  if (!need_data) {
-    // The kernel only needs the effective group size; it must not depend on the choice.
-    for (const auto& c : cands)
-      if (c.effective != cands.front().effective)
-        throw Error(ErrorCode::kBadShape, "", scales,
-                    "scale shapes are ambiguous: effective group size " + num(c.effective) +
-                        " or " + num(cands.front().effective));
-    return cands.front();
-  }
   for (const auto& c : cands)
     if (data_repeats(g, c.factor)) return c;
   throw Error(ErrorCode::kBadValue, "", scales,
@@ -545,7 +536,7 @@ QuantTensor unpack_projection(const LayoutOptions& o, const Geometry& g, const G
 
 MoeExperts unpack_impl(const LayoutOptions& o, const TensorMap& m, int64_t group_size) {
   const Geometry g = read_geometry(o, m);
-  const GroupChoice gc = choose_group(o, g, group_size, true);
+  const GroupChoice gc = choose_group(o, g, group_size);
   MoeExperts x;
   x.w13 = unpack_projection(o, g, gc, MoeProj::kW13);
   x.w2 = unpack_projection(o, g, gc, MoeProj::kW2);
@@ -569,7 +560,7 @@ MoeExperts unpack_triton_wna16_moe_with_group_size(const LayoutOptions& o, const
 void triton_wna16_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeProj p,
                                 int64_t expert, const float* x, int64_t rows, float* y) {
   const Geometry g = read_geometry(o, m);
-  const GroupChoice gc = choose_group(o, g, 0, false);
+  const GroupChoice gc = choose_group(o, g, 0);
   if (expert < 0 || expert >= g.experts)
     throw Error(ErrorCode::kBadValue, "", names_for(o, p).qweight,
                 "expert " + num(expert) + " of " + num(g.experts));
