@@ -1,0 +1,188 @@
+#include "formats/triton_int8.h"
+
+#include <cstring>
+
+#include "lib/half.h"
+
+namespace moepack {
+namespace {
+
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
+
+std::string param(const LayoutOptions& o, MoeProj p, const char* what) {
+  return o.prefix + (p == MoeProj::kW13 ? "w13_" : "w2_") + what;
+}
+
+std::vector<std::string> shape_problems(const LayoutOptions& o, const MoeExperts& x) {
+  std::vector<std::string> r;
+  const int64_t shards = o.gated ? 2 : 1;
+  if (x.w13.experts != x.w2.experts)
+    r.push_back("w13 has " + num(x.w13.experts) + " experts but w2 has " + num(x.w2.experts));
+  if (x.w13.k != x.w2.n)
+    r.push_back("w13 K (hidden " + num(x.w13.k) + ") != w2 N (" + num(x.w2.n) + ")");
+  if (x.w13.n != shards * x.w2.k)
+    r.push_back("w13 N " + num(x.w13.n) + " != " + num(shards) + " x w2 K (intermediate " +
+                num(x.w2.k) + ")");
+  if (x.w13.experts < 1) r.push_back("no experts");
+  return r;
+}
+
+void projection_reasons(const QuantTensor& q, const std::string& w, std::vector<std::string>* r) {
+  if (q.kind != CodeKind::kInt || q.bits != 8)
+    r->push_back(w + ": not signed int8 codes (W8A8 int8 MoE holds int-quantized int8 only)");
+  if (q.group_size > 0)
+    r->push_back(w + ": group size " + num(q.group_size) +
+                 "; CompressedTensorsW8A8Int8MoEMethod requires channel strategy");
+  if (q.scale_block_n != 1) r->push_back(w + ": scales shared by several output rows");
+  if (!q.symmetric) r->push_back(w + ": asymmetric (zero points); W8A8 int8 MoE is symmetric");
+  if (!q.g_idx.empty()) r->push_back(w + ": g_idx (act-order) present");
+  if (q.scale_dtype != DType::kF32 && q.scale_dtype != DType::kBF16 && q.scale_dtype != DType::kF16)
+    r->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype) +
+                 " (expected F32, BF16 or F16)");
+}
+
+float scale_as_f32(const uint8_t* p, DType d) {
+  uint16_t h = 0;
+  float f = 0.0f;
+  switch (d) {
+    case DType::kF32:
+      std::memcpy(&f, p, 4);
+      return f;
+    case DType::kBF16:
+      std::memcpy(&h, p, 2);
+      return bf16_to_float(h);
+    case DType::kF16:
+      std::memcpy(&h, p, 2);
+      return f16_to_float(h);
+    default:
+      throw Error(ErrorCode::kInternal, "unexpected scale dtype");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> triton_int8_unsupported_reasons(const LayoutOptions& o,
+                                                         const MoeExperts& x) {
+  std::vector<std::string> r = shape_problems(o, x);
+  projection_reasons(x.w13, "w13", &r);
+  projection_reasons(x.w2, "w2", &r);
+  return r;
+}
+
+std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions&, const MoeExperts&) {
+  return {};
+}
+
+std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& o, const MoeExperts& x) {
+  x.w13.check_consistent("w13");
+  x.w2.check_consistent("w2");
+  const auto shapes = shape_problems(o, x);
+  if (!shapes.empty()) throw Error(ErrorCode::kBadShape, "", "w13/w2", shapes.front());
+  const auto reasons = triton_int8_unsupported_reasons(o, x);
+  if (!reasons.empty()) {
+    std::string msg = "W8A8 int8 Triton MoE layout cannot hold these experts:";
+    for (const auto& s : reasons) msg += "\n  - " + s;
+    throw Error(ErrorCode::kUnsupported, "", o.prefix + "w13_weight", msg);
+  }
+  std::vector<Tensor> out;
+  for (MoeProj p : {MoeProj::kW13, MoeProj::kW2}) {
+    const QuantTensor& q = p == MoeProj::kW13 ? x.w13 : x.w2;
+    Tensor w(param(o, p, "weight"), DType::kI8, {q.experts, q.n, q.k});
+    std::memcpy(w.data.data(), q.codes.data(), q.codes.size());
+    Tensor s(param(o, p, "weight_scale"), DType::kF32, {q.experts, q.n, 1});
+    float* sd = s.as<float>();
+    for (int64_t i = 0; i < q.experts * q.n; ++i)
+      sd[i] = scale_as_f32(q.scales.data() + i * q.scale_bytes(), q.scale_dtype);
+    out.push_back(std::move(w));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+namespace {
+
+const Tensor& need(const TensorMap& m, const std::string& name, DType dt) {
+  const auto it = m.find(name);
+  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", name, "parameter missing");
+  const Tensor& t = it->second;
+  if (t.dtype != dt)
+    throw Error(ErrorCode::kBadDtype, "", name,
+                std::string("expected ") + dtype_name(dt) + ", got " + dtype_name(t.dtype));
+  if (t.shape.size() != 3)
+    throw Error(ErrorCode::kBadShape, "", name, "expected rank 3, got " + shape_str(t.shape));
+  if (static_cast<int64_t>(t.data.size()) != numel(t.shape) * dtype_bits(dt) / 8)
+    throw Error(ErrorCode::kBadShape, "", name, "byte size does not match its shape");
+  return t;
+}
+
+struct Params {
+  const Tensor *w13, *w2, *s13, *s2;
+};
+
+Params read_params(const LayoutOptions& o, const TensorMap& m) {
+  Params p{&need(m, param(o, MoeProj::kW13, "weight"), DType::kI8),
+           &need(m, param(o, MoeProj::kW2, "weight"), DType::kI8),
+           &need(m, param(o, MoeProj::kW13, "weight_scale"), DType::kF32),
+           &need(m, param(o, MoeProj::kW2, "weight_scale"), DType::kF32)};
+  const int64_t E = p.w13->shape[0], N13 = p.w13->shape[1], H = p.w13->shape[2];
+  const int64_t shards = o.gated ? 2 : 1;
+  const int64_t I = p.w2->shape[2];
+  if (p.w2->shape != Shape{E, H, I} || N13 != shards * I)
+    throw Error(ErrorCode::kBadShape, "", p.w2->name,
+                shape_str(p.w2->shape) + " does not match w13_weight " + shape_str(p.w13->shape));
+  if (p.s13->shape != Shape{E, N13, 1})
+    throw Error(ErrorCode::kBadShape, "", p.s13->name,
+                "expected " + shape_str({E, N13, 1}) + ", got " + shape_str(p.s13->shape));
+  if (p.s2->shape != Shape{E, H, 1})
+    throw Error(ErrorCode::kBadShape, "", p.s2->name,
+                "expected " + shape_str({E, H, 1}) + ", got " + shape_str(p.s2->shape));
+  return p;
+}
+
+}  // namespace
+
+MoeExperts unpack_triton_int8_moe(const LayoutOptions& o, const TensorMap& m) {
+  const Params p = read_params(o, m);
+  MoeExperts x;
+  for (MoeProj pr : {MoeProj::kW13, MoeProj::kW2}) {
+    const Tensor& w = pr == MoeProj::kW13 ? *p.w13 : *p.w2;
+    const Tensor& s = pr == MoeProj::kW13 ? *p.s13 : *p.s2;
+    QuantTensor& q = pr == MoeProj::kW13 ? x.w13 : x.w2;
+    q.experts = w.shape[0];
+    q.n = w.shape[1];
+    q.k = w.shape[2];
+    q.kind = CodeKind::kInt;
+    q.bits = 8;
+    q.group_size = -1;
+    q.scale_block_n = 1;
+    q.symmetric = true;
+    q.scale_dtype = DType::kF32;
+    q.codes = w.data;
+    q.scales = s.data;
+  }
+  return x;
+}
+
+void triton_int8_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeProj pr,
+                               int64_t expert, const float* x, int64_t rows, float* y) {
+  const Params p = read_params(o, m);
+  const Tensor& w = pr == MoeProj::kW13 ? *p.w13 : *p.w2;
+  const Tensor& s = pr == MoeProj::kW13 ? *p.s13 : *p.s2;
+  const int64_t E = w.shape[0], N = w.shape[1], K = w.shape[2];
+  if (expert < 0 || expert >= E)
+    throw Error(ErrorCode::kBadValue, "", w.name, "expert " + num(expert) + " of " + num(E));
+  const int8_t* wd = w.as<int8_t>() + expert * N * K;
+  const float* sd = s.as<float>() + expert * N;
+  // The kernel accumulates int8 x int8 products and scales by the row scale at the end; with
+  // float activations the scale is likewise applied once per output.
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[r * K + k] * static_cast<float>(wd[n * K + k]);
+      y[r * N + n] = acc * sd[n];
+    }
+}
+
+}  // namespace moepack

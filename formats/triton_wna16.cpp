@@ -1,0 +1,597 @@
+#include "formats/triton_wna16.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "lib/half.h"
+
+namespace moepack {
+namespace {
+
+bool is_ct(const LayoutOptions& o) {
+  return o.source_method == QuantMethod::kCtPackQuantized;
+}
+bool is_gptq(const LayoutOptions& o) {
+  return o.source_method == QuantMethod::kGptq;
+}
+
+struct Names {
+  std::string qweight, scales, qzeros;
+};
+
+Names names_for(const LayoutOptions& o, MoeProj p) {
+  const std::string w = o.prefix + (p == MoeProj::kW13 ? "w13_" : "w2_");
+  if (is_ct(o)) return {w + "weight_packed", w + "weight_scale", ""};
+  return {w + "qweight", w + "scales", w + "qzeros"};
+}
+
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// g_idx that only restates k / group_size carries no act-order and is dropped.
+bool g_idx_is_trivial(const QuantTensor& q) {
+  if (q.g_idx.empty()) return true;
+  if (q.group_size <= 0) return false;
+  for (int64_t e = 0; e < q.experts; ++e)
+    for (int64_t k = 0; k < q.k; ++k)
+      if (q.g_idx[static_cast<size_t>(e * q.k + k)] != k / q.group_size) return false;
+  return true;
+}
+
+// Canonical scale (F16 / BF16 / F32 bytes) -> the activation dtype, as torch's copy_ does
+// (through float32, round to nearest even).
+uint16_t scale_to_act(const uint8_t* p, DType from, DType act) {
+  uint16_t h = 0;
+  float f = 0.0f;
+  switch (from) {
+    case DType::kF16:
+      std::memcpy(&h, p, 2);
+      if (act == DType::kF16) return h;
+      return f16_to_bf16(h);
+    case DType::kBF16:
+      std::memcpy(&h, p, 2);
+      if (act == DType::kBF16) return h;
+      return float_to_f16(bf16_to_float(h));
+    case DType::kF32:
+      std::memcpy(&f, p, 4);
+      return act == DType::kF16 ? float_to_f16(f) : float_to_bf16(f);
+    default:
+      throw Error(ErrorCode::kInternal, "unexpected scale dtype");
+  }
+}
+
+float act_to_float(uint16_t h, DType act) {
+  return act == DType::kF16 ? f16_to_float(h) : bf16_to_float(h);
+}
+
+// Mutual shape agreement of w13 and w2 (an input error, not an unsupported feature).
+std::vector<std::string> shape_problems(const LayoutOptions& o, const MoeExperts& x) {
+  std::vector<std::string> r;
+  const int64_t shards = o.gated ? 2 : 1;
+  if (x.w13.experts != x.w2.experts)
+    r.push_back("w13 has " + num(x.w13.experts) + " experts but w2 has " + num(x.w2.experts));
+  if (x.w13.k != x.w2.n)
+    r.push_back("w13 K (hidden " + num(x.w13.k) + ") != w2 N (" + num(x.w2.n) + ")");
+  if (x.w13.n != shards * x.w2.k)
+    r.push_back("w13 N " + num(x.w13.n) + " != " + num(shards) + " x w2 K (intermediate " +
+                num(x.w2.k) + ")");
+  if (x.w13.experts < 1) r.push_back("no experts");
+  return r;
+}
+
+void projection_reasons(const LayoutOptions& o, const QuantTensor& q, const std::string& w,
+                        std::vector<std::string>* r) {
+  if (q.kind != CodeKind::kUint) {
+    r->push_back(w + ": codes are not unsigned integer codes (GPTQ/AWQ/CT int4/int8 only)");
+    return;
+  }
+  if (q.bits != 4 && q.bits != 8) {
+    r->push_back(w + ": " + num(q.bits) + "-bit codes (the kernel reads 4 or 8 bits)");
+    return;
+  }
+  if (q.scale_block_n != 1) r->push_back(w + ": scales shared by several output rows");
+  if (q.scale_dtype != DType::kF16 && q.scale_dtype != DType::kBF16 && q.scale_dtype != DType::kF32)
+    r->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype) +
+                 " (expected F16, BF16 or F32)");
+  if (q.group_size <= 0)
+    r->push_back(w + ": channelwise scales (group_size -1); " +
+                 (is_ct(o) ? std::string("CompressedTensorsWNA16MoEMethod asserts strategy group")
+                           : std::string("moe_wna16 sizes scales K // group_size")));
+  if (!g_idx_is_trivial(q))
+    r->push_back(w + ": act-order (g_idx is not k / group_size); " +
+                 (is_ct(o) ? std::string("CT Triton MoE rejects actorder group")
+                           : std::string("moe_wna16 does not take desc_act checkpoints")));
+  if (q.bits == 4 && q.k % 2 != 0)
+    r->push_back(w + ": K " + num(q.k) + " is odd (two int4 codes per byte)");
+  if (o.source_method == QuantMethod::kAwq && q.bits != 4)
+    r->push_back(w + ": AWQ with " + num(q.bits) + " bits (moe_wna16's AWQ loader asserts int4)");
+  if (q.symmetric) return;
+  if (is_ct(o)) {
+    r->push_back(w + ": asymmetric; CT MoE methods are symmetric-only");
+    return;
+  }
+  if (q.bits == 8) {
+    r->push_back(w +
+                 ": 8-bit zero points; vLLM's moe_wna16 loader cannot load 8-bit asymmetric "
+                 "GPTQ (w13_qzeros slice of I/2 rows for an I-row tensor, spec §5.3)");
+    return;
+  }
+  if (q.n % 2 != 0) r->push_back(w + ": N " + num(q.n) + " is odd (two zero nibbles per byte)");
+  int lo = 255, hi = 0;
+  for (uint8_t z : q.zeros) {
+    lo = std::min<int>(lo, z);
+    hi = std::max<int>(hi, z);
+  }
+  if (is_gptq(o)) {
+    if (lo < 1)
+      r->push_back(w +
+                   ": a GPTQ zero point of 0; vLLM's loader adds 1 to the stored (v1) zero, "
+                   "so it cannot express 0 (a GPTQ v2 checkpoint)");
+    if (hi > 16) r->push_back(w + ": GPTQ int4 zero point " + num(hi) + " > 16");
+  } else if (hi > 15) {
+    r->push_back(w + ": AWQ int4 zero point " + num(hi) + " > 15");
+  }
+}
+
+}  // namespace
+
+bool triton_wna16_halve_group_size(int64_t group_size, int64_t intermediate, int64_t hidden,
+                                   int64_t* effective, int64_t* factor) {
+  int64_t g = group_size, f = 1;
+  if (g <= 0) return false;
+  while (intermediate % g != 0 || hidden % g != 0) {
+    g /= 2;
+    f *= 2;
+    if (g < 32) return false;
+  }
+  *effective = g;
+  *factor = f;
+  return true;
+}
+
+std::vector<std::string> triton_wna16_unsupported_reasons(const LayoutOptions& o,
+                                                          const MoeExperts& x) {
+  std::vector<std::string> r = shape_problems(o, x);
+  const QuantMethod sm = o.source_method;
+  if (sm != QuantMethod::kGptq && sm != QuantMethod::kAwq && sm != QuantMethod::kCtPackQuantized)
+    r.push_back(std::string("source method ") + quant_method_name(sm) +
+                " has no Triton WNA16 MoE method (gptq, awq or compressed-tensors pack-quantized)");
+  if (o.act_dtype != DType::kF16 && o.act_dtype != DType::kBF16)
+    r.push_back(std::string("activation dtype ") + dtype_name(o.act_dtype) +
+                " (moe_wna16 supports F16 and BF16)");
+  if (!o.gated && !is_ct(o))
+    r.push_back("non-gated MoE: moe_wna16 allocates w13 as 2 x intermediate rows (SiLU-and-mul)");
+  projection_reasons(o, x.w13, "w13", &r);
+  projection_reasons(o, x.w2, "w2", &r);
+  if (x.w13.bits != x.w2.bits) r.push_back("w13 and w2 have different bit widths");
+  if (x.w13.group_size != x.w2.group_size) r.push_back("w13 and w2 have different group sizes");
+  if (x.w13.symmetric != x.w2.symmetric) r.push_back("only one of w13 / w2 has zero points");
+  const int64_t gs = x.w13.group_size, hidden = x.w13.k, inter = x.w2.k;
+  if (gs <= 0 || x.w13.group_size != x.w2.group_size || hidden <= 0 || inter <= 0) return r;
+  if (is_ct(o)) {
+    if (hidden % gs != 0 || inter % gs != 0)
+      r.push_back("CT group size " + num(gs) + " does not divide hidden " + num(hidden) +
+                  " and intermediate " + num(inter) + " (scales are sized K // group_size)");
+    return r;
+  }
+  int64_t eff = 0, f = 0;
+  if (!triton_wna16_halve_group_size(gs, inter, hidden, &eff, &f)) {
+    r.push_back("group size " + num(gs) + " cannot be halved to one >= 32 dividing intermediate " +
+                num(inter) + " and hidden " + num(hidden) + " (moe_wna16 create_weights assert)");
+    return r;
+  }
+  if (eff * f != gs)
+    r.push_back("halving group size " + num(gs) + " to " + num(eff) +
+                " rounds down: the kernel's group k / " + num(eff) +
+                " would no longer map onto the checkpoint's groups");
+  if (!x.w13.symmetric && inter % gs != 0)
+    r.push_back("zero points with intermediate " + num(inter) + " not a multiple of group size " +
+                num(gs) + ": vLLM sizes w2_qzeros I // " + num(eff) + " but loads ceil(I/" +
+                num(gs) + ") x " + num(f) + " columns");
+  if (!x.w13.symmetric && x.w13.bits == 4 && inter % 2 != 0)
+    r.push_back("zero points with odd intermediate " + num(inter) +
+                " (the loader splits w13_qzeros at I/2 rows)");
+  return r;
+}
+
+std::vector<std::string> triton_wna16_deviations_from_vllm(const LayoutOptions& o,
+                                                           const MoeExperts& x) {
+  std::vector<std::string> d;
+  if (is_ct(o)) {
+    d.push_back(
+        "w13/w2_weight_shape, w13/w2_weight_g_idx and w13/w2_g_idx_sort_indices are not "
+        "written: vLLM registers them (the g_idx ones uninitialised) but the Triton kernel "
+        "never reads them");
+    return d;
+  }
+  if (is_gptq(o))
+    d.push_back(std::string("w13_g_idx/w2_g_idx") +
+                (x.w13.symmetric ? " and w13_qzeros/w2_qzeros" : "") +
+                " are not written: vLLM registers them as empty int32 [0] placeholders");
+  int64_t eff = 0, f = 0;
+  const int64_t gs = x.w13.group_size, hidden = x.w13.k, inter = x.w2.k;
+  if (gs > 0 && triton_wna16_halve_group_size(gs, inter, hidden, &eff, &f) && f > 1)
+    d.push_back("group size " + num(gs) + " halved to " + num(eff) + ": scales have ceil(K/" +
+                num(gs) + ") x " + num(f) + " columns (w13 " + num(ceil_div(hidden, gs) * f) +
+                ", w2 " + num(ceil_div(inter, gs) * f) +
+                "), as later upstream (scale_num_groups) sizes them; vLLM 9aaf83ef sizes them K/" +
+                num(eff) + " and cannot load this layer");
+  return d;
+}
+
+namespace {
+
+void pack_projection(const LayoutOptions& o, const QuantTensor& q, const Names& nm, int64_t f,
+                     std::vector<Tensor>* out) {
+  const int64_t E = q.experts, N = q.n, K = q.k, G = q.groups(), Gp = G * f;
+  const int64_t kb = K * q.bits / 8;
+  const int max_code = (1 << q.bits) - 1;
+  Tensor qw(nm.qweight, DType::kU8, {E, N, kb});
+  for (int64_t row = 0; row < E * N; ++row) {
+    const uint8_t* src = q.codes.data() + row * K;
+    uint8_t* dst = qw.data.data() + row * kb;
+    for (int64_t k = 0; k < K; ++k)
+      if (src[k] > max_code)
+        throw Error(ErrorCode::kBadValue, "", nm.qweight,
+                    "code " + num(src[k]) + " at row " + num(row) + ", k " + num(k) + " exceeds " +
+                        num(q.bits) + " bits");
+    if (q.bits == 8) {
+      std::memcpy(dst, src, static_cast<size_t>(K));
+    } else {
+      for (int64_t b = 0; b < kb; ++b)
+        dst[b] = static_cast<uint8_t>(src[2 * b] | (src[2 * b + 1] << 4));
+    }
+  }
+  out->push_back(std::move(qw));
+
+  Tensor sc(nm.scales, o.act_dtype, {E, N, Gp});
+  uint16_t* sd = sc.as<uint16_t>();
+  const int sb = q.scale_bytes();
+  for (int64_t row = 0; row < E * N; ++row)
+    for (int64_t c = 0; c < Gp; ++c)
+      sd[row * Gp + c] =
+          scale_to_act(q.scales.data() + (row * G + c / f) * sb, q.scale_dtype, o.act_dtype);
+  out->push_back(std::move(sc));
+
+  if (q.symmetric) return;
+  // int4 only (8-bit zero points are refused): byte [n/2, c] = z_even + 16 z_odd, in uint8
+  // arithmetic like vLLM's loader, so a GPTQ zero of 16 wraps.
+  Tensor zt(nm.qzeros, DType::kU8, {E, N / 2, Gp});
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t n2 = 0; n2 < N / 2; ++n2)
+      for (int64_t c = 0; c < Gp; ++c) {
+        const int z0 = q.zeros[static_cast<size_t>((e * N + 2 * n2) * G + c / f)];
+        const int z1 = q.zeros[static_cast<size_t>((e * N + 2 * n2 + 1) * G + c / f)];
+        zt.data[static_cast<size_t>((e * (N / 2) + n2) * Gp + c)] =
+            static_cast<uint8_t>((z0 + 16 * z1) & 0xff);
+      }
+  out->push_back(std::move(zt));
+}
+
+}  // namespace
+
+std::vector<Tensor> pack_triton_wna16_moe(const LayoutOptions& o, const MoeExperts& x) {
+  x.w13.check_consistent("w13");
+  x.w2.check_consistent("w2");
+  const auto shapes = shape_problems(o, x);
+  if (!shapes.empty()) throw Error(ErrorCode::kBadShape, "", "w13/w2", shapes.front());
+  const auto reasons = triton_wna16_unsupported_reasons(o, x);
+  if (!reasons.empty()) {
+    std::string msg = "Triton WNA16 MoE layout cannot hold these experts:";
+    for (const auto& s : reasons) msg += "\n  - " + s;
+    throw Error(ErrorCode::kUnsupported, "", o.prefix + "w13", msg);
+  }
+  int64_t eff = x.w13.group_size, f = 1;
+  if (!is_ct(o)) triton_wna16_halve_group_size(x.w13.group_size, x.w2.k, x.w13.k, &eff, &f);
+  std::vector<Tensor> out;
+  pack_projection(o, x.w13, names_for(o, MoeProj::kW13), f, &out);
+  pack_projection(o, x.w2, names_for(o, MoeProj::kW2), f, &out);
+  return out;
+}
+
+namespace {
+
+const Tensor& need(const TensorMap& m, const std::string& name) {
+  const auto it = m.find(name);
+  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", name, "parameter missing");
+  return it->second;
+}
+
+void need_rank3(const Tensor& t, DType dt) {
+  if (t.shape.size() != 3)
+    throw Error(ErrorCode::kBadShape, "", t.name, "expected rank 3, got " + shape_str(t.shape));
+  if (t.dtype != dt)
+    throw Error(ErrorCode::kBadDtype, "", t.name,
+                std::string("expected ") + dtype_name(dt) + ", got " + dtype_name(t.dtype));
+  if (static_cast<int64_t>(t.data.size()) != numel(t.shape) * dtype_bits(dt) / 8)
+    throw Error(ErrorCode::kBadShape, "", t.name, "byte size does not match its shape");
+}
+
+// Shapes of the layer as read back from the parameters.
+struct Geometry {
+  int64_t experts = 0, hidden = 0, inter = 0, n13 = 0;
+  int bits = 0;
+  bool has_zp = false;
+  int64_t g13 = 0, g2 = 0;  // scale columns
+  const Tensor *qw13 = nullptr, *qw2 = nullptr, *s13 = nullptr, *s2 = nullptr;
+  const Tensor *z13 = nullptr, *z2 = nullptr;
+};
+
+Geometry read_geometry(const LayoutOptions& o, const TensorMap& m) {
+  Geometry g;
+  const Names a = names_for(o, MoeProj::kW13), b = names_for(o, MoeProj::kW2);
+  g.qw13 = &need(m, a.qweight);
+  g.qw2 = &need(m, b.qweight);
+  g.s13 = &need(m, a.scales);
+  g.s2 = &need(m, b.scales);
+  need_rank3(*g.qw13, DType::kU8);
+  need_rank3(*g.qw2, DType::kU8);
+  need_rank3(*g.s13, o.act_dtype);
+  need_rank3(*g.s2, o.act_dtype);
+  const int64_t shards = o.gated ? 2 : 1;
+  g.experts = g.qw13->shape[0];
+  g.n13 = g.qw13->shape[1];
+  g.hidden = g.qw2->shape[1];
+  g.inter = g.n13 / shards;
+  const auto bad = [&](const std::string& t, const std::string& msg) {
+    throw Error(ErrorCode::kBadShape, "", t, msg);
+  };
+  if (g.qw2->shape[0] != g.experts || g.s13->shape[0] != g.experts || g.s2->shape[0] != g.experts)
+    bad(b.qweight, "expert counts of the parameters differ");
+  if (g.inter <= 0 || g.n13 % shards != 0 || g.hidden <= 0)
+    bad(a.qweight, "w13 rows " + num(g.n13) + " do not make an intermediate size");
+  const int64_t kb2 = g.qw2->shape[2], kb13 = g.qw13->shape[2];
+  if (kb2 * 8 == g.inter * 4)
+    g.bits = 4;
+  else if (kb2 == g.inter)
+    g.bits = 8;
+  else
+    bad(b.qweight,
+        "row of " + num(kb2) + " bytes is neither int4 nor int8 for intermediate " + num(g.inter));
+  if (kb13 * 8 != g.hidden * g.bits)
+    bad(a.qweight, "row of " + num(kb13) + " bytes does not hold " + num(g.hidden) + " " +
+                       num(g.bits) + "-bit codes");
+  if (g.s13->shape[1] != g.n13) bad(a.scales, "rows != w13 rows");
+  if (g.s2->shape[1] != g.hidden) bad(b.scales, "rows != hidden");
+  g.g13 = g.s13->shape[2];
+  g.g2 = g.s2->shape[2];
+  if (g.g13 < 1 || g.g2 < 1) bad(a.scales, "no scale groups");
+  if (!is_ct(o)) {
+    const bool h13 = m.count(a.qzeros) != 0, h2 = m.count(b.qzeros) != 0;
+    if (h13 != h2)
+      throw Error(ErrorCode::kMissingTensor, "", h13 ? b.qzeros : a.qzeros,
+                  "zero points for only one projection");
+    g.has_zp = h13;
+    if (g.has_zp) {
+      g.z13 = &need(m, a.qzeros);
+      g.z2 = &need(m, b.qzeros);
+      need_rank3(*g.z13, DType::kU8);
+      need_rank3(*g.z2, DType::kU8);
+      if (g.bits != 4) bad(a.qzeros, "zero points are only supported with int4");
+      if (g.z13->shape != Shape{g.experts, g.n13 / 2, g.g13})
+        bad(a.qzeros, "expected " + shape_str({g.experts, g.n13 / 2, g.g13}) + ", got " +
+                          shape_str(g.z13->shape));
+      if (g.z2->shape != Shape{g.experts, g.hidden / 2, g.g2})
+        bad(b.qzeros, "expected " + shape_str({g.experts, g.hidden / 2, g.g2}) + ", got " +
+                          shape_str(g.z2->shape));
+    }
+  }
+  return g;
+}
+
+struct GroupChoice {
+  int64_t group_size, effective, factor;
+};
+
+std::vector<int64_t> divisors(int64_t v) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= v; ++i)
+    if (v % i == 0) {
+      d.push_back(i);
+      if (i != v / i) d.push_back(v / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+// Every checkpoint group size whose moe_wna16 parameters have these shapes, largest first.
+std::vector<GroupChoice> shape_candidates(const Geometry& g) {
+  std::vector<GroupChoice> c;
+  const int64_t gmax = std::max(g.g13, g.g2);
+  const auto ds = divisors(std::gcd(g.hidden, g.inter));
+  for (int64_t f = 1; f <= gmax; f *= 2)
+    for (int64_t d : ds) {
+      const int64_t gs = d * f;
+      int64_t eff = 0, ff = 0;
+      if (!triton_wna16_halve_group_size(gs, g.inter, g.hidden, &eff, &ff)) continue;
+      if (eff != d || ff != f) continue;
+      if (ceil_div(g.hidden, gs) * f != g.g13 || ceil_div(g.inter, gs) * f != g.g2) continue;
+      c.push_back({gs, eff, f});
+    }
+  std::sort(c.begin(), c.end(),
+            [](const GroupChoice& a, const GroupChoice& b) { return a.group_size > b.group_size; });
+  return c;
+}
+
+// Whether every run of `f` scale (and zero) columns repeats its first.
+bool columns_repeat(const Tensor& t, int64_t f, int elem_bytes) {
+  if (f == 1) return true;
+  const int64_t rows = t.shape[0] * t.shape[1], cols = t.shape[2];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      if (std::memcmp(t.data.data() + (r * cols + c) * elem_bytes,
+                      t.data.data() + (r * cols + c - c % f) * elem_bytes, elem_bytes) != 0)
+        return false;
+  return true;
+}
+
+bool data_repeats(const Geometry& g, int64_t f) {
+  if (!columns_repeat(*g.s13, f, 2) || !columns_repeat(*g.s2, f, 2)) return false;
+  if (g.has_zp && (!columns_repeat(*g.z13, f, 1) || !columns_repeat(*g.z2, f, 1))) return false;
+  return true;
+}
+
+// Shapes alone can admit several checkpoint group sizes (e.g. H = I = 64 with two columns: gs 32,
+// or gs 128 halved to 64 with a padding repeat); the repeated columns decide, and any choice they
+// allow reads the same scale for every k.
+GroupChoice choose_group(const LayoutOptions& o, const Geometry& g, int64_t group_size) {
+  const std::string scales = names_for(o, MoeProj::kW13).scales;
+  if (is_ct(o)) {
+    if (g.hidden % g.g13 != 0 || g.inter % g.g2 != 0 || g.hidden / g.g13 != g.inter / g.g2)
+      throw Error(ErrorCode::kBadShape, "", scales,
+                  "scale columns " + num(g.g13) + " / " + num(g.g2) +
+                      " do not give one group size for hidden " + num(g.hidden) +
+                      " and intermediate " + num(g.inter));
+    const int64_t gs = g.hidden / g.g13;
+    if (group_size > 0 && group_size != gs)
+      throw Error(ErrorCode::kBadShape, "", scales,
+                  "group size " + num(group_size) + " but the scales imply " + num(gs));
+    return {gs, gs, 1};
+  }
+  if (group_size > 0) {
+    int64_t eff = 0, f = 0;
+    if (!triton_wna16_halve_group_size(group_size, g.inter, g.hidden, &eff, &f) ||
+        eff * f != group_size)
+      throw Error(ErrorCode::kUnsupported, "", scales,
+                  "group size " + num(group_size) + " has no moe_wna16 layout here");
+    if (ceil_div(g.hidden, group_size) * f != g.g13 || ceil_div(g.inter, group_size) * f != g.g2)
+      throw Error(ErrorCode::kBadShape, "", scales,
+                  "scale columns " + num(g.g13) + " / " + num(g.g2) + " do not match group size " +
+                      num(group_size) + " (halved to " + num(eff) + ")");
+    if (!data_repeats(g, f))
+      throw Error(ErrorCode::kBadValue, "", scales,
+                  "group size " + num(group_size) + " was halved " + num(f) +
+                      "x but the repeated scale/zero columns differ");
+    return {group_size, eff, f};
+  }
+  const auto cands = shape_candidates(g);
+  if (cands.empty())
+    throw Error(ErrorCode::kBadShape, "", scales,
+                "no group size gives " + num(g.g13) + " / " + num(g.g2) +
+                    " scale columns for hidden " + num(g.hidden) + " and intermediate " +
+                    num(g.inter));
+  for (const auto& c : cands)
+    if (data_repeats(g, c.factor)) return c;
+  throw Error(ErrorCode::kBadValue, "", scales,
+              "repeated scale/zero columns differ for every group size the shapes allow");
+}
+
+QuantTensor unpack_projection(const LayoutOptions& o, const Geometry& g, const GroupChoice& gc,
+                              MoeProj p) {
+  const bool w13 = p == MoeProj::kW13;
+  const Tensor& qw = w13 ? *g.qw13 : *g.qw2;
+  const Tensor& sc = w13 ? *g.s13 : *g.s2;
+  const Tensor* zt = w13 ? g.z13 : g.z2;
+  QuantTensor q;
+  q.experts = g.experts;
+  q.n = w13 ? g.n13 : g.hidden;
+  q.k = w13 ? g.hidden : g.inter;
+  q.kind = CodeKind::kUint;
+  q.bits = g.bits;
+  q.group_size = gc.group_size;
+  q.scale_block_n = 1;
+  q.symmetric = !g.has_zp;
+  q.scale_dtype = o.act_dtype;
+  const int64_t E = q.experts, N = q.n, K = q.k, G = q.groups(), Gp = sc.shape[2], f = gc.factor;
+  const int64_t kb = qw.shape[2];
+  q.codes.resize(static_cast<size_t>(E * N * K));
+  for (int64_t row = 0; row < E * N; ++row) {
+    const uint8_t* src = qw.data.data() + row * kb;
+    uint8_t* dst = q.codes.data() + row * K;
+    if (g.bits == 8) {
+      std::memcpy(dst, src, static_cast<size_t>(K));
+    } else {
+      for (int64_t k = 0; k < K; ++k) dst[k] = (src[k / 2] >> (4 * (k % 2))) & 15;
+    }
+  }
+  q.scales.resize(static_cast<size_t>(E * N * G * 2));
+  for (int64_t row = 0; row < E * N; ++row)
+    for (int64_t gi = 0; gi < G; ++gi)
+      std::memcpy(q.scales.data() + (row * G + gi) * 2, sc.data.data() + (row * Gp + gi * f) * 2,
+                  2);
+  if (g.has_zp) {
+    const bool gptq = is_gptq(o);
+    q.zeros.resize(static_cast<size_t>(E * N * G));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t n2 = 0; n2 < N / 2; ++n2)
+        for (int64_t gi = 0; gi < G; ++gi) {
+          const int b = zt->data[static_cast<size_t>((e * (N / 2) + n2) * Gp + gi * f)];
+          // Inverse of (z0 + 16 z1) mod 256; GPTQ zeros are 1..16, so nibble 0 means 16.
+          int z0 = b & 15;
+          if (gptq && z0 == 0) z0 = 16;
+          int z1 = ((b - z0) & 0xff) >> 4;
+          if (gptq && z1 == 0) z1 = 16;
+          q.zeros[static_cast<size_t>((e * N + 2 * n2) * G + gi)] = static_cast<uint8_t>(z0);
+          q.zeros[static_cast<size_t>((e * N + 2 * n2 + 1) * G + gi)] = static_cast<uint8_t>(z1);
+        }
+  }
+  return q;
+}
+
+MoeExperts unpack_impl(const LayoutOptions& o, const TensorMap& m, int64_t group_size) {
+  const Geometry g = read_geometry(o, m);
+  const GroupChoice gc = choose_group(o, g, group_size);
+  MoeExperts x;
+  x.w13 = unpack_projection(o, g, gc, MoeProj::kW13);
+  x.w2 = unpack_projection(o, g, gc, MoeProj::kW2);
+  return x;
+}
+
+}  // namespace
+
+MoeExperts unpack_triton_wna16_moe(const LayoutOptions& o, const TensorMap& m) {
+  return unpack_impl(o, m, 0);
+}
+
+MoeExperts unpack_triton_wna16_moe_with_group_size(const LayoutOptions& o, const TensorMap& m,
+                                                   int64_t group_size) {
+  if (group_size <= 0)
+    throw Error(ErrorCode::kUnsupported, "", o.prefix + "w13",
+                "group size " + num(group_size) + ": this layout needs a real group size");
+  return unpack_impl(o, m, group_size);
+}
+
+void triton_wna16_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeProj p,
+                                int64_t expert, const float* x, int64_t rows, float* y) {
+  const Geometry g = read_geometry(o, m);
+  const GroupChoice gc = choose_group(o, g, 0);
+  if (expert < 0 || expert >= g.experts)
+    throw Error(ErrorCode::kBadValue, "", names_for(o, p).qweight,
+                "expert " + num(expert) + " of " + num(g.experts));
+  const bool w13 = p == MoeProj::kW13;
+  const Tensor& qw = w13 ? *g.qw13 : *g.qw2;
+  const Tensor& sc = w13 ? *g.s13 : *g.s2;
+  const Tensor* zt = w13 ? g.z13 : g.z2;
+  const int64_t N = w13 ? g.n13 : g.hidden, K = w13 ? g.hidden : g.inter;
+  const int64_t kb = qw.shape[2], Gp = sc.shape[2], gs = gc.effective;
+  const float no_zp = g.bits == 4 ? 8.0f : 128.0f;
+  const uint16_t* s = sc.as<uint16_t>() + expert * N * Gp;
+  const uint8_t* b = qw.data.data() + expert * N * kb;
+  const uint8_t* z = zt ? zt->data.data() + expert * (N / 2) * Gp : nullptr;
+  std::vector<float> w(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    // Dequantise row n exactly as fused_moe_kernel_gptq_awq does, then dot with each token.
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t grp = k / gs;
+      const float code = g.bits == 4 ? static_cast<float>((b[n * kb + k / 2] >> (4 * (k % 2))) & 15)
+                                     : static_cast<float>(b[n * kb + k]);
+      const float zp =
+          z ? static_cast<float>((z[(n / 2) * Gp + grp] >> (4 * (n % 2))) & 15) : no_zp;
+      w[static_cast<size_t>(k)] = (code - zp) * act_to_float(s[n * Gp + grp], o.act_dtype);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      const float* xr = x + r * K;
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * w[static_cast<size_t>(k)];
+      y[r * N + n] = acc;
+    }
+  }
+}
+
+}  // namespace moepack
