@@ -318,8 +318,9 @@ TEST(CtPack, RoundTripRandom) {
     EXPECT_EQ(t.at("weight_packed").shape, (Shape{n, (k + pf - 1) / pf}));
     EXPECT_EQ(t.at("weight_scale").shape, (Shape{n, q.groups()}));
     EXPECT_EQ(t.count("weight_zero_point"), p.symmetric ? 0u : 1u);
-    if (!p.symmetric)
+    if (!p.symmetric) {
       EXPECT_EQ(t.at("weight_zero_point").shape, (Shape{(n + pf - 1) / pf, q.groups()}));
+    }
     expect_same(unpack_ct_pack(p, t, n, k), q, "ct trial " + std::to_string(trial));
   }
 }
