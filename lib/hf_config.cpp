@@ -221,8 +221,8 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
   }
   if (algo.empty()) bad(file, "quant_algo", "missing");
   throw Error(ErrorCode::kUnsupported, file, "",
-              "ModelOpt quant_algo \"" + algo + "\" is not supported. Supported: " +
-                  supported_formats_text());
+              "ModelOpt quant_algo \"" + algo +
+                  "\" is not supported. Supported: " + supported_formats_text());
 }
 
 QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) {
@@ -233,7 +233,8 @@ QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) 
   if (bs == qc.end() || bs->is_null())
     throw Error(ErrorCode::kUnsupported, file, "",
                 "fp8 checkpoints without weight_block_size (per-tensor FP8) are not supported; "
-                "supported: " + supported_formats_text());
+                "supported: " +
+                    supported_formats_text());
   if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
       !(*bs)[1].is_number_integer())
     bad(file, "weight_block_size", "expected [block_n, block_k]");
@@ -266,7 +267,8 @@ DType parse_torch_dtype(const std::string& s, const std::string& file) {
 }
 
 QuantParams normalize_quant_config(const json& qc, const std::string& file, DType model_dtype) {
-  if (!qc.is_object()) throw Error(ErrorCode::kBadConfig, file, "", "quantization_config is not an object");
+  if (!qc.is_object())
+    throw Error(ErrorCode::kBadConfig, file, "", "quantization_config is not an object");
   std::string method = lower(get_str(qc, "quant_method"));
   if (method.empty() && qc.contains("quantization") && qc.contains("producer"))
     method = "modelopt";  // hf_quant_config.json shape
@@ -279,10 +281,11 @@ QuantParams normalize_quant_config(const json& qc, const std::string& file, DTyp
   if (method == "modelopt" || method == "modelopt_mxfp8" || method == "modelopt_fp8")
     return normalize_modelopt(qc, file, model_dtype);
   if (method == "fp8") return normalize_fp8(qc, file, model_dtype);
-  if (method.empty()) throw Error(ErrorCode::kBadConfig, file, "", "quantization_config has no quant_method");
-  throw Error(ErrorCode::kUnsupported, file, "",
-              "quant_method \"" + method + "\" is not supported. Supported: " +
-                  supported_formats_text());
+  if (method.empty())
+    throw Error(ErrorCode::kBadConfig, file, "", "quantization_config has no quant_method");
+  throw Error(
+      ErrorCode::kUnsupported, file, "",
+      "quant_method \"" + method + "\" is not supported. Supported: " + supported_formats_text());
 }
 
 HfConfig load_hf_config(const std::string& dir) {
@@ -292,7 +295,8 @@ HfConfig load_hf_config(const std::string& dir) {
   c.raw = read_json_file(path);
   if (!c.raw.is_object()) throw Error(ErrorCode::kBadConfig, path, "", "not a JSON object");
   c.text = c.raw;
-  if (c.raw.contains("text_config") && c.raw["text_config"].is_object()) c.text = c.raw["text_config"];
+  if (c.raw.contains("text_config") && c.raw["text_config"].is_object())
+    c.text = c.raw["text_config"];
   c.model_type = get_str(c.text, "model_type", get_str(c.raw, "model_type"));
   if (c.raw.contains("architectures") && c.raw["architectures"].is_array() &&
       !c.raw["architectures"].empty() && c.raw["architectures"][0].is_string())
@@ -300,7 +304,8 @@ HfConfig load_hf_config(const std::string& dir) {
   c.hidden_size = get_int(c.text, "hidden_size", 0);
   c.num_layers = get_int(c.text, "num_hidden_layers", 0);
   c.moe_intermediate_size = get_int(c.text, "moe_intermediate_size", 0);
-  if (c.moe_intermediate_size == 0) c.moe_intermediate_size = get_int(c.text, "intermediate_size", 0);
+  if (c.moe_intermediate_size == 0)
+    c.moe_intermediate_size = get_int(c.text, "intermediate_size", 0);
   c.num_experts = get_int(c.text, "num_experts", 0);
   if (c.num_experts == 0) c.num_experts = get_int(c.text, "num_local_experts", 0);
   if (c.num_experts == 0) c.num_experts = get_int(c.text, "n_routed_experts", 0);
