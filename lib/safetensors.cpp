@@ -487,10 +487,11 @@ void SafetensorsFile::parse_and_validate() {
   // 5. Offsets and sizes in data order, as Metadata::validate walks them: each tensor must start
   // where the previous ended (the first at 0), END >= BEGIN, and END - BEGIN must be exactly
   // prod(shape) * bits / 8, all with checked arithmetic.
-  std::sort(entries.begin(), entries.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-              return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-            });
+  // Stable: tensors with equal offsets (zero-size ones) keep their header order.
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+                   });
   uint64_t expected_begin = 0;
   for (const SafetensorsEntry& e : entries) {
     if (e.begin != expected_begin || e.end < e.begin) {
