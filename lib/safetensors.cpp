@@ -692,16 +692,18 @@ void SafetensorsWriter::write(const std::string& name, const void* data, uint64_
     throw Error(ErrorCode::kInternal, path_, name,
                 "write of " + std::to_string(len) + " bytes at " + std::to_string(offset) +
                     " exceeds the tensor's " + std::to_string(size) + " bytes");
+  int fd;
   {
     std::lock_guard<std::mutex> g(lock_->mu);
     if (fd_ < 0) throw Error(ErrorCode::kInternal, path_, name, "write after finish()");
+    fd = fd_;
     // Disjoint writes can never add up to more than the tensor; more means a range was
     // written twice, which a later finish() could otherwise mistake for completeness.
     if (written_[it->second] + len > size)
       throw Error(ErrorCode::kInternal, path_, name, "bytes written more than once");
     written_[it->second] += len;
   }
-  write_all_at(fd_, static_cast<const uint8_t*>(data), len, data_start_ + e.begin + offset, path_,
+  write_all_at(fd, static_cast<const uint8_t*>(data), len, data_start_ + e.begin + offset, path_,
                name);
 }
 
