@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   const double tn = run_cpu(hw, &threaded);
   const bool threaded_ok = threaded == ref;
 
-  double tg = -1, tg_kernel_only = -1;
+  double tg = -1;
   bool gpu_ok = false;
   const CudaDeviceInfo dev = cuda_device_info();
   if (dev.available) {
@@ -68,7 +68,6 @@ int main(int argc, char** argv) {
     }
     tg = seconds_since(t0);
     gpu_ok = gpu == ref;
-    (void)tg_kernel_only;
   }
   std::printf("\n%-28s %10s %12s %8s\n", "variant", "seconds", "MB/s packed", "bytes");
   std::printf("%-28s %10.3f %12.1f %8s\n", "scalar, 1 thread", t1, mb / t1, "ref");

@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <tuple>
 
 #include "lib/checkpoint.h"
@@ -129,9 +130,9 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     std::cout << "  oracle for " << target_arch_name(arch) << " (--backend " << a.backend << "):\n";
     for (const auto& o : oracle) {
       std::cout << "    layers E=" << o["experts"] << " H=" << o["hidden"] << " I=" << o["inter"]
-                << ": ";
-      std::string ex = o["explanation"].get<std::string>();
-      std::cout << ex;
+                << " (" << o["layers"].size() << " layers):\n";
+      std::istringstream lines(o["explanation"].get<std::string>());
+      for (std::string line; std::getline(lines, line);) std::cout << "      " << line << "\n";
     }
   }
   if (a.tensors) {
