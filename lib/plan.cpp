@@ -194,6 +194,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     for (const auto& n : L.source_tensors) layer_of_tensor[n] = static_cast<int64_t>(li);
     plan.layers.push_back(std::move(pl));
   }
+  if (opts.vllm_w13_scale_size_k && plan.backend == "marlin")
+    deviations.insert("--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
+                      "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
+                      "instead, and verify reports the layer (spec §4.3)");
   plan.deviations.assign(deviations.begin(), deviations.end());
 
   std::set<int64_t> emitted;
