@@ -15,8 +15,12 @@ class Sha256 {
   std::array<uint8_t, 32> digest();  // finalises; call once
   std::string hex_digest();
 
+  // Use the CPU's SHA extensions when present (default). Tests turn it off to compare paths.
+  static bool use_hardware;
+
  private:
-  void block(const uint8_t* p);
+  void block(const uint8_t* p);  // scalar compression of one 64-byte block
+  void blocks(const uint8_t* p, size_t nblocks);
   uint32_t h_[8];
   uint8_t buf_[64];
   size_t buf_len_ = 0;
