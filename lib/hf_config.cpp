@@ -44,6 +44,15 @@ std::string lower(std::string s) {
   throw Error(ErrorCode::kBadConfig, file, "", "quantization_config." + key + ": " + msg);
 }
 
+// A boolean field; absent or null gives `fallback`. Anything else that is not a bool is a
+// malformed config (json::value() would throw a bare nlohmann type_error instead).
+bool get_bool(const json& j, const char* key, bool fallback, const std::string& file) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) bad(file, key, "expected true or false, got " + it->dump());
+  return it->get<bool>();
+}
+
 int require_bits(const json& j, const char* key, const std::string& file) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) bad(file, key, "missing or not an integer");
@@ -68,10 +77,10 @@ QuantParams normalize_gptq(const json& qc, const std::string& file, DType dtype)
     throw Error(ErrorCode::kUnsupported, file, "",
                 "GPTQ bits=" + std::to_string(p.bits) + " is not supported (4 or 8)");
   p.group_size = group_size_of(qc, "group_size", file);
-  p.act_order = qc.value("desc_act", false);
-  p.symmetric = qc.value("sym", true);
+  p.act_order = get_bool(qc, "desc_act", false, file);
+  p.symmetric = get_bool(qc, "sym", true, file);
   std::string fmt = lower(get_str(qc, "checkpoint_format", get_str(qc, "format", "gptq")));
-  if (qc.value("is_marlin_format", false) || fmt == "marlin")
+  if (get_bool(qc, "is_marlin_format", false, file) || fmt == "marlin")
     throw Error(ErrorCode::kUnsupported, file, "",
                 "legacy Marlin GPTQ checkpoints (checkpoint_format \"marlin\") are already packed "
                 "for the removed AutoGPTQ Marlin kernel and are not supported");
@@ -96,7 +105,7 @@ QuantParams normalize_awq(const json& qc, const std::string& file, DType dtype) 
   if (version != "gemm")
     throw Error(ErrorCode::kUnsupported, file, "",
                 "AWQ version \"" + version + "\" is not supported (only gemm)");
-  if (!qc.value("zero_point", true))
+  if (!get_bool(qc, "zero_point", true, file))
     throw Error(ErrorCode::kUnsupported, file, "", "AWQ without zero points is not supported");
   if (p.bits != 4)
     throw Error(ErrorCode::kUnsupported, file, "",
@@ -122,15 +131,16 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
         if (t.is_string() && t.get<std::string>() == "Linear") scheme = &g;
   }
   const json w = scheme->value("weights", json::object());
+  if (!w.is_object()) bad(file, "config_groups.weights", "missing or not an object");
   const json a = scheme->value("input_activations", json());
-  const std::string fmt = scheme->value("format", format);
+  const std::string fmt = get_str(*scheme, "format", format);
   const std::string wtype = get_str(w, "type", "int");
-  const int bits = static_cast<int>(get_int(w, "num_bits", 0));
   const std::string strategy = get_str(w, "strategy", "group");
   if (fmt == "pack-quantized" || fmt == "int-quantized" || fmt == "naive-quantized") {
     if (wtype != "int") bad(file, "weights.type", "expected int for format " + fmt);
+    const int bits = require_bits(w, "num_bits", file);
     p.bits = bits;
-    p.symmetric = w.value("symmetric", true);
+    p.symmetric = get_bool(w, "symmetric", true, file);
     if (strategy == "channel")
       p.group_size = -1;
     else if (strategy == "group")
@@ -159,7 +169,7 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
         throw Error(ErrorCode::kUnsupported, file, "",
                     "compressed-tensors int-quantized num_bits=" + std::to_string(bits) +
                         " is not supported (8)");
-      p.dynamic_input = a.is_object() ? a.value("dynamic", true) : true;
+      p.dynamic_input = a.is_object() ? get_bool(a, "dynamic", true, file) : true;
     }
     return p;
   }
@@ -174,7 +184,11 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
       p.method = QuantMethod::kFp8Block;
       p.bits = 8;
       auto bs = w.find("block_structure");
-      if (bs != w.end() && bs->is_array() && bs->size() == 2) {
+      if (bs != w.end() && !bs->is_null()) {
+        if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
+            !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 ||
+            (*bs)[1].get<int64_t>() <= 0)
+          bad(file, "weights.block_structure", "expected [block_n, block_k] of positive integers");
         p.block_n = (*bs)[0].get<int64_t>();
         p.block_k = (*bs)[1].get<int64_t>();
       }
@@ -221,8 +235,8 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
   }
   if (algo.empty()) bad(file, "quant_algo", "missing");
   throw Error(ErrorCode::kUnsupported, file, "",
-              "ModelOpt quant_algo \"" + algo + "\" is not supported. Supported: " +
-                  supported_formats_text());
+              "ModelOpt quant_algo \"" + algo +
+                  "\" is not supported. Supported: " + supported_formats_text());
 }
 
 QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) {
@@ -233,10 +247,11 @@ QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) 
   if (bs == qc.end() || bs->is_null())
     throw Error(ErrorCode::kUnsupported, file, "",
                 "fp8 checkpoints without weight_block_size (per-tensor FP8) are not supported; "
-                "supported: " + supported_formats_text());
+                "supported: " +
+                    supported_formats_text());
   if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
-      !(*bs)[1].is_number_integer())
-    bad(file, "weight_block_size", "expected [block_n, block_k]");
+      !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 || (*bs)[1].get<int64_t>() <= 0)
+    bad(file, "weight_block_size", "expected [block_n, block_k] of positive integers");
   p.method = QuantMethod::kFp8Block;
   p.block_n = (*bs)[0].get<int64_t>();
   p.block_k = (*bs)[1].get<int64_t>();
@@ -266,7 +281,8 @@ DType parse_torch_dtype(const std::string& s, const std::string& file) {
 }
 
 QuantParams normalize_quant_config(const json& qc, const std::string& file, DType model_dtype) {
-  if (!qc.is_object()) throw Error(ErrorCode::kBadConfig, file, "", "quantization_config is not an object");
+  if (!qc.is_object())
+    throw Error(ErrorCode::kBadConfig, file, "", "quantization_config is not an object");
   std::string method = lower(get_str(qc, "quant_method"));
   if (method.empty() && qc.contains("quantization") && qc.contains("producer"))
     method = "modelopt";  // hf_quant_config.json shape
@@ -279,10 +295,11 @@ QuantParams normalize_quant_config(const json& qc, const std::string& file, DTyp
   if (method == "modelopt" || method == "modelopt_mxfp8" || method == "modelopt_fp8")
     return normalize_modelopt(qc, file, model_dtype);
   if (method == "fp8") return normalize_fp8(qc, file, model_dtype);
-  if (method.empty()) throw Error(ErrorCode::kBadConfig, file, "", "quantization_config has no quant_method");
-  throw Error(ErrorCode::kUnsupported, file, "",
-              "quant_method \"" + method + "\" is not supported. Supported: " +
-                  supported_formats_text());
+  if (method.empty())
+    throw Error(ErrorCode::kBadConfig, file, "", "quantization_config has no quant_method");
+  throw Error(
+      ErrorCode::kUnsupported, file, "",
+      "quant_method \"" + method + "\" is not supported. Supported: " + supported_formats_text());
 }
 
 HfConfig load_hf_config(const std::string& dir) {
@@ -292,7 +309,8 @@ HfConfig load_hf_config(const std::string& dir) {
   c.raw = read_json_file(path);
   if (!c.raw.is_object()) throw Error(ErrorCode::kBadConfig, path, "", "not a JSON object");
   c.text = c.raw;
-  if (c.raw.contains("text_config") && c.raw["text_config"].is_object()) c.text = c.raw["text_config"];
+  if (c.raw.contains("text_config") && c.raw["text_config"].is_object())
+    c.text = c.raw["text_config"];
   c.model_type = get_str(c.text, "model_type", get_str(c.raw, "model_type"));
   if (c.raw.contains("architectures") && c.raw["architectures"].is_array() &&
       !c.raw["architectures"].empty() && c.raw["architectures"][0].is_string())
@@ -300,7 +318,8 @@ HfConfig load_hf_config(const std::string& dir) {
   c.hidden_size = get_int(c.text, "hidden_size", 0);
   c.num_layers = get_int(c.text, "num_hidden_layers", 0);
   c.moe_intermediate_size = get_int(c.text, "moe_intermediate_size", 0);
-  if (c.moe_intermediate_size == 0) c.moe_intermediate_size = get_int(c.text, "intermediate_size", 0);
+  if (c.moe_intermediate_size == 0)
+    c.moe_intermediate_size = get_int(c.text, "intermediate_size", 0);
   c.num_experts = get_int(c.text, "num_experts", 0);
   if (c.num_experts == 0) c.num_experts = get_int(c.text, "num_local_experts", 0);
   if (c.num_experts == 0) c.num_experts = get_int(c.text, "n_routed_experts", 0);
