@@ -59,14 +59,21 @@ Error expect_error(const std::function<void()>& fn, ErrorCode code) {
   return Error(ErrorCode::kInternal, "no exception");
 }
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
 
 // ---------------------------------------------------------------------------------------- GPTQ
 
 TEST(HfConfigGptq, V1Symmetric) {
-  const QuantParams p = norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
-                              {"desc_act", false}, {"sym", true}, {"damp_percent", 0.01},
-                              {"true_sequential", true}, {"static_groups", false},
+  const QuantParams p = norm({{"quant_method", "gptq"},
+                              {"bits", 4},
+                              {"group_size", 128},
+                              {"desc_act", false},
+                              {"sym", true},
+                              {"damp_percent", 0.01},
+                              {"true_sequential", true},
+                              {"static_groups", false},
                               {"checkpoint_format", "gptq"}});
   EXPECT_EQ(p.method, QuantMethod::kGptq);
   EXPECT_EQ(p.bits, 4);
@@ -86,32 +93,49 @@ TEST(HfConfigGptq, NoCheckpointFormatMeansV1) {
 }
 
 TEST(HfConfigGptq, V2ViaCheckpointFormatOrGptqModelFormat) {
-  EXPECT_EQ(norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
+  EXPECT_EQ(norm({{"quant_method", "gptq"},
+                  {"bits", 4},
+                  {"group_size", 128},
                   {"checkpoint_format", "gptq_v2"}})
                 .gptq_format,
             GptqFormat::kV2);
   // GPTQModel writes "format" (and "method") instead of checkpoint_format.
-  EXPECT_EQ(norm({{"quant_method", "gptq"}, {"method", "gptq"}, {"bits", 4}, {"group_size", 128},
-                  {"format", "gptq_v2"}, {"pack_dtype", "int32"}})
+  EXPECT_EQ(norm({{"quant_method", "gptq"},
+                  {"method", "gptq"},
+                  {"bits", 4},
+                  {"group_size", 128},
+                  {"format", "gptq_v2"},
+                  {"pack_dtype", "int32"}})
                 .gptq_format,
             GptqFormat::kV2);
   // Upper case from hand-edited configs.
-  EXPECT_EQ(norm({{"quant_method", "GPTQ"}, {"bits", 4}, {"group_size", 128},
+  EXPECT_EQ(norm({{"quant_method", "GPTQ"},
+                  {"bits", 4},
+                  {"group_size", 128},
                   {"checkpoint_format", "GPTQ_V2"}})
                 .gptq_format,
             GptqFormat::kV2);
 }
 
 TEST(HfConfigGptq, DescActAsymAnd8Bit) {
-  const QuantParams a = norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
-                              {"desc_act", true}, {"sym", true}});
+  const QuantParams a = norm({{"quant_method", "gptq"},
+                              {"bits", 4},
+                              {"group_size", 128},
+                              {"desc_act", true},
+                              {"sym", true}});
   EXPECT_TRUE(a.act_order);
-  const QuantParams b = norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 32},
-                              {"desc_act", false}, {"sym", false}});
+  const QuantParams b = norm({{"quant_method", "gptq"},
+                              {"bits", 4},
+                              {"group_size", 32},
+                              {"desc_act", false},
+                              {"sym", false}});
   EXPECT_FALSE(b.symmetric);
   EXPECT_EQ(b.group_size, 32);
-  const QuantParams c = norm({{"quant_method", "gptq"}, {"bits", 8}, {"group_size", -1},
-                              {"desc_act", true}, {"sym", true}},
+  const QuantParams c = norm({{"quant_method", "gptq"},
+                              {"bits", 8},
+                              {"group_size", -1},
+                              {"desc_act", true},
+                              {"sym", true}},
                              DType::kF16);
   EXPECT_EQ(c.bits, 8);
   EXPECT_EQ(c.group_size, -1);
@@ -122,10 +146,13 @@ TEST(HfConfigGptq, DescActAsymAnd8Bit) {
 TEST(HfConfigGptq, QuantizeConfigJsonWithoutQuantMethod) {
   TempDir dir;
   write_text(dir / "config.json", base_config().dump());
-  write_text(dir / "quantize_config.json",
-             json({{"bits", 4}, {"group_size", 128}, {"desc_act", true}, {"sym", true},
-                   {"damp_percent", 0.01}, {"model_file_base_name", "model"}})
-                 .dump());
+  write_text(dir / "quantize_config.json", json({{"bits", 4},
+                                                 {"group_size", 128},
+                                                 {"desc_act", true},
+                                                 {"sym", true},
+                                                 {"damp_percent", 0.01},
+                                                 {"model_file_base_name", "model"}})
+                                               .dump());
   const HfConfig c = load_hf_config(dir.path);
   EXPECT_EQ(c.quant.method, QuantMethod::kGptq);
   EXPECT_EQ(c.quant.bits, 4);
@@ -149,31 +176,52 @@ TEST(HfConfigGptq, ConfigJsonWinsOverQuantizeConfigJson) {
 }
 
 TEST(HfConfigGptq, LegacyMarlinRefused) {
-  Error e = expect_error([] { norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
-                                    {"checkpoint_format", "marlin"}}); },
-                         ErrorCode::kUnsupported);
+  Error e = expect_error(
+      [] {
+        norm({{"quant_method", "gptq"},
+              {"bits", 4},
+              {"group_size", 128},
+              {"checkpoint_format", "marlin"}});
+      },
+      ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "Marlin")) << e.message();
-  e = expect_error([] { norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
-                              {"is_marlin_format", true}}); },
-                   ErrorCode::kUnsupported);
+  e = expect_error(
+      [] {
+        norm({{"quant_method", "gptq"},
+              {"bits", 4},
+              {"group_size", 128},
+              {"is_marlin_format", true}});
+      },
+      ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "Marlin")) << e.message();
 }
 
 TEST(HfConfigGptq, BadBitsAndUnknownFormat) {
-  Error e = expect_error([] { norm({{"quant_method", "gptq"}, {"bits", 3}, {"group_size", 128}}); },
-                         ErrorCode::kUnsupported);
+  Error e = expect_error(
+      [] {
+        norm({{"quant_method", "gptq"}, {"bits", 3}, {"group_size", 128}});
+      },
+      ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "bits=3")) << e.message();
-  e = expect_error([] { norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128},
-                              {"checkpoint_format", "exllama"}}); },
-                   ErrorCode::kBadConfig);
+  e = expect_error(
+      [] {
+        norm({{"quant_method", "gptq"},
+              {"bits", 4},
+              {"group_size", 128},
+              {"checkpoint_format", "exllama"}});
+      },
+      ErrorCode::kBadConfig);
   EXPECT_TRUE(contains(e.message(), "exllama")) << e.message();
 }
 
 // ----------------------------------------------------------------------------------------- AWQ
 
 TEST(HfConfigAwq, GemmWithZeroPoints) {
-  const QuantParams p = norm({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128},
-                              {"zero_point", true}, {"version", "gemm"},
+  const QuantParams p = norm({{"quant_method", "awq"},
+                              {"bits", 4},
+                              {"group_size", 128},
+                              {"zero_point", true},
+                              {"version", "gemm"},
                               {"modules_to_not_convert", nullptr}},
                              DType::kF16);
   EXPECT_EQ(p.method, QuantMethod::kAwq);
@@ -185,8 +233,11 @@ TEST(HfConfigAwq, GemmWithZeroPoints) {
 
 TEST(HfConfigAwq, AutoAwqKeyNames) {
   // AutoAWQ's own quant_config.json spells them w_bit / q_group_size and "GEMM".
-  const QuantParams p = norm({{"quant_method", "awq"}, {"w_bit", 4}, {"q_group_size", 64},
-                              {"zero_point", true}, {"version", "GEMM"}});
+  const QuantParams p = norm({{"quant_method", "awq"},
+                              {"w_bit", 4},
+                              {"q_group_size", 64},
+                              {"zero_point", true},
+                              {"version", "GEMM"}});
   EXPECT_EQ(p.bits, 4);
   EXPECT_EQ(p.group_size, 64);
 }
@@ -194,27 +245,51 @@ TEST(HfConfigAwq, AutoAwqKeyNames) {
 TEST(HfConfigAwq, OtherVersionsRefused) {
   for (const char* v : {"gemv", "gemv_fast", "exllama", "marlin", "ipex"}) {
     SCOPED_TRACE(v);
-    const Error e = expect_error([&] { norm({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128},
-                                             {"zero_point", true}, {"version", v}}); },
-                                 ErrorCode::kUnsupported);
+    const Error e = expect_error(
+        [&] {
+          norm({{"quant_method", "awq"},
+                {"bits", 4},
+                {"group_size", 128},
+                {"zero_point", true},
+                {"version", v}});
+        },
+        ErrorCode::kUnsupported);
     EXPECT_TRUE(contains(e.message(), v)) << e.message();
   }
 }
 
 TEST(HfConfigAwq, NoZeroPointRefused) {
-  const Error e = expect_error([] { norm({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128},
-                                          {"zero_point", false}, {"version", "gemm"}}); },
-                               ErrorCode::kUnsupported);
+  const Error e = expect_error(
+      [] {
+        norm({{"quant_method", "awq"},
+              {"bits", 4},
+              {"group_size", 128},
+              {"zero_point", false},
+              {"version", "gemm"}});
+      },
+      ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "zero")) << e.message();
 }
 
 TEST(HfConfigAwq, EightBitAndNoGroupRefused) {
-  expect_error([] { norm({{"quant_method", "awq"}, {"bits", 8}, {"group_size", 128},
-                          {"zero_point", true}, {"version", "gemm"}}); },
-               ErrorCode::kUnsupported);
-  expect_error([] { norm({{"quant_method", "awq"}, {"bits", 4}, {"group_size", -1},
-                          {"zero_point", true}, {"version", "gemm"}}); },
-               ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "awq"},
+              {"bits", 8},
+              {"group_size", 128},
+              {"zero_point", true},
+              {"version", "gemm"}});
+      },
+      ErrorCode::kUnsupported);
+  expect_error(
+      [] {
+        norm({{"quant_method", "awq"},
+              {"bits", 4},
+              {"group_size", -1},
+              {"zero_point", true},
+              {"version", "gemm"}});
+      },
+      ErrorCode::kBadConfig);
 }
 
 // --------------------------------------------------------------------------- compressed-tensors
@@ -235,9 +310,11 @@ json ct_config(const std::string& format, json weights, json input_activations =
 
 json int_weights(int bits, const std::string& strategy, json group_size, json actorder = nullptr,
                  bool symmetric = true) {
-  return {{"num_bits", bits},      {"type", "int"},         {"symmetric", symmetric},
-          {"strategy", strategy},  {"group_size", group_size}, {"dynamic", false},
-          {"actorder", actorder},  {"block_structure", nullptr}, {"observer", "minmax"}};
+  return {{"num_bits", bits},         {"type", "int"},
+          {"symmetric", symmetric},   {"strategy", strategy},
+          {"group_size", group_size}, {"dynamic", false},
+          {"actorder", actorder},     {"block_structure", nullptr},
+          {"observer", "minmax"}};
 }
 
 TEST(HfConfigCt, PackQuantizedGroup) {
@@ -292,7 +369,10 @@ TEST(HfConfigCt, FormatInsideTheGroup) {
 }
 
 TEST(HfConfigCt, PackQuantizedWithActivationsRefused) {
-  const json act = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "token"},
+  const json act = {{"num_bits", 8},
+                    {"type", "int"},
+                    {"symmetric", true},
+                    {"strategy", "token"},
                     {"dynamic", true}};
   expect_error([&] { norm(ct_config("pack-quantized", int_weights(4, "group", 128), act)); },
                ErrorCode::kUnsupported);
@@ -301,15 +381,15 @@ TEST(HfConfigCt, PackQuantizedWithActivationsRefused) {
 TEST(HfConfigCt, PackQuantizedBadBitsAndStrategy) {
   expect_error([] { norm(ct_config("pack-quantized", int_weights(2, "group", 128))); },
                ErrorCode::kUnsupported);
-  const Error e = expect_error(
-      [] { norm(ct_config("pack-quantized", int_weights(4, "tensor", nullptr))); },
-      ErrorCode::kUnsupported);
+  const Error e =
+      expect_error([] { norm(ct_config("pack-quantized", int_weights(4, "tensor", nullptr))); },
+                   ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "tensor")) << e.message();
 }
 
 TEST(HfConfigCt, IntQuantizedW8A8Dynamic) {
-  const json act = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "token"},
-                    {"dynamic", true}, {"observer", nullptr}};
+  const json act = {{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
+                    {"strategy", "token"}, {"dynamic", true}, {"observer", nullptr}};
   const QuantParams p = norm(ct_config("int-quantized", int_weights(8, "channel", nullptr), act));
   EXPECT_EQ(p.method, QuantMethod::kCtIntQuantized);
   EXPECT_EQ(p.bits, 8);
@@ -318,8 +398,8 @@ TEST(HfConfigCt, IntQuantizedW8A8Dynamic) {
 }
 
 TEST(HfConfigCt, IntQuantizedW8A8Static) {
-  const json act = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "tensor"},
-                    {"dynamic", false}, {"observer", "minmax"}};
+  const json act = {{"num_bits", 8},        {"type", "int"},    {"symmetric", true},
+                    {"strategy", "tensor"}, {"dynamic", false}, {"observer", "minmax"}};
   const QuantParams p = norm(ct_config("int-quantized", int_weights(8, "channel", nullptr), act));
   EXPECT_EQ(p.method, QuantMethod::kCtIntQuantized);
   EXPECT_FALSE(p.dynamic_input);
@@ -331,8 +411,8 @@ TEST(HfConfigCt, IntQuantizedFourBitRefused) {
 }
 
 TEST(HfConfigCt, Mxfp8Quantized) {
-  const json w = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "group"},
-                  {"group_size", 32}, {"dynamic", false}};
+  const json w = {{"num_bits", 8},       {"type", "float"},  {"symmetric", true},
+                  {"strategy", "group"}, {"group_size", 32}, {"dynamic", false}};
   const QuantParams p = norm(ct_config("mxfp8-quantized", w));
   EXPECT_EQ(p.method, QuantMethod::kCtMxfp8);
   EXPECT_EQ(p.bits, 8);
@@ -340,9 +420,16 @@ TEST(HfConfigCt, Mxfp8Quantized) {
 }
 
 TEST(HfConfigCt, FloatQuantizedBlock) {
-  const json w = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "block"},
-                  {"block_structure", {128, 128}}, {"dynamic", false}};
-  const json act = {{"num_bits", 8}, {"type", "float"}, {"strategy", "group"}, {"group_size", 128},
+  const json w = {{"num_bits", 8},
+                  {"type", "float"},
+                  {"symmetric", true},
+                  {"strategy", "block"},
+                  {"block_structure", {128, 128}},
+                  {"dynamic", false}};
+  const json act = {{"num_bits", 8},
+                    {"type", "float"},
+                    {"strategy", "group"},
+                    {"group_size", 128},
                     {"dynamic", true}};
   const QuantParams p = norm(ct_config("float-quantized", w, act));
   EXPECT_EQ(p.method, QuantMethod::kFp8Block);
@@ -354,13 +441,16 @@ TEST(HfConfigCt, FloatQuantizedBlock) {
 
 TEST(HfConfigCt, FloatQuantizedNonBlockRefusedWithList) {
   const json w = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "channel"}};
-  const Error e = expect_error([&] { norm(ct_config("float-quantized", w)); }, ErrorCode::kUnsupported);
+  const Error e =
+      expect_error([&] { norm(ct_config("float-quantized", w)); }, ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), supported_formats_text())) << e.message();
 }
 
 TEST(HfConfigCt, NvFp4RefusedWithList) {
-  const json w = {{"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", 16}};
-  const Error e = expect_error([&] { norm(ct_config("nvfp4-pack-quantized", w)); }, ErrorCode::kUnsupported);
+  const json w = {
+      {"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", 16}};
+  const Error e =
+      expect_error([&] { norm(ct_config("nvfp4-pack-quantized", w)); }, ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "nvfp4-pack-quantized")) << e.message();
   EXPECT_TRUE(contains(e.message(), "Supported")) << e.message();
 }
@@ -377,17 +467,18 @@ TEST(HfConfigCt, MissingConfigGroups) {
 TEST(HfConfigCt, MissingNumBitsIsBadConfig) {
   json w = int_weights(4, "group", 128);
   w.erase("num_bits");
-  const Error e = expect_error([&] { norm(ct_config("pack-quantized", w)); }, ErrorCode::kBadConfig);
+  const Error e =
+      expect_error([&] { norm(ct_config("pack-quantized", w)); }, ErrorCode::kBadConfig);
   EXPECT_TRUE(contains(e.message(), "num_bits")) << e.message();
   EXPECT_EQ(e.file(), "config.json");
 }
 
 TEST(HfConfigCt, MalformedBlockStructureIsBadConfig) {
-  const json w = {{"num_bits", 8}, {"type", "float"}, {"strategy", "block"},
-                  {"block_structure", {"128", "x"}}};
+  const json w = {
+      {"num_bits", 8}, {"type", "float"}, {"strategy", "block"}, {"block_structure", {"128", "x"}}};
   expect_error([&] { norm(ct_config("float-quantized", w)); }, ErrorCode::kBadConfig);
-  const json w2 = {{"num_bits", 8}, {"type", "float"}, {"strategy", "block"},
-                   {"block_structure", {128, 0}}};
+  const json w2 = {
+      {"num_bits", 8}, {"type", "float"}, {"strategy", "block"}, {"block_structure", {128, 0}}};
   expect_error([&] { norm(ct_config("float-quantized", w2)); }, ErrorCode::kBadConfig);
 }
 
@@ -401,10 +492,12 @@ TEST(HfConfigCt, NullWeightsIsBadConfig) {
 TEST(HfConfigModelopt, FlatConfigJson) {
   TempDir dir;
   json cfg = base_config();
-  cfg["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "MXFP8"},
-                                {"ignore", {"lm_head"}},
-                                {"kv_cache_scheme", {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}},
-                                {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
+  cfg["quantization_config"] = {
+      {"quant_method", "modelopt"},
+      {"quant_algo", "MXFP8"},
+      {"ignore", {"lm_head"}},
+      {"kv_cache_scheme", {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}},
+      {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
   write_text(dir / "config.json", cfg.dump());
   const HfConfig c = load_hf_config(dir.path);
   EXPECT_EQ(c.quant.method, QuantMethod::kModeloptMxfp8);
@@ -414,9 +507,10 @@ TEST(HfConfigModelopt, FlatConfigJson) {
 }
 
 TEST(HfConfigModelopt, NestedQuantization) {
-  const QuantParams p = norm({{"quant_method", "modelopt"},
-                              {"quantization", {{"quant_algo", "MXFP8"}, {"kv_cache_quant_algo", "FP8"},
-                                                {"group_size", 32}}}});
+  const QuantParams p =
+      norm({{"quant_method", "modelopt"},
+            {"quantization",
+             {{"quant_algo", "MXFP8"}, {"kv_cache_quant_algo", "FP8"}, {"group_size", 32}}}});
   EXPECT_EQ(p.method, QuantMethod::kModeloptMxfp8);
   EXPECT_EQ(p.group_size, 32);
 }
@@ -426,8 +520,11 @@ TEST(HfConfigModelopt, HfQuantConfigSideFile) {
   write_text(dir / "config.json", base_config().dump());  // no quantization_config
   write_text(dir / "hf_quant_config.json",
              json({{"producer", {{"name", "modelopt"}, {"version", "0.37.0"}}},
-                   {"quantization", {{"quant_algo", "MXFP8"}, {"kv_cache_quant_algo", "FP8"},
-                                     {"group_size", 32}, {"exclude_modules", {"lm_head"}}}}})
+                   {"quantization",
+                    {{"quant_algo", "MXFP8"},
+                     {"kv_cache_quant_algo", "FP8"},
+                     {"group_size", 32},
+                     {"exclude_modules", {"lm_head"}}}}})
                  .dump());
   const HfConfig c = load_hf_config(dir.path);
   EXPECT_EQ(c.quant.method, QuantMethod::kModeloptMxfp8);
@@ -445,26 +542,34 @@ TEST(HfConfigModelopt, Fp8AlgoRecognised) {
   const QuantParams a = norm({{"quant_method", "modelopt"}, {"quant_algo", "FP8"}});
   EXPECT_EQ(a.method, QuantMethod::kModeloptFp8);
   EXPECT_EQ(a.bits, 8);
-  const QuantParams b = norm({{"producer", {{"name", "modelopt"}}},
-                              {"quantization", {{"quant_algo", "FP8"}, {"kv_cache_quant_algo", nullptr}}}});
+  const QuantParams b =
+      norm({{"producer", {{"name", "modelopt"}}},
+            {"quantization", {{"quant_algo", "FP8"}, {"kv_cache_quant_algo", nullptr}}}});
   EXPECT_EQ(b.method, QuantMethod::kModeloptFp8);
 }
 
 TEST(HfConfigModelopt, OtherAlgosRefused) {
-  const Error e = expect_error([] { norm({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"},
-                                          {"group_size", 16}}); },
-                               ErrorCode::kUnsupported);
+  const Error e = expect_error(
+      [] {
+        norm({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16}});
+      },
+      ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "NVFP4")) << e.message();
   EXPECT_TRUE(contains(e.message(), supported_formats_text())) << e.message();
   expect_error([] { norm({{"quant_method", "modelopt"}}); }, ErrorCode::kBadConfig);
-  expect_error([] { norm({{"quant_method", "modelopt"}, {"quant_algo", "MXFP8"}, {"group_size", 16}}); },
-               ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "modelopt"}, {"quant_algo", "MXFP8"}, {"group_size", 16}});
+      },
+      ErrorCode::kBadConfig);
 }
 
 // ----------------------------------------------------------------------------------- FP8 block
 
 TEST(HfConfigFp8, BlockScaled) {
-  const QuantParams p = norm({{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+  const QuantParams p = norm({{"quant_method", "fp8"},
+                              {"fmt", "e4m3"},
+                              {"activation_scheme", "dynamic"},
                               {"weight_block_size", {128, 128}}});
   EXPECT_EQ(p.method, QuantMethod::kFp8Block);
   EXPECT_EQ(p.block_n, 128);
@@ -475,23 +580,35 @@ TEST(HfConfigFp8, BlockScaled) {
 }
 
 TEST(HfConfigFp8, NonSquareBlockAndStaticActivations) {
-  const QuantParams p = norm({{"quant_method", "fp8"}, {"activation_scheme", "static"},
-                              {"weight_block_size", {64, 128}}});
+  const QuantParams p = norm(
+      {{"quant_method", "fp8"}, {"activation_scheme", "static"}, {"weight_block_size", {64, 128}}});
   EXPECT_EQ(p.block_n, 64);
   EXPECT_EQ(p.block_k, 128);
   EXPECT_FALSE(p.dynamic_input);
 }
 
 TEST(HfConfigFp8, PerTensorRefusedAndMalformedBlock) {
-  const Error e = expect_error([] { norm({{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}); },
-                               ErrorCode::kUnsupported);
+  const Error e = expect_error(
+      [] {
+        norm({{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}});
+      },
+      ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "weight_block_size")) << e.message();
-  expect_error([] { norm({{"quant_method", "fp8"}, {"weight_block_size", {128}}}); },
-               ErrorCode::kBadConfig);
-  expect_error([] { norm({{"quant_method", "fp8"}, {"weight_block_size", {128, 0}}}); },
-               ErrorCode::kBadConfig);
-  expect_error([] { norm({{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}}); },
-               ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "fp8"}, {"weight_block_size", {128}}});
+      },
+      ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "fp8"}, {"weight_block_size", {128, 0}}});
+      },
+      ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}});
+      },
+      ErrorCode::kBadConfig);
 }
 
 // ---------------------------------------------------------------------- unknown and malformed
@@ -499,7 +616,11 @@ TEST(HfConfigFp8, PerTensorRefusedAndMalformedBlock) {
 TEST(HfConfigErrors, UnknownQuantMethodListsSupportedFormats) {
   for (const char* m : {"bitsandbytes", "mxfp4", "hqq", "exl2"}) {
     SCOPED_TRACE(m);
-    const Error e = expect_error([&] { norm({{"quant_method", m}, {"bits", 4}}); }, ErrorCode::kUnsupported);
+    const Error e = expect_error(
+        [&] {
+          norm({{"quant_method", m}, {"bits", 4}});
+        },
+        ErrorCode::kUnsupported);
     EXPECT_TRUE(contains(e.message(), m)) << e.message();
     for (const char* fmt : {"gptq", "awq", "compressed-tensors", "modelopt", "fp8"})
       EXPECT_TRUE(contains(e.message(), fmt)) << fmt << " missing from: " << e.message();
@@ -535,12 +656,51 @@ TEST(HfConfigErrors, GroupSizeZeroOrInvalid) {
   const Error e = expect_error([&] { load_hf_config(dir.path); }, ErrorCode::kBadConfig);
   EXPECT_EQ(e.file(), dir / "quantize_config.json");
   EXPECT_TRUE(contains(e.message(), "group_size")) << e.message();
-  expect_error([] { norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", -7}}); },
-               ErrorCode::kBadConfig);
-  expect_error([] { norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", "128"}}); },
-               ErrorCode::kBadConfig);
-  expect_error([] { norm({{"quant_method", "gptq"}, {"bits", "4"}, {"group_size", 128}}); },
-               ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", -7}});
+      },
+      ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", "128"}});
+      },
+      ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "gptq"}, {"bits", "4"}, {"group_size", 128}});
+      },
+      ErrorCode::kBadConfig);
+}
+
+TEST(HfConfigErrors, WrongTypedFlagsAreBadConfig) {
+  // Never a bare nlohmann exception (which main() would report as an internal bug).
+  expect_error(
+      [] {
+        norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}, {"desc_act", "yes"}});
+      },
+      ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}, {"sym", 1}});
+      },
+      ErrorCode::kBadConfig);
+  expect_error(
+      [] {
+        norm({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"zero_point", "true"}});
+      },
+      ErrorCode::kBadConfig);
+  json w = int_weights(4, "group", 128);
+  w["symmetric"] = "true";
+  expect_error([&] { norm(ct_config("pack-quantized", w)); }, ErrorCode::kBadConfig);
+  // null means "not given": the defaults apply.
+  const QuantParams p = norm({{"quant_method", "gptq"},
+                              {"bits", 4},
+                              {"group_size", 128},
+                              {"desc_act", nullptr},
+                              {"sym", nullptr}});
+  EXPECT_FALSE(p.act_order);
+  EXPECT_TRUE(p.symmetric);
 }
 
 TEST(HfConfigErrors, NoQuantMethodIsBadConfig) {
@@ -612,10 +772,13 @@ TEST(HfConfigModel, NullQuantizationConfigIsUnquantized) {
 TEST(HfConfigModel, MixtralDeepseekGptOssFieldNames) {
   {
     TempDir dir;
-    write_text(dir / "config.json",
-               json({{"model_type", "mixtral"}, {"hidden_size", 512}, {"intermediate_size", 1024},
-                     {"num_local_experts", 8}, {"num_experts_per_tok", 2}, {"torch_dtype", "float16"}})
-                   .dump());
+    write_text(dir / "config.json", json({{"model_type", "mixtral"},
+                                          {"hidden_size", 512},
+                                          {"intermediate_size", 1024},
+                                          {"num_local_experts", 8},
+                                          {"num_experts_per_tok", 2},
+                                          {"torch_dtype", "float16"}})
+                                        .dump());
     const HfConfig c = load_hf_config(dir.path);
     EXPECT_EQ(c.moe_intermediate_size, 1024);
     EXPECT_EQ(c.num_experts, 8);
@@ -623,11 +786,14 @@ TEST(HfConfigModel, MixtralDeepseekGptOssFieldNames) {
   }
   {
     TempDir dir;
-    write_text(dir / "config.json",
-               json({{"model_type", "deepseek_v3"}, {"hidden_size", 7168}, {"intermediate_size", 18432},
-                     {"moe_intermediate_size", 2048}, {"n_routed_experts", 256},
-                     {"num_experts_per_tok", 8}, {"first_k_dense_replace", 3}})
-                   .dump());
+    write_text(dir / "config.json", json({{"model_type", "deepseek_v3"},
+                                          {"hidden_size", 7168},
+                                          {"intermediate_size", 18432},
+                                          {"moe_intermediate_size", 2048},
+                                          {"n_routed_experts", 256},
+                                          {"num_experts_per_tok", 8},
+                                          {"first_k_dense_replace", 3}})
+                                        .dump());
     const HfConfig c = load_hf_config(dir.path);
     EXPECT_EQ(c.moe_intermediate_size, 2048);
     EXPECT_EQ(c.num_experts, 256);
@@ -636,10 +802,13 @@ TEST(HfConfigModel, MixtralDeepseekGptOssFieldNames) {
   {
     TempDir dir;
     // transformers v5 writes "dtype"; gpt-oss spells top-k experts_per_token.
-    write_text(dir / "config.json",
-               json({{"model_type", "gpt_oss"}, {"hidden_size", 2880}, {"intermediate_size", 2880},
-                     {"num_local_experts", 32}, {"experts_per_token", 4}, {"dtype", "float32"}})
-                   .dump());
+    write_text(dir / "config.json", json({{"model_type", "gpt_oss"},
+                                          {"hidden_size", 2880},
+                                          {"intermediate_size", 2880},
+                                          {"num_local_experts", 32},
+                                          {"experts_per_token", 4},
+                                          {"dtype", "float32"}})
+                                        .dump());
     const HfConfig c = load_hf_config(dir.path);
     EXPECT_EQ(c.top_k, 4);
     EXPECT_EQ(c.num_experts, 32);
@@ -695,7 +864,10 @@ TEST(HfConfigModel, QuantizationConfigInsideTextConfig) {
                 {"moe_intermediate_size", 768},
                 {"num_experts", 128},
                 {"quantization_config",
-                 {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"zero_point", true},
+                 {{"quant_method", "awq"},
+                  {"bits", 4},
+                  {"group_size", 128},
+                  {"zero_point", true},
                   {"version", "gemm"}}}}}};
   write_text(dir / "config.json", cfg.dump());
   const HfConfig c = load_hf_config(dir.path);
@@ -707,7 +879,8 @@ TEST(HfConfigModel, TorchDtypeNames) {
   EXPECT_EQ(parse_torch_dtype("bfloat16", "x"), DType::kBF16);
   EXPECT_EQ(parse_torch_dtype("float16", "x"), DType::kF16);
   EXPECT_EQ(parse_torch_dtype("float32", "x"), DType::kF32);
-  const Error e = expect_error([] { parse_torch_dtype("float8", "cfg.json"); }, ErrorCode::kBadConfig);
+  const Error e =
+      expect_error([] { parse_torch_dtype("float8", "cfg.json"); }, ErrorCode::kBadConfig);
   EXPECT_EQ(e.file(), "cfg.json");
 }
 
