@@ -26,7 +26,9 @@ namespace {
 using nlohmann::json;
 using test::TempDir;
 
-bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
 
 // Random bf16 values (never all zero); the test reads the expected floats back from the bytes.
 Tensor bf16(const std::string& name, Shape shape) {
@@ -36,7 +38,9 @@ Tensor bf16(const std::string& name, Shape shape) {
   for (int64_t i = 0; i < numel(t.shape); ++i) p[i] = float_to_bf16(rng.normal());
   return t;
 }
-float bf16_at(const Tensor& t, int64_t i) { return bf16_to_float(t.as<uint16_t>()[i]); }
+float bf16_at(const Tensor& t, int64_t i) {
+  return bf16_to_float(t.as<uint16_t>()[i]);
+}
 
 // A checkpoint written by hand: config.json plus one or more shards (index when more than one,
 // or when `force_index`).
@@ -111,9 +115,9 @@ Error expect_error(const std::function<void()>& fn, ErrorCode code) {
 constexpr int64_t kH = 64, kI = 32, kE = 4;
 
 json model_config(const std::string& model_type, int64_t layers = 2) {
-  return {{"model_type", model_type},         {"hidden_size", kH}, {"moe_intermediate_size", kI},
-          {"num_experts", kE},                {"num_experts_per_tok", 2},
-          {"num_hidden_layers", layers},      {"torch_dtype", "bfloat16"}};
+  return {{"model_type", model_type}, {"hidden_size", kH},        {"moe_intermediate_size", kI},
+          {"num_experts", kE},        {"num_experts_per_tok", 2}, {"num_hidden_layers", layers},
+          {"torch_dtype", "bfloat16"}};
 }
 
 void add_attention(Builder& b, const std::string& P) {
@@ -124,8 +128,8 @@ void add_attention(Builder& b, const std::string& P) {
 }
 
 // Per-expert bf16 experts under `X` = "...experts." with projection names gate/up/down.
-void add_experts(Builder& b, const std::string& X, const char* gate, const char* up, const char* down,
-                 int64_t experts = kE) {
+void add_experts(Builder& b, const std::string& X, const char* gate, const char* up,
+                 const char* down, int64_t experts = kE) {
   for (int64_t e = 0; e < experts; ++e) {
     const std::string p = X + std::to_string(e) + ".";
     b.add(bf16(p + gate + ".weight", {kI, kH}));
@@ -154,7 +158,7 @@ bool is_other(const Checkpoint& c, const std::string& name) {
 TEST(MoeDiscovery, Mixtral) {
   TempDir dir;
   Builder b;
-  b.config = {{"model_type", "mixtral"}, {"hidden_size", kH}, {"intermediate_size", kI},
+  b.config = {{"model_type", "mixtral"}, {"hidden_size", kH},        {"intermediate_size", kI},
               {"num_local_experts", kE}, {"num_experts_per_tok", 2}, {"num_hidden_layers", 2}};
   b.add(bf16("model.embed_tokens.weight", {100, kH}));
   for (int L = 0; L < 2; ++L) {
@@ -194,7 +198,8 @@ TEST(MoeDiscovery, Mixtral) {
   // w1 is the gate, w3 the up projection: w13 = [w1; w3].
   const DenseExperts d = load_dense_experts(*c, c->moe_layers()[1]);
   const std::string X = "model.layers.1.block_sparse_moe.experts.3.";
-  const Tensor &w1 = b.find(X + "w1.weight"), &w3 = b.find(X + "w3.weight"), &w2 = b.find(X + "w2.weight");
+  const Tensor &w1 = b.find(X + "w1.weight"), &w3 = b.find(X + "w3.weight"),
+               &w2 = b.find(X + "w2.weight");
   for (int64_t i = 0; i < kI * kH; ++i) {
     ASSERT_EQ(d.w13[(3 * 2 * kI) * kH + i], bf16_at(w1, i)) << i;
     ASSERT_EQ(d.w13[(3 * 2 * kI + kI) * kH + i], bf16_at(w3, i)) << i;
@@ -225,9 +230,9 @@ TEST(MoeDiscovery, Qwen2MoeSharedExpertSingular) {
   EXPECT_EQ(m.num_experts, kE);
   EXPECT_EQ(m.hidden, kH);
   EXPECT_EQ(m.inter, kI);  // the routed experts' I, not the shared expert's 2I
-  for (const char* n : {"mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
-                        "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight",
-                        "mlp.gate.weight"})
+  for (const char* n :
+       {"mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+        "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight", "mlp.gate.weight"})
     EXPECT_TRUE(is_other(*c, P + n)) << n;
   expect_partition(*c);
 }
@@ -332,8 +337,12 @@ json fused_config() {
   return {{"architectures", {"Qwen3VLMoeForConditionalGeneration"}},
           {"model_type", "qwen3_vl_moe"},
           {"text_config",
-           {{"model_type", "qwen3_vl_moe_text"}, {"hidden_size", kH}, {"moe_intermediate_size", kI},
-            {"num_experts", kE}, {"num_experts_per_tok", 2}, {"num_hidden_layers", 2}}},
+           {{"model_type", "qwen3_vl_moe_text"},
+            {"hidden_size", kH},
+            {"moe_intermediate_size", kI},
+            {"num_experts", kE},
+            {"num_experts_per_tok", 2},
+            {"num_hidden_layers", 2}}},
           {"vision_config", {{"hidden_size", 48}}}};
 }
 
@@ -391,9 +400,15 @@ TEST(MoeDiscovery, Fused3dQwen3Vl) {
 }
 
 json gpt_oss_config() {
-  return {{"architectures", {"GptOssForCausalLM"}}, {"model_type", "gpt_oss"}, {"hidden_size", kH},
-          {"intermediate_size", kI}, {"num_local_experts", kE}, {"experts_per_token", 2},
-          {"num_hidden_layers", 1}, {"hidden_act", "silu"}, {"swiglu_limit", 7.0}};
+  return {{"architectures", {"GptOssForCausalLM"}},
+          {"model_type", "gpt_oss"},
+          {"hidden_size", kH},
+          {"intermediate_size", kI},
+          {"num_local_experts", kE},
+          {"experts_per_token", 2},
+          {"num_hidden_layers", 1},
+          {"hidden_act", "silu"},
+          {"swiglu_limit", 7.0}};
 }
 
 TEST(MoeDiscovery, GptOssMxfp4RecognisedAndRefused) {
@@ -413,8 +428,9 @@ TEST(MoeDiscovery, GptOssMxfp4RecognisedAndRefused) {
     TempDir dir;
     Builder b;
     b.config = gpt_oss_config();
-    b.config["quantization_config"] = {{"quant_method", "mxfp4"},
-                                       {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
+    b.config["quantization_config"] = {
+        {"quant_method", "mxfp4"},
+        {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
     build(b);
     b.write(dir.path);
     const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kUnsupported);
@@ -464,7 +480,8 @@ TEST(MoeDiscovery, GptOssBf16InterleavedGateUp) {
       for (int64_t h = 0; h < kH; ++h) {
         ASSERT_EQ(d.w13[(e * 2 * kI + j) * kH + h], bf16_at(gu, (e * kH + h) * 2 * kI + 2 * j))
             << "gate " << e << " " << j << " " << h;
-        ASSERT_EQ(d.w13[(e * 2 * kI + kI + j) * kH + h], bf16_at(gu, (e * kH + h) * 2 * kI + 2 * j + 1))
+        ASSERT_EQ(d.w13[(e * 2 * kI + kI + j) * kH + h],
+                  bf16_at(gu, (e * kH + h) * 2 * kI + 2 * j + 1))
             << "up " << e << " " << j << " " << h;
       }
   const Tensor& dn = b.find(X + "down_proj");
@@ -489,7 +506,8 @@ TEST(MoeDiscovery, GptOssExpertBiasesAreNotSilentlyDropped) {
   const auto c = Checkpoint::open(dir.path);
   ASSERT_EQ(c->moe_layers().size(), 1u);
   expect_partition(*c);
-  const Error e = expect_error([&] { load_dense_experts(*c, c->moe_layers()[0]); }, ErrorCode::kUnsupported);
+  const Error e =
+      expect_error([&] { load_dense_experts(*c, c->moe_layers()[0]); }, ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.tensor() + e.message(), "bias")) << e.what();
 }
 
@@ -542,7 +560,8 @@ TEST(MoeDiscovery, NonWeightFilesCarriedOver) {
     std::ofstream(dir / f) << "{}";
   }
   const auto c = Checkpoint::open(dir.path);
-  const std::vector<std::string> want = {"chat_template.jinja", "generation_config.json", "tokenizer.json"};
+  const std::vector<std::string> want = {"chat_template.jinja", "generation_config.json",
+                                         "tokenizer.json"};
   EXPECT_EQ(c->other_files(), want);
 }
 
@@ -559,7 +578,11 @@ std::vector<LinearFormat> linear_formats() {
   const int64_t g = 32;
   std::vector<LinearFormat> f;
   f.push_back({"gptq-int4",
-               {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", g}, {"desc_act", true}, {"sym", true}},
+               {{"quant_method", "gptq"},
+                {"bits", 4},
+                {"group_size", g},
+                {"desc_act", true},
+                {"sym", true}},
                [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
                  b.add(Tensor(p + "qweight", DType::kI32, {k / 8, n}));
                  b.add(Tensor(p + "qzeros", DType::kI32, {k / g, n / 8}));
@@ -576,7 +599,11 @@ std::vector<LinearFormat> linear_formats() {
                },
                {"qweight", "qzeros", "scales"}});
   f.push_back({"awq",
-               {{"quant_method", "awq"}, {"bits", 4}, {"group_size", g}, {"zero_point", true}, {"version", "gemm"}},
+               {{"quant_method", "awq"},
+                {"bits", 4},
+                {"group_size", g},
+                {"zero_point", true},
+                {"version", "gemm"}},
                [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
                  b.add(Tensor(p + "qweight", DType::kI32, {k, n / 8}));
                  b.add(Tensor(p + "qzeros", DType::kI32, {k / g, n / 8}));
@@ -589,28 +616,34 @@ std::vector<LinearFormat> linear_formats() {
                 {"config_groups",
                  {{"group_0",
                    {{"targets", {"Linear"}},
-                    {"weights", {{"num_bits", 4}, {"type", "int"}, {"symmetric", true},
-                                 {"strategy", "group"}, {"group_size", g}}}}}}}},
+                    {"weights",
+                     {{"num_bits", 4},
+                      {"type", "int"},
+                      {"symmetric", true},
+                      {"strategy", "group"},
+                      {"group_size", g}}}}}}}},
                [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
                  b.add(Tensor(p + "weight_packed", DType::kI32, {n, k / 8}));
                  b.add(Tensor(p + "weight_scale", DType::kBF16, {n, k / g}));
                  b.add(Tensor(p + "weight_shape", DType::kI32, {2}));
                },
                {"weight_packed", "weight_scale", "weight_shape"}});
-  f.push_back({"ct-w8a8",
-               {{"quant_method", "compressed-tensors"},
-                {"format", "int-quantized"},
-                {"config_groups",
-                 {{"group_0",
-                   {{"targets", {"Linear"}},
-                    {"weights", {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "channel"}}},
-                    {"input_activations",
-                     {{"num_bits", 8}, {"type", "int"}, {"strategy", "token"}, {"dynamic", true}}}}}}}},
-               [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
-                 b.add(Tensor(p + "weight", DType::kI8, {n, k}));
-                 b.add(Tensor(p + "weight_scale", DType::kBF16, {n, 1}));
-               },
-               {"weight", "weight_scale"}});
+  f.push_back(
+      {"ct-w8a8",
+       {{"quant_method", "compressed-tensors"},
+        {"format", "int-quantized"},
+        {"config_groups",
+         {{"group_0",
+           {{"targets", {"Linear"}},
+            {"weights",
+             {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "channel"}}},
+            {"input_activations",
+             {{"num_bits", 8}, {"type", "int"}, {"strategy", "token"}, {"dynamic", true}}}}}}}},
+       [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
+         b.add(Tensor(p + "weight", DType::kI8, {n, k}));
+         b.add(Tensor(p + "weight_scale", DType::kBF16, {n, 1}));
+       },
+       {"weight", "weight_scale"}});
   f.push_back({"modelopt-mxfp8",
                {{"quant_method", "modelopt"}, {"quant_algo", "MXFP8"}},
                [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
@@ -618,13 +651,14 @@ std::vector<LinearFormat> linear_formats() {
                  b.add(Tensor(p + "weight_scale", DType::kU8, {n, k / 32}));
                },
                {"weight", "weight_scale"}});
-  f.push_back({"fp8-block",
-               {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}},
-               [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
-                 b.add(Tensor(p + "weight", DType::kF8_E4M3, {n, k}));
-                 b.add(Tensor(p + "weight_scale_inv", DType::kF32, {(n + 127) / 128, (k + 127) / 128}));
-               },
-               {"weight", "weight_scale_inv"}});
+  f.push_back(
+      {"fp8-block",
+       {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}},
+       [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
+         b.add(Tensor(p + "weight", DType::kF8_E4M3, {n, k}));
+         b.add(Tensor(p + "weight_scale_inv", DType::kF32, {(n + 127) / 128, (k + 127) / 128}));
+       },
+       {"weight", "weight_scale_inv"}});
   return f;
 }
 
@@ -807,7 +841,8 @@ TEST(MoeDiscoveryErrors, LaterExpertShapeMismatchCaughtWhenLoading) {
   try {
     const auto c = Checkpoint::open(dir.path);
     ASSERT_EQ(c->moe_layers().size(), 1u);
-    const Error e = expect_error([&] { load_dense_experts(*c, c->moe_layers()[0]); }, ErrorCode::kBadShape);
+    const Error e =
+        expect_error([&] { load_dense_experts(*c, c->moe_layers()[0]); }, ErrorCode::kBadShape);
     EXPECT_EQ(e.tensor(), X + "2.gate_proj.weight") << e.what();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kBadShape) << e.what();  // refusing at discovery is fine too
