@@ -335,8 +335,9 @@ TEST(Oracle, Table) {
         break;
       }
     }
-    if (c.chosen.empty())
+    if (c.chosen.empty()) {
       for (const auto& v : d.verdicts) EXPECT_GE(v.reasons.size(), 1u) << v.backend;
+    }
     for (const auto& rc : c.reasons) {
       const BackendVerdict* v = nullptr;
       for (const auto& x : d.verdicts)
