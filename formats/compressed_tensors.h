@@ -1,6 +1,16 @@
 // compressed-tensors checkpoint Linears <-> QuantTensor: pack-quantized W4A16/W8A16 (weight_packed
 // I32 [N, K/pf], weight_scale [N, G], weight_zero_point, weight_g_idx, weight_shape;
 // spec/wna16_marlin.md §1.3) and int-quantized W8A8 (weight I8 [N, K], weight_scale [N, 1]).
+//
+//   weight_packed word [n, k / pf], torch Linear orientation, low bits first along K:
+//     bits  31 ....................................... 0
+//           | k=pf*c+pf-1 | ... | k=pf*c+1 | k=pf*c |      stored u = q_signed + 2^(bits-1)
+//   weight_zero_point word [n / pf, g], low bits first along N (asymmetric only, same offset).
+//
+// Mirrors compressed-tensors pack_to_int32 / unpack_from_int32
+// (compressors/pack_quantized/helpers.py); the stored u is the canonical code (it carries the
+// symmetric bias 2^(bits-1)), W[n, k] = (u - zu[n, g(k)]) * s[n, g(k)], zu = 2^(bits-1) when
+// symmetric. A K that is not a multiple of pf is padded with zero fields in the last word.
 #pragma once
 
 #include "formats/codec.h"

@@ -1,5 +1,15 @@
 // GPTQ (AutoGPTQ / GPTQModel) checkpoint Linear <-> QuantTensor. spec/wna16_marlin.md §1.1.
 // Suffixes: qweight I32 [K/pf, N], scales [G, N], qzeros I32 [G, N/pf], g_idx I32 [K].
+//
+//   qweight word [k / pf, n], low bits first along K (pf = 32 / bits):
+//     bits  31 ........................................ 0
+//           | k=pf*r+pf-1 | ... | k=pf*r+1 | k=pf*r+0 |      (one column n)
+//   qzeros word [g, n / pf], low bits first along N: | n=pf*c+pf-1 | ... | n=pf*c |
+//
+// Mirrors AutoGPTQ's QuantLinear.pack and vLLM's gptq_pack (quant_utils.py); dequantisation
+// W[k, n] = (q - z) * s[g_idx[k], n] with z = 2^(bits-1) when symmetric (uint4b8 / uint8b128).
+// Zero points: v1 ("gptq") stores z - 1, v2 ("gptq_v2") stores z. Canonical zeros are real:
+// v1 stored 2^bits - 1 becomes 2^bits (AutoGPTQ adds the 1 in int arithmetic).
 #pragma once
 
 #include "formats/codec.h"
@@ -11,8 +21,9 @@ std::vector<std::string> gptq_optional_suffixes(const QuantParams& p);
 QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& by_suffix, int64_t n, int64_t k);
 TensorMap pack_gptq(const QuantParams& p, const QuantTensor& q);
 
-// For symmetric checkpoints: kV1 if every stored zero field is 2^(b-1)-1, kV2 if every one is
-// 2^(b-1), else `label` (fixes mislabelled checkpoint_format).
+// For symmetric checkpoints whose qzeros are only a convention: kV1 if every stored zero field
+// equals 2^(bits-1) - 1, kV2 if every one equals 2^(bits-1), else `label` (also for asymmetric
+// checkpoints and empty tensors). Used to fix checkpoints whose checkpoint_format is mislabelled.
 GptqFormat detect_gptq_zero_format(const TensorView& qzeros, int bits, bool symmetric,
                                    GptqFormat label);
 

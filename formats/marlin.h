@@ -1,5 +1,16 @@
 // vLLM Marlin MoE layout (GPTQ / AWQ / compressed-tensors WNA16 -> Marlin tiles, permuted scales,
 // Marlin zero points, act-order sort indices). spec/wna16_marlin.md §3-7, §10.
+//
+// Mirrors vLLM's gptq_marlin_moe_repack / awq_marlin_moe_repack, marlin_moe_permute_scales and
+// moe_awq_to_marlin_zero_points as called by _process_weights_marlin / _process_awq_weights_marlin
+// / CompressedTensorsWNA16MarlinMoEMethod (docs/marlin.md has the diagrams).
+//
+//   qweight [E, K/16, N*16/pf] int32: row kt = the N/64 tiles of k-rows [16kt, 16kt+16),
+//   each tile 16(k) x 64(n) codes = 1024/pf words (a8: 32 x 32 tiles), word r field f holds
+//   Q'[k, n] given by marlin::word_field_coords (formats/layout/marlin_layout.h), where
+//   Q'[k, n] = Q[sort_indices[k], n] under act-order.
+//   scales [E, G, N] in the activation dtype, 64-entry (grouped) or 32-entry (single) permuted.
+//   qzeros [E, G, N/pf] int32 (AWQ only): 64-permuted, interleaved, packed along N.
 #pragma once
 
 #include "formats/codec.h"
@@ -12,6 +23,25 @@ void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_
                           int64_t expert, const float* x, int64_t m, float* y);
 std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
                                                      const MoeExperts& experts);
+
+// Everything the Marlin MoE kernel (or vLLM's Marlin MoE path) cannot take for these experts, one
+// sentence with the numbers per reason; empty = supported. pack_marlin_moe throws kUnsupported
+// with all of them joined.
+std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
+                                                    const MoeExperts& experts);
+
+// vLLM parameter names of one projection (without opts.prefix) for a source method.
+struct MarlinParamNames {
+  std::string qweight, scales, qzeros, g_idx, sort_indices;  // qzeros / g_idx "" when absent
+};
+MarlinParamNames marlin_param_names(QuantMethod source_method, MoeProj proj);
+
+// Scale permutation choice for one projection (§4.2-4.3). Kernel rule: grouped iff the
+// projection has more than one group and not a8. With opts.vllm_w13_scale_size_k, vLLM's loader
+// rule: grouped iff group_size != -1, group_size < size_k (the size_k vLLM passes for this
+// method and projection) and not a8. `intermediate` = I (w2's K).
+bool marlin_scales_grouped(const LayoutOptions& opts, MoeProj proj, int64_t group_size,
+                           int64_t groups, int64_t intermediate, int bits, bool vllm_rule);
 
 // Single-matrix building blocks (also used by tests against the golden gptq_repack_* cases).
 // codes: logical Q as [N, K] (canonical orientation); perm: [K] or empty. Returns int32 words

@@ -16,10 +16,14 @@ using nlohmann::json;
 
 const char* moe_family_name(MoeFamily f) {
   switch (f) {
-    case MoeFamily::kMixtral: return "mixtral";
-    case MoeFamily::kPerExpert: return "per-expert";
-    case MoeFamily::kFused3d: return "fused3d";
-    case MoeFamily::kGptOss: return "gpt-oss";
+    case MoeFamily::kMixtral:
+      return "mixtral";
+    case MoeFamily::kPerExpert:
+      return "per-expert";
+    case MoeFamily::kFused3d:
+      return "fused3d";
+    case MoeFamily::kGptOss:
+      return "gpt-oss";
   }
   return "unknown";
 }
@@ -29,7 +33,8 @@ namespace {
 const char* kIndexName = "model.safetensors.index.json";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 int64_t layer_number(const std::string& module) {
@@ -80,7 +85,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
         throw Error(ErrorCode::kBadConfig, index_path, tensor, "weight_map value is not a string");
       const std::string s = shard.get<std::string>();
       if (s.find('/') != std::string::npos || s == ".." || s.empty())
-        throw Error(ErrorCode::kBadConfig, index_path, tensor, "shard name \"" + s + "\" is not a plain file name");
+        throw Error(ErrorCode::kBadConfig, index_path, tensor,
+                    "shard name \"" + s + "\" is not a plain file name");
       index_map[tensor] = s;
       shards.insert(s);
     }
@@ -94,7 +100,8 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 
   for (const auto& s : c->shard_names_) {
     const std::string p = (fs::path(dir) / s).string();
-    if (!fs::exists(p)) throw Error(ErrorCode::kIo, p, "", "shard listed in the index does not exist");
+    if (!fs::exists(p))
+      throw Error(ErrorCode::kIo, p, "", "shard listed in the index does not exist");
     c->shards_.emplace(s, SafetensorsFile::open(p));
     for (const auto& e : c->shards_.at(s).entries()) {
       auto [it, inserted] = c->where_.emplace(e.name, s);
@@ -115,14 +122,16 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   }
 
   // Files to carry over: everything that is not a weight shard, the index or config.json.
-  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator();
+       ++it) {
     const auto rel = fs::relative(it->path(), dir).string();
     if (it->is_directory()) {
       if (!rel.empty() && rel[0] == '.') it.disable_recursion_pending();
       continue;
     }
     if (!it->is_regular_file()) continue;
-    if (rel[0] == '.' || ends_with(rel, ".safetensors") || rel == kIndexName || rel == "config.json")
+    if (rel[0] == '.' || ends_with(rel, ".safetensors") || rel == kIndexName ||
+        rel == "config.json")
       continue;
     c->other_files_.push_back(rel);
   }
@@ -157,7 +166,8 @@ uint64_t Checkpoint::total_tensor_bytes() const {
 
 void Checkpoint::discover_moe() {
   std::map<std::string, MoeLayer> by_module;
-  std::map<std::string, std::map<int64_t, std::array<std::map<std::string, std::string>, 3>>> per_expert;
+  std::map<std::string, std::map<int64_t, std::array<std::map<std::string, std::string>, 3>>>
+      per_expert;
   std::set<std::string> expert_tensors;
   for (const auto& name : tensor_order_) {
     const auto pos = name.find(".experts.");
@@ -214,7 +224,8 @@ void Checkpoint::discover_moe() {
       const TensorView gu = view(L.fused_gate_up.at("")), dn = view(L.fused_down.at(""));
       if (gu.shape.size() != 3 || dn.shape.size() != 3)
         throw Error(ErrorCode::kBadShape, shard_file, gu.name,
-                    "fused experts must be 3-D, got " + shape_str(gu.shape) + " and " + shape_str(dn.shape));
+                    "fused experts must be 3-D, got " + shape_str(gu.shape) + " and " +
+                        shape_str(dn.shape));
       L.num_experts = gu.shape[0];
       L.hidden = gu.shape[1];
       L.inter = gu.shape[2] / 2;
@@ -247,7 +258,9 @@ void Checkpoint::discover_moe() {
             if (missing || want != have)
               throw Error(ErrorCode::kMissingTensor, shard_file,
                           L.param_prefix + std::to_string(e) + "." +
-                              (p == kGate ? "gate_proj" : p == kUp ? "up_proj" : "down_proj"),
+                              (p == kGate ? "gate_proj"
+                               : p == kUp ? "up_proj"
+                                          : "down_proj"),
                           missing ? "projection missing" : "tensor suffixes differ from expert 0");
           }
         }
@@ -261,8 +274,8 @@ void Checkpoint::discover_moe() {
       if (n2 != L.hidden || k2 != L.inter)
         throw Error(ErrorCode::kBadShape, shard_file, L.experts[0][kDown].begin()->second,
                     "down projection is [" + std::to_string(n2) + ", " + std::to_string(k2) +
-                        "], expected [H=" + std::to_string(L.hidden) + ", I=" +
-                        std::to_string(L.inter) + "]");
+                        "], expected [H=" + std::to_string(L.hidden) +
+                        ", I=" + std::to_string(L.inter) + "]");
     }
     if (config_.hidden_size && config_.hidden_size != L.hidden)
       throw Error(ErrorCode::kBadShape, shard_file, L.source_tensors.front(),
@@ -326,7 +339,8 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
   if (q.method == QuantMethod::kGptq && q.symmetric) {
     auto it = layer.experts[0][layer.gated ? kGate : kUp].find("qzeros");
     if (it != layer.experts[0][layer.gated ? kGate : kUp].end())
-      q.gptq_format = detect_gptq_zero_format(ckpt.view(it->second), q.bits, q.symmetric, q.gptq_format);
+      q.gptq_format =
+          detect_gptq_zero_format(ckpt.view(it->second), q.bits, q.symmetric, q.gptq_format);
   }
   const std::set<std::string> required = [&] {
     auto v = codec->required_suffixes(q);
@@ -363,7 +377,7 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
       return codec->unpack(q, tensors, n, k);
     } catch (const Error& err) {
       if (!err.file().empty()) throw;
-      const std::string t = err.tensor().empty() ? linear
+      const std::string t = err.tensor().empty()            ? linear
                             : by_suffix.count(err.tensor()) ? by_suffix.at(err.tensor())
                                                             : linear + "." + err.tensor();
       throw Error(err.code(), file, t, err.message());
@@ -404,7 +418,8 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
         if (t.scale_block_n > 1 && t.n % t.scale_block_n != 0 && projs.size() > 1)
           throw Error(ErrorCode::kUnsupported, ckpt.dir(), what,
                       "block-scaled gate/up rows (" + std::to_string(t.n) +
-                          ") are not a multiple of the block size " + std::to_string(t.scale_block_n));
+                          ") are not a multiple of the block size " +
+                          std::to_string(t.scale_block_n));
         out.codes.insert(out.codes.end(), t.codes.begin(), t.codes.end());
         out.scales.insert(out.scales.end(), t.scales.begin(), t.scales.end());
         out.zeros.insert(out.zeros.end(), t.zeros.begin(), t.zeros.end());
@@ -413,12 +428,14 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
           if (g.empty()) {  // trivial g_idx made explicit so gate and up compare equal
             g.resize(static_cast<size_t>(t.k));
             for (int64_t i = 0; i < t.k; ++i)
-              g[static_cast<size_t>(i)] = static_cast<int32_t>(t.group_size > 0 ? i / t.group_size : 0);
+              g[static_cast<size_t>(i)] =
+                  static_cast<int32_t>(t.group_size > 0 ? i / t.group_size : 0);
           }
           if (!first_g) {
             out.g_idx.insert(out.g_idx.end(), g.begin(), g.end());
             first_g = &t.g_idx;
-          } else if (!std::equal(g.begin(), g.end(), out.g_idx.end() - static_cast<int64_t>(g.size())))
+          } else if (!std::equal(g.begin(), g.end(),
+                                 out.g_idx.end() - static_cast<int64_t>(g.size())))
             throw Error(ErrorCode::kUnsupported, ckpt.dir(), what + ".up_proj.g_idx",
                         "gate and up projections have different act-order g_idx; vLLM's fused w13 "
                         "keeps one per expert");
@@ -499,7 +516,8 @@ DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer) {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t c = 0; c < 2 * I; ++c) {
           const int64_t row = interleaved ? (c % 2) * I + c / 2 : c;  // logical [gate; up] row
-          d.w13[static_cast<size_t>((e * rows13 + row) * H + h)] = read_float(gu, (e * H + h) * 2 * I + c);
+          d.w13[static_cast<size_t>((e * rows13 + row) * H + h)] =
+              read_float(gu, (e * H + h) * 2 * I + c);
         }
     for (int64_t e = 0; e < E; ++e)
       for (int64_t i = 0; i < I; ++i)

@@ -16,10 +16,10 @@
 namespace moepack {
 
 enum class MoeFamily : uint8_t {
-  kMixtral,   // block_sparse_moe.experts.N.{w1,w3,w2}
-  kPerExpert, // mlp.experts.N.{gate_proj,up_proj,down_proj} (Qwen2/3-MoE, DeepSeek-V2/V3)
-  kFused3d,   // mlp.experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H] (Qwen3-VL/3.5-MoE)
-  kGptOss,    // mlp.experts.gate_up_proj{,_blocks,_scales,_bias}, rows interleaved gate/up
+  kMixtral,    // block_sparse_moe.experts.N.{w1,w3,w2}
+  kPerExpert,  // mlp.experts.N.{gate_proj,up_proj,down_proj} (Qwen2/3-MoE, DeepSeek-V2/V3)
+  kFused3d,    // mlp.experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H] (Qwen3-VL/3.5-MoE)
+  kGptOss,     // mlp.experts.gate_up_proj{,_blocks,_scales,_bias}, rows interleaved gate/up
 };
 const char* moe_family_name(MoeFamily f);
 
@@ -27,9 +27,9 @@ enum Proj : int { kGate = 0, kUp = 1, kDown = 2 };
 
 // One MoE layer's routed experts as found in the checkpoint.
 struct MoeLayer {
-  int64_t layer = -1;          // L of "layers.L."
-  std::string module;          // "model.layers.3.mlp"
-  std::string param_prefix;    // "model.layers.3.mlp.experts." (vLLM FusedMoE parameters)
+  int64_t layer = -1;        // L of "layers.L."
+  std::string module;        // "model.layers.3.mlp"
+  std::string param_prefix;  // "model.layers.3.mlp.experts." (vLLM FusedMoE parameters)
   MoeFamily family = MoeFamily::kPerExpert;
   int64_t num_experts = 0;
   int64_t hidden = 0, inter = 0;  // H, I
@@ -58,7 +58,7 @@ class Checkpoint {
   const std::vector<std::string>& tensor_names() const { return tensor_order_; }
   bool has_tensor(const std::string& name) const { return where_.count(name) != 0; }
   const std::string& shard_of(const std::string& tensor) const;  // throws kMissingTensor
-  TensorView view(const std::string& tensor) const;               // throws kMissingTensor
+  TensorView view(const std::string& tensor) const;              // throws kMissingTensor
   uint64_t total_tensor_bytes() const;
 
   const std::vector<MoeLayer>& moe_layers() const { return layers_; }

@@ -12,10 +12,10 @@
 namespace moepack {
 
 struct HfConfig {
-  nlohmann::json raw;          // config.json as read
-  nlohmann::json text;         // the object holding the language-model fields (raw or text_config)
-  std::string model_type;      // "qwen3_moe", "mixtral", "deepseek_v3", ...
-  std::string architecture;    // architectures[0] or ""
+  nlohmann::json raw;        // config.json as read
+  nlohmann::json text;       // the object holding the language-model fields (raw or text_config)
+  std::string model_type;    // "qwen3_moe", "mixtral", "deepseek_v3", ...
+  std::string architecture;  // architectures[0] or ""
   int64_t hidden_size = 0;
   int64_t moe_intermediate_size = 0;  // per expert
   int64_t num_experts = 0;
@@ -27,8 +27,8 @@ struct HfConfig {
 
   // Quantization as found, and where it was found.
   QuantParams quant;
-  nlohmann::json quant_raw;    // the quantization_config object (or {} for unquantized)
-  std::string quant_file;      // "config.json", "hf_quant_config.json", "quantize_config.json", ""
+  nlohmann::json quant_raw;  // the quantization_config object (or {} for unquantized)
+  std::string quant_file;    // "config.json", "hf_quant_config.json", "quantize_config.json", ""
 };
 
 // Reads DIR/config.json and the quantization side files. Throws kBadConfig (naming the file and

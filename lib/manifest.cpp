@@ -10,7 +10,9 @@ namespace moepack {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string moepack_version_string() { return moepack_version(); }
+std::string moepack_version_string() {
+  return moepack_version();
+}
 
 json quant_params_json(const QuantParams& q) {
   return {{"method", quant_method_name(q.method)},
@@ -40,14 +42,16 @@ QuantParams quant_params_from_json(const json& j, const std::string& file) {
     q.group_size = j.at("group_size").get<int64_t>();
     q.symmetric = j.at("symmetric").get<bool>();
     q.act_order = j.at("act_order").get<bool>();
-    q.gptq_format = j.at("gptq_format").get<std::string>() == "gptq_v2" ? GptqFormat::kV2 : GptqFormat::kV1;
+    q.gptq_format =
+        j.at("gptq_format").get<std::string>() == "gptq_v2" ? GptqFormat::kV2 : GptqFormat::kV1;
     q.actorder = j.at("actorder").get<std::string>();
     q.block_n = j.at("block").at(0).get<int64_t>();
     q.block_k = j.at("block").at(1).get<int64_t>();
     q.dtype = *parse_dtype(j.at("dtype").get<std::string>());
     q.dynamic_input = j.at("dynamic_input").get<bool>();
   } catch (const json::exception& e) {
-    throw Error(ErrorCode::kBadConfig, file, "", std::string("malformed quant params: ") + e.what());
+    throw Error(ErrorCode::kBadConfig, file, "",
+                std::string("malformed quant params: ") + e.what());
   }
   return q;
 }
@@ -91,7 +95,8 @@ json build_manifest(const Plan& plan, const Checkpoint& ckpt,
   }
   m["shards"] = json::array();
   for (size_t i = 0; i < plan.shards.shard_names.size(); ++i)
-    m["shards"].push_back({{"name", plan.shards.shard_names[i]}, {"file_bytes", plan.shards.shard_file_bytes[i]}});
+    m["shards"].push_back(
+        {{"name", plan.shards.shard_names[i]}, {"file_bytes", plan.shards.shard_file_bytes[i]}});
   m["files"] = plan.copied_files;
   m["tensors"] = json::object();
   for (const auto& t : plan.tensors) {
@@ -118,7 +123,9 @@ void write_manifest(const std::string& path, const json& manifest) {
 json read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "moepack.json").string();
   std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::kBadConfig, path, "", "no moepack.json: not a moepack-converted checkpoint");
+  if (!in)
+    throw Error(ErrorCode::kBadConfig, path, "",
+                "no moepack.json: not a moepack-converted checkpoint");
   try {
     json m = json::parse(in);
     if (!m.is_object() || m.value("manifest_version", 0) != kManifestVersion)

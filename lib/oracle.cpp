@@ -15,16 +15,22 @@ TargetArch parse_target_arch(const std::string& s) {
   if (s == "sm90" || s == "sm90a") return TargetArch::kSm90;
   if (s == "sm100" || s == "sm100a") return TargetArch::kSm100;
   if (s == "sm120") return TargetArch::kSm120;
-  throw Error(ErrorCode::kUsage, "unknown --target-arch \"" + s + "\" (sm80, sm89, sm90, sm100, sm120)");
+  throw Error(ErrorCode::kUsage,
+              "unknown --target-arch \"" + s + "\" (sm80, sm89, sm90, sm100, sm120)");
 }
 
 const char* target_arch_name(TargetArch a) {
   switch (a) {
-    case TargetArch::kSm80: return "sm80";
-    case TargetArch::kSm89: return "sm89";
-    case TargetArch::kSm90: return "sm90";
-    case TargetArch::kSm100: return "sm100";
-    case TargetArch::kSm120: return "sm120";
+    case TargetArch::kSm80:
+      return "sm80";
+    case TargetArch::kSm89:
+      return "sm89";
+    case TargetArch::kSm90:
+      return "sm90";
+    case TargetArch::kSm100:
+      return "sm100";
+    case TargetArch::kSm120:
+      return "sm120";
   }
   return "?";
 }
@@ -35,8 +41,9 @@ const std::vector<std::string>& backend_names() {
   return b;
 }
 
-MoeExperts probe_experts(const QuantParams& q, int64_t hidden, int64_t inter, bool gated) {
-  auto make = [&](int64_t n, int64_t k) {
+MoeExperts probe_experts(const QuantParams& q, int64_t hidden, int64_t inter, bool gated,
+                         int act_order_w13, int act_order_w2) {
+  auto make = [&](int64_t n, int64_t k, bool act_order) {
     QuantTensor t;
     t.experts = 1;
     t.n = n;
@@ -73,24 +80,40 @@ MoeExperts probe_experts(const QuantParams& q, int64_t hidden, int64_t inter, bo
     for (int64_t i = 0; i < SR * G; ++i) {
       uint8_t* p = t.scales.data() + i * t.scale_bytes();
       switch (t.scale_dtype) {
-        case DType::kF16: { const uint16_t h = float_to_f16(0.01f); std::memcpy(p, &h, 2); break; }
-        case DType::kBF16: { const uint16_t h = float_to_bf16(0.01f); std::memcpy(p, &h, 2); break; }
-        case DType::kF32: { const float f = 0.01f; std::memcpy(p, &f, 4); break; }
-        default: *p = 120; break;  // E8M0 2^-7
+        case DType::kF16: {
+          const uint16_t h = float_to_f16(0.01f);
+          std::memcpy(p, &h, 2);
+          break;
+        }
+        case DType::kBF16: {
+          const uint16_t h = float_to_bf16(0.01f);
+          std::memcpy(p, &h, 2);
+          break;
+        }
+        case DType::kF32: {
+          const float f = 0.01f;
+          std::memcpy(p, &f, 4);
+          break;
+        }
+        default:
+          *p = 120;
+          break;  // E8M0 2^-7
       }
     }
     if (!t.symmetric) t.zeros.assign(static_cast<size_t>(n * G), 8);
-    if (q.act_order && t.kind == CodeKind::kUint) {
+    if (act_order && t.kind == CodeKind::kUint && t.groups() > 1) {
       // A non-monotonic g_idx: the act-order case as the kernels see it.
       const int64_t gs = t.group_size > 0 ? t.group_size : k;
       t.g_idx.resize(static_cast<size_t>(k));
-      for (int64_t i = 0; i < k; ++i) t.g_idx[static_cast<size_t>(i)] = static_cast<int32_t>((k - 1 - i) / gs);
+      for (int64_t i = 0; i < k; ++i)
+        t.g_idx[static_cast<size_t>(i)] = static_cast<int32_t>((k - 1 - i) / gs);
     }
     return t;
   };
   MoeExperts m;
-  m.w13 = make(gated ? 2 * inter : inter, hidden);
-  m.w2 = make(hidden, inter);
+  m.w13 =
+      make(gated ? 2 * inter : inter, hidden, act_order_w13 < 0 ? q.act_order : act_order_w13 != 0);
+  m.w2 = make(hidden, inter, act_order_w2 < 0 ? q.act_order : act_order_w2 != 0);
   return m;
 }
 
@@ -114,7 +137,8 @@ std::vector<std::string> split_reasons(const std::string& msg) {
   size_t start = 0;
   while (start <= msg.size()) {
     const size_t pos = msg.find("; ", start);
-    std::string part = msg.substr(start, pos == std::string::npos ? std::string::npos : pos - start);
+    std::string part =
+        msg.substr(start, pos == std::string::npos ? std::string::npos : pos - start);
     if (!part.empty()) out.push_back(part);
     if (pos == std::string::npos) break;
     start = pos + 2;
@@ -159,8 +183,9 @@ OracleDecision choose_backend(const OracleQuery& q) {
       d.scheme = "w8a8-int8";
       candidates = {"triton-int8"};
       if (!q.quant.dynamic_input)
-        scheme_reasons.push_back("static input scales are not supported (vLLM's W8A8 int8 MoE needs "
-                                 "dynamic per-token activations)");
+        scheme_reasons.push_back(
+            "static input scales are not supported (vLLM's W8A8 int8 MoE needs "
+            "dynamic per-token activations)");
       break;
     case QuantMethod::kModeloptMxfp8:
     case QuantMethod::kCtMxfp8:
@@ -182,7 +207,8 @@ OracleDecision choose_backend(const OracleQuery& q) {
     std::vector<std::string> r;
     if ((b == "trtllm-mxfp8" || b == "trtllm-fp8-block") && !sm100)
       r.push_back(std::string("FlashInfer TRT-LLM-Gen MoE kernels run only on the SM100 family "
-                              "(Blackwell); target is ") + target_arch_name(q.arch));
+                              "(Blackwell); target is ") +
+                  target_arch_name(q.arch));
     return r;
   };
   auto judge = [&](const std::string& b) {
@@ -200,7 +226,8 @@ OracleDecision choose_backend(const OracleQuery& q) {
   };
 
   if (q.requested != "auto") {
-    if (std::find(backend_names().begin(), backend_names().end(), q.requested) == backend_names().end()) {
+    if (std::find(backend_names().begin(), backend_names().end(), q.requested) ==
+        backend_names().end()) {
       std::string list = "auto";
       for (const auto& b : backend_names()) list += ", " + b;
       throw Error(ErrorCode::kUsage, "unknown --backend \"" + q.requested + "\" (" + list + ")");
@@ -233,7 +260,8 @@ nlohmann::json OracleDecision::to_json() const {
   j["chosen"] = chosen.empty() ? nlohmann::json(nullptr) : nlohmann::json(chosen);
   j["candidates"] = nlohmann::json::array();
   for (const auto& v : verdicts)
-    j["candidates"].push_back({{"backend", v.backend}, {"supported", v.supported}, {"reasons", v.reasons}});
+    j["candidates"].push_back(
+        {{"backend", v.backend}, {"supported", v.supported}, {"reasons", v.reasons}});
   return j;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -41,10 +42,37 @@ std::vector<std::string> source_patterns(const MoeLayer& L, bool w13) {
   }
   std::string proj_set, suffix_set;
   for (int p : projs) proj_set += std::string(proj_set.empty() ? "" : ",") + proj_name(L.family, p);
-  for (const auto& [s, n] : L.experts[0][projs[0]]) suffix_set += (suffix_set.empty() ? "" : ",") + s;
-  auto braces = [](const std::string& s) { return s.find(',') == std::string::npos ? s : "{" + s + "}"; };
-  const std::string experts = L.num_experts == 1 ? "0" : "{0.." + std::to_string(L.num_experts - 1) + "}";
+  for (const auto& [s, n] : L.experts[0][projs[0]])
+    suffix_set += (suffix_set.empty() ? "" : ",") + s;
+  auto braces = [](const std::string& s) {
+    return s.find(',') == std::string::npos ? s : "{" + s + "}";
+  };
+  const std::string experts =
+      L.num_experts == 1 ? "0" : "{0.." + std::to_string(L.num_experts - 1) + "}";
   return {L.param_prefix + experts + "." + braces(proj_set) + "." + braces(suffix_set)};
+}
+
+// Whether any expert's projection in `projs` has a g_idx that is not the trivial k / group_size
+// (codecs drop trivial ones, so the layout's output shapes depend on it).
+bool layer_has_act_order(const Checkpoint& ckpt, const MoeLayer& L,
+                         std::initializer_list<int> projs) {
+  const QuantParams& q = ckpt.quant();
+  if (!q.act_order || L.experts.empty()) return false;
+  for (const auto& ex : L.experts)
+    for (int p : projs)
+      for (const char* suffix : {"g_idx", "weight_g_idx"}) {
+        auto it = ex[p].find(suffix);
+        if (it == ex[p].end()) continue;
+        const TensorView v = ckpt.view(it->second);
+        if (v.dtype != DType::kI32) return true;  // let the codec report it
+        const int64_t k = numel(v.shape);
+        for (int64_t i = 0; i < k; ++i) {
+          int32_t g;
+          std::memcpy(&g, v.data + 4 * i, 4);
+          if (g != (q.group_size > 0 ? i / q.group_size : 0)) return true;
+        }
+      }
+  return false;
 }
 
 QuantParams mxfp8_target(const QuantParams& src) {
@@ -84,24 +112,28 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                   "--quantize needs an unquantized (bf16/fp16) checkpoint; this one is " +
                       plan.source_format);
     if (opts.mx_recipe != "flashinfer" && opts.mx_recipe != "modelopt")
-      throw Error(ErrorCode::kUsage, "unknown --mx-recipe \"" + opts.mx_recipe + "\" (flashinfer, modelopt)");
+      throw Error(ErrorCode::kUsage,
+                  "unknown --mx-recipe \"" + opts.mx_recipe + "\" (flashinfer, modelopt)");
     plan.target_quant = mxfp8_target(plan.source_quant);
   }
   if (opts.act_dtype != DType::kBF16 && opts.act_dtype != DType::kF16)
     throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
   const auto& layers = ckpt.moe_layers();
   if (layers.empty())
-    throw Error(ErrorCode::kUnsupported, ckpt.dir(), "", "no MoE expert layers found in the checkpoint");
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
+                "no MoE expert layers found in the checkpoint");
 
   std::map<std::string, int64_t> layer_of_tensor;
   std::map<int64_t, std::vector<PlannedTensor>> layer_params;
   std::set<std::string> deviations;
   for (size_t li = 0; li < layers.size(); ++li) {
     const MoeLayer& L = layers[li];
-    if (plan.target_quant.method != QuantMethod::kNone && plan.source_quant.method != QuantMethod::kNone &&
+    if (plan.target_quant.method != QuantMethod::kNone &&
+        plan.source_quant.method != QuantMethod::kNone &&
         (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss))
-      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
-                  std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
+      throw Error(
+          ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+          std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
     if (plan.source_quant.method == QuantMethod::kNone) {
       // Unquantized experts are read as plain weights only (load_dense_experts): refuse extra
       // expert tensors such as gpt-oss biases here, so --dry-run says so too.
@@ -131,8 +163,9 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     pl.param_prefix = L.param_prefix;
     pl.decision = choose_backend(q);
     if (pl.decision.chosen.empty())
-      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
-                  "no backend can take this layer for " + opts.target_arch + ":\n" + pl.decision.explain());
+      throw Error(
+          ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+          "no backend can take this layer for " + opts.target_arch + ":\n" + pl.decision.explain());
     if (plan.backend.empty()) plan.backend = pl.decision.chosen;
     if (plan.backend != pl.decision.chosen)
       throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
@@ -143,17 +176,21 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     plan.layout_version = layout->layout_version;
     LayoutOptions lo = layout_options_for(plan, L);
     lo.threads = 1;
-    const MoeExperts probe = probe_experts(plan.target_quant, L.hidden, L.inter, L.gated);
+    const MoeExperts probe = probe_experts(plan.target_quant, L.hidden, L.inter, L.gated,
+                                           layer_has_act_order(ckpt, L, {kGate, kUp}) ? 1 : 0,
+                                           layer_has_act_order(ckpt, L, {kDown}) ? 1 : 0);
     for (const auto& d : layout->deviations_from_vllm(lo, probe)) {
       pl.deviations.push_back(d);
       deviations.insert(d);
     }
-    const std::string src_codec = plan.source_quant.method == QuantMethod::kNone
-                                      ? std::string(dtype_name(ckpt.config().dtype)) + "->mxfp8(" + opts.mx_recipe + ")"
-                                      : find_source_codec(plan.source_quant.method)->name;
+    const std::string src_codec =
+        plan.source_quant.method == QuantMethod::kNone
+            ? std::string(dtype_name(ckpt.config().dtype)) + "->mxfp8(" + opts.mx_recipe + ")"
+            : find_source_codec(plan.source_quant.method)->name;
     for (const Tensor& t : layout->pack(lo, probe)) {
       if (t.shape.empty() || t.shape[0] != 1)
-        throw Error(ErrorCode::kInternal, "", t.name, "layout parameter without a leading expert dim");
+        throw Error(ErrorCode::kInternal, "", t.name,
+                    "layout parameter without a leading expert dim");
       PlannedTensor pt;
       pt.name = t.name;
       pt.dtype = t.dtype;
@@ -170,6 +207,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     for (const auto& n : L.source_tensors) layer_of_tensor[n] = static_cast<int64_t>(li);
     plan.layers.push_back(std::move(pl));
   }
+  if (opts.vllm_w13_scale_size_k && plan.backend == "marlin")
+    deviations.insert("--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
+                      "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
+                      "instead, and verify reports the layer (spec §4.3)");
   plan.deviations.assign(deviations.begin(), deviations.end());
 
   std::set<int64_t> emitted;
@@ -213,11 +254,13 @@ json Plan::to_json() const {
   j["layout"] = {{"name", layout_name}, {"version", layout_version}};
   j["target_arch"] = target_arch_name(arch);
   j["act_dtype"] = dtype_name(options.act_dtype);
-  if (!options.quantize.empty()) j["quantize"] = {{"format", options.quantize}, {"recipe", options.mx_recipe}};
+  if (!options.quantize.empty())
+    j["quantize"] = {{"format", options.quantize}, {"recipe", options.mx_recipe}};
   j["deviations_from_vllm"] = deviations;
   j["layers"] = json::array();
   for (const auto& l : layers)
-    j["layers"].push_back({{"module", l.module}, {"backend", l.decision.chosen}, {"oracle", l.decision.to_json()}});
+    j["layers"].push_back(
+        {{"module", l.module}, {"backend", l.decision.chosen}, {"oracle", l.decision.to_json()}});
   j["tensors"] = json::array();
   uint64_t converted = 0, copied = 0;
   for (const auto& t : tensors) {
@@ -260,12 +303,15 @@ std::string Plan::to_text() const {
   }
   s << "plan: " << options.src << " -> " << options.dst << "\n"
     << "  source format   " << source_format << "\n"
-    << "  backend         " << backend << " (layout " << layout_name << " v" << layout_version << ")\n"
-    << "  target arch     " << target_arch_name(arch) << ", activations " << dtype_name(options.act_dtype) << "\n"
+    << "  backend         " << backend << " (layout " << layout_name << " v" << layout_version
+    << ")\n"
+    << "  target arch     " << target_arch_name(arch) << ", activations "
+    << dtype_name(options.act_dtype) << "\n"
     << "  MoE layers      " << layers.size() << "\n"
     << "  converted       " << nconv << " tensors, " << converted << " bytes\n"
     << "  copied through  " << tensors.size() - nconv << " tensors, " << copied << " bytes\n"
-    << "  output          " << shards.shard_names.size() << " shard(s), " << total_bytes() << " tensor bytes\n";
+    << "  output          " << shards.shard_names.size() << " shard(s), " << total_bytes()
+    << " tensor bytes\n";
   for (size_t i = 0; i < shards.shard_names.size(); ++i)
     s << "    " << shards.shard_names[i] << "  " << shards.shards[i].size() << " tensors, "
       << shards.shard_file_bytes[i] << " bytes\n";
@@ -275,12 +321,14 @@ std::string Plan::to_text() const {
     s << "\n";
   }
   for (const auto& d : deviations) s << "  deviation from vLLM's loader: " << d << "\n";
-  if (!layers.empty()) s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
+  if (!layers.empty())
+    s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
   s << "  converted tensors:\n";
   for (const auto& t : tensors)
     if (t.converted)
       s << "    " << t.name << "  " << dtype_name(t.dtype) << " " << shape_str(t.shape) << "  "
-        << t.bytes << " B  " << t.codec << "  <- " << (t.sources.empty() ? "" : t.sources[0]) << "\n";
+        << t.bytes << " B  " << t.codec << "  <- " << (t.sources.empty() ? "" : t.sources[0])
+        << "\n";
   return s.str();
 }
 
@@ -301,17 +349,20 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       writer.write(v.name, v.data, v.nbytes);
     }
   });
-  if (progress) progress("copy", static_cast<int64_t>(copies.size()), static_cast<int64_t>(copies.size()));
+  if (progress)
+    progress("copy", static_cast<int64_t>(copies.size()), static_cast<int64_t>(copies.size()));
 
   // MoE layers one at a time: memory is bounded by one layer, not the model.
-  const MxRecipe recipe = plan.options.mx_recipe == "modelopt" ? MxRecipe::kModelOpt : MxRecipe::kFlashInfer;
+  const MxRecipe recipe =
+      plan.options.mx_recipe == "modelopt" ? MxRecipe::kModelOpt : MxRecipe::kFlashInfer;
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     const PlannedLayer& pl = plan.layers[i];
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
     MoeExperts experts;
     if (plan.source_quant.method == QuantMethod::kNone) {
       const DenseExperts d = load_dense_experts(ckpt, L);
-      experts.w13 = quantize_mxfp8(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden, recipe);
+      experts.w13 = quantize_mxfp8(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter,
+                                   d.hidden, recipe);
       experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, recipe);
     } else {
       experts = load_moe_experts(ckpt, L, threads);
@@ -321,14 +372,17 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
     for (const auto& t : plan.tensors)
       if (t.layer == pl.index) planned[t.name] = &t;
     if (params.size() != planned.size())
-      throw Error(ErrorCode::kInternal, "", L.param_prefix, "layout produced a different parameter set than planned");
+      throw Error(ErrorCode::kInternal, "", L.param_prefix,
+                  "layout produced a different parameter set than planned");
     for (const Tensor& t : params) {
       auto it = planned.find(t.name);
       if (it == planned.end() || it->second->dtype != t.dtype || it->second->shape != t.shape)
-        throw Error(ErrorCode::kInternal, "", t.name, "layout output differs from the plan (" + shape_str(t.shape) + ")");
+        throw Error(ErrorCode::kInternal, "", t.name,
+                    "layout output differs from the plan (" + shape_str(t.shape) + ")");
       writer.write(t.name, t.data.data(), t.data.size());
     }
-    if (progress) progress("layers", static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.layers.size()));
+    if (progress)
+      progress("layers", static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.layers.size()));
   }
   writer.finish();
 
@@ -338,10 +392,13 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
     fs::create_directories(dst.parent_path());
     std::error_code ec;
     fs::copy_file(fs::path(ckpt.dir()) / rel, dst, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw Error(ErrorCode::kIo, (fs::path(ckpt.dir()) / rel).string(), "", "copy failed: " + ec.message());
+    if (ec)
+      throw Error(ErrorCode::kIo, (fs::path(ckpt.dir()) / rel).string(), "",
+                  "copy failed: " + ec.message());
   }
   json cfg = ckpt.config().raw;
-  if (plan.source_quant.method == QuantMethod::kNone && plan.target_quant.method == QuantMethod::kModeloptMxfp8) {
+  if (plan.source_quant.method == QuantMethod::kNone &&
+      plan.target_quant.method == QuantMethod::kModeloptMxfp8) {
     // Only the experts were quantised: every other Linear stays unquantised.
     json ignore = json::array();
     for (const auto& n : ckpt.other_tensors()) {
@@ -349,8 +406,11 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       if (v.shape.size() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0)
         ignore.push_back(n.substr(0, n.size() - 7));
     }
-    cfg["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "MXFP8"}, {"ignore", ignore},
-                                  {"producer", {{"name", "moepack"}, {"version", moepack_version_string()}}}};
+    cfg["quantization_config"] = {
+        {"quant_method", "modelopt"},
+        {"quant_algo", "MXFP8"},
+        {"ignore", ignore},
+        {"producer", {{"name", "moepack"}, {"version", moepack_version_string()}}}};
   }
   cfg["moepack"] = {{"version", moepack_version_string()},
                     {"manifest", "moepack.json"},

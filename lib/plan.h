@@ -6,10 +6,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "lib/checkpoint.h"
 #include "lib/oracle.h"
@@ -22,7 +21,7 @@ struct ConvertOptions {
   std::string backend = "auto";
   std::string target_arch = "sm90";
   DType act_dtype = DType::kBF16;
-  std::string quantize;              // "" or "mxfp8" (bf16/fp16 experts -> MXFP8)
+  std::string quantize;                  // "" or "mxfp8" (bf16/fp16 experts -> MXFP8)
   std::string mx_recipe = "flashinfer";  // or "modelopt"
   bool vllm_w13_scale_size_k = false;    // reproduce vLLM's loader instead of the kernel layout
   uint64_t max_shard_bytes = 5000000000ull;
@@ -42,7 +41,7 @@ struct PlannedTensor {
 };
 
 struct PlannedLayer {
-  int64_t index = -1;                // into Checkpoint::moe_layers()
+  int64_t index = -1;  // into Checkpoint::moe_layers()
   std::string module, param_prefix;
   OracleDecision decision;
   std::vector<std::string> deviations;
@@ -50,8 +49,8 @@ struct PlannedLayer {
 
 struct Plan {
   ConvertOptions options;
-  std::string source_format;         // quant_method_name of the source
-  std::string backend;               // chosen for every MoE layer
+  std::string source_format;  // quant_method_name of the source
+  std::string backend;        // chosen for every MoE layer
   std::string layout_name;
   int layout_version = 0;
   TargetArch arch = TargetArch::kSm90;
@@ -80,7 +79,8 @@ struct ConvertResult {
 
 // Writes the planned checkpoint atomically (temp sibling, fsync, rename). Never leaves a
 // partial output behind.
-ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress = {});
+ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
+                           const ProgressFn& progress = {});
 
 // The layout options a plan uses for one MoE layer.
 LayoutOptions layout_options_for(const Plan& plan, const MoeLayer& layer);

@@ -16,7 +16,9 @@ uint64_t splitmix64(uint64_t& x) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+inline uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 
 // Rounds a float scale to the storage dtype and returns the value the dequantiser will see.
 float store_scale(float s, DType dt, uint8_t* out) {
@@ -53,7 +55,9 @@ uint64_t Rng::next_u64() {
   s_[3] = rotl(s_[3], 45);
   return result;
 }
-double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
+double Rng::uniform() {
+  return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0);
+}
 float Rng::normal() {
   const double u1 = 1.0 - uniform(), u2 = uniform();
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
@@ -77,10 +81,13 @@ QuantTensor quantize_int(const float* w, int64_t n, int64_t k, const IntQuantSpe
   const int maxq = (1 << spec.bits) - 1;
   const bool act_order = !spec.order.empty();
   std::vector<int32_t> order(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) order[static_cast<size_t>(i)] = act_order ? spec.order[static_cast<size_t>(i)] : static_cast<int32_t>(i);
+  for (int64_t i = 0; i < k; ++i)
+    order[static_cast<size_t>(i)] =
+        act_order ? spec.order[static_cast<size_t>(i)] : static_cast<int32_t>(i);
   if (act_order) {
     q.g_idx.assign(static_cast<size_t>(k), 0);
-    for (int64_t i = 0; i < k; ++i) q.g_idx[static_cast<size_t>(order[static_cast<size_t>(i)])] = static_cast<int32_t>(i / gs);
+    for (int64_t i = 0; i < k; ++i)
+      q.g_idx[static_cast<size_t>(order[static_cast<size_t>(i)])] = static_cast<int32_t>(i / gs);
   }
   q.codes.assign(static_cast<size_t>(n * k), 0);
   q.scales.assign(static_cast<size_t>(n * G * q.scale_bytes()), 0);
@@ -102,7 +109,8 @@ QuantTensor quantize_int(const float* w, int64_t n, int64_t k, const IntQuantSpe
         zero = static_cast<float>(1 << (spec.bits - 1));
       } else {
         scale = hi > lo ? (hi - lo) / static_cast<float>(maxq) : 1.0f;
-        zero = std::min<float>(static_cast<float>(maxq), std::max(0.0f, std::round(-lo / scale)));
+        zero = std::min<float>(static_cast<float>(maxq), std::max(static_cast<float>(spec.min_zero),
+                                                                  std::round(-lo / scale)));
       }
       uint8_t* sp = q.scales.data() + (r * G + g) * q.scale_bytes();
       const float s = store_scale(scale, spec.scale_dtype, sp);

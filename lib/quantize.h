@@ -16,6 +16,9 @@ struct IntQuantSpec {
   int64_t group_size = 128;  // -1: channelwise
   bool symmetric = true;
   DType scale_dtype = DType::kF16;
+  // Smallest zero point an asymmetric quantisation may pick: GPTQ v1 stores zero-1, so its zero
+  // cannot be 0 (AutoGPTQ's v1 format loses it); 1 there, 0 elsewhere.
+  int min_zero = 0;
   // Act-order: column processing order (GPTQ desc_act). g_idx[order[i]] = i / group_size and a
   // group's scale is computed over the columns it holds. Empty: natural order, no g_idx.
   std::vector<int32_t> order;
@@ -36,8 +39,8 @@ class Rng {
  public:
   explicit Rng(uint64_t seed);
   uint64_t next_u64();
-  double uniform();   // [0, 1)
-  float normal();     // approximately N(0, 1) (Box-Muller on our own uniforms)
+  double uniform();  // [0, 1)
+  float normal();    // approximately N(0, 1) (Box-Muller on our own uniforms)
   static uint64_t hash(uint64_t seed, const std::string& label);
 
  private:

@@ -487,10 +487,11 @@ void SafetensorsFile::parse_and_validate() {
   // 5. Offsets and sizes in data order, as Metadata::validate walks them: each tensor must start
   // where the previous ended (the first at 0), END >= BEGIN, and END - BEGIN must be exactly
   // prod(shape) * bits / 8, all with checked arithmetic.
-  std::sort(entries.begin(), entries.end(),
-            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-              return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-            });
+  // Stable: tensors with equal offsets (zero-size ones) keep their header order.
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+                   });
   uint64_t expected_begin = 0;
   for (const SafetensorsEntry& e : entries) {
     if (e.begin != expected_begin || e.end < e.begin) {
@@ -691,16 +692,18 @@ void SafetensorsWriter::write(const std::string& name, const void* data, uint64_
     throw Error(ErrorCode::kInternal, path_, name,
                 "write of " + std::to_string(len) + " bytes at " + std::to_string(offset) +
                     " exceeds the tensor's " + std::to_string(size) + " bytes");
+  int fd;
   {
     std::lock_guard<std::mutex> g(lock_->mu);
     if (fd_ < 0) throw Error(ErrorCode::kInternal, path_, name, "write after finish()");
+    fd = fd_;
     // Disjoint writes can never add up to more than the tensor; more means a range was
     // written twice, which a later finish() could otherwise mistake for completeness.
     if (written_[it->second] + len > size)
       throw Error(ErrorCode::kInternal, path_, name, "bytes written more than once");
     written_[it->second] += len;
   }
-  write_all_at(fd_, static_cast<const uint8_t*>(data), len, data_start_ + e.begin + offset, path_,
+  write_all_at(fd, static_cast<const uint8_t*>(data), len, data_start_ + e.begin + offset, path_,
                name);
 }
 

@@ -16,10 +16,10 @@
 namespace moepack {
 
 struct ShardPlan {
-  std::vector<std::string> shard_names;            // in order
+  std::vector<std::string> shard_names;               // in order
   std::vector<std::vector<SafetensorsEntry>> shards;  // tensors of each shard, in order
-  std::map<std::string, size_t> shard_of;          // tensor -> index into shard_names
-  std::vector<uint64_t> shard_file_bytes;          // exact file sizes (header included)
+  std::map<std::string, size_t> shard_of;             // tensor -> index into shard_names
+  std::vector<uint64_t> shard_file_bytes;             // exact file sizes (header included)
   uint64_t total_tensor_bytes = 0;
   bool indexed() const { return shard_names.size() > 1; }
 };

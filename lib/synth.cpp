@@ -24,8 +24,8 @@ using nlohmann::json;
 
 const std::vector<std::string>& synth_formats() {
   static const std::vector<std::string> f = {
-      "bf16", "gptq", "gptq-actorder", "gptq-asym", "awq", "ct-w4a16", "ct-w8a16", "ct-w8a8",
-      "modelopt-mxfp8", "fp8-block"};
+      "bf16",     "gptq",     "gptq-actorder", "gptq-asym",      "awq",
+      "ct-w4a16", "ct-w8a16", "ct-w8a8",       "modelopt-mxfp8", "fp8-block"};
   return f;
 }
 const std::vector<std::string>& synth_families() {
@@ -92,16 +92,22 @@ json quant_config_json(const SynthOptions& o, const QuantParams& p) {
                                           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"});
   switch (p.method) {
     case QuantMethod::kGptq:
-      return {{"quant_method", "gptq"},      {"bits", p.bits},
-              {"group_size", p.group_size},  {"desc_act", p.act_order},
-              {"sym", p.symmetric},          {"damp_percent", 0.01},
-              {"true_sequential", true},     {"static_groups", false},
+      return {{"quant_method", "gptq"},
+              {"bits", p.bits},
+              {"group_size", p.group_size},
+              {"desc_act", p.act_order},
+              {"sym", p.symmetric},
+              {"damp_percent", 0.01},
+              {"true_sequential", true},
+              {"static_groups", false},
               {"checkpoint_format", "gptq"},
-              {"dynamic", {{"-:.*(self_attn|shared_expert|mlp\\.gate$|mlp\\.(gate|up|down)_proj).*",
-                            json::object()}}}};
+              {"dynamic",
+               {{"-:.*(self_attn|shared_expert|mlp\\.gate$|mlp\\.(gate|up|down)_proj).*",
+                 json::object()}}}};
     case QuantMethod::kAwq:
-      return {{"quant_method", "awq"}, {"bits", p.bits},      {"group_size", p.group_size},
-              {"zero_point", true},    {"version", "gemm"},   {"modules_to_not_convert", not_converted}};
+      return {{"quant_method", "awq"},      {"bits", p.bits},
+              {"group_size", p.group_size}, {"zero_point", true},
+              {"version", "gemm"},          {"modules_to_not_convert", not_converted}};
     case QuantMethod::kCtPackQuantized:
     case QuantMethod::kCtIntQuantized: {
       const bool w8a8 = p.method == QuantMethod::kCtIntQuantized;
@@ -114,8 +120,8 @@ json quant_config_json(const SynthOptions& o, const QuantParams& p) {
                 {"actorder", nullptr},
                 {"block_structure", nullptr},
                 {"observer", "minmax"}};
-      json a = w8a8 ? json{{"num_bits", 8},        {"type", "int"},    {"symmetric", true},
-                           {"strategy", "token"},  {"dynamic", true},  {"observer", nullptr}}
+      json a = w8a8 ? json{{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
+                           {"strategy", "token"}, {"dynamic", true}, {"observer", nullptr}}
                     : json(nullptr);
       return {{"quant_method", "compressed-tensors"},
               {"format", w8a8 ? "int-quantized" : "pack-quantized"},
@@ -154,8 +160,8 @@ const char* torch_dtype_name(DType d) {
 // One thing synth writes: a dense tensor or one quantised Linear (several tensors).
 struct Item {
   enum class Kind { kDense, kNorm, kBias, kLinear } kind = Kind::kDense;
-  std::string name;         // tensor name, or the Linear's base name for kLinear
-  Shape shape;              // dense: tensor shape; kLinear: {n, k}
+  std::string name;  // tensor name, or the Linear's base name for kLinear
+  Shape shape;       // dense: tensor shape; kLinear: {n, k}
   DType dtype = DType::kBF16;
   std::string order_label;  // act-order permutation shared by Linears with the same input
   float stddev = 0.02f;
@@ -203,6 +209,8 @@ QuantTensor quantize_linear(const SynthOptions& o, const QuantParams& p, const f
       // AutoGPTQ / AutoAWQ write fp16 scales; compressed-tensors the model dtype.
       spec.scale_dtype = p.method == QuantMethod::kCtPackQuantized ? o.dtype : DType::kF16;
       if (p.act_order) spec.order = act_order(o.seed, order_label, k);
+      if (p.method == QuantMethod::kGptq && !p.symmetric && p.gptq_format == GptqFormat::kV1)
+        spec.min_zero = 1;
       return quantize_int(w, n, k, spec);
     }
     case QuantMethod::kCtIntQuantized:
@@ -246,13 +254,18 @@ void fill_dense(const Item& it, uint64_t seed, std::vector<uint8_t>* bytes) {
 SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
   const FormatSpec fs_ = format_spec(o);
   const QuantParams& p = fs_.params;
-  if (std::find(synth_families().begin(), synth_families().end(), o.family) == synth_families().end())
-    throw Error(ErrorCode::kUsage, "unknown --family \"" + o.family + "\" (qwen3, mixtral, deepseek, fused3d)");
+  if (std::find(synth_families().begin(), synth_families().end(), o.family) ==
+      synth_families().end())
+    throw Error(ErrorCode::kUsage,
+                "unknown --family \"" + o.family + "\" (qwen3, mixtral, deepseek, fused3d)");
   if (o.family == "fused3d" && fs_.quantized)
-    throw Error(ErrorCode::kUsage, "--family fused3d is written unquantized (bf16): quantized "
-                                   "Qwen3-VL-style checkpoints store per-expert Linears");
-  if (o.layers < 1 || o.experts < 1 || o.hidden < 1 || o.inter < 1 || o.top_k < 1 || o.top_k > o.experts)
-    throw Error(ErrorCode::kUsage, "--layers, --experts, --hidden, --inter must be >= 1 and 1 <= top-k <= experts");
+    throw Error(ErrorCode::kUsage,
+                "--family fused3d is written unquantized (bf16): quantized "
+                "Qwen3-VL-style checkpoints store per-expert Linears");
+  if (o.layers < 1 || o.experts < 1 || o.hidden < 1 || o.inter < 1 || o.top_k < 1 ||
+      o.top_k > o.experts)
+    throw Error(ErrorCode::kUsage,
+                "--layers, --experts, --hidden, --inter must be >= 1 and 1 <= top-k <= experts");
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF16)
     throw Error(ErrorCode::kUsage, "--dtype must be bf16 or fp16");
   const SourceCodec* codec = fs_.quantized ? find_source_codec(p.method) : nullptr;
@@ -262,8 +275,8 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     const int64_t pf = 32 / p.bits;
     const int64_t align = std::max<int64_t>({p.group_size > 0 ? p.group_size : 1, pf, 32});
     if (o.hidden % align || o.inter % align)
-      throw Error(ErrorCode::kUsage, "--hidden and --inter must be multiples of " + std::to_string(align) +
-                                         " for " + o.format);
+      throw Error(ErrorCode::kUsage, "--hidden and --inter must be multiples of " +
+                                         std::to_string(align) + " for " + o.format);
   }
 
   const bool fused = o.family == "fused3d";
@@ -381,7 +394,8 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
       const int64_t n = it.shape[0], k = it.shape[1];
       const std::vector<float> w = random_matrix(o.seed, it.name, n, k, 0.02f);
       const QuantTensor q = quantize_linear(o, p, w.data(), n, k, it.order_label);
-      for (const auto& [suffix, t] : codec->pack(p, q)) writer.write(it.name + "." + suffix, t.data.data(), t.data.size());
+      for (const auto& [suffix, t] : codec->pack(p, q))
+        writer.write(it.name + "." + suffix, t.data.data(), t.data.size());
     }
   });
   writer.finish();
@@ -458,14 +472,14 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
   };
   write_json("config.json", cfg);
   if (p.method == QuantMethod::kModeloptMxfp8)
-    write_json("hf_quant_config.json",
-               {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
-                {"quantization",
-                 {{"quant_algo", "MXFP8"},
-                  {"kv_cache_quant_algo", "FP8"},
-                  {"group_size", 32},
-                  {"exclude_modules", json::array({"lm_head"})}}}});
-  write_json("generation_config.json", {{"do_sample", false}, {"eos_token_id", 1}, {"bos_token_id", 0}});
+    write_json("hf_quant_config.json", {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
+                                        {"quantization",
+                                         {{"quant_algo", "MXFP8"},
+                                          {"kv_cache_quant_algo", "FP8"},
+                                          {"group_size", 32},
+                                          {"exclude_modules", json::array({"lm_head"})}}}});
+  write_json("generation_config.json",
+             {{"do_sample", false}, {"eos_token_id", 1}, {"bos_token_id", 0}});
   out.commit();
 
   SynthResult r;

@@ -19,12 +19,12 @@ struct SynthOptions {
   int64_t experts = 4;
   int64_t hidden = 256;
   int64_t inter = 128;
-  int64_t group_size = 0;        // 0: the format's default (128; 32 for MXFP8)
-  int bits = 0;                  // 0: the format's default
+  int64_t group_size = 0;  // 0: the format's default (128; 32 for MXFP8)
+  int bits = 0;            // 0: the format's default
   int64_t top_k = 2;
   int64_t vocab = 512;
   uint64_t seed = 0;
-  DType dtype = DType::kBF16;    // model dtype (--dtype)
+  DType dtype = DType::kBF16;  // model dtype (--dtype)
   uint64_t max_shard_bytes = 5000000000ull;
   bool force = false;
   int threads = 0;

@@ -147,8 +147,10 @@ std::string norm_err_chart(const VerifyReport& r) {
   for (size_t i = 0; i < r.layers.size(); ++i) {
     const LayerResult& l = r.layers[i];
     const double x = left + bar_w * static_cast<double>(i);
-    const double y =
-        y_of(std::isnan(l.norm_err) ? std::numeric_limits<double>::infinity() : l.norm_err);
+    // At least 1 px high, so a zero error is still a visible bar.
+    const double y = std::min(
+        top + plot_h - 1.0,
+        y_of(std::isnan(l.norm_err) ? std::numeric_limits<double>::infinity() : l.norm_err));
     s << "<rect x=\"" << fmt(x + 1) << "\" y=\"" << fmt(y) << "\" width=\"" << fmt(bar_w - 2)
       << "\" height=\"" << fmt(top + plot_h - y) << "\" fill=\""
       << (l.passed ? "#3a9d5d" : "#d23a3a") << "\"><title>layer " << l.layer << ": norm_err "

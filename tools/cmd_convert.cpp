@@ -27,23 +27,32 @@ Runner add_convert(CLI::App& app, Globals& g) {
   app.add_option("--backend", a->o.backend,
                  "auto|marlin|triton-wna16|triton-int8|trtllm-mxfp8|trtllm-fp8-block")
       ->capture_default_str();
-  app.add_option("--target-arch", a->o.target_arch, "Target GPU: sm80|sm89|sm90|sm100|sm120")->capture_default_str();
-  app.add_option("--act-dtype", a->act_dtype, "Serving activation dtype bf16|fp16 (Marlin scales are stored in it)")
+  app.add_option("--target-arch", a->o.target_arch, "Target GPU: sm80|sm89|sm90|sm100|sm120")
+      ->capture_default_str();
+  app.add_option("--act-dtype", a->act_dtype,
+                 "Serving activation dtype bf16|fp16 (Marlin scales are stored in it)")
       ->capture_default_str();
   app.add_option("--quantize", a->o.quantize, "Quantise unquantised experts first: mxfp8");
-  app.add_option("--mx-recipe", a->o.mx_recipe, "MXFP8 scale rule: flashinfer|modelopt")->capture_default_str();
-  app.add_flag("--vllm-w13-scale-size-k", a->o.vllm_w13_scale_size_k,
-               "Marlin: permute w13 scales exactly as vLLM's loader does (size_k = I) even where its kernel "
-               "expects otherwise");
-  app.add_option("--threads", a->o.threads, "Worker threads (0: all cores); output bytes do not depend on it")
+  app.add_option("--mx-recipe", a->o.mx_recipe, "MXFP8 scale rule: flashinfer|modelopt")
       ->capture_default_str();
-  app.add_option("--max-shard-size", a->shard, "Shard size limit (e.g. 5GB, 500MB)")->capture_default_str();
+  app.add_flag(
+      "--vllm-w13-scale-size-k", a->o.vllm_w13_scale_size_k,
+      "Marlin: permute w13 scales exactly as vLLM's loader does (size_k = I) even where its kernel "
+      "expects otherwise");
+  app.add_option("--threads", a->o.threads,
+                 "Worker threads (0: all cores); output bytes do not depend on it")
+      ->capture_default_str();
+  app.add_option("--max-shard-size", a->shard, "Shard size limit (e.g. 5GB, 500MB)")
+      ->capture_default_str();
   app.add_flag("--force", a->o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a->dry_run, "Print the plan and write nothing");
   return [a, &g] {
-    if (a->act_dtype == "bf16") a->o.act_dtype = DType::kBF16;
-    else if (a->act_dtype == "fp16") a->o.act_dtype = DType::kF16;
-    else throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
+    if (a->act_dtype == "bf16")
+      a->o.act_dtype = DType::kBF16;
+    else if (a->act_dtype == "fp16")
+      a->o.act_dtype = DType::kF16;
+    else
+      throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
     a->o.max_shard_bytes = parse_size(a->shard);
     const auto ckpt = Checkpoint::open(a->o.src);
     const Plan plan = make_plan(*ckpt, a->o);
@@ -62,18 +71,26 @@ Runner add_convert(CLI::App& app, Globals& g) {
     ProgressFn progress;
     if (tty)
       progress = [](const std::string& stage, int64_t done, int64_t total) {
-        std::fprintf(stderr, "\r[%s %lld/%lld]", stage.c_str(), static_cast<long long>(done), static_cast<long long>(total));
+        std::fprintf(stderr, "\r[%s %lld/%lld]", stage.c_str(), static_cast<long long>(done),
+                     static_cast<long long>(total));
         if (done == total) std::fprintf(stderr, "\n");
       };
     const ConvertResult r = execute_plan(plan, *ckpt, progress);
     if (g.json)
-      print_json({{"ok", true}, {"dst", r.dst}, {"backend", plan.backend}, {"target_arch", target_arch_name(plan.arch)},
-                  {"tensors", r.tensors}, {"tensor_bytes", r.bytes_written}, {"shards", plan.shards.shard_names.size()},
-                  {"seconds", r.seconds}, {"deviations_from_vllm", plan.deviations}});
+      print_json({{"ok", true},
+                  {"dst", r.dst},
+                  {"backend", plan.backend},
+                  {"target_arch", target_arch_name(plan.arch)},
+                  {"tensors", r.tensors},
+                  {"tensor_bytes", r.bytes_written},
+                  {"shards", plan.shards.shard_names.size()},
+                  {"seconds", r.seconds},
+                  {"deviations_from_vllm", plan.deviations}});
     else
-      std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for " << target_arch_name(plan.arch) << ", "
-                << plan.layers.size() << " MoE layers, " << r.tensors << " tensors, " << human_bytes(r.bytes_written)
-                << " in " << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
+      std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
+                << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
+                << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
+                << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
     return 0;
   };
 }

@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <tuple>
 
 #include "lib/checkpoint.h"
@@ -35,12 +36,10 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                  {"params", quant_params_json(cfg.quant)},
                  {"config_file", std::filesystem::path(cfg.quant_file).filename().string()},
                  {"quantization_config", cfg.quant_raw}};
-  j["config"] = {{"hidden_size", cfg.hidden_size},
-                 {"moe_intermediate_size", cfg.moe_intermediate_size},
-                 {"num_experts", cfg.num_experts},
-                 {"num_experts_per_tok", cfg.top_k},
-                 {"num_hidden_layers", cfg.num_layers},
-                 {"hidden_act", cfg.hidden_act}};
+  j["config"] = {
+      {"hidden_size", cfg.hidden_size},      {"moe_intermediate_size", cfg.moe_intermediate_size},
+      {"num_experts", cfg.num_experts},      {"num_experts_per_tok", cfg.top_k},
+      {"num_hidden_layers", cfg.num_layers}, {"hidden_act", cfg.hidden_act}};
   const bool converted = std::filesystem::exists(std::filesystem::path(a.dir) / "moepack.json");
   if (converted) {
     const json m = read_manifest(a.dir);
@@ -53,7 +52,8 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                     {"deviations_from_vllm", m.at("deviations_from_vllm")}};
   }
   json layers = json::array();
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::string>, std::vector<std::string>> kinds;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::string>, std::vector<std::string>>
+      kinds;
   for (const auto& L : ckpt->moe_layers()) {
     layers.push_back({{"module", L.module},
                       {"layer", L.layer},
@@ -64,7 +64,8 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                       {"gated", L.gated},
                       {"param_prefix", L.param_prefix},
                       {"source_tensors", L.source_tensors.size()}});
-    kinds[{L.num_experts, L.hidden, L.inter, L.gated, moe_family_name(L.family)}].push_back(L.module);
+    kinds[{L.num_experts, L.hidden, L.inter, L.gated, moe_family_name(L.family)}].push_back(
+        L.module);
   }
   j["moe"] = {{"layers", layers.size()}, {"layer_list", layers}};
   json oracle = json::array();
@@ -84,11 +85,15 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     o["explanation"] = d.explain();
     oracle.push_back(o);
   }
-  j["oracle"] = {{"target_arch", target_arch_name(arch)}, {"requested", a.backend}, {"kinds", oracle}};
+  j["oracle"] = {
+      {"target_arch", target_arch_name(arch)}, {"requested", a.backend}, {"kinds", oracle}};
   json tensors = json::array();
   for (const auto& name : ckpt->tensor_names()) {
     const TensorView v = ckpt->view(name);
-    tensors.push_back({{"name", name}, {"dtype", dtype_name(v.dtype)}, {"shape", v.shape}, {"bytes", v.nbytes},
+    tensors.push_back({{"name", name},
+                       {"dtype", dtype_name(v.dtype)},
+                       {"shape", v.shape},
+                       {"bytes", v.nbytes},
                        {"shard", ckpt->shard_of(name)}});
   }
   j["totals"] = {{"tensors", tensors.size()},
@@ -102,36 +107,39 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     return 0;
   }
   std::cout << a.dir << "\n"
-            << "  model          " << cfg.architecture << " (" << cfg.model_type << "), " << dtype_name(cfg.dtype) << "\n"
+            << "  model          " << cfg.architecture << " (" << cfg.model_type << "), "
+            << dtype_name(cfg.dtype) << "\n"
             << "  format         " << quant_method_name(cfg.quant.method);
   if (cfg.quant.method != QuantMethod::kNone)
     std::cout << "  bits=" << cfg.quant.bits << " group_size=" << cfg.quant.group_size
-              << (cfg.quant.symmetric ? " sym" : " asym") << (cfg.quant.act_order ? " act-order" : "");
-  std::cout << "\n  tensors        " << tensors.size() << " in " << ckpt->shard_names().size() << " shard(s), "
-            << human_bytes(ckpt->total_tensor_bytes()) << "\n";
+              << (cfg.quant.symmetric ? " sym" : " asym")
+              << (cfg.quant.act_order ? " act-order" : "");
+  std::cout << "\n  tensors        " << tensors.size() << " in " << ckpt->shard_names().size()
+            << " shard(s), " << human_bytes(ckpt->total_tensor_bytes()) << "\n";
   if (converted)
-    std::cout << "  converted by moepack: backend " << j["moepack"]["backend"].get<std::string>() << ", target "
-              << j["moepack"]["target_arch"].get<std::string>() << ", activations "
+    std::cout << "  converted by moepack: backend " << j["moepack"]["backend"].get<std::string>()
+              << ", target " << j["moepack"]["target_arch"].get<std::string>() << ", activations "
               << j["moepack"]["act_dtype"].get<std::string>() << ", from "
               << j["moepack"]["source_format"].get<std::string>() << "\n";
   std::cout << "  MoE layers     " << layers.size() << "\n";
   for (const auto& l : layers)
-    std::cout << "    " << l["module"].get<std::string>() << "  " << l["family"].get<std::string>() << "  E="
-              << l["experts"] << " H=" << l["hidden"] << " I=" << l["inter"] << (l["gated"].get<bool>() ? " gated" : " non-gated")
-              << "\n";
+    std::cout << "    " << l["module"].get<std::string>() << "  " << l["family"].get<std::string>()
+              << "  E=" << l["experts"] << " H=" << l["hidden"] << " I=" << l["inter"]
+              << (l["gated"].get<bool>() ? " gated" : " non-gated") << "\n";
   if (!kinds.empty()) {
     std::cout << "  oracle for " << target_arch_name(arch) << " (--backend " << a.backend << "):\n";
     for (const auto& o : oracle) {
-      std::cout << "    layers E=" << o["experts"] << " H=" << o["hidden"] << " I=" << o["inter"] << ": ";
-      std::string ex = o["explanation"].get<std::string>();
-      std::cout << ex;
+      std::cout << "    layers E=" << o["experts"] << " H=" << o["hidden"] << " I=" << o["inter"]
+                << " (" << o["layers"].size() << " layers):\n";
+      std::istringstream lines(o["explanation"].get<std::string>());
+      for (std::string line; std::getline(lines, line);) std::cout << "      " << line << "\n";
     }
   }
   if (a.tensors) {
     std::cout << "  tensors:\n";
     for (const auto& t : tensors)
-      std::cout << "    " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>() << " "
-                << t["shape"].dump() << "  " << t["shard"].get<std::string>() << "\n";
+      std::cout << "    " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>()
+                << " " << t["shape"].dump() << "  " << t["shard"].get<std::string>() << "\n";
   }
   return 0;
 }
@@ -140,9 +148,11 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
 Runner add_inspect(CLI::App& app, Globals& g) {
   auto a = std::make_shared<InspectArgs>();
   app.add_option("dir", a->dir, "Checkpoint directory")->required();
-  app.add_option("--target-arch", a->target_arch, "Target GPU for the backend oracle: sm80|sm89|sm90|sm100|sm120")
+  app.add_option("--target-arch", a->target_arch,
+                 "Target GPU for the backend oracle: sm80|sm89|sm90|sm100|sm120")
       ->capture_default_str();
-  app.add_option("--backend", a->backend, "Evaluate this backend instead of auto")->capture_default_str();
+  app.add_option("--backend", a->backend, "Evaluate this backend instead of auto")
+      ->capture_default_str();
   app.add_option("--act-dtype", a->act_dtype, "Activation dtype bf16|fp16")->capture_default_str();
   app.add_flag("--tensors", a->tensors, "List every tensor (text mode)");
   return [a, &g] { return run_inspect(*a, g); };

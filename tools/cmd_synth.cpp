@@ -23,28 +23,39 @@ Runner add_synth(CLI::App& app, Globals& g) {
   app.add_option("--experts", o->experts, "Routed experts per MoE layer")->capture_default_str();
   app.add_option("--hidden", o->hidden, "Hidden size H")->capture_default_str();
   app.add_option("--inter", o->inter, "Expert intermediate size I")->capture_default_str();
-  app.add_option("--group-size", o->group_size, "Quantisation group size (0: format default, -1: channel)")
+  app.add_option("--group-size", o->group_size,
+                 "Quantisation group size (0: format default, -1: channel)")
       ->capture_default_str();
-  app.add_option("--bits", o->bits, "Bits for integer formats (0: format default)")->capture_default_str();
+  app.add_option("--bits", o->bits, "Bits for integer formats (0: format default)")
+      ->capture_default_str();
   app.add_option("--top-k", o->top_k, "Experts per token")->capture_default_str();
   app.add_option("--vocab", o->vocab, "Vocabulary size")->capture_default_str();
   app.add_option("--seed", o->seed, "Random seed")->capture_default_str();
   app.add_option("--dtype", *dtype, "Model dtype fp16|bf16")->capture_default_str();
-  app.add_option("--max-shard-size", *shard, "Shard size limit (e.g. 5GB, 200MB)")->capture_default_str();
+  app.add_option("--max-shard-size", *shard, "Shard size limit (e.g. 5GB, 200MB)")
+      ->capture_default_str();
   app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
   app.add_flag("--force", o->force, "Replace an existing output directory");
   return [o, out, dtype, shard, &g] {
-    if (*dtype == "bf16") o->dtype = DType::kBF16;
-    else if (*dtype == "fp16") o->dtype = DType::kF16;
-    else throw Error(ErrorCode::kUsage, "--dtype must be fp16 or bf16");
+    if (*dtype == "bf16")
+      o->dtype = DType::kBF16;
+    else if (*dtype == "fp16")
+      o->dtype = DType::kF16;
+    else
+      throw Error(ErrorCode::kUsage, "--dtype must be fp16 or bf16");
     o->max_shard_bytes = parse_size(*shard);
     const SynthResult r = synth_checkpoint(*out, *o);
     if (g.json)
-      print_json({{"ok", true}, {"dir", r.dir}, {"format", o->format}, {"family", o->family},
-                  {"tensors", r.tensors}, {"tensor_bytes", r.bytes}, {"shards", r.shards}});
+      print_json({{"ok", true},
+                  {"dir", r.dir},
+                  {"format", o->format},
+                  {"family", o->family},
+                  {"tensors", r.tensors},
+                  {"tensor_bytes", r.bytes},
+                  {"shards", r.shards}});
     else
-      std::cout << "wrote " << r.dir << ": " << o->format << " " << o->family << ", " << r.tensors << " tensors, "
-                << human_bytes(r.bytes) << " in " << r.shards << " shard(s)\n";
+      std::cout << "wrote " << r.dir << ": " << o->format << " " << o->family << ", " << r.tensors
+                << " tensors, " << human_bytes(r.bytes) << " in " << r.shards << " shard(s)\n";
     return 0;
   };
 }

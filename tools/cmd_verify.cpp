@@ -13,10 +13,13 @@ Runner add_verify(CLI::App& app, Globals& g) {
   auto o = std::make_shared<VerifyOptions>();
   auto report = std::make_shared<std::string>();
   app.add_option("dst", o->dst, "Converted checkpoint directory")->required();
-  app.add_option("--source", o->source, "Source checkpoint: enables the exact round-trip check and the source reference");
-  app.add_option("--tokens", o->tokens, "Random hidden states per MoE layer")->capture_default_str();
+  app.add_option("--source", o->source,
+                 "Source checkpoint: enables the exact round-trip check and the source reference");
+  app.add_option("--tokens", o->tokens, "Random hidden states per MoE layer")
+      ->capture_default_str();
   app.add_option("--seed", o->seed, "Seed of the hidden states")->capture_default_str();
-  app.add_option("--tolerance", o->tolerance, "Normalised error tolerance per layer")->capture_default_str();
+  app.add_option("--tolerance", o->tolerance, "Normalised error tolerance per layer")
+      ->capture_default_str();
   app.add_option("--device", o->device, "cpu|cuda")->capture_default_str();
   app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
   app.add_option("--report", *report, "Write a self-contained HTML report");

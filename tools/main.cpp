@@ -12,9 +12,13 @@
 
 namespace moepack::cli {
 
-bool stderr_is_terminal() { return isatty(STDERR_FILENO) == 1; }
+bool stderr_is_terminal() {
+  return isatty(STDERR_FILENO) == 1;
+}
 
-void print_json(const nlohmann::json& j) { std::cout << j.dump(2) << std::endl; }
+void print_json(const nlohmann::json& j) {
+  std::cout << j.dump(2) << std::endl;
+}
 
 std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -33,7 +37,8 @@ std::string human_bytes(uint64_t b) {
 
 int main(int argc, char** argv) {
   using namespace moepack;
-  CLI::App app{"moepack: convert quantized MoE checkpoints into backend-ready layouts ahead of time"};
+  CLI::App app{
+      "moepack: convert quantized MoE checkpoints into backend-ready layouts ahead of time"};
   app.set_version_flag("--version", std::string("moepack ") + moepack_version());
   app.require_subcommand(1);
   cli::Globals g;
@@ -43,10 +48,16 @@ int main(int argc, char** argv) {
     sub->add_flag("--json", g.json, "Print the result as JSON on stdout");
     runners.emplace_back(sub, fn(*sub, g));
   };
-  add("inspect", "Describe a checkpoint: format, MoE layers, tensors, and the backend the oracle picks", cli::add_inspect);
-  add("convert", "Write a backend-ready checkpoint (safetensors + index + config + moepack.json)", cli::add_convert);
-  add("verify", "Prove a converted checkpoint right: integrity, exact round-trip, fused MoE vs reference", cli::add_verify);
-  add("synth", "Write a realistic random MoE checkpoint in any supported source format", cli::add_synth);
+  add("inspect",
+      "Describe a checkpoint: format, MoE layers, tensors, and the backend the oracle picks",
+      cli::add_inspect);
+  add("convert", "Write a backend-ready checkpoint (safetensors + index + config + moepack.json)",
+      cli::add_convert);
+  add("verify",
+      "Prove a converted checkpoint right: integrity, exact round-trip, fused MoE vs reference",
+      cli::add_verify);
+  add("synth", "Write a realistic random MoE checkpoint in any supported source format",
+      cli::add_synth);
 
   try {
     app.parse(argc, argv);

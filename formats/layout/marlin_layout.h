@@ -59,4 +59,41 @@ MOEPACK_HD void word_field_coords(int bits, bool a8, int64_t kt, int64_t nt, int
   }
 }
 
+// ---- Scale and zero-point permutations (spec §4.1, §5.1) -------------------------------------
+// Each is a gather inside fixed-size chunks of the row-major flattened [G, N] tensor:
+// out[chunk*C + i] = in[chunk*C + src(i)]. Source: get_scale_perms / marlin_zero_points in
+// vllm marlin_utils.py (facts re-derived from spec §4.1; see docs/marlin.md).
+
+// Grouped scales, C = 64: an 8x8 transpose, out[8a + b] = in[8b + a].
+MOEPACK_HD int scale_perm_grouped_src(int i) {
+  return 8 * (i & 7) + (i >> 3);
+}
+// Single (channelwise / a8) scales, C = 32: out[8a + m] = in[2a + S[m]],
+// S = (0, 1, 8, 9, 16, 17, 24, 25) = 8 * (m / 2) + (m % 2).
+MOEPACK_HD int scale_perm_single_src(int i) {
+  const int a = i >> 3, m = i & 7;
+  return 2 * a + 8 * (m >> 1) + (m & 1);
+}
+MOEPACK_HD int scale_chunk(bool grouped) {
+  return grouped ? 64 : 32;
+}
+MOEPACK_HD int scale_perm_src(bool grouped, int i) {
+  return grouped ? scale_perm_grouped_src(i) : scale_perm_single_src(i);
+}
+
+// Field interleave inside one pf-run: int4 (0,2,4,6,1,3,5,7), int8 (0,2,1,3); out[j] = in[P[j]].
+MOEPACK_HD int interleave_src(int bits, int j) {
+  const int half = pack_factor(bits) / 2;
+  return j < half ? 2 * j : 2 * (j - half) + 1;
+}
+
+// Zero points, C = 64: the grouped 64-permutation (always), then unless a8 the interleave of each
+// run of pf values; the result is packed low-bits-first along N, so position x of a 64-chunk is
+// field x % pf of word x / pf of that chunk.
+MOEPACK_HD int zero_point_src(int bits, bool a8, int x) {
+  const int pf = pack_factor(bits);
+  const int y = a8 ? x : pf * (x / pf) + interleave_src(bits, x % pf);
+  return scale_perm_grouped_src(y);
+}
+
 }  // namespace moepack::marlin

@@ -16,18 +16,27 @@ using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMaj
 using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MapCF = Eigen::Map<const MatF>;
 
-// Rows of a float weight converted to double per block, so a [4096, 7168] expert never needs a
-// full double copy.
-constexpr int64_t kRowBlock = 256;
-
-// y[m, N] = x[m, K] . W[N, K]^T in double.
+// y[m, N] = x[m, K] . W[N, K]^T in double (W float, converted exactly). Few rows (the usual
+// case: 64 tokens over many experts) use one dot product per output; more rows convert W a block
+// of rows at a time so the double copy stays in cache and is never made whole.
 void matmul_double_weight(const MatD& x, const std::vector<float>& w, int64_t n, int64_t k,
                           MatD* y) {
   MapCF wm(w.data(), n, k);
   y->resize(x.rows(), n);
-  for (int64_t r0 = 0; r0 < n; r0 += kRowBlock) {
-    const int64_t nb = std::min(kRowBlock, n - r0);
-    const MatD wb = wm.middleRows(r0, nb).cast<double>();
+  if (x.rows() <= 4) {
+    Eigen::RowVectorXd row(k);
+    for (int64_t r = 0; r < n; ++r) {
+      row = wm.row(r).cast<double>();
+      for (int64_t i = 0; i < x.rows(); ++i) (*y)(i, r) = x.row(i).dot(row);
+    }
+    return;
+  }
+  const int64_t rows =
+      std::min<int64_t>(256, std::max<int64_t>(16, 262144 / std::max<int64_t>(1, k)));
+  MatD wb;
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t nb = std::min(rows, n - r0);
+    wb = wm.middleRows(r0, nb).cast<double>();
     y->middleCols(r0, nb).noalias() = x * wb.transpose();
   }
 }

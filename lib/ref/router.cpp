@@ -220,9 +220,9 @@ Routing route(const std::vector<float>& logits, const std::vector<float>& correc
   std::vector<char> group_kept(static_cast<size_t>(cfg.n_group));
   const double neg_inf = -std::numeric_limits<double>::infinity();
   // Best first; equal values go to the lower index (deterministic tie-breaking).
-  auto by_value_desc = [](const std::vector<double>& v) {
-    return [&v](int32_t a, int32_t b) {
-      const double va = v[static_cast<size_t>(a)], vb = v[static_cast<size_t>(b)];
+  auto by_value_desc = [](const std::vector<double>* v) {
+    return [v](int32_t a, int32_t b) {
+      const double va = (*v)[static_cast<size_t>(a)], vb = (*v)[static_cast<size_t>(b)];
       return va > vb || (va == vb && a < b);
     };
   };
@@ -275,7 +275,7 @@ Routing route(const std::vector<float>& logits, const std::vector<float>& correc
         group_value[static_cast<size_t>(g)] = v;
       }
       std::iota(group_order.begin(), group_order.end(), 0);
-      std::stable_sort(group_order.begin(), group_order.end(), by_value_desc(group_value));
+      std::stable_sort(group_order.begin(), group_order.end(), by_value_desc(&group_value));
       std::fill(group_kept.begin(), group_kept.end(), 0);
       for (int i = 0; i < cfg.topk_group; ++i)
         group_kept[static_cast<size_t>(group_order[static_cast<size_t>(i)])] = 1;
@@ -285,7 +285,8 @@ Routing route(const std::vector<float>& logits, const std::vector<float>& correc
     }
 
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + cfg.top_k, order.end(), by_value_desc(choice));
+    std::partial_sort(order.begin(), order.begin() + cfg.top_k, order.end(),
+                      by_value_desc(&choice));
     double sum = 0.0;
     for (int k = 0; k < cfg.top_k; ++k)
       sum += score[static_cast<size_t>(order[static_cast<size_t>(k)])];

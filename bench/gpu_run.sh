@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call: build with CUDA (sm_90a + portable sm_80), run every test (GPU tests run for
+# real there), and the repack benchmark. Logs under $OUT. Needs .devdeps/ (headers of CLI11,
+# nlohmann_json, Eigen, googletest sources and ../shared), carried with the call: the device
+# machine has no package registry.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+D=$PWD/.devdeps
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvcc --version | tail -2; g++ --version | head -1; cmake --version | head -1; nproc
+} 2>&1 | tee "$OUT/env.txt"
+cmake -S "$D/googletest" -B /tmp/gtb -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gt -DBUILD_GMOCK=OFF >/dev/null &&
+  ninja -C /tmp/gtb install >/dev/null || { echo "googletest build failed"; exit 1; }
+cmake -S . -B build-gpu -G Ninja -DMOEPACK_CUDA=ON -DCMAKE_PREFIX_PATH="$D/usr;/tmp/gt" \
+  -DMOEPACK_SHARED_DIR="$D/shared" 2>&1 | tail -3 | tee "$OUT/configure.txt"
+cmake --build build-gpu -j 16 2>&1 | tail -5 | tee "$OUT/build.txt"
+ctest --test-dir build-gpu -j 8 --output-on-failure 2>&1 | tee "$OUT/ctest.txt" | tail -15
+build-gpu/bin/test_cuda_marlin_repack_cuda 2>&1 | tee "$OUT/cuda_tests.txt" | tail -8
+cuobjdump --list-elf build-gpu/kernels/libmoepack_kernels.a 2>&1 | tee "$OUT/cuobjdump.txt" | head -5
+for args in "32 2048 768 4" "32 2048 768 8" "128 2048 768 4"; do
+  build-gpu/bin/bench_repack $args 2>&1 | tee -a "$OUT/bench_repack.txt" | tail -5
+done

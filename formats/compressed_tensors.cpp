@@ -1,0 +1,261 @@
+#include "formats/compressed_tensors.h"
+
+#include <cstring>
+
+#include "formats/wna16_util.h"
+
+namespace moepack {
+namespace {
+
+using wna16::expect_dtype;
+using wna16::expect_shape;
+
+int ct_pack_factor(int bits, const char* what) {
+  if (bits != 4 && bits != 8)
+    throw Error(ErrorCode::kUnsupported, "", what,
+                "pack-quantized bits=" + std::to_string(bits) + " (supported: 4, 8)");
+  return 32 / bits;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+void check_weight_shape(const Tensor& t, int64_t n, int64_t k) {
+  expect_dtype(t, "weight_shape", {DType::kI64, DType::kI32});
+  expect_shape(t, "weight_shape", {2}, "(N, K)");
+  int64_t v[2];
+  for (int i = 0; i < 2; ++i) {
+    if (t.dtype == DType::kI64) {
+      std::memcpy(&v[i], t.data.data() + 8 * i, 8);
+    } else {
+      int32_t x;
+      std::memcpy(&x, t.data.data() + 4 * i, 4);
+      v[i] = x;
+    }
+  }
+  if (v[0] != n || v[1] != k)
+    throw Error(ErrorCode::kBadShape, "", "weight_shape",
+                "says (" + std::to_string(v[0]) + ", " + std::to_string(v[1]) +
+                    "), the Linear is (N=" + std::to_string(n) + ", K=" + std::to_string(k) + ")");
+}
+
+}  // namespace
+
+// ---- pack-quantized ---------------------------------------------------------------------------
+
+std::vector<std::string> ct_pack_required_suffixes(const QuantParams& p) {
+  std::vector<std::string> s = {"weight_packed", "weight_scale"};
+  if (!p.symmetric) s.push_back("weight_zero_point");
+  if (p.act_order) s.push_back("weight_g_idx");
+  return s;
+}
+
+std::vector<std::string> ct_pack_optional_suffixes(const QuantParams& p) {
+  std::vector<std::string> s = {"weight_shape"};
+  if (p.symmetric) s.push_back("weight_zero_point");
+  if (!p.act_order) s.push_back("weight_g_idx");
+  return s;
+}
+
+QuantTensor unpack_ct_pack(const QuantParams& p, const TensorMap& m, int64_t n, int64_t k) {
+  const int pf = ct_pack_factor(p.bits, "weight_packed");
+  if (n <= 0 || k <= 0)
+    throw Error(ErrorCode::kBadShape, "", "weight_packed",
+                "N=" + std::to_string(n) + " K=" + std::to_string(k) + " must be positive");
+  if (p.group_size == 0 || p.group_size < -1)
+    throw Error(ErrorCode::kBadValue, "", "weight_scale",
+                "group_size=" + std::to_string(p.group_size) + " (expected -1 or > 0)");
+  QuantTensor q;
+  q.experts = 1;
+  q.n = n;
+  q.k = k;
+  q.kind = CodeKind::kUint;
+  q.bits = p.bits;
+  q.group_size = p.group_size;
+  q.symmetric = p.symmetric;
+  const int64_t G = q.groups(), kw = ceil_div(k, pf);
+  const uint32_t mask = (1u << p.bits) - 1u;
+
+  if (const Tensor* ws = wna16::maybe(m, "weight_shape")) check_weight_shape(*ws, n, k);
+
+  const Tensor& wp = wna16::need(m, "weight_packed");
+  expect_dtype(wp, "weight_packed", {DType::kI32, DType::kU32});
+  expect_shape(wp, "weight_packed", {n, kw}, "pack-quantized weight is [N, ceil(K/pf)]");
+  q.codes.resize(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < kw; ++c) {
+      const uint32_t w = wna16::load_u32(wp.data.data() + (r * kw + c) * 4);
+      for (int f = 0; f < pf && c * pf + f < k; ++f)
+        q.codes[static_cast<size_t>(r * k + c * pf + f)] =
+            static_cast<uint8_t>((w >> (p.bits * f)) & mask);
+    }
+
+  const Tensor& sc = wna16::need(m, "weight_scale");
+  expect_dtype(sc, "weight_scale", {DType::kF16, DType::kBF16, DType::kF32});
+  expect_shape(sc, "weight_scale", {n, G}, "weight_scale is [N, G], G = " + std::to_string(G));
+  wna16::check_finite_scales(sc.data.data(), n * G, sc.dtype, "weight_scale");
+  q.scale_dtype = sc.dtype;
+  q.scales = sc.data;
+
+  if (const Tensor* gi = wna16::maybe(m, "weight_g_idx")) {
+    q.g_idx = wna16::normalise_g_idx(*gi, "weight_g_idx", k, p.group_size, G);
+  } else if (p.act_order) {
+    throw Error(ErrorCode::kMissingTensor, "", "weight_g_idx", "actorder=group needs weight_g_idx");
+  }
+
+  if (!p.symmetric) {
+    const Tensor& zp = wna16::need(m, "weight_zero_point");
+    const int64_t nw = ceil_div(n, pf);
+    expect_dtype(zp, "weight_zero_point", {DType::kI32, DType::kU32});
+    expect_shape(zp, "weight_zero_point", {nw, G}, "zero points are [ceil(N/pf), G], packed on N");
+    q.zeros.resize(static_cast<size_t>(n * G));
+    for (int64_t r = 0; r < nw; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const uint32_t w = wna16::load_u32(zp.data.data() + (r * G + g) * 4);
+        for (int f = 0; f < pf && r * pf + f < n; ++f)
+          q.zeros[static_cast<size_t>((r * pf + f) * G + g)] =
+              static_cast<uint8_t>((w >> (p.bits * f)) & mask);
+      }
+  }
+  q.check_consistent("compressed-tensors");
+  return q;
+}
+
+TensorMap pack_ct_pack(const QuantParams& p, const QuantTensor& q) {
+  q.check_consistent("compressed-tensors");
+  if (q.experts != 1)
+    throw Error(ErrorCode::kInternal, "", "weight_packed",
+                "pack-quantized packs one Linear, got experts=" + std::to_string(q.experts));
+  if (q.kind != CodeKind::kUint || q.scale_block_n != 1 ||
+      !wna16::is_float_scale_dtype(q.scale_dtype))
+    throw Error(ErrorCode::kUnsupported, "", "weight_packed",
+                "pack-quantized holds unsigned codes with per-row float scales");
+  const int pf = ct_pack_factor(q.bits, "weight_packed");
+  const int64_t n = q.n, k = q.k, G = q.groups(), kw = ceil_div(k, pf), nw = ceil_div(n, pf);
+  const uint32_t mask = (1u << q.bits) - 1u;
+  TensorMap out;
+
+  Tensor wp("weight_packed", DType::kI32, {n, kw});
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < kw; ++c) {
+      uint32_t w = 0;
+      for (int f = 0; f < pf && c * pf + f < k; ++f) {
+        const uint8_t code = q.codes[static_cast<size_t>(r * k + c * pf + f)];
+        if (code > mask)
+          throw Error(ErrorCode::kBadValue, "", "weight_packed",
+                      "code " + std::to_string(code) + " does not fit in " +
+                          std::to_string(q.bits) + " bits");
+        w |= static_cast<uint32_t>(code) << (q.bits * f);
+      }
+      wna16::store_u32(wp.data.data() + (r * kw + c) * 4, w);
+    }
+  out["weight_packed"] = std::move(wp);
+
+  Tensor sc("weight_scale", q.scale_dtype, {n, G});
+  sc.data = q.scales;
+  out["weight_scale"] = std::move(sc);
+
+  if (!q.symmetric) {
+    Tensor zp("weight_zero_point", DType::kI32, {nw, G});
+    for (int64_t r = 0; r < nw; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        uint32_t w = 0;
+        for (int f = 0; f < pf && r * pf + f < n; ++f) {
+          const uint8_t z = q.zeros[static_cast<size_t>((r * pf + f) * G + g)];
+          if (z > mask)
+            throw Error(ErrorCode::kBadValue, "", "weight_zero_point",
+                        "zero point " + std::to_string(z) + " does not fit in " +
+                            std::to_string(q.bits) + " bits");
+          w |= static_cast<uint32_t>(z) << (q.bits * f);
+        }
+        wna16::store_u32(zp.data.data() + (r * G + g) * 4, w);
+      }
+    out["weight_zero_point"] = std::move(zp);
+  }
+  if (!q.g_idx.empty() || p.act_order) {
+    std::vector<int32_t> g(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i)
+      g[static_cast<size_t>(i)] =
+          q.g_idx.empty() ? wna16::trivial_group(i, q.group_size) : q.g_idx[static_cast<size_t>(i)];
+    out["weight_g_idx"] = make_tensor("weight_g_idx", DType::kI32, {k}, g);
+  }
+  out["weight_shape"] = make_tensor("weight_shape", DType::kI64, {2}, std::vector<int64_t>{n, k});
+  return out;
+}
+
+// ---- int-quantized W8A8 -----------------------------------------------------------------------
+
+std::vector<std::string> ct_int8_required_suffixes(const QuantParams&) {
+  return {"weight", "weight_scale"};
+}
+
+std::vector<std::string> ct_int8_optional_suffixes(const QuantParams&) {
+  // Listed so that a checkpoint with static activation scales reaches unpack and is refused
+  // there with a clear message instead of being silently converted as dynamic.
+  return {"input_scale", "input_zero_point"};
+}
+
+QuantTensor unpack_ct_int8(const QuantParams& p, const TensorMap& m, int64_t n, int64_t k) {
+  if (wna16::maybe(m, "input_scale") || wna16::maybe(m, "input_zero_point") || !p.dynamic_input)
+    throw Error(ErrorCode::kUnsupported, "", "input_scale",
+                "static input scales (W8A8 int8 MoE takes dynamic per-token activations only)");
+  if (p.bits != 8)
+    throw Error(ErrorCode::kUnsupported, "", "weight",
+                "int-quantized bits=" + std::to_string(p.bits) + " (only 8)");
+  if (!p.symmetric)
+    throw Error(ErrorCode::kUnsupported, "", "weight", "asymmetric int-quantized weights");
+  if (p.group_size > 0)
+    throw Error(ErrorCode::kUnsupported, "", "weight_scale",
+                "group_size=" + std::to_string(p.group_size) +
+                    " (W8A8 int8 MoE takes channel-wise weight scales only)");
+  if (n <= 0 || k <= 0)
+    throw Error(ErrorCode::kBadShape, "", "weight",
+                "N=" + std::to_string(n) + " K=" + std::to_string(k) + " must be positive");
+  QuantTensor q;
+  q.experts = 1;
+  q.n = n;
+  q.k = k;
+  q.kind = CodeKind::kInt;
+  q.bits = 8;
+  q.group_size = -1;
+  q.symmetric = true;
+
+  const Tensor& w = wna16::need(m, "weight");
+  expect_dtype(w, "weight", {DType::kI8});
+  expect_shape(w, "weight", {n, k}, "int8 weight is [N, K]");
+  q.codes = w.data;
+
+  const Tensor& sc = wna16::need(m, "weight_scale");
+  expect_dtype(sc, "weight_scale", {DType::kF32, DType::kBF16, DType::kF16});
+  if (sc.shape == Shape{n})
+    expect_shape(sc, "weight_scale", {n});
+  else
+    expect_shape(sc, "weight_scale", {n, 1}, "channel-wise scales");
+  wna16::check_finite_scales(sc.data.data(), n, sc.dtype, "weight_scale");
+  q.scale_dtype = sc.dtype;
+  q.scales = sc.data;
+  q.check_consistent("compressed-tensors int8");
+  return q;
+}
+
+TensorMap pack_ct_int8(const QuantParams&, const QuantTensor& q) {
+  q.check_consistent("compressed-tensors int8");
+  if (q.experts != 1)
+    throw Error(ErrorCode::kInternal, "", "weight",
+                "int-quantized packs one Linear, got experts=" + std::to_string(q.experts));
+  if (q.kind != CodeKind::kInt || q.bits != 8 || q.groups() != 1 || q.scale_block_n != 1 ||
+      !q.g_idx.empty() || !wna16::is_float_scale_dtype(q.scale_dtype))
+    throw Error(ErrorCode::kUnsupported, "", "weight",
+                "int-quantized holds int8 codes with one float scale per output row");
+  TensorMap out;
+  Tensor w("weight", DType::kI8, {q.n, q.k});
+  w.data = q.codes;
+  out["weight"] = std::move(w);
+  Tensor sc("weight_scale", q.scale_dtype, {q.n, 1});
+  sc.data = q.scales;
+  out["weight_scale"] = std::move(sc);
+  return out;
+}
+
+}  // namespace moepack

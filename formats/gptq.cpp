@@ -1,0 +1,207 @@
+#include "formats/gptq.h"
+
+#include <cstring>
+
+#include "formats/wna16_util.h"
+
+namespace moepack {
+namespace {
+
+using wna16::expect_dtype;
+using wna16::expect_shape;
+
+int gptq_pack_factor(int bits) {
+  // 3-bit GPTQ packs across word boundaries; nothing we target takes it.
+  if (bits != 2 && bits != 4 && bits != 8)
+    throw Error(ErrorCode::kUnsupported, "", "qweight",
+                "GPTQ bits=" + std::to_string(bits) + " (supported: 2, 4, 8)");
+  return 32 / bits;
+}
+
+int64_t group_count(int64_t k, int64_t group_size) {
+  return group_size > 0 ? (k + group_size - 1) / group_size : 1;
+}
+
+}  // namespace
+
+std::vector<std::string> gptq_required_suffixes(const QuantParams& p) {
+  std::vector<std::string> s = {"qweight", "scales"};
+  if (!p.symmetric) s.push_back("qzeros");
+  if (p.act_order) s.push_back("g_idx");
+  return s;
+}
+
+std::vector<std::string> gptq_optional_suffixes(const QuantParams& p) {
+  std::vector<std::string> s;
+  if (p.symmetric) s.push_back("qzeros");
+  if (!p.act_order) s.push_back("g_idx");
+  return s;
+}
+
+QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int64_t k) {
+  const int pf = gptq_pack_factor(p.bits);
+  if (n <= 0 || k <= 0)
+    throw Error(ErrorCode::kBadShape, "", "qweight",
+                "N=" + std::to_string(n) + " K=" + std::to_string(k) + " must be positive");
+  if (k % pf != 0)
+    throw Error(ErrorCode::kBadShape, "", "qweight",
+                "K=" + std::to_string(k) + " is not a multiple of the pack factor " +
+                    std::to_string(pf) + " (bits=" + std::to_string(p.bits) + ")");
+  if (p.group_size == 0 || p.group_size < -1)
+    throw Error(ErrorCode::kBadValue, "", "scales",
+                "group_size=" + std::to_string(p.group_size) + " (expected -1 or > 0)");
+  const int64_t G = group_count(k, p.group_size);
+
+  QuantTensor q;
+  q.experts = 1;
+  q.n = n;
+  q.k = k;
+  q.kind = CodeKind::kUint;
+  q.bits = p.bits;
+  q.group_size = p.group_size;
+  q.symmetric = p.symmetric;
+
+  const Tensor& qw = wna16::need(m, "qweight");
+  expect_dtype(qw, "qweight", {DType::kI32, DType::kU32});
+  expect_shape(qw, "qweight", {k / pf, n}, "GPTQ qweight is [K/pf, N]");
+  q.codes.resize(static_cast<size_t>(n * k));
+  const uint32_t mask = (1u << p.bits) - 1u;
+  for (int64_t r = 0; r < k / pf; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      const uint32_t w = wna16::load_u32(qw.data.data() + (r * n + c) * 4);
+      for (int f = 0; f < pf; ++f)
+        q.codes[static_cast<size_t>(c * k + r * pf + f)] =
+            static_cast<uint8_t>((w >> (p.bits * f)) & mask);
+    }
+
+  const Tensor& sc = wna16::need(m, "scales");
+  expect_dtype(sc, "scales", {DType::kF16, DType::kBF16, DType::kF32});
+  expect_shape(sc, "scales", {G, n}, "GPTQ scales are [G, N], G = " + std::to_string(G));
+  wna16::check_finite_scales(sc.data.data(), G * n, sc.dtype, "scales");
+  q.scale_dtype = sc.dtype;
+  q.scales.resize(sc.data.size());
+  wna16::transpose_bytes(sc.data.data(), G, n, q.scale_bytes(), q.scales.data());
+
+  if (const Tensor* gi = wna16::maybe(m, "g_idx")) {
+    q.g_idx = wna16::normalise_g_idx(*gi, "g_idx", k, p.group_size, G);
+  } else if (p.act_order) {
+    throw Error(ErrorCode::kMissingTensor, "", "g_idx", "desc_act=true needs g_idx");
+  }
+
+  if (!p.symmetric) {
+    const Tensor& qz = wna16::need(m, "qzeros");
+    if (n % pf != 0)
+      throw Error(
+          ErrorCode::kBadShape, "", "qzeros",
+          "N=" + std::to_string(n) + " is not a multiple of the pack factor " + std::to_string(pf));
+    expect_dtype(qz, "qzeros", {DType::kI32, DType::kU32});
+    expect_shape(qz, "qzeros", {G, n / pf}, "GPTQ qzeros are [G, N/pf]");
+    q.zeros.resize(static_cast<size_t>(n * G));
+    const int add = p.gptq_format == GptqFormat::kV1 ? 1 : 0;
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < n / pf; ++c) {
+        const uint32_t w = wna16::load_u32(qz.data.data() + (g * (n / pf) + c) * 4);
+        for (int f = 0; f < pf; ++f) {
+          const uint32_t z = ((w >> (p.bits * f)) & mask) + static_cast<uint32_t>(add);
+          if (z > 255)
+            throw Error(ErrorCode::kUnsupported, "", "qzeros",
+                        "8-bit GPTQ v1 stored zero 255 means 256, which no int8 kernel takes "
+                        "(group " +
+                            std::to_string(g) + ", column " + std::to_string(c * pf + f) + ")");
+          q.zeros[static_cast<size_t>((c * pf + f) * G + g)] = static_cast<uint8_t>(z);
+        }
+      }
+  }
+  q.check_consistent("gptq");
+  return q;
+}
+
+TensorMap pack_gptq(const QuantParams& p, const QuantTensor& q) {
+  q.check_consistent("gptq");
+  if (q.experts != 1)
+    throw Error(ErrorCode::kInternal, "", "qweight",
+                "GPTQ packs one Linear, got experts=" + std::to_string(q.experts));
+  if (q.kind != CodeKind::kUint || q.scale_block_n != 1 ||
+      !wna16::is_float_scale_dtype(q.scale_dtype))
+    throw Error(ErrorCode::kUnsupported, "", "qweight",
+                "GPTQ holds unsigned integer codes with per-row float scales");
+  const int pf = gptq_pack_factor(q.bits);
+  const int64_t n = q.n, k = q.k, G = q.groups();
+  if (k % pf != 0 || n % pf != 0)
+    throw Error(ErrorCode::kBadShape, "", "qweight",
+                "N=" + std::to_string(n) + " and K=" + std::to_string(k) +
+                    " must be multiples of the pack factor " + std::to_string(pf));
+  const uint32_t mask = (1u << q.bits) - 1u;
+  TensorMap out;
+
+  Tensor qw("qweight", DType::kI32, {k / pf, n});
+  for (int64_t r = 0; r < k / pf; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      uint32_t w = 0;
+      for (int f = 0; f < pf; ++f) {
+        const uint8_t code = q.codes[static_cast<size_t>(c * k + r * pf + f)];
+        if (code > mask)
+          throw Error(ErrorCode::kBadValue, "", "qweight",
+                      "code " + std::to_string(code) + " does not fit in " +
+                          std::to_string(q.bits) + " bits");
+        w |= static_cast<uint32_t>(code) << (q.bits * f);
+      }
+      wna16::store_u32(qw.data.data() + (r * n + c) * 4, w);
+    }
+  out["qweight"] = std::move(qw);
+
+  Tensor sc("scales", q.scale_dtype, {G, n});
+  wna16::transpose_bytes(q.scales.data(), n, G, q.scale_bytes(), sc.data.data());
+  out["scales"] = std::move(sc);
+
+  // qzeros: the real zeros when asymmetric, else the conventional constant of the format.
+  Tensor qz("qzeros", DType::kI32, {G, n / pf});
+  const bool v1 = p.gptq_format == GptqFormat::kV1;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < n / pf; ++c) {
+      uint32_t w = 0;
+      for (int f = 0; f < pf; ++f) {
+        int64_t z =
+            q.symmetric ? (1 << (q.bits - 1)) : q.zeros[static_cast<size_t>((c * pf + f) * G + g)];
+        if (v1) --z;
+        if (z < 0 || z > mask)
+          throw Error(ErrorCode::kBadValue, "", "qzeros",
+                      "zero point " + std::to_string(v1 ? z + 1 : z) + " of column " +
+                          std::to_string(c * pf + f) + " cannot be stored in GPTQ " +
+                          (v1 ? "v1 (stores z-1)" : "v2"));
+        w |= static_cast<uint32_t>(z) << (q.bits * f);
+      }
+      wna16::store_u32(qz.data.data() + (g * (n / pf) + c) * 4, w);
+    }
+  out["qzeros"] = std::move(qz);
+
+  // GPTQ checkpoints always carry g_idx; without act-order it is k / group_size.
+  std::vector<int32_t> g(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i)
+    g[static_cast<size_t>(i)] =
+        q.g_idx.empty() ? wna16::trivial_group(i, q.group_size) : q.g_idx[static_cast<size_t>(i)];
+  out["g_idx"] = make_tensor("g_idx", DType::kI32, {k}, g);
+  return out;
+}
+
+GptqFormat detect_gptq_zero_format(const TensorView& qzeros, int bits, bool symmetric,
+                                   GptqFormat label) {
+  if (!symmetric || qzeros.nbytes < 4 || (bits != 2 && bits != 4 && bits != 8)) return label;
+  const int pf = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  const uint32_t v1 = (1u << (bits - 1)) - 1u, v2 = 1u << (bits - 1);
+  bool all_v1 = true, all_v2 = true;
+  for (uint64_t i = 0; i + 4 <= qzeros.nbytes && (all_v1 || all_v2); i += 4) {
+    const uint32_t w = wna16::load_u32(qzeros.data + i);
+    for (int f = 0; f < pf; ++f) {
+      const uint32_t z = (w >> (bits * f)) & mask;
+      all_v1 = all_v1 && z == v1;
+      all_v2 = all_v2 && z == v2;
+    }
+  }
+  if (all_v1) return GptqFormat::kV1;
+  if (all_v2) return GptqFormat::kV2;
+  return label;
+}
+
+}  // namespace moepack

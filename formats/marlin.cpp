@@ -1,0 +1,741 @@
+#include "formats/marlin.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "formats/layout/marlin_layout.h"
+#include "formats/wna16_util.h"
+#include "lib/half.h"
+#include "lib/threads.h"
+
+namespace moepack {
+namespace {
+
+using marlin::pack_factor;
+
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
+
+const char* proj_name(MoeProj p) {
+  return p == MoeProj::kW13 ? "w13" : "w2";
+}
+
+void check_bits(int bits, const std::string& what) {
+  if (bits != 4 && bits != 8)
+    throw Error(ErrorCode::kUnsupported, "", what,
+                "Marlin takes 4- or 8-bit codes, got bits=" + num(bits));
+}
+
+void check_tile_shape(int64_t n, int64_t k, bool a8, const std::string& what) {
+  const int tk = marlin::tile_k(a8), tn = marlin::tile_n(a8);
+  if (n <= 0 || k <= 0 || k % tk != 0 || n % tn != 0)
+    throw Error(ErrorCode::kBadShape, "", what,
+                "K=" + num(k) + " N=" + num(n) + ": Marlin" + (a8 ? " a8" : "") +
+                    " tiles need K % " + num(tk) + " == 0 and N % " + num(tn) + " == 0");
+}
+
+// Source index inside a chunk for the scale permutations, as data (STYLE.md §3).
+std::vector<int32_t> scale_perm(bool grouped) {
+  const int c = marlin::scale_chunk(grouped);
+  std::vector<int32_t> p(static_cast<size_t>(c));
+  for (int i = 0; i < c; ++i) p[static_cast<size_t>(i)] = marlin::scale_perm_src(grouped, i);
+  return p;
+}
+
+std::vector<int32_t> zero_point_perm(int bits, bool a8) {
+  std::vector<int32_t> p(64);
+  for (int i = 0; i < 64; ++i) p[static_cast<size_t>(i)] = marlin::zero_point_src(bits, a8, i);
+  return p;
+}
+
+// One scale element converted to the activation dtype (16-bit). fp16 -> bf16 rounds to nearest
+// even exactly as torch's copy_ into a bf16 parameter does (spec §2).
+uint16_t scale_to_act(const uint8_t* p, DType from, DType act, const std::string& what) {
+  uint16_t h = 0;
+  if (from == act) {
+    std::memcpy(&h, p, 2);
+    return h;
+  }
+  if (from == DType::kF16 && act == DType::kBF16) {
+    std::memcpy(&h, p, 2);
+    return f16_to_bf16(h);
+  }
+  const float v = wna16::scale_to_float(p, from);
+  const uint16_t out = act == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+  const float back = act == DType::kBF16 ? bf16_to_float(out) : f16_to_float(out);
+  if (std::isfinite(v) && !std::isfinite(back))
+    throw Error(ErrorCode::kBadValue, "", what,
+                "scale " + std::to_string(v) + " overflows " + dtype_name(act));
+  return out;
+}
+
+float act_to_float(uint16_t h, DType act) {
+  return act == DType::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+}
+
+void check_act_dtype(DType act) {
+  if (act != DType::kF16 && act != DType::kBF16)
+    throw Error(ErrorCode::kUnsupported, "", "scales",
+                std::string("Marlin activations are F16 or BF16, got ") + dtype_name(act));
+}
+
+// The size_k vLLM passes to marlin_permute_scales for this method and projection (§4.3).
+int64_t vllm_scale_size_k(QuantMethod m, MoeProj proj, int64_t group_size, int64_t groups,
+                          int64_t intermediate, int64_t w13_n, int bits) {
+  const int pf = pack_factor(bits);
+  if (proj == MoeProj::kW13) {
+    if (m == QuantMethod::kCtPackQuantized) return w13_n * 16 / pf;  // w13_weight_packed.shape[2]
+    return intermediate;  // GPTQ and AWQ pass intermediate_size_per_partition
+  }
+  if (m == QuantMethod::kAwq) return intermediate;
+  return groups * (group_size > 0 ? group_size : pf);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+// ---- building blocks ----------------------------------------------------------------------------
+
+std::vector<uint32_t> marlin_repack(const uint8_t* codes_nk, int64_t n, int64_t k, int bits,
+                                    const int32_t* perm, bool a8) {
+  check_bits(bits, "qweight");
+  check_tile_shape(n, k, a8, "qweight");
+  if (a8 && perm)
+    throw Error(ErrorCode::kUnsupported, "", "qweight",
+                "the 8-bit-activation Marlin tiles have no act-order (perm) variant");
+  if (perm)
+    for (int64_t i = 0; i < k; ++i)
+      if (perm[i] < 0 || perm[i] >= k)
+        throw Error(ErrorCode::kBadValue, "", "g_idx_sort_indices",
+                    "perm[" + num(i) + "] = " + num(perm[i]) + " outside [0, " + num(k) + ")");
+  const int pf = pack_factor(bits), T = marlin::words_per_tile(bits);
+  const int64_t ntiles_n = n / marlin::tile_n(a8), ntiles = (k / marlin::tile_k(a8)) * ntiles_n;
+  const uint32_t mask = (1u << bits) - 1u;
+  std::vector<uint32_t> out(static_cast<size_t>(n * k / pf));
+  for (int64_t tau = 0; tau < ntiles; ++tau) {
+    const int64_t kt = tau / ntiles_n, nt = tau % ntiles_n;
+    for (int r = 0; r < T; ++r) {
+      uint32_t w = 0;
+      for (int f = 0; f < pf; ++f) {
+        int64_t kk, nn;
+        marlin::word_field_coords(bits, a8, kt, nt, r, f, &kk, &nn);
+        const int64_t src_k = perm ? perm[kk] : kk;
+        const uint8_t c = codes_nk[nn * k + src_k];
+        if (c > mask)
+          throw Error(ErrorCode::kBadValue, "", "qweight",
+                      "code " + num(c) + " at (n=" + num(nn) + ", k=" + num(src_k) +
+                          ") does not fit in " + num(bits) + " bits");
+        w |= static_cast<uint32_t>(c) << (bits * f);
+      }
+      out[static_cast<size_t>(tau * T + r)] = w;
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> marlin_unrepack(const uint32_t* words, int64_t n, int64_t k, int bits,
+                                     bool a8) {
+  check_bits(bits, "qweight");
+  check_tile_shape(n, k, a8, "qweight");
+  const int T = marlin::words_per_tile(bits), pf = pack_factor(bits);
+  const int64_t ntiles_n = n / marlin::tile_n(a8), ntiles = (k / marlin::tile_k(a8)) * ntiles_n;
+  const uint32_t mask = (1u << bits) - 1u;
+  std::vector<uint8_t> out(static_cast<size_t>(n * k));
+  for (int64_t tau = 0; tau < ntiles; ++tau) {
+    const int64_t kt = tau / ntiles_n, nt = tau % ntiles_n;
+    for (int r = 0; r < T; ++r) {
+      const uint32_t w = words[tau * T + r];
+      for (int f = 0; f < pf; ++f) {
+        int64_t kk, nn;
+        marlin::word_field_coords(bits, a8, kt, nt, r, f, &kk, &nn);
+        out[static_cast<size_t>(nn * k + kk)] = static_cast<uint8_t>((w >> (bits * f)) & mask);
+      }
+    }
+  }
+  return out;
+}
+
+static void permute_chunks(uint8_t* data, int64_t total, int elem_bytes,
+                           const std::vector<int32_t>& src, const char* what) {
+  const int64_t c = static_cast<int64_t>(src.size());
+  if (total % c != 0)
+    throw Error(ErrorCode::kBadShape, "", what,
+                num(total) + " elements are not a whole number of " + num(c) + "-entry chunks");
+  std::vector<uint8_t> tmp(static_cast<size_t>(c * elem_bytes));
+  for (int64_t base = 0; base < total; base += c) {
+    uint8_t* chunk = data + base * elem_bytes;
+    for (int64_t i = 0; i < c; ++i)
+      std::memcpy(tmp.data() + i * elem_bytes, chunk + src[static_cast<size_t>(i)] * elem_bytes,
+                  static_cast<size_t>(elem_bytes));
+    std::memcpy(chunk, tmp.data(), tmp.size());
+  }
+}
+
+void marlin_permute_scales(uint8_t* data, int64_t rows, int64_t n, int elem_bytes, bool grouped) {
+  permute_chunks(data, rows * n, elem_bytes, scale_perm(grouped), "scales");
+}
+
+void marlin_unpermute_scales(uint8_t* data, int64_t rows, int64_t n, int elem_bytes, bool grouped) {
+  permute_chunks(data, rows * n, elem_bytes, invert_permutation(scale_perm(grouped)), "scales");
+}
+
+std::vector<uint32_t> marlin_pack_zero_points(const uint8_t* zp_gn, int64_t g, int64_t n, int bits,
+                                              bool a8) {
+  check_bits(bits, "qzeros");
+  const int pf = pack_factor(bits);
+  if ((g * n) % 64 != 0 || n % pf != 0)
+    throw Error(ErrorCode::kBadShape, "", "qzeros",
+                "G=" + num(g) + " N=" + num(n) + ": zero points need G*N % 64 == 0 and N % " +
+                    num(pf) + " == 0");
+  const std::vector<int32_t> src = zero_point_perm(bits, a8);
+  const uint32_t mask = (1u << bits) - 1u;
+  std::vector<uint32_t> out(static_cast<size_t>(g * n / pf), 0u);
+  for (int64_t x = 0; x < g * n; ++x) {
+    const int64_t from = (x / 64) * 64 + src[static_cast<size_t>(x % 64)];
+    const uint8_t z = zp_gn[from];
+    if (z > mask)
+      throw Error(ErrorCode::kBadValue, "", "qzeros",
+                  "zero point " + num(z) + " (group " + num(from / n) + ", column " +
+                      num(from % n) + ") does not fit in " + num(bits) + " bits");
+    out[static_cast<size_t>(x / pf)] |= static_cast<uint32_t>(z) << (bits * (x % pf));
+  }
+  return out;
+}
+
+std::vector<uint8_t> marlin_unpack_zero_points(const uint32_t* words, int64_t g, int64_t n,
+                                               int bits, bool a8) {
+  check_bits(bits, "qzeros");
+  const int pf = pack_factor(bits);
+  if ((g * n) % 64 != 0 || n % pf != 0)
+    throw Error(ErrorCode::kBadShape, "", "qzeros",
+                "G=" + num(g) + " N=" + num(n) + ": zero points need G*N % 64 == 0 and N % " +
+                    num(pf) + " == 0");
+  const std::vector<int32_t> src = zero_point_perm(bits, a8);
+  const uint32_t mask = (1u << bits) - 1u;
+  std::vector<uint8_t> out(static_cast<size_t>(g * n));
+  for (int64_t x = 0; x < g * n; ++x)
+    out[static_cast<size_t>((x / 64) * 64 + src[static_cast<size_t>(x % 64)])] =
+        static_cast<uint8_t>((words[x / pf] >> (bits * (x % pf))) & mask);
+  return out;
+}
+
+// ---- names and rules
+// -----------------------------------------------------------------------------
+
+MarlinParamNames marlin_param_names(QuantMethod m, MoeProj proj) {
+  const std::string p = proj_name(proj);
+  MarlinParamNames n;
+  n.sort_indices = p + "_g_idx_sort_indices";
+  if (m == QuantMethod::kCtPackQuantized) {
+    n.qweight = p + "_weight_packed";
+    n.scales = p + "_weight_scale";
+    n.g_idx = p + "_weight_g_idx";
+  } else if (m == QuantMethod::kAwq) {
+    n.qweight = p + "_qweight";
+    n.scales = p + "_scales";
+    n.qzeros = p + "_qzeros";
+  } else {
+    n.qweight = p + "_qweight";
+    n.scales = p + "_scales";
+    n.g_idx = p + "_g_idx";
+  }
+  return n;
+}
+
+bool marlin_scales_grouped(const LayoutOptions& opts, MoeProj proj, int64_t group_size,
+                           int64_t groups, int64_t intermediate, int bits, bool vllm_rule) {
+  if (opts.a8) return false;
+  if (!vllm_rule) return groups > 1;
+  const int64_t w13_n = opts.gated ? 2 * intermediate : intermediate;
+  const int64_t size_k =
+      vllm_scale_size_k(opts.source_method, proj, group_size, groups, intermediate, w13_n, bits);
+  return group_size != -1 && group_size < size_k;
+}
+
+std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
+                                                    const MoeExperts& x) {
+  std::vector<std::string> why;
+  const QuantMethod m = opts.source_method;
+  const bool awq = m == QuantMethod::kAwq;
+  if (m != QuantMethod::kGptq && m != QuantMethod::kAwq && m != QuantMethod::kCtPackQuantized)
+    why.push_back(std::string("source method ") + quant_method_name(m) +
+                  " has no Marlin MoE path (GPTQ, AWQ and compressed-tensors pack-quantized do)");
+  if (opts.act_dtype != DType::kF16 && opts.act_dtype != DType::kBF16)
+    why.push_back(std::string("activation dtype ") + dtype_name(opts.act_dtype) +
+                  " (Marlin takes F16 or BF16)");
+  const QuantTensor* qs[2] = {&x.w13, &x.w2};
+  for (int i = 0; i < 2; ++i) {
+    const QuantTensor& q = *qs[i];
+    const std::string p = i == 0 ? "w13" : "w2";
+    if (q.kind != CodeKind::kUint) why.push_back(p + ": codes are not unsigned integer codes");
+    if (q.bits != 4 && q.bits != 8) why.push_back(p + ": bits=" + num(q.bits) + " (Marlin: 4, 8)");
+    if (awq && q.bits != 4) why.push_back(p + ": AWQ on Marlin is 4-bit only, bits=" + num(q.bits));
+    if (awq && q.symmetric) why.push_back(p + ": AWQ layout needs explicit zero points");
+    if (awq && !q.g_idx.empty()) why.push_back(p + ": AWQ on Marlin has no act-order (g_idx)");
+    if (!awq && !q.symmetric)
+      why.push_back(p + ": asymmetric " + quant_method_name(m) +
+                    " codes (only AWQ may carry zero points on Marlin MoE)");
+    if (awq && q.group_size <= 0)
+      why.push_back(p + ": AWQ MoE needs a real group size, group_size=" + num(q.group_size));
+    if (q.group_size != -1 && q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
+      why.push_back(p + ": group_size=" + num(q.group_size) + " (Marlin MoE: -1, 32, 64, 128)");
+    if (q.scale_block_n != 1)
+      why.push_back(p + ": scales shared by " + num(q.scale_block_n) + " rows");
+    if (!wna16::is_float_scale_dtype(q.scale_dtype))
+      why.push_back(p + std::string(": scale dtype ") + dtype_name(q.scale_dtype));
+    if (opts.a8 && !q.g_idx.empty())
+      why.push_back(p + ": act-order with 8-bit activations (no a8 act-order Marlin variant)");
+    if (opts.a8 && q.k % 32 != 0)
+      why.push_back(p + ": K=" + num(q.k) + " is not a multiple of 32 (a8 tiles)");
+  }
+  if (x.w13.bits != x.w2.bits || x.w13.group_size != x.w2.group_size ||
+      x.w13.symmetric != x.w2.symmetric)
+    why.push_back("w13 and w2 differ in bits/group_size/symmetry (" + num(x.w13.bits) + "/" +
+                  num(x.w13.group_size) + " vs " + num(x.w2.bits) + "/" + num(x.w2.group_size) +
+                  ")");
+  if (x.w13.experts != x.w2.experts || x.w13.experts < 1)
+    why.push_back("expert counts w13=" + num(x.w13.experts) + " w2=" + num(x.w2.experts));
+  const int64_t H = x.w13.k, I = x.w2.k;
+  const int64_t want_n13 = opts.gated ? 2 * I : I;
+  if (x.w13.n != want_n13 || x.w2.n != H)
+    why.push_back("shapes: w13 [" + num(x.w13.n) + ", " + num(x.w13.k) + "], w2 [" + num(x.w2.n) +
+                  ", " + num(x.w2.k) + "] are not " +
+                  (opts.gated ? "[2I, H], [H, I]" : "[I, H], [H, I]"));
+  if (H % 128 != 0) why.push_back("hidden size H=" + num(H) + " is not a multiple of 128");
+  const int64_t ig = std::max<int64_t>(64, x.w13.group_size);
+  if (I <= 0 || I % ig != 0)
+    why.push_back("intermediate size I=" + num(I) +
+                  " is not a multiple of max(64, group_size)=" + num(ig));
+  // With act-order the kernel (is_k_full) takes row k of the sorted order to be in group
+  // k / group_size, so each group must hold exactly group_size rows.
+  for (int i = 0; i < 2; ++i) {
+    const QuantTensor& q = *qs[i];
+    if (q.g_idx.empty() || q.group_size <= 0 || q.k % q.group_size != 0) continue;
+    if (static_cast<int64_t>(q.g_idx.size()) != q.experts * q.k) continue;
+    const int64_t G = q.groups();
+    for (int64_t e = 0; e < q.experts; ++e) {
+      std::vector<int64_t> count(static_cast<size_t>(G), 0);
+      bool in_range = true;
+      for (int64_t k = 0; k < q.k; ++k) {
+        const int32_t g = q.g_idx[static_cast<size_t>(e * q.k + k)];
+        if (g < 0 || g >= G) {
+          in_range = false;
+          break;
+        }
+        ++count[static_cast<size_t>(g)];
+      }
+      if (!in_range) continue;  // reported as kBadValue by pack
+      const auto bad =
+          std::find_if(count.begin(), count.end(), [&](int64_t c) { return c != q.group_size; });
+      if (bad != count.end()) {
+        why.push_back(std::string(i == 0 ? "w13" : "w2") + ": g_idx of expert " + num(e) +
+                      " puts " + num(*bad) + " rows in group " + num(bad - count.begin()) +
+                      " (Marlin act-order needs exactly group_size=" + num(q.group_size) + ")");
+        break;
+      }
+    }
+  }
+  return why;
+}
+
+// ---- pack
+// ----------------------------------------------------------------------------------------
+
+namespace {
+
+void pack_projection(const LayoutOptions& opts, const QuantTensor& q, MoeProj proj,
+                     int64_t intermediate, std::vector<Tensor>& out) {
+  const MarlinParamNames names = marlin_param_names(opts.source_method, proj);
+  const std::string& pre = opts.prefix;
+  const int64_t E = q.experts, N = q.n, K = q.k, G = q.groups();
+  const int bits = q.bits, pf = pack_factor(bits);
+  const bool act_order = !q.g_idx.empty();
+  const bool grouped = marlin_scales_grouped(opts, proj, q.group_size, G, intermediate, bits,
+                                             opts.vllm_w13_scale_size_k);
+  const int src_eb = q.scale_bytes();
+
+  Tensor qweight(pre + names.qweight, DType::kI32, {E, K / 16, N * 16 / pf});
+  Tensor scales(pre + names.scales, opts.act_dtype, {E, G, N});
+  Tensor qzeros;
+  if (!names.qzeros.empty()) qzeros = Tensor(pre + names.qzeros, DType::kI32, {E, G, N / pf});
+  const int64_t gk = act_order ? K : 0;
+  Tensor g_idx;
+  if (!names.g_idx.empty()) g_idx = Tensor(pre + names.g_idx, DType::kI32, {E, gk});
+  Tensor sort(pre + names.sort_indices, DType::kI32, {E, gk});
+
+  const int64_t words_per_expert = K * N / pf;
+  parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) {
+      std::vector<int32_t> perm;
+      if (act_order) {
+        const int32_t* gi = q.g_idx.data() + e * K;
+        for (int64_t k = 0; k < K; ++k)
+          if (gi[k] < 0 || gi[k] >= G)
+            throw Error(ErrorCode::kBadValue, "",
+                        pre + (names.g_idx.empty() ? names.sort_indices : names.g_idx),
+                        "expert " + num(e) + ": g_idx[" + num(k) + "] = " + num(gi[k]) +
+                            " outside [0, " + num(G) + ")");
+        // Stable: matches torch.argsort on CUDA, which vLLM's GPU loading uses (spec §6).
+        perm = stable_argsort(gi, K);
+        int32_t* sorted_out = g_idx.data.empty() ? nullptr : g_idx.as<int32_t>() + e * K;
+        for (int64_t k = 0; k < K; ++k) {
+          sort.as<int32_t>()[e * K + k] = perm[static_cast<size_t>(k)];
+          if (sorted_out) sorted_out[k] = gi[perm[static_cast<size_t>(k)]];
+        }
+      }
+      const std::vector<uint32_t> words = marlin_repack(q.codes.data() + e * N * K, N, K, bits,
+                                                        act_order ? perm.data() : nullptr, opts.a8);
+      std::memcpy(qweight.data.data() + e * words_per_expert * 4, words.data(), words.size() * 4);
+
+      // Scales: canonical [N, G] -> [G, N] in the activation dtype, then permuted.
+      uint16_t* s = scales.as<uint16_t>() + e * G * N;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t g = 0; g < G; ++g)
+          s[g * N + n] = scale_to_act(q.scales.data() + ((e * N + n) * G + g) * src_eb,
+                                      q.scale_dtype, opts.act_dtype, pre + names.scales);
+      marlin_permute_scales(reinterpret_cast<uint8_t*>(s), G, N, 2, grouped);
+
+      if (!names.qzeros.empty()) {
+        std::vector<uint8_t> zp(static_cast<size_t>(G * N));
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t g = 0; g < G; ++g)
+            zp[static_cast<size_t>(g * N + n)] = q.zeros[static_cast<size_t>((e * N + n) * G + g)];
+        const std::vector<uint32_t> zw = marlin_pack_zero_points(zp.data(), G, N, bits, opts.a8);
+        std::memcpy(qzeros.data.data() + e * G * (N / pf) * 4, zw.data(), zw.size() * 4);
+      }
+    }
+  });
+  out.push_back(std::move(qweight));
+  out.push_back(std::move(scales));
+  if (!names.qzeros.empty()) out.push_back(std::move(qzeros));
+  if (!names.g_idx.empty()) out.push_back(std::move(g_idx));
+  out.push_back(std::move(sort));
+}
+
+}  // namespace
+
+std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts& x) {
+  x.w13.check_consistent("w13");
+  x.w2.check_consistent("w2");
+  const std::vector<std::string> why = marlin_unsupported_reasons(opts, x);
+  if (!why.empty()) {
+    std::string msg;
+    for (const auto& w : why) msg += (msg.empty() ? "" : "; ") + w;
+    throw Error(ErrorCode::kUnsupported, "", opts.prefix + "w13", "Marlin MoE: " + msg);
+  }
+  std::vector<Tensor> out;
+  pack_projection(opts, x.w13, MoeProj::kW13, x.w2.k, out);
+  pack_projection(opts, x.w2, MoeProj::kW2, x.w2.k, out);
+  return out;
+}
+
+// ---- unpack / matmul shared reading ----------------------------------------------------------
+
+namespace {
+
+// The parameters of one projection as the kernel sees them, validated.
+struct ProjView {
+  MarlinParamNames names;
+  const Tensor* qweight = nullptr;
+  const Tensor* scales = nullptr;
+  const Tensor* qzeros = nullptr;  // AWQ only
+  const Tensor* g_idx = nullptr;   // sorted; null for AWQ
+  const Tensor* sort = nullptr;
+  int64_t E = 0, K = 0, N = 0, G = 0;
+  int bits = 4;
+  bool act_order = false;
+};
+
+// Reads both projections' parameters and the geometry they imply (H, I, bits, group size).
+struct LayerView {
+  ProjView p[2];
+  int64_t H = 0, I = 0, group_size = -1;
+  int bits = 4;
+};
+
+LayerView read_layer(const LayoutOptions& opts, const TensorMap& params) {
+  check_act_dtype(opts.act_dtype);
+  LayerView L;
+  const QuantMethod m = opts.source_method;
+  if (m != QuantMethod::kGptq && m != QuantMethod::kAwq && m != QuantMethod::kCtPackQuantized)
+    throw Error(ErrorCode::kUnsupported, "", opts.prefix + "w13",
+                std::string("no Marlin MoE parameters for source method ") + quant_method_name(m));
+  for (int i = 0; i < 2; ++i) {
+    ProjView& v = L.p[i];
+    v.names = marlin_param_names(m, i == 0 ? MoeProj::kW13 : MoeProj::kW2);
+    v.qweight = &wna16::need(params, opts.prefix + v.names.qweight);
+    v.scales = &wna16::need(params, opts.prefix + v.names.scales);
+    v.sort = &wna16::need(params, opts.prefix + v.names.sort_indices);
+    if (!v.names.qzeros.empty()) v.qzeros = &wna16::need(params, opts.prefix + v.names.qzeros);
+    if (!v.names.g_idx.empty()) v.g_idx = &wna16::need(params, opts.prefix + v.names.g_idx);
+    const std::string qn = opts.prefix + v.names.qweight;
+    wna16::expect_dtype(*v.qweight, qn, {DType::kI32});
+    if (v.qweight->shape.size() != 3)
+      throw Error(ErrorCode::kBadShape, "", qn,
+                  "shape " + shape_str(v.qweight->shape) + ", expected [E, K/16, N*16/pf]");
+    const std::string sn = opts.prefix + v.names.scales;
+    if (v.scales->dtype != opts.act_dtype)
+      throw Error(ErrorCode::kBadDtype, "", sn,
+                  std::string("dtype ") + dtype_name(v.scales->dtype) +
+                      ", the kernel reads scales as the activation dtype " +
+                      dtype_name(opts.act_dtype));
+    if (v.scales->shape.size() != 3)
+      throw Error(ErrorCode::kBadShape, "", sn,
+                  "shape " + shape_str(v.scales->shape) + ", expected [E, G, N]");
+    v.E = v.qweight->shape[0];
+    v.K = v.qweight->shape[1] * 16;
+    v.G = v.scales->shape[1];
+    v.N = v.scales->shape[2];
+  }
+  ProjView &w13 = L.p[0], &w2 = L.p[1];
+  L.H = w13.K;
+  L.I = w2.K;
+  const int64_t x2 = w2.qweight->shape[2];
+  if (x2 <= 0 || (16 * w2.N) % x2 != 0 || (16 * w2.N / x2 != 8 && 16 * w2.N / x2 != 4))
+    throw Error(ErrorCode::kBadShape, "", opts.prefix + w2.names.qweight,
+                "shape " + shape_str(w2.qweight->shape) + " with N=" + num(w2.N) +
+                    " implies no 4- or 8-bit packing");
+  L.bits = 32 / static_cast<int>(16 * w2.N / x2);
+  const int pf = pack_factor(L.bits);
+  w13.bits = w2.bits = L.bits;
+  if (w2.N != L.H || w13.N != (opts.gated ? 2 * L.I : L.I))
+    throw Error(ErrorCode::kBadShape, "", opts.prefix + w13.names.scales,
+                "w13 N=" + num(w13.N) + ", w2 N=" + num(w2.N) + " do not match H=" + num(L.H) +
+                    ", I=" + num(L.I) + (opts.gated ? " (gated: w13 N = 2I)" : ""));
+  // Group size from the scale counts; a layer where every projection has one group reads back
+  // as channelwise (-1), which dequantises identically.
+  if (w13.G > 1)
+    L.group_size = L.H / w13.G;
+  else if (w2.G > 1)
+    L.group_size = L.I / w2.G;
+  for (int i = 0; i < 2; ++i) {
+    ProjView& v = L.p[i];
+    const std::string qn = opts.prefix + v.names.qweight;
+    const int64_t want_g = L.group_size > 0 ? ceil_div(v.K, L.group_size) : 1;
+    if (v.G != want_g || v.G < 1)
+      throw Error(ErrorCode::kBadShape, "", opts.prefix + v.names.scales,
+                  "G=" + num(v.G) + " groups over K=" + num(v.K) + ", expected " + num(want_g) +
+                      " (group_size " + num(L.group_size) + ")");
+    wna16::expect_shape(*v.qweight, qn, {L.p[0].E, v.K / 16, v.N * 16 / pf});
+    wna16::expect_shape(*v.scales, opts.prefix + v.names.scales, {v.E, v.G, v.N});
+    if (v.qzeros) {
+      wna16::expect_dtype(*v.qzeros, opts.prefix + v.names.qzeros, {DType::kI32});
+      wna16::expect_shape(*v.qzeros, opts.prefix + v.names.qzeros, {v.E, v.G, v.N / pf});
+    }
+    const std::string on = opts.prefix + v.names.sort_indices;
+    wna16::expect_dtype(*v.sort, on, {DType::kI32});
+    if (v.sort->shape.size() != 2 || v.sort->shape[0] != v.E ||
+        (v.sort->shape[1] != 0 && v.sort->shape[1] != v.K))
+      throw Error(ErrorCode::kBadShape, "", on,
+                  "shape " + shape_str(v.sort->shape) + ", expected [E, K] or [E, 0]");
+    v.act_order = v.sort->shape[1] == v.K;
+    if (v.g_idx) {
+      const std::string gn = opts.prefix + v.names.g_idx;
+      wna16::expect_dtype(*v.g_idx, gn, {DType::kI32});
+      wna16::expect_shape(*v.g_idx, gn, {v.E, v.act_order ? v.K : 0},
+                          "g_idx and sort indices come together");
+    } else if (v.act_order) {
+      throw Error(ErrorCode::kBadShape, "", on, "AWQ Marlin parameters have no act-order");
+    }
+    check_tile_shape(v.N, v.K, opts.a8, qn);
+  }
+  return L;
+}
+
+// The act-order sort indices of one expert, checked to be a permutation.
+std::vector<int32_t> read_sort(const ProjView& v, int64_t e, const std::string& name) {
+  std::vector<int32_t> s(v.sort->as<int32_t>() + e * v.K, v.sort->as<int32_t>() + (e + 1) * v.K);
+  try {
+    invert_permutation(s);
+  } catch (const Error& err) {
+    throw Error(ErrorCode::kBadValue, "", name, "expert " + num(e) + ": " + err.message());
+  }
+  return s;
+}
+
+}  // namespace
+
+MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params) {
+  const LayerView L = read_layer(opts, params);
+  MoeExperts out;
+  for (int i = 0; i < 2; ++i) {
+    const ProjView& v = L.p[i];
+    const MoeProj proj = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
+    QuantTensor& q = i == 0 ? out.w13 : out.w2;
+    q.experts = v.E;
+    q.n = v.N;
+    q.k = v.K;
+    q.kind = CodeKind::kUint;
+    q.bits = L.bits;
+    q.group_size = L.group_size;
+    q.scale_block_n = 1;
+    q.symmetric = v.qzeros == nullptr;
+    q.scale_dtype = opts.act_dtype;
+    const int64_t E = v.E, N = v.N, K = v.K, G = v.G;
+    const int pf = pack_factor(L.bits);
+    q.codes.resize(static_cast<size_t>(E * N * K));
+    q.scales.resize(static_cast<size_t>(E * N * G * 2));
+    if (!q.symmetric) q.zeros.resize(static_cast<size_t>(E * N * G));
+    if (v.act_order) q.g_idx.resize(static_cast<size_t>(E * K));
+    const bool grouped =
+        marlin_scales_grouped(opts, proj, L.group_size, G, L.I, L.bits, opts.vllm_w13_scale_size_k);
+    parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        const std::vector<uint8_t> qp =
+            marlin_unrepack(v.qweight->as<uint32_t>() + e * (K * N / pf), N, K, L.bits, opts.a8);
+        uint8_t* codes = q.codes.data() + e * N * K;
+        if (v.act_order) {
+          const std::vector<int32_t> s = read_sort(v, e, opts.prefix + v.names.sort_indices);
+          const int32_t* gs = v.g_idx->as<int32_t>() + e * K;
+          for (int64_t k = 0; k < K; ++k) {
+            const int64_t src = s[static_cast<size_t>(k)];
+            q.g_idx[static_cast<size_t>(e * K + src)] = gs[k];
+            for (int64_t n = 0; n < N; ++n) codes[n * K + src] = qp[static_cast<size_t>(n * K + k)];
+          }
+        } else {
+          std::memcpy(codes, qp.data(), qp.size());
+        }
+        std::vector<uint8_t> s(v.scales->data.begin() + e * G * N * 2,
+                               v.scales->data.begin() + (e + 1) * G * N * 2);
+        marlin_unpermute_scales(s.data(), G, N, 2, grouped);
+        wna16::transpose_bytes(s.data(), G, N, 2, q.scales.data() + e * N * G * 2);
+        if (v.qzeros) {
+          const std::vector<uint8_t> zp = marlin_unpack_zero_points(
+              v.qzeros->as<uint32_t>() + e * G * (N / pf), G, N, L.bits, opts.a8);
+          wna16::transpose_bytes(zp.data(), G, N, 1, q.zeros.data() + e * N * G);
+        }
+      }
+    });
+  }
+  return out;
+}
+
+// ---- the kernel's view: matmul straight from the parameters ------------------------------------
+
+void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params, MoeProj proj,
+                          int64_t expert, const float* x, int64_t m, float* y) {
+  const LayerView L = read_layer(opts, params);
+  const ProjView& v = L.p[proj == MoeProj::kW13 ? 0 : 1];
+  const int64_t K = v.K, N = v.N, G = v.G;
+  if (expert < 0 || expert >= v.E)
+    throw Error(ErrorCode::kBadValue, "", opts.prefix + v.names.qweight,
+                "expert " + num(expert) + " outside [0, " + num(v.E) + ")");
+  const int bits = L.bits, pf = pack_factor(bits), T = marlin::words_per_tile(bits);
+  const uint32_t mask = (1u << bits) - 1u;
+
+  // Activations as the kernel sees them: act-order permutes the columns (permute_cols_kernel),
+  // and the group of permuted row k is the *stored* (sorted) g_idx[k].
+  std::vector<float> xp(static_cast<size_t>(m * K));
+  std::vector<int32_t> group(static_cast<size_t>(K));
+  if (v.act_order) {
+    const std::vector<int32_t> s = read_sort(v, expert, opts.prefix + v.names.sort_indices);
+    const int32_t* gs = v.g_idx->as<int32_t>() + expert * K;
+    for (int64_t k = 0; k < K; ++k) {
+      if (gs[k] < 0 || gs[k] >= G)
+        throw Error(ErrorCode::kBadValue, "", opts.prefix + v.names.g_idx,
+                    "g_idx[" + num(k) + "] = " + num(gs[k]) + " outside [0, " + num(G) + ")");
+      group[static_cast<size_t>(k)] = gs[k];
+      for (int64_t r = 0; r < m; ++r)
+        xp[static_cast<size_t>(r * K + k)] = x[r * K + s[static_cast<size_t>(k)]];
+    }
+  } else {
+    std::copy(x, x + m * K, xp.begin());
+    for (int64_t k = 0; k < K; ++k)
+      group[static_cast<size_t>(k)] =
+          static_cast<int32_t>(L.group_size > 0 && G > 1 ? k / L.group_size : 0);
+  }
+
+  // Scale (g, n) lives at the position the kernel's layout puts it: the kernel picks the grouped
+  // layout iff there is more than one group and activations are 16-bit (ops.cu), whatever rule
+  // the loader used -- so a loader that permuted differently gives a wrong product here.
+  const bool grouped = !opts.a8 && G > 1;
+  const std::vector<int32_t> sinv = invert_permutation(scale_perm(grouped));
+  const int64_t sc = marlin::scale_chunk(grouped);
+  const uint16_t* sp = v.scales->as<uint16_t>() + expert * G * N;
+  const auto scale_at = [&](int64_t g, int64_t n) {
+    const int64_t j = g * N + n;
+    return act_to_float(sp[(j / sc) * sc + sinv[static_cast<size_t>(j % sc)]], opts.act_dtype);
+  };
+  const std::vector<int32_t> zinv = invert_permutation(zero_point_perm(bits, opts.a8));
+  const uint32_t* zw = v.qzeros ? v.qzeros->as<uint32_t>() + expert * G * (N / pf) : nullptr;
+  const float bias = static_cast<float>(1 << (bits - 1));
+  const auto zero_at = [&](int64_t g, int64_t n) {
+    if (!zw) return bias;  // uint4b8 / uint8b128
+    const int64_t j = g * N + n;
+    const int64_t pos = (j / 64) * 64 + zinv[static_cast<size_t>(j % 64)];
+    return static_cast<float>((zw[pos / pf] >> (bits * (pos % pf))) & mask);
+  };
+
+  std::fill(y, y + m * N, 0.0f);
+  const uint32_t* words = v.qweight->as<uint32_t>() + expert * (K * N / pf);
+  const int64_t ntiles_n = N / marlin::tile_n(opts.a8);
+  const int64_t ntiles = (K / marlin::tile_k(opts.a8)) * ntiles_n;
+  for (int64_t tau = 0; tau < ntiles; ++tau) {
+    const int64_t kt = tau / ntiles_n, nt = tau % ntiles_n;
+    for (int r = 0; r < T; ++r) {
+      const uint32_t w = words[tau * T + r];
+      for (int f = 0; f < pf; ++f) {
+        int64_t kk, nn;
+        marlin::word_field_coords(bits, opts.a8, kt, nt, r, f, &kk, &nn);
+        const int64_t g = group[static_cast<size_t>(kk)];
+        const float code = static_cast<float>((w >> (bits * f)) & mask);
+        const float wv = (code - zero_at(g, nn)) * scale_at(g, nn);
+        for (int64_t row = 0; row < m; ++row)
+          y[row * N + nn] += xp[static_cast<size_t>(row * K + kk)] * wv;
+      }
+    }
+  }
+}
+
+// ---- deviations
+// ----------------------------------------------------------------------------------
+
+std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
+                                                     const MoeExperts& x) {
+  std::vector<std::string> dev;
+  const QuantMethod m = opts.source_method;
+  const QuantTensor* qs[2] = {&x.w13, &x.w2};
+  const int64_t I = x.w2.k;
+  for (int i = 0; i < 2; ++i) {
+    const QuantTensor& q = *qs[i];
+    const MoeProj proj = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
+    const std::string p = proj_name(proj);
+    if (m == QuantMethod::kGptq && !q.g_idx.empty())
+      dev.push_back(p +
+                    "_g_idx: moepack stores the sorted g_idx (what the kernel reads when "
+                    "is_k_full is false); vLLM@9aaf83ef _process_weights_marlin returns the "
+                    "unsorted checkpoint g_idx (int_wna16.py L290 vs L372, since PR #37990)");
+    const int64_t G = q.groups();
+    const bool kernel = marlin_scales_grouped(opts, proj, q.group_size, G, I, q.bits, false);
+    const bool vllm = marlin_scales_grouped(opts, proj, q.group_size, G, I, q.bits, true);
+    if (kernel != vllm && !opts.vllm_w13_scale_size_k) {
+      const int64_t w13_n = opts.gated ? 2 * I : I;
+      dev.push_back(
+          p + "_scales: moepack uses the " + (kernel ? "grouped (64)" : "single (32)") +
+          " scale permutation the kernel expects for G=" + num(G) + " groups over K=" + num(q.k) +
+          " (group_size " + num(q.group_size) + "); vLLM's loader passes size_k=" +
+          num(vllm_scale_size_k(m, proj, q.group_size, G, I, w13_n, q.bits)) + " and picks the " +
+          (vllm ? "grouped (64)" : "single (32)") + " one (spec §4.3, upstream PR #50196)");
+    }
+  }
+  if (m == QuantMethod::kGptq && x.w13.bits == 8)
+    dev.push_back(
+        "GPTQ int8 on Marlin MoE appears broken in vLLM@9aaf83ef "
+        "(gptq_marlin_moe_quant_config(weight_bits=8) gives use_int8_w8a16, which "
+        "MarlinExpertsBase rejects); moepack writes the uint8b128 layout the kernel "
+        "takes, as vLLM's compressed-tensors int8 path does");
+  if (opts.a8 && (x.w13.groups() > 1 || x.w2.groups() > 1))
+    dev.push_back(
+        "a8: scales are written permuted (single) in the activation dtype; vLLM's "
+        "int8-activation path additionally rewrites grouped scales as int16 "
+        "(marlin_act_int8_process_scales) and the fp8 path scales them by 512 -- "
+        "moepack does neither");
+  return dev;
+}
+
+}  // namespace moepack

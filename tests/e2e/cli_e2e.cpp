@@ -1,0 +1,363 @@
+// End to end through the real binary: synth -> inspect --json -> convert -> verify, for every
+// synth format and naming family; dry-run; exit codes; and layout corruptions of the kinds users
+// have hit, each of which verify must fail (exit 1) naming the layer.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "formats/marlin.h"
+#include "formats/trtllm_mxfp8.h"
+#include "lib/safetensors.h"
+#include "lib/sha256.h"
+#include "tests/test_util.h"
+
+namespace moepack {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::moepack_bin;
+using test::run_command;
+using test::TempDir;
+
+const char* kSmall = " --layers 2 --experts 4 --hidden 256 --inter 128 --seed 7";
+
+int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  return run_command(moepack_bin() + " " + args, out, err);
+}
+
+json run_json(const std::string& args, int expect_rc) {
+  std::string out, err;
+  const int rc = moepack(args + " --json", &out, &err);
+  EXPECT_EQ(rc, expect_rc) << args << "\n" << err;
+  return json::parse(out, nullptr, false);
+}
+
+std::string arch_for(const std::string& format) {
+  return format == "modelopt-mxfp8" || format == "fp8-block" || format == "bf16" ? "sm100" : "sm90";
+}
+
+struct Combo {
+  std::string format, family;
+};
+
+class SynthConvertVerify : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(SynthConvertVerify, AgreesAndVerifies) {
+  const Combo c = GetParam();
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack("synth " + src + " --format " + c.format + " --family " + c.family + kSmall),
+            0);
+
+  // inspect --json agrees with what synth was asked for.
+  const json ins = run_json("inspect " + src + " --target-arch " + arch_for(c.format), 0);
+  ASSERT_FALSE(ins.is_discarded());
+  const std::map<std::string, std::string> method = {
+      {"bf16", "none"},
+      {"gptq", "gptq"},
+      {"gptq-actorder", "gptq"},
+      {"gptq-asym", "gptq"},
+      {"awq", "awq"},
+      {"ct-w4a16", "compressed-tensors-pack-quantized"},
+      {"ct-w8a16", "compressed-tensors-pack-quantized"},
+      {"ct-w8a8", "compressed-tensors-int-quantized"},
+      {"modelopt-mxfp8", "modelopt-mxfp8"},
+      {"fp8-block", "fp8-block"}};
+  EXPECT_EQ(ins["format"]["method"], method.at(c.format));
+  EXPECT_EQ(ins["format"]["params"]["act_order"], c.format == "gptq-actorder");
+  EXPECT_EQ(ins["format"]["params"]["symmetric"], c.format != "gptq-asym" && c.format != "awq");
+  const int64_t moe_layers =
+      c.family == "mixtral" || c.family == "fused3d" ? 2 : 1;  // others: dense layer 0
+  ASSERT_EQ(ins["moe"]["layers"], moe_layers);
+  for (const auto& l : ins["moe"]["layer_list"]) {
+    EXPECT_EQ(l["experts"], 4);
+    EXPECT_EQ(l["hidden"], 256);
+    EXPECT_EQ(l["inter"], 128);
+    EXPECT_EQ(l["family"], c.family == "mixtral"   ? "mixtral"
+                           : c.family == "fused3d" ? "fused3d"
+                                                   : "per-expert");
+  }
+  int64_t listed = 0;
+  for (const auto& t : ins["tensors"]) listed += t["bytes"].get<int64_t>();
+  EXPECT_EQ(listed, ins["totals"]["tensor_bytes"].get<int64_t>());
+
+  std::string extra = c.format == "bf16" ? " --quantize mxfp8" : "";
+  const json conv =
+      run_json("convert " + src + " " + dst + " --target-arch " + arch_for(c.format) + extra, 0);
+  ASSERT_EQ(conv["ok"], true);
+  const json ver = run_json("verify " + dst + " --source " + src + " --tokens 16", 0);
+  EXPECT_EQ(ver["passed"], true) << ver.dump(1);
+  ASSERT_EQ(ver["layers"].size(), static_cast<size_t>(moe_layers));
+  for (const auto& l : ver["layers"]) EXPECT_LT(l["norm_err"].get<double>(), 1e-4);
+  // Without --source verify still checks integrity and the layout-direct MoE against its decode.
+  EXPECT_EQ(moepack("verify " + dst), 0);
+}
+
+std::vector<Combo> combos() {
+  std::vector<Combo> v;
+  for (const char* f : {"gptq", "gptq-actorder", "gptq-asym", "awq", "ct-w4a16", "ct-w8a16",
+                        "ct-w8a8", "modelopt-mxfp8", "fp8-block", "bf16"})
+    for (const char* fam : {"qwen3", "mixtral", "deepseek"}) v.push_back({f, fam});
+  v.push_back({"bf16", "fused3d"});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, SynthConvertVerify, ::testing::ValuesIn(combos()),
+                         [](const ::testing::TestParamInfo<Combo>& i) {
+                           std::string n = i.param.format + "_" + i.param.family;
+                           for (auto& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+uint64_t dir_tensor_bytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") {
+      const SafetensorsFile f = SafetensorsFile::open(e.path().string());  // outlives the loop
+      for (const auto& t : f.entries()) total += t.end - t.begin;
+    }
+  return total;
+}
+
+TEST(Cli, DryRunWritesNothingAndPlansTheRealBytes) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack("synth " + src + " --format gptq --family deepseek" + std::string(kSmall)), 0);
+  const json plan = run_json("convert " + src + " " + dst + " --dry-run --max-shard-size 300KB", 0);
+  EXPECT_FALSE(fs::exists(dst));
+  for (const auto& e : fs::directory_iterator(tmp.path)) EXPECT_EQ(e.path().filename(), "src");
+  ASSERT_EQ(plan["dry_run"], true);
+  EXPECT_GT(plan["shards"].size(), 1u);
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --max-shard-size 300KB"), 0);
+  EXPECT_EQ(plan["totals"]["tensor_bytes"].get<uint64_t>(), dir_tensor_bytes(dst));
+  for (const auto& s : plan["shards"])
+    EXPECT_EQ(fs::file_size(fs::path(dst) / s["name"].get<std::string>()),
+              s["file_bytes"].get<uint64_t>());
+  EXPECT_TRUE(fs::exists(fs::path(dst) / "model.safetensors.index.json"));
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+  std::string text;
+  ASSERT_EQ(moepack("convert " + src + " " + (tmp / "dst2") + " --dry-run", &text), 0);
+  EXPECT_NE(text.find("w13_qweight"), std::string::npos);
+  EXPECT_FALSE(fs::exists(tmp / "dst2"));
+}
+
+TEST(Cli, ExitCodes) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  EXPECT_EQ(moepack("--help"), 0);
+  EXPECT_EQ(moepack("convert --help"), 0);
+  EXPECT_EQ(moepack(""), 2);
+  EXPECT_EQ(moepack("frobnicate"), 2);
+  EXPECT_EQ(moepack("convert onlyone"), 2);
+  EXPECT_EQ(moepack("synth " + src + " --format nosuch"), 2);
+  ASSERT_EQ(moepack("synth " + src + " --format modelopt-mxfp8" + std::string(kSmall)), 0);
+  // MXFP8 has no backend on Hopper: unsupported, with the reason.
+  std::string err;
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "o1") + " --target-arch sm90", nullptr, &err),
+            4);
+  EXPECT_NE(err.find("SM100"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(tmp / "o1"));
+  // An existing output is refused without --force, replaced with it.
+  fs::create_directories(tmp / "o2");
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "o2") + " --target-arch sm100"), 2);
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "o2") + " --target-arch sm100 --force"), 0);
+  // Output inside the input is refused.
+  EXPECT_EQ(moepack("convert " + src + " " + (src + "/out") + " --target-arch sm100"), 2);
+  // A missing input is an input error; --json reports it on stdout.
+  const json j = run_json("inspect " + (tmp / "nope"), 5);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["error"]["code"], "io");
+}
+
+TEST(Cli, HostileInputGivesExit3AndNoOutput) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(moepack("synth " + src + " --format gptq" + std::string(kSmall)), 0);
+  {  // trailing bytes after the last tensor: a polyglot file
+    std::ofstream f(src + "/model.safetensors", std::ios::app | std::ios::binary);
+    f << "junk";
+  }
+  std::string err;
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
+  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  for (const auto& e : fs::directory_iterator(tmp.path)) EXPECT_EQ(e.path().filename(), "src");
+}
+
+TEST(Cli, NanScaleIsRefusedNamingTheTensor) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(moepack("synth " + src + " --format gptq" + std::string(kSmall)), 0);
+  const std::string name = "model.layers.1.mlp.experts.2.up_proj.scales";
+  uint64_t off = 0;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(src + "/model.safetensors");
+    off = 8 + f.header_length() + f.find(name)->begin;
+  }
+  {
+    std::fstream f(src + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(off + 6));
+    const uint16_t nan = 0x7e00;
+    f.write(reinterpret_cast<const char*>(&nan), 2);
+  }
+  std::string err;
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
+  EXPECT_NE(err.find(name), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+// ---- corruptions of a converted checkpoint (manifest checksums re-signed, as a buggy converter
+// would write them, so only the round-trip and numerical checks can catch them) ----
+
+using Transform = std::function<void(std::vector<uint8_t>&, const Shape&)>;
+
+void corrupt(const std::string& dir, const std::string& tensor, const Transform& fn) {
+  const std::string shard = dir + "/model.safetensors";
+  uint64_t off = 0;
+  Shape shape;
+  std::vector<uint8_t> bytes;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(shard);
+    const auto* e = f.find(tensor);
+    ASSERT_NE(e, nullptr) << tensor;
+    off = 8 + f.header_length() + e->begin;
+    shape = e->shape;
+    const TensorView v = f.view(*e);
+    bytes.assign(v.data, v.data + v.nbytes);
+  }
+  const std::vector<uint8_t> before = bytes;
+  fn(bytes, shape);
+  ASSERT_NE(bytes, before) << "corruption changed nothing";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(off));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  }
+  json m;
+  {
+    std::ifstream in(dir + "/moepack.json");
+    m = json::parse(in);
+  }
+  m["tensors"][tensor]["sha256"] = sha256_hex(bytes.data(), bytes.size());
+  std::ofstream(dir + "/moepack.json") << m.dump(2);
+}
+
+void expect_verify_fails_naming_layer(const std::string& dst, const std::string& src,
+                                      int64_t layer) {
+  std::string out, err;
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src + " --json", &out, &err), 1) << out << err;
+  const json v = json::parse(out, nullptr, false);
+  ASSERT_FALSE(v.is_discarded()) << out;
+  EXPECT_EQ(v["passed"], false);
+  for (const auto& c : v["integrity"]) EXPECT_EQ(c["passed"], true) << c.dump();
+  bool layer_failed = false;
+  for (const auto& l : v["layers"])
+    if (l["layer"] == layer) layer_failed = l["passed"] == false;
+  EXPECT_TRUE(layer_failed) << "numerical check of layer " << layer
+                            << " did not fail: " << v["layers"].dump();
+  std::string text;
+  moepack("verify " + dst + " --source " + src, &text);
+  EXPECT_NE(text.find("FAIL"), std::string::npos);
+}
+
+struct Converted {
+  TempDir tmp;
+  std::string src, dst;
+  Converted(const std::string& format, const std::string& arch) {
+    src = tmp / "src";
+    dst = tmp / "dst";
+    EXPECT_EQ(
+        moepack("synth " + src + " --format " + format + " --family qwen3" + std::string(kSmall)),
+        0);
+    EXPECT_EQ(moepack("convert " + src + " " + dst + " --target-arch " + arch), 0);
+    EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+  }
+};
+
+const std::string kExperts = "model.layers.1.mlp.experts.";
+
+TEST(VerifyCatches, MarlinGateUpSwapped) {
+  Converted c("gptq", "sm90");
+  // Marlin(w13)[kt] = concat(Marlin(gate)[kt], Marlin(up)[kt]); scales [E, G, 2I]: swap halves.
+  auto swap_halves = [](std::vector<uint8_t>& b, const Shape& s) {
+    const size_t row = b.size() / static_cast<size_t>(s[0] * s[1]), half = row / 2;
+    for (size_t r = 0; r < b.size() / row; ++r)
+      std::swap_ranges(b.begin() + r * row, b.begin() + r * row + half, b.begin() + r * row + half);
+  };
+  corrupt(c.dst, kExperts + "w13_qweight", swap_halves);
+  corrupt(c.dst, kExperts + "w13_scales", swap_halves);
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+TEST(VerifyCatches, MarlinWrongScalePermutation) {
+  Converted c("gptq", "sm90");  // H = 256, group 128: w13 has 2 groups -> grouped permutation
+  corrupt(c.dst, kExperts + "w13_scales", [](std::vector<uint8_t>& b, const Shape& s) {
+    const int64_t rows = s[0] * s[1], n = s[2];
+    marlin_unpermute_scales(b.data(), rows, n, 2, /*grouped=*/true);
+    marlin_permute_scales(b.data(), rows, n, 2, /*grouped=*/false);
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+TEST(VerifyCatches, AwqZeroPointsNotPermuted) {
+  Converted c("awq", "sm90");
+  corrupt(c.dst, kExperts + "w13_qzeros", [](std::vector<uint8_t>& b, const Shape& s) {
+    // Decode the Marlin zero points, then pack them plainly (low bits first, logical order),
+    // i.e. forget the 64-permutation and the interleave.
+    const int64_t experts = s[0], g = s[1], n = s[2] * 8;
+    for (int64_t e = 0; e < experts; ++e) {
+      uint32_t* words = reinterpret_cast<uint32_t*>(b.data()) + e * g * n / 8;
+      const std::vector<uint8_t> zp = marlin_unpack_zero_points(words, g, n, 4, false);
+      for (int64_t i = 0; i < g * n / 8; ++i) {
+        uint32_t w = 0;
+        for (int f = 0; f < 8; ++f)
+          w |= static_cast<uint32_t>(zp[static_cast<size_t>(i * 8 + f)] & 15) << (4 * f);
+        words[i] = w;
+      }
+    }
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+TEST(VerifyCatches, TrtllmScalesPermutedButNotInterleaved) {
+  Converted c("modelopt-mxfp8", "sm100");
+  corrupt(c.dst, kExperts + "w13_weight_scale", [](std::vector<uint8_t>& b, const Shape& s) {
+    const int64_t rows = s[1], cols = s[2], per = rows * cols;
+    for (int64_t e = 0; e < s[0]; ++e) {
+      const std::vector<uint8_t> linear = scale_deinterleave_128x4(b.data() + e * per, rows, cols);
+      std::copy(linear.begin(), linear.end(), b.begin() + e * per);
+    }
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+TEST(VerifyCatches, TrtllmGateUpNotSwapped) {
+  Converted c("modelopt-mxfp8", "sm100");
+  // Forget the W31 swap: every physical row gets the row of the other half.
+  corrupt(c.dst, kExperts + "w13_weight", [&](std::vector<uint8_t>& b, const Shape& s) {
+    // Rows of w13 after the shuffle are not adjacent pairs, so swap through the row map.
+    const int64_t rows = s[1], cols = s[2];
+    const std::vector<int32_t> src = trtllm_w13_rows(rows, true);
+    std::vector<uint8_t> out(b.size());
+    for (int64_t e = 0; e < s[0]; ++e)
+      for (int64_t r = 0; r < rows; ++r) {
+        // physical row r holds logical row src[r]; put logical row (src[r] + I) mod 2I there.
+        const int64_t logical = (src[static_cast<size_t>(r)] + rows / 2) % rows;
+        int64_t phys = 0;
+        for (int64_t q = 0; q < rows; ++q)
+          if (src[static_cast<size_t>(q)] == logical) phys = q;
+        std::copy(b.begin() + (e * rows + phys) * cols, b.begin() + (e * rows + phys + 1) * cols,
+                  out.begin() + (e * rows + r) * cols);
+      }
+    b = out;
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+}  // namespace
+}  // namespace moepack
