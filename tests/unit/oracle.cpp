@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -429,7 +430,16 @@ TEST(Oracle, ProbeExpertsHaveTheLayerShapes) {
     EXPECT_EQ(m.w2.k, 128);
     m.w13.check_consistent("w13");
     m.w2.check_consistent("w2");
-    EXPECT_EQ(m.w13.g_idx.empty(), !qp.act_order || m.w13.kind != CodeKind::kUint);
+    // A g_idx only where it can be non-trivial: integer codes, act-order, more than one group.
+    EXPECT_EQ(m.w13.g_idx.empty(),
+              !qp.act_order || m.w13.kind != CodeKind::kUint || m.w13.groups() <= 1);
+    if (!m.w13.g_idx.empty()) {
+      EXPECT_FALSE(std::is_sorted(m.w13.g_idx.begin(), m.w13.g_idx.end()));
+      for (int32_t g : m.w13.g_idx) EXPECT_LT(g, m.w13.groups());
+    }
+    // The explicit per-projection switch overrides the checkpoint's flag.
+    const MoeExperts w2_only = probe_experts(qp, 256, 128, true, 0, 1);
+    EXPECT_TRUE(w2_only.w13.g_idx.empty());
     const MoeExperts u = probe_experts(qp, 256, 128, false);
     EXPECT_EQ(u.w13.n, 128);
   }
