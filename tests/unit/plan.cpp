@@ -378,6 +378,18 @@ TEST_F(PlanGptq, OutputInsideInputRefused) {
   EXPECT_TRUE(leftovers(tmp_.path).empty());
 }
 
+TEST_F(PlanGptq, OutputThroughSymlinkIntoInputRefused) {
+  // dst looks like it is elsewhere but a symlink leads into the source directory.
+  const std::string link = tmp_ / "link-to-src";
+  fs::create_directory_symlink(src_, link);
+  const auto before = read_tree(src_);
+  const Plan plan = make_plan(*ckpt_, convert_options(src_, link + "/converted"));
+  expect_error([&] { execute_plan(plan, *ckpt_); }, ErrorCode::kOutputAliasesInput);
+  EXPECT_FALSE(fs::exists(src_ + "/converted"));
+  EXPECT_TRUE(read_tree(src_) == before);
+  EXPECT_TRUE(leftovers(src_).empty());
+}
+
 TEST(PlanFailure, FailingConversionLeavesNothing) {
   TempDir tmp;
   const std::string src = tmp / "src";
