@@ -334,6 +334,12 @@ std::string Plan::to_text() const {
 
 ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress) {
   const auto t0 = std::chrono::steady_clock::now();
+  ConvertResult r;
+  auto lap = [&r, last = t0](const char* stage) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    r.stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
+    last = now;
+  };
   const int threads = resolve_threads(plan.options.threads);
   AtomicOutputDir out(plan.options.dst, plan.options.force, {plan.options.src});
   ShardedWriter writer(out.path(), plan.shards);
@@ -349,6 +355,7 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       writer.write(v.name, v.data, v.nbytes);
     }
   });
+  lap("copy");
   if (progress)
     progress("copy", static_cast<int64_t>(copies.size()), static_cast<int64_t>(copies.size()));
 
@@ -367,7 +374,10 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
     } else {
       experts = load_moe_experts(ckpt, L, threads);
     }
+    lap("load");
     const std::vector<Tensor> params = layout->pack(layout_options_for(plan, L), experts);
+    experts = MoeExperts();  // release the canonical form before writing
+    lap("pack");
     std::map<std::string, const PlannedTensor*> planned;
     for (const auto& t : plan.tensors)
       if (t.layer == pl.index) planned[t.name] = &t;
@@ -379,8 +389,14 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       if (it == planned.end() || it->second->dtype != t.dtype || it->second->shape != t.shape)
         throw Error(ErrorCode::kInternal, "", t.name,
                     "layout output differs from the plan (" + shape_str(t.shape) + ")");
-      writer.write(t.name, t.data.data(), t.data.size());
     }
+    parallel_for(static_cast<int64_t>(params.size()), threads, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const Tensor& t = params[static_cast<size_t>(k)];
+        writer.write(t.name, t.data.data(), t.data.size());
+      }
+    });
+    lap("write");
     if (progress)
       progress("layers", static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.layers.size()));
   }
@@ -428,7 +444,7 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
   write_manifest(out.path() + "/moepack.json", build_manifest(plan, ckpt, writer.checksums()));
   out.commit();
 
-  ConvertResult r;
+  lap("finish");
   r.dst = plan.options.dst;
   r.bytes_written = plan.total_bytes();
   r.tensors = static_cast<int64_t>(plan.tensors.size());

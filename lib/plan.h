@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -75,6 +76,10 @@ struct ConvertResult {
   uint64_t bytes_written = 0;
   int64_t tensors = 0;
   double seconds = 0;
+  // Wall time per stage: copy (copy-through tensors), load (read + unpack to canonical or
+  // quantise), pack (backend layout), write (checksum + write of converted tensors), finish
+  // (fsync, config, manifest, rename).
+  std::map<std::string, double> stage_seconds;
 };
 
 // Writes the planned checkpoint atomically (temp sibling, fsync, rename). Never leaves a

@@ -84,7 +84,7 @@ Runner add_convert(CLI::App& app, Globals& g) {
                   {"tensors", r.tensors},
                   {"tensor_bytes", r.bytes_written},
                   {"shards", plan.shards.shard_names.size()},
-                  {"seconds", r.seconds},
+                  {"seconds", r.seconds}, {"stage_seconds", r.stage_seconds},
                   {"deviations_from_vllm", plan.deviations}});
     else
       std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
