@@ -242,7 +242,10 @@ void Checkpoint::discover_moe() {
         throw Error(ErrorCode::kMissingTensor, shard_file, L.param_prefix,
                     "expert ids are not contiguous from 0 (found " + std::to_string(ex.size()) +
                         " experts, highest id " + std::to_string(ex.rbegin()->first) + ")");
-      const bool has_gate = !ex.begin()->second[kGate].empty();
+      // Gated when any expert has a gate: one without it is then a missing tensor, not a
+      // reason to drop every other expert's gate.
+      bool has_gate = false;
+      for (const auto& [e, projs] : ex) has_gate |= !projs[kGate].empty();
       L.gated = has_gate;
       for (auto& [e, projs] : ex) {
         for (int p = 0; p < 3; ++p) {
@@ -491,7 +494,19 @@ DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer) {
       throw Error(ErrorCode::kBadShape, (fs::path(ckpt.dir()) / ckpt.shard_of(v.name)).string(),
                   v.name, "shape " + shape_str(v.shape) + ", expected " + shape_str(want));
   };
+  // Only plain weights are read: refuse extra expert tensors (gpt-oss biases) rather than
+  // return the experts without them.
+  auto refuse_extra = [&](const std::map<std::string, std::string>& by_suffix) {
+    for (const auto& [suffix, name] : by_suffix)
+      if (suffix != "" && suffix != "weight")
+        throw Error(ErrorCode::kUnsupported,
+                    (fs::path(ckpt.dir()) / ckpt.shard_of(name)).string(), name,
+                    "expert tensor '" + suffix + "' (e.g. an expert bias) is not carried by any "
+                    "moepack layout; refusing rather than dropping it");
+  };
   if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss) {
+    refuse_extra(layer.fused_gate_up);
+    refuse_extra(layer.fused_down);
     const TensorView gu = ckpt.view(layer.fused_gate_up.at(""));
     const TensorView dn = ckpt.view(layer.fused_down.at(""));
     check(gu, {E, H, 2 * I});
@@ -512,6 +527,7 @@ DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer) {
   }
   for (int64_t e = 0; e < E; ++e) {
     const auto& ex = layer.experts[static_cast<size_t>(e)];
+    for (const auto& by_suffix : ex) refuse_extra(by_suffix);
     int64_t row = 0;
     for (int p : {kGate, kUp}) {
       if (p == kGate && !layer.gated) continue;

@@ -44,6 +44,15 @@ std::string lower(std::string s) {
   throw Error(ErrorCode::kBadConfig, file, "", "quantization_config." + key + ": " + msg);
 }
 
+// A boolean field; absent or null gives `fallback`. Anything else that is not a bool is a
+// malformed config (json::value() would throw a bare nlohmann type_error instead).
+bool get_bool(const json& j, const char* key, bool fallback, const std::string& file) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) bad(file, key, "expected true or false, got " + it->dump());
+  return it->get<bool>();
+}
+
 int require_bits(const json& j, const char* key, const std::string& file) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) bad(file, key, "missing or not an integer");
@@ -68,10 +77,10 @@ QuantParams normalize_gptq(const json& qc, const std::string& file, DType dtype)
     throw Error(ErrorCode::kUnsupported, file, "",
                 "GPTQ bits=" + std::to_string(p.bits) + " is not supported (4 or 8)");
   p.group_size = group_size_of(qc, "group_size", file);
-  p.act_order = qc.value("desc_act", false);
-  p.symmetric = qc.value("sym", true);
+  p.act_order = get_bool(qc, "desc_act", false, file);
+  p.symmetric = get_bool(qc, "sym", true, file);
   std::string fmt = lower(get_str(qc, "checkpoint_format", get_str(qc, "format", "gptq")));
-  if (qc.value("is_marlin_format", false) || fmt == "marlin")
+  if (get_bool(qc, "is_marlin_format", false, file) || fmt == "marlin")
     throw Error(ErrorCode::kUnsupported, file, "",
                 "legacy Marlin GPTQ checkpoints (checkpoint_format \"marlin\") are already packed "
                 "for the removed AutoGPTQ Marlin kernel and are not supported");
@@ -96,7 +105,7 @@ QuantParams normalize_awq(const json& qc, const std::string& file, DType dtype) 
   if (version != "gemm")
     throw Error(ErrorCode::kUnsupported, file, "",
                 "AWQ version \"" + version + "\" is not supported (only gemm)");
-  if (!qc.value("zero_point", true))
+  if (!get_bool(qc, "zero_point", true, file))
     throw Error(ErrorCode::kUnsupported, file, "", "AWQ without zero points is not supported");
   if (p.bits != 4)
     throw Error(ErrorCode::kUnsupported, file, "",
@@ -122,15 +131,16 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
         if (t.is_string() && t.get<std::string>() == "Linear") scheme = &g;
   }
   const json w = scheme->value("weights", json::object());
+  if (!w.is_object()) bad(file, "config_groups.weights", "missing or not an object");
   const json a = scheme->value("input_activations", json());
-  const std::string fmt = scheme->value("format", format);
+  const std::string fmt = get_str(*scheme, "format", format);
   const std::string wtype = get_str(w, "type", "int");
-  const int bits = static_cast<int>(get_int(w, "num_bits", 0));
   const std::string strategy = get_str(w, "strategy", "group");
   if (fmt == "pack-quantized" || fmt == "int-quantized" || fmt == "naive-quantized") {
     if (wtype != "int") bad(file, "weights.type", "expected int for format " + fmt);
+    const int bits = require_bits(w, "num_bits", file);
     p.bits = bits;
-    p.symmetric = w.value("symmetric", true);
+    p.symmetric = get_bool(w, "symmetric", true, file);
     if (strategy == "channel")
       p.group_size = -1;
     else if (strategy == "group")
@@ -159,7 +169,7 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
         throw Error(ErrorCode::kUnsupported, file, "",
                     "compressed-tensors int-quantized num_bits=" + std::to_string(bits) +
                         " is not supported (8)");
-      p.dynamic_input = a.is_object() ? a.value("dynamic", true) : true;
+      p.dynamic_input = a.is_object() ? get_bool(a, "dynamic", true, file) : true;
     }
     return p;
   }
@@ -174,7 +184,11 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
       p.method = QuantMethod::kFp8Block;
       p.bits = 8;
       auto bs = w.find("block_structure");
-      if (bs != w.end() && bs->is_array() && bs->size() == 2) {
+      if (bs != w.end() && !bs->is_null()) {
+        if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
+            !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 ||
+            (*bs)[1].get<int64_t>() <= 0)
+          bad(file, "weights.block_structure", "expected [block_n, block_k] of positive integers");
         p.block_n = (*bs)[0].get<int64_t>();
         p.block_k = (*bs)[1].get<int64_t>();
       }
@@ -236,8 +250,8 @@ QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) 
                 "supported: " +
                     supported_formats_text());
   if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
-      !(*bs)[1].is_number_integer())
-    bad(file, "weight_block_size", "expected [block_n, block_k]");
+      !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 || (*bs)[1].get<int64_t>() <= 0)
+    bad(file, "weight_block_size", "expected [block_n, block_k] of positive integers");
   p.method = QuantMethod::kFp8Block;
   p.block_n = (*bs)[0].get<int64_t>();
   p.block_k = (*bs)[1].get<int64_t>();

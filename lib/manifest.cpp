@@ -47,7 +47,10 @@ QuantParams quant_params_from_json(const json& j, const std::string& file) {
     q.actorder = j.at("actorder").get<std::string>();
     q.block_n = j.at("block").at(0).get<int64_t>();
     q.block_k = j.at("block").at(1).get<int64_t>();
-    q.dtype = *parse_dtype(j.at("dtype").get<std::string>());
+    const std::string dtype = j.at("dtype").get<std::string>();
+    const auto parsed = parse_dtype(dtype);
+    if (!parsed) throw Error(ErrorCode::kBadConfig, file, "", "unknown dtype " + dtype);
+    q.dtype = *parsed;
     q.dynamic_input = j.at("dynamic_input").get<bool>();
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kBadConfig, file, "",

@@ -121,6 +121,19 @@ namespace {
 
 std::vector<std::string> split_reasons(const std::string& msg) {
   std::vector<std::string> out;
+  // Layouts format their refusals either as "header:\n  - reason\n  - reason" or as
+  // "header: reason; reason"; each reason is one entry either way.
+  const std::string bullet = "\n  - ";
+  if (msg.find(bullet) != std::string::npos) {
+    size_t pos = msg.find(bullet);
+    while (pos != std::string::npos) {
+      const size_t start = pos + bullet.size();
+      pos = msg.find(bullet, start);
+      std::string part = msg.substr(start, pos == std::string::npos ? std::string::npos : pos - start);
+      if (!part.empty()) out.push_back(part);
+    }
+    return out;
+  }
   size_t start = 0;
   while (start <= msg.size()) {
     const size_t pos = msg.find("; ", start);

@@ -134,6 +134,19 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       throw Error(
           ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
           std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
+    if (plan.source_quant.method == QuantMethod::kNone) {
+      // Unquantized experts are read as plain weights only (load_dense_experts): refuse extra
+      // expert tensors such as gpt-oss biases here, so --dry-run says so too.
+      std::vector<const std::map<std::string, std::string>*> maps = {&L.fused_gate_up, &L.fused_down};
+      for (const auto& ex : L.experts)
+        for (const auto& m : ex) maps.push_back(&m);
+      for (const auto* m : maps)
+        for (const auto& [suffix, name] : *m)
+          if (suffix != "" && suffix != "weight")
+            throw Error(ErrorCode::kUnsupported, ckpt.dir(), name,
+                        "expert tensor '" + suffix + "' (e.g. an expert bias) is not carried by "
+                        "any moepack layout; refusing rather than dropping it");
+    }
     OracleQuery q;
     q.quant = plan.target_quant;
     q.experts = L.num_experts;
