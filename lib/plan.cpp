@@ -134,6 +134,11 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       throw Error(
           ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
           std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
+    if (L.family == MoeFamily::kGptOss)
+      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+                  "gpt-oss experts (clamped SwiGLU with swiglu_limit, interleaved gate/up, expert "
+                  "biases) are recognised but not converted: no moepack layout models their "
+                  "activation");
     if (plan.source_quant.method == QuantMethod::kNone) {
       // Unquantized experts are read as plain weights only (load_dense_experts): refuse extra
       // expert tensors such as gpt-oss biases here, so --dry-run says so too.
