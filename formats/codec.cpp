@@ -47,9 +47,8 @@ void QuantTensor::check_consistent(const std::string& what) const {
   if (!g_idx.empty() && static_cast<int64_t>(g_idx.size()) != experts * k) fail("g_idx size");
 }
 
-static float scale_value(const QuantTensor& q, int64_t index) {
-  const uint8_t* p = q.scales.data() + index * q.scale_bytes();
-  switch (q.scale_dtype) {
+float scale_to_float(const uint8_t* p, DType d) {
+  switch (d) {
     case DType::kF16: {
       uint16_t h;
       std::memcpy(&h, p, 2);
@@ -69,9 +68,18 @@ static float scale_value(const QuantTensor& q, int64_t index) {
     case DType::kF8_E8M0:
       return e8m0_to_float(*p);
     default:
-      throw Error(ErrorCode::kInternal,
-                  std::string("unsupported scale dtype ") + dtype_name(q.scale_dtype));
+      throw Error(ErrorCode::kInternal, std::string("unsupported scale dtype ") + dtype_name(d));
   }
+}
+
+const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what) {
+  auto it = m.find(key);
+  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", key, what + " lacks '" + key + "'");
+  return it->second;
+}
+
+static float scale_value(const QuantTensor& q, int64_t index) {
+  return scale_to_float(q.scales.data() + index * q.scale_bytes(), q.scale_dtype);
 }
 
 std::vector<float> dequantize_expert(const QuantTensor& q, int64_t e) {
@@ -86,7 +94,7 @@ std::vector<float> dequantize_expert(const QuantTensor& q, int64_t e) {
       int64_t g = gi ? gi[k] : (q.group_size > 0 ? k / q.group_size : 0);
       const float s = scale_value(q, (e * SR + srow) * G + g);
       const uint8_t c = codes[n * q.k + k];
-      float v;
+      float v = 0.0f;
       switch (q.kind) {
         case CodeKind::kUint: {
           const float z = q.symmetric ? bias : static_cast<float>(q.zeros[(e * q.n + n) * G + g]);

@@ -145,6 +145,10 @@ const SourceCodec* find_source_codec(QuantMethod method);
 const TargetLayout* find_target_layout(const std::string& name);
 
 // Generic helpers shared by codecs.
+// Looks up `key` in a codec's tensor map; kMissingTensor naming the key ("<what> lacks 'key'").
+const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what);
+// One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.
+float scale_to_float(const uint8_t* p, DType d);
 std::vector<int32_t> invert_permutation(const std::vector<int32_t>& perm);
 std::vector<int32_t> stable_argsort(const int32_t* values, int64_t count);
 

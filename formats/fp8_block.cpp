@@ -16,13 +16,6 @@ namespace {
 
 constexpr int64_t kBlock = 128;
 
-const Tensor& require(const TensorMap& by_suffix, const std::string& suffix) {
-  auto it = by_suffix.find(suffix);
-  if (it == by_suffix.end())
-    throw Error(ErrorCode::kMissingTensor, "", suffix, "FP8 block Linear lacks '" + suffix + "'");
-  return it->second;
-}
-
 void check_block_params(const QuantParams& p) {
   if (p.block_n != kBlock || p.block_k != kBlock)
     throw Error(ErrorCode::kUnsupported, "", "weight_scale_inv",
@@ -61,8 +54,8 @@ QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, i
   if (n <= 0 || k <= 0)
     throw Error(ErrorCode::kBadShape, "", "weight",
                 "N=" + std::to_string(n) + ", K=" + std::to_string(k) + " must be positive");
-  const Tensor& w = require(by_suffix, "weight");
-  const Tensor& s = require(by_suffix, "weight_scale_inv");
+  const Tensor& w = require_tensor(by_suffix, "weight", "FP8 block Linear");
+  const Tensor& s = require_tensor(by_suffix, "weight_scale_inv", "FP8 block Linear");
   if (w.dtype != DType::kF8_E4M3)
     throw Error(ErrorCode::kBadDtype, "", "weight",
                 std::string("dtype ") + dtype_name(w.dtype) + ", expected F8_E4M3");

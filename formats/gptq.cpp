@@ -1,7 +1,6 @@
 #include "formats/gptq.h"
 
 #include <algorithm>
-
 #include <cstring>
 
 #include "formats/wna16_util.h"

@@ -62,7 +62,7 @@ uint16_t scale_to_act(const uint8_t* p, DType from, DType act, const std::string
     std::memcpy(&h, p, 2);
     return f16_to_bf16(h);
   }
-  const float v = wna16::scale_to_float(p, from);
+  const float v = scale_to_float(p, from);
   const uint16_t out = act == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
   const float back = act == DType::kBF16 ? bf16_to_float(out) : f16_to_float(out);
   if (std::isfinite(v) && !std::isfinite(back))

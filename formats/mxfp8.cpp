@@ -17,13 +17,6 @@ namespace {
 
 constexpr int64_t kMxBlock = 32;
 
-const Tensor& require(const TensorMap& by_suffix, const std::string& suffix) {
-  auto it = by_suffix.find(suffix);
-  if (it == by_suffix.end())
-    throw Error(ErrorCode::kMissingTensor, "", suffix, "MXFP8 Linear lacks '" + suffix + "'");
-  return it->second;
-}
-
 void check_shape(const Tensor& t, const std::string& suffix, const Shape& want) {
   if (t.shape != want)
     throw Error(ErrorCode::kBadShape, "", suffix,
@@ -49,8 +42,8 @@ QuantTensor unpack_mxfp8(const QuantParams&, const TensorMap& by_suffix, int64_t
   if (k % kMxBlock != 0)
     throw Error(ErrorCode::kBadShape, "", "weight",
                 "K=" + std::to_string(k) + " is not a multiple of the MXFP8 block 32");
-  const Tensor& w = require(by_suffix, "weight");
-  const Tensor& s = require(by_suffix, "weight_scale");
+  const Tensor& w = require_tensor(by_suffix, "weight", "MXFP8 Linear");
+  const Tensor& s = require_tensor(by_suffix, "weight_scale", "MXFP8 Linear");
   if (w.dtype != DType::kF8_E4M3)
     throw Error(ErrorCode::kBadDtype, "", "weight",
                 std::string("dtype ") + dtype_name(w.dtype) + ", expected F8_E4M3");

@@ -21,13 +21,6 @@ std::string param(const LayoutOptions& o, const char* name) {
   return o.prefix + name;
 }
 
-const Tensor& require(const TensorMap& params, const std::string& name) {
-  auto it = params.find(name);
-  if (it == params.end())
-    throw Error(ErrorCode::kMissingTensor, "", name, "TRT-LLM MXFP8 parameter missing");
-  return it->second;
-}
-
 void not_mxfp8_reasons(const QuantTensor& q, const char* what, std::vector<std::string>* out) {
   if (q.kind != CodeKind::kFp8E4M3 || q.bits != 8)
     out->push_back(std::string(what) + " codes are not float8_e4m3fn (MXFP8 needs e4m3)");
@@ -225,10 +218,10 @@ std::vector<Tensor> pack_trtllm_mxfp8_moe(const LayoutOptions& opts, const MoeEx
 MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& params) {
   const std::string n13 = param(opts, "w13_weight"), n2 = param(opts, "w2_weight"),
                     ns13 = param(opts, "w13_weight_scale"), ns2 = param(opts, "w2_weight_scale");
-  const Tensor& w13 = require(params, n13);
-  const Tensor& w2 = require(params, n2);
-  const Tensor& s13 = require(params, ns13);
-  const Tensor& s2 = require(params, ns2);
+  const Tensor& w13 = require_tensor(params, n13, "TRT-LLM MXFP8 layout");
+  const Tensor& w2 = require_tensor(params, n2, "TRT-LLM MXFP8 layout");
+  const Tensor& s13 = require_tensor(params, ns13, "TRT-LLM MXFP8 layout");
+  const Tensor& s2 = require_tensor(params, ns2, "TRT-LLM MXFP8 layout");
   for (const Tensor* t : {&w13, &w2})
     if (t->dtype != DType::kF8_E4M3)
       throw Error(ErrorCode::kBadDtype, "", t->name,
@@ -278,8 +271,10 @@ MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& p
 void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& params, MoeProj proj,
                                 int64_t expert, const float* x, int64_t m, float* y) {
   const bool is13 = proj == MoeProj::kW13;
-  const Tensor& w = require(params, param(opts, is13 ? "w13_weight" : "w2_weight"));
-  const Tensor& s = require(params, param(opts, is13 ? "w13_weight_scale" : "w2_weight_scale"));
+  const Tensor& w = require_tensor(params, param(opts, is13 ? "w13_weight" : "w2_weight"),
+                                   "TRT-LLM MXFP8 layout");
+  const Tensor& s = require_tensor(
+      params, param(opts, is13 ? "w13_weight_scale" : "w2_weight_scale"), "TRT-LLM MXFP8 layout");
   if (w.shape.size() != 3 || expert < 0 || expert >= w.shape[0])
     throw Error(ErrorCode::kBadShape, "", w.name,
                 "shape " + shape_str(w.shape) + ", expert " + num(expert));

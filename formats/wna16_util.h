@@ -53,29 +53,6 @@ inline bool is_float_scale_dtype(DType d) {
   return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32;
 }
 
-// One scale element (F16 / BF16 / F32) as float.
-inline float scale_to_float(const uint8_t* p, DType d) {
-  switch (d) {
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return f16_to_float(h);
-    }
-    case DType::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return bf16_to_float(h);
-    }
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    default:
-      throw Error(ErrorCode::kInternal, std::string("not a float scale dtype: ") + dtype_name(d));
-  }
-}
-
 // NaN / Inf scales make every dequantised weight of their group meaningless: refuse them.
 inline void check_finite_scales(const uint8_t* data, int64_t count, DType d,
                                 const std::string& what) {

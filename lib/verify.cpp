@@ -83,25 +83,6 @@ Output open_output(const std::string& dir, const json& manifest, VerifyReport& r
   return o;
 }
 
-float scale_to_float(const QuantTensor& q, int64_t i) {
-  const uint8_t* p = q.scales.data() + i * q.scale_bytes();
-  uint16_t h;
-  float f;
-  switch (q.scale_dtype) {
-    case DType::kF16:
-      std::memcpy(&h, p, 2);
-      return f16_to_float(h);
-    case DType::kBF16:
-      std::memcpy(&h, p, 2);
-      return bf16_to_float(h);
-    case DType::kF32:
-      std::memcpy(&f, p, 4);
-      return f;
-    default:
-      return static_cast<float>(*p);
-  }
-}
-
 // The source scales as the layout stores them (fp16 -> bf16 RNE etc.), so that a faithful
 // conversion compares bit for bit.
 std::vector<uint8_t> scales_as(const QuantTensor& src, DType dt) {
@@ -109,7 +90,7 @@ std::vector<uint8_t> scales_as(const QuantTensor& src, DType dt) {
   const int64_t count = static_cast<int64_t>(src.scales.size()) / src.scale_bytes();
   std::vector<uint8_t> out(static_cast<size_t>(count * dtype_bits(dt) / 8));
   for (int64_t i = 0; i < count; ++i) {
-    const float v = scale_to_float(src, i);
+    const float v = scale_to_float(src.scales.data() + i * src.scale_bytes(), src.scale_dtype);
     if (dt == DType::kBF16) {
       const uint16_t h = src.scale_dtype == DType::kF16 ? f16_to_bf16([&] {
         uint16_t x;
