@@ -72,6 +72,21 @@ float scale_to_float(const uint8_t* p, DType d) {
   }
 }
 
+std::vector<std::string> moe_shape_problems(const LayoutOptions& o, const MoeExperts& x) {
+  const auto num = [](int64_t v) { return std::to_string(v); };
+  std::vector<std::string> r;
+  const int64_t shards = o.gated ? 2 : 1;
+  if (x.w13.experts != x.w2.experts)
+    r.push_back("w13 has " + num(x.w13.experts) + " experts but w2 has " + num(x.w2.experts));
+  if (x.w13.k != x.w2.n)
+    r.push_back("w13 K (hidden " + num(x.w13.k) + ") != w2 N (" + num(x.w2.n) + ")");
+  if (x.w13.n != shards * x.w2.k)
+    r.push_back("w13 N " + num(x.w13.n) + " != " + num(shards) + " x w2 K (intermediate " +
+                num(x.w2.k) + ")" + (o.gated ? " for a gated layer" : " for a non-gated layer"));
+  if (x.w13.experts < 1) r.push_back("no experts");
+  return r;
+}
+
 const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what) {
   auto it = m.find(key);
   if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", key, what + " lacks '" + key + "'");

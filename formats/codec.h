@@ -145,6 +145,10 @@ const SourceCodec* find_source_codec(QuantMethod method);
 const TargetLayout* find_target_layout(const std::string& name);
 
 // Generic helpers shared by codecs.
+// Whether w13 and w2 form one MoE layer (same experts, w13 K == w2 N, w13 N == (2 if gated) x
+// w2 K); empty when they do. A mismatch is a caller bug or a malformed layer (kBadShape), not a
+// layout limitation.
+std::vector<std::string> moe_shape_problems(const LayoutOptions& opts, const MoeExperts& x);
 // Looks up `key` in a codec's tensor map; kMissingTensor naming the key ("<what> lacks 'key'").
 const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what);
 // One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.

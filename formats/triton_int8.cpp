@@ -15,20 +15,6 @@ std::string param(const LayoutOptions& o, MoeProj p, const char* what) {
   return o.prefix + (p == MoeProj::kW13 ? "w13_" : "w2_") + what;
 }
 
-std::vector<std::string> shape_problems(const LayoutOptions& o, const MoeExperts& x) {
-  std::vector<std::string> r;
-  const int64_t shards = o.gated ? 2 : 1;
-  if (x.w13.experts != x.w2.experts)
-    r.push_back("w13 has " + num(x.w13.experts) + " experts but w2 has " + num(x.w2.experts));
-  if (x.w13.k != x.w2.n)
-    r.push_back("w13 K (hidden " + num(x.w13.k) + ") != w2 N (" + num(x.w2.n) + ")");
-  if (x.w13.n != shards * x.w2.k)
-    r.push_back("w13 N " + num(x.w13.n) + " != " + num(shards) + " x w2 K (intermediate " +
-                num(x.w2.k) + ")");
-  if (x.w13.experts < 1) r.push_back("no experts");
-  return r;
-}
-
 void projection_reasons(const QuantTensor& q, const std::string& w, std::vector<std::string>* r) {
   if (q.kind != CodeKind::kInt || q.bits != 8)
     r->push_back(w + ": not signed int8 codes (W8A8 int8 MoE holds int-quantized int8 only)");
@@ -65,7 +51,7 @@ float scale_as_f32(const uint8_t* p, DType d) {
 
 std::vector<std::string> triton_int8_unsupported_reasons(const LayoutOptions& o,
                                                          const MoeExperts& x) {
-  std::vector<std::string> r = shape_problems(o, x);
+  std::vector<std::string> r = moe_shape_problems(o, x);
   projection_reasons(x.w13, "w13", &r);
   projection_reasons(x.w2, "w2", &r);
   return r;
@@ -78,7 +64,7 @@ std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions&, 
 std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& o, const MoeExperts& x) {
   x.w13.check_consistent("w13");
   x.w2.check_consistent("w2");
-  const auto shapes = shape_problems(o, x);
+  const auto shapes = moe_shape_problems(o, x);
   if (!shapes.empty()) throw Error(ErrorCode::kBadShape, "", "w13/w2", shapes.front());
   const auto reasons = triton_int8_unsupported_reasons(o, x);
   if (!reasons.empty()) {

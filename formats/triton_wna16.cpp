@@ -70,21 +70,6 @@ float act_to_float(uint16_t h, DType act) {
   return act == DType::kF16 ? f16_to_float(h) : bf16_to_float(h);
 }
 
-// Mutual shape agreement of w13 and w2 (an input error, not an unsupported feature).
-std::vector<std::string> shape_problems(const LayoutOptions& o, const MoeExperts& x) {
-  std::vector<std::string> r;
-  const int64_t shards = o.gated ? 2 : 1;
-  if (x.w13.experts != x.w2.experts)
-    r.push_back("w13 has " + num(x.w13.experts) + " experts but w2 has " + num(x.w2.experts));
-  if (x.w13.k != x.w2.n)
-    r.push_back("w13 K (hidden " + num(x.w13.k) + ") != w2 N (" + num(x.w2.n) + ")");
-  if (x.w13.n != shards * x.w2.k)
-    r.push_back("w13 N " + num(x.w13.n) + " != " + num(shards) + " x w2 K (intermediate " +
-                num(x.w2.k) + ")");
-  if (x.w13.experts < 1) r.push_back("no experts");
-  return r;
-}
-
 void projection_reasons(const LayoutOptions& o, const QuantTensor& q, const std::string& w,
                         std::vector<std::string>* r) {
   if (q.kind != CodeKind::kUint) {
@@ -157,7 +142,7 @@ bool triton_wna16_halve_group_size(int64_t group_size, int64_t intermediate, int
 
 std::vector<std::string> triton_wna16_unsupported_reasons(const LayoutOptions& o,
                                                           const MoeExperts& x) {
-  std::vector<std::string> r = shape_problems(o, x);
+  std::vector<std::string> r = moe_shape_problems(o, x);
   const QuantMethod sm = o.source_method;
   if (sm != QuantMethod::kGptq && sm != QuantMethod::kAwq && sm != QuantMethod::kCtPackQuantized)
     r.push_back(std::string("source method ") + quant_method_name(sm) +
@@ -279,7 +264,7 @@ void pack_projection(const LayoutOptions& o, const QuantTensor& q, const Names& 
 std::vector<Tensor> pack_triton_wna16_moe(const LayoutOptions& o, const MoeExperts& x) {
   x.w13.check_consistent("w13");
   x.w2.check_consistent("w2");
-  const auto shapes = shape_problems(o, x);
+  const auto shapes = moe_shape_problems(o, x);
   if (!shapes.empty()) throw Error(ErrorCode::kBadShape, "", "w13/w2", shapes.front());
   const auto reasons = triton_wna16_unsupported_reasons(o, x);
   if (!reasons.empty()) {

@@ -41,14 +41,12 @@ void not_block_reasons(const QuantTensor& q, const char* what, std::vector<std::
 }
 
 void check_structure(const LayoutOptions& opts, const MoeExperts& x) {
-  const int64_t E = x.w13.experts, H = x.w13.k, I = x.w2.k;
-  const int64_t want13 = opts.gated ? 2 * I : I;
-  if (x.w2.experts != E || x.w2.n != H || x.w13.n != want13)
-    throw Error(ErrorCode::kBadShape, "", param(opts, "w13_weight"),
-                "w13 [" + num(E) + ", " + num(x.w13.n) + ", " + num(H) + "] and w2 [" +
-                    num(x.w2.experts) + ", " + num(x.w2.n) + ", " + num(I) +
-                    "] do not form one MoE layer (" + (opts.gated ? "gated" : "non-gated") +
-                    ": w13 needs " + num(want13) + " rows, w2 needs " + num(H) + " rows)");
+  const std::vector<std::string> problems = moe_shape_problems(opts, x);
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& pr : problems) msg += (msg.empty() ? "" : "; ") + pr;
+    throw Error(ErrorCode::kBadShape, "", param(opts, "w13_weight"), msg);
+  }
   x.w13.check_consistent(param(opts, "w13_weight"));
   x.w2.check_consistent(param(opts, "w2_weight"));
 }
