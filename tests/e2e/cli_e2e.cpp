@@ -210,6 +210,69 @@ TEST(Cli, NanScaleIsRefusedNamingTheTensor) {
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
+// Rewrites a synth checkpoint's config (and optionally its tensors) to produce variants synth
+// does not write directly.
+json read_config(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  return json::parse(in);
+}
+void write_config(const std::string& dir, const json& cfg) {
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+}
+
+TEST(Cli, CompressedTensorsMxfp8ConvertsLikeModelOpt) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack("synth " + src + " --format modelopt-mxfp8" + std::string(kSmall)), 0);
+  json cfg = read_config(src);
+  cfg["quantization_config"] = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "mxfp8-quantized"},
+      {"quantization_status", "compressed"},
+      {"ignore", json::array({"lm_head"})},
+      {"config_groups",
+       {{"group_0",
+         {{"targets", json::array({"Linear"})},
+          {"format", "mxfp8-quantized"},
+          {"weights",
+           {{"num_bits", 8}, {"type", "float"}, {"strategy", "group"}, {"group_size", 32}}}}}}}};
+  write_config(src, cfg);
+  fs::remove(fs::path(src) / "hf_quant_config.json");
+  const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
+  EXPECT_EQ(ins["format"]["method"], "compressed-tensors-mxfp8");
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --target-arch sm100"), 0);
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+}
+
+TEST(Cli, NonGatedRelu2ExpertsConvertAndVerify) {
+  // Nemotron-style experts: up_proj and down_proj only, relu2 activation.
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack("synth " + src + " --format modelopt-mxfp8 --layers 1" +
+                    std::string(" --experts 4 --hidden 256 --inter 128")),
+            0);
+  std::vector<Tensor> kept;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(src + "/model.safetensors");
+    for (const auto& e : f.entries())
+      if (e.name.find(".experts.") == std::string::npos ||
+          e.name.find("gate_proj") == std::string::npos)
+        kept.push_back(Tensor::from_view(f.view(e)));
+  }
+  write_safetensors(src + "/model.safetensors", kept);
+  json cfg = read_config(src);
+  cfg["hidden_act"] = "relu2";
+  write_config(src, cfg);
+  const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
+  ASSERT_EQ(ins["moe"]["layers"], 1);
+  EXPECT_EQ(ins["moe"]["layer_list"][0]["gated"], false);
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --target-arch sm100"), 0);
+  const SafetensorsFile out = SafetensorsFile::open(dst + "/model.safetensors");
+  EXPECT_EQ(out.find("model.layers.0.mlp.experts.w13_weight")->shape, (Shape{4, 128, 256}));
+  const json ver = run_json("verify " + dst + " --source " + src, 0);
+  EXPECT_EQ(ver["passed"], true) << ver.dump(1);
+}
+
 // ---- corruptions of a converted checkpoint (manifest checksums re-signed, as a buggy converter
 // would write them, so only the round-trip and numerical checks can catch them) ----
 
