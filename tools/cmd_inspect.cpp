@@ -49,6 +49,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                     {"act_dtype", m.at("act_dtype")},
                     {"source_format", m.at("source").at("format")},
                     {"moe_layers", m.at("layers").size()},
+                    {"layers", m.at("layers")},
                     {"deviations_from_vllm", m.at("deviations_from_vllm")}};
   }
   json layers = json::array();
@@ -121,7 +122,18 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
               << ", target " << j["moepack"]["target_arch"].get<std::string>() << ", activations "
               << j["moepack"]["act_dtype"].get<std::string>() << ", from "
               << j["moepack"]["source_format"].get<std::string>() << "\n";
-  std::cout << "  MoE layers     " << layers.size() << "\n";
+  if (converted) {
+    // The experts are now backend parameters (w13_*, w2_*): describe them from the manifest.
+    const auto& ml = j["moepack"]["layers"];
+    std::cout << "  converted MoE layers " << ml.size() << "\n";
+    for (const auto& l : ml)
+      std::cout << "    " << l["module"].get<std::string>() << "  E=" << l["experts"]
+                << " H=" << l["hidden"] << " I=" << l["inter"]
+                << (l["gated"].get<bool>() ? " gated" : " non-gated") << ", " << l["params"].size()
+                << " parameters (" << l["param_prefix"].get<std::string>() << "*)\n";
+  }
+  std::cout << "  MoE layers     " << layers.size()
+            << (converted ? " (unconverted expert tensors)" : "") << "\n";
   for (const auto& l : layers)
     std::cout << "    " << l["module"].get<std::string>() << "  " << l["family"].get<std::string>()
               << "  E=" << l["experts"] << " H=" << l["hidden"] << " I=" << l["inter"]
