@@ -22,3 +22,10 @@ cuobjdump --list-elf build-gpu/kernels/libmoepack_kernels.a 2>&1 | tee "$OUT/cuo
 for args in "32 2048 768 4" "32 2048 768 8" "128 2048 768 4"; do
   build-gpu/bin/bench_repack $args 2>&1 | tee -a "$OUT/bench_repack.txt" | tail -5
 done
+# Conversion on the device's 16 cores: the cp -r ratio, then thread scaling with identical bytes.
+MOEPACK=$PWD/build-gpu/bin/moepack bash bench/bench_convert.sh /tmp/bench 2>&1 | tee "$OUT/bench_convert.txt" | tail -6
+for t in 1 4 16; do
+  s=$(build-gpu/bin/moepack convert /tmp/bench/src /tmp/bench/t$t --threads $t --json |
+      python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])")
+  echo "threads=$t seconds=$s sha256=$(sha256sum /tmp/bench/t$t/model.safetensors | cut -c1-16)"
+done 2>&1 | tee "$OUT/bench_threads.txt"
