@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MOEPACK_SHA_NI 1
 #endif
@@ -62,7 +63,14 @@ __attribute__((target("sha,sse4.1"))) void blocks_sha_ni(uint32_t h[8], const ui
 }
 
 bool have_sha_ni() {
-  static const bool yes = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+  // CPUID leaf 7 EBX bit 29 = SHA, leaf 1 ECX bit 19 = SSE4.1 (portable across GCC and Clang,
+  // whose __builtin_cpu_supports feature names differ).
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 19))) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & (1u << 29)) != 0;
+  }();
   return yes;
 }
 #endif
