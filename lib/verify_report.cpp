@@ -130,7 +130,9 @@ std::string norm_err_chart(const VerifyReport& r) {
   const double left = 60, top = 10, plot_h = 200, bottom = 40;
   const double bar_w = std::max(4.0, std::min(24.0, 900.0 / static_cast<double>(r.layers.size())));
   const double plot_w = bar_w * static_cast<double>(r.layers.size());
-  const double width = left + plot_w + 20, height = top + plot_h + bottom;
+  // Room on the right for the tolerance label, which would otherwise cover the axis labels of a
+  // narrow (few-layer) chart.
+  const double width = left + plot_w + 120, height = top + plot_h + bottom;
   auto y_of = [&](double v) { return top + plot_h * (hi - log_clamped(v, lo, hi)) / (hi - lo); };
   std::ostringstream s;
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << fmt(width, 0) << "\" height=\""
@@ -167,8 +169,8 @@ std::string norm_err_chart(const VerifyReport& r) {
     const double y = y_of(t);
     s << "<line x1=\"" << left << "\" x2=\"" << fmt(left + plot_w) << "\" y1=\"" << fmt(y)
       << "\" y2=\"" << fmt(y) << "\" stroke=\"#c0161b\" stroke-dasharray=\"4 3\"/>";
-    s << "<text x=\"" << fmt(left + plot_w) << "\" y=\"" << fmt(y - 3)
-      << "\" font-size=\"10\" text-anchor=\"end\" fill=\"#c0161b\">tolerance " << sci(t)
+    s << "<text x=\"" << fmt(left + plot_w + 4) << "\" y=\"" << fmt(y + 3)
+      << "\" font-size=\"10\" text-anchor=\"start\" fill=\"#c0161b\">tolerance " << sci(t)
       << "</text>";
   }
   s << "<text x=\"" << fmt(left + plot_w / 2) << "\" y=\"" << fmt(height - 6)
