@@ -86,26 +86,22 @@ Output open_output(const std::string& dir, const json& manifest, VerifyReport& r
 // The source scales as the layout stores them (fp16 -> bf16 RNE etc.), so that a faithful
 // conversion compares bit for bit.
 std::vector<uint8_t> scales_as(const QuantTensor& src, DType dt) {
-  if (src.scale_dtype == dt) return src.scales;
+  // U8 and F8_E8M0 hold the same E8M0 codes.
+  if (src.scale_dtype == dt || (is_scale_byte_dtype(src.scale_dtype) && is_scale_byte_dtype(dt)))
+    return src.scales;
+  if (is_scale_byte_dtype(dt))
+    throw Error(ErrorCode::kInternal, std::string("cannot express ") + dtype_name(src.scale_dtype) +
+                                          " scales as E8M0 codes");
   const int64_t count = static_cast<int64_t>(src.scales.size()) / src.scale_bytes();
   std::vector<uint8_t> out(static_cast<size_t>(count * dtype_bits(dt) / 8));
   for (int64_t i = 0; i < count; ++i) {
+    // Through float32, then round-to-nearest-even: what torch's copy_ into the parameter does.
     const float v = scale_to_float(src.scales.data() + i * src.scale_bytes(), src.scale_dtype);
-    if (dt == DType::kBF16) {
-      const uint16_t h = src.scale_dtype == DType::kF16 ? f16_to_bf16([&] {
-        uint16_t x;
-        std::memcpy(&x, src.scales.data() + 2 * i, 2);
-        return x;
-      }())
-                                                        : float_to_bf16(v);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    } else if (dt == DType::kF16) {
-      const uint16_t h = float_to_f16(v);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    } else if (dt == DType::kF32) {
+    if (dt == DType::kF32) {
       std::memcpy(out.data() + 4 * i, &v, 4);
     } else {
-      out[static_cast<size_t>(i)] = static_cast<uint8_t>(v);
+      const uint16_t h = dt == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+      std::memcpy(out.data() + 2 * i, &h, 2);
     }
   }
   return out;
