@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "lib/error.h"
+#include "lib/memory.h"
 #include "lib/version.h"
 #include "tools/cli.h"
 
@@ -37,6 +38,7 @@ std::string human_bytes(uint64_t b) {
 
 int main(int argc, char** argv) {
   using namespace moepack;
+  keep_freed_memory_for_reuse();
   CLI::App app{
       "moepack: convert quantized MoE checkpoints into backend-ready layouts ahead of time"};
   app.set_version_flag("--version", std::string("moepack ") + moepack_version());
