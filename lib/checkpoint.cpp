@@ -327,7 +327,8 @@ std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantPara
   }
 }
 
-MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads) {
+MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads,
+                            const ExpertRange& range) {
   QuantParams q = ckpt.quant();
   const SourceCodec* codec = find_source_codec(q.method);
   if (!codec)
@@ -353,9 +354,12 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
     return s;
   }();
 
-  const int64_t E = layer.num_experts, H = layer.hidden, I = layer.inter;
+  const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
+  if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
+    throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");
+  const int64_t E = e1 - e0, H = layer.hidden, I = layer.inter;
   const int64_t rows13 = layer.gated ? 2 * I : I;
-  std::vector<std::array<QuantTensor, 3>> parts(static_cast<size_t>(E));
+  std::vector<std::array<QuantTensor, 3>> parts(static_cast<size_t>(E));  // local index e - e0
 
   auto unpack_one = [&](int64_t e, int p) {
     const auto& by_suffix = layer.experts[static_cast<size_t>(e)][p];
@@ -387,11 +391,11 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
     for (int64_t e = b; e < end; ++e)
       for (int p = 0; p < 3; ++p) {
         if (p == kGate && !layer.gated) continue;
-        parts[static_cast<size_t>(e)][p] = unpack_one(e, p);
+        parts[static_cast<size_t>(e)][p] = unpack_one(e0 + e, p);
       }
   });
 
-  auto stack = [&](std::initializer_list<int> projs, int64_t n, int64_t k) {
+  auto stack = [&](std::initializer_list<int> projs, int64_t n, int64_t k, int force_g_idx) {
     const QuantTensor& t0 = parts[0][*projs.begin()];
     QuantTensor out;
     out.experts = E;
@@ -403,14 +407,17 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
     out.scale_block_n = t0.scale_block_n;
     out.symmetric = t0.symmetric;
     out.scale_dtype = t0.scale_dtype;
-    bool any_g_idx = false;
+    bool any_g_idx = force_g_idx == 1;
     for (int64_t e = 0; e < E; ++e)
       for (int p : projs) any_g_idx |= !parts[static_cast<size_t>(e)][p].g_idx.empty();
+    if (force_g_idx == 0 && any_g_idx)
+      throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix,
+                  "act-order g_idx in experts planned without them");
     for (int64_t e = 0; e < E; ++e) {
       const std::vector<int32_t>* first_g = nullptr;
       for (int p : projs) {
         const QuantTensor& t = parts[static_cast<size_t>(e)][p];
-        const std::string what = layer.param_prefix + std::to_string(e);
+        const std::string what = layer.param_prefix + std::to_string(e0 + e);
         if (t.kind != out.kind || t.bits != out.bits || t.group_size != out.group_size ||
             t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric)
           throw Error(ErrorCode::kBadValue, ckpt.dir(), what,
@@ -447,10 +454,10 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
   };
   MoeExperts m;
   if (layer.gated)
-    m.w13 = stack({kGate, kUp}, rows13, H);
+    m.w13 = stack({kGate, kUp}, rows13, H, range.g_idx_w13);
   else
-    m.w13 = stack({kUp}, rows13, H);
-  m.w2 = stack({kDown}, H, I);
+    m.w13 = stack({kUp}, rows13, H, range.g_idx_w13);
+  m.w2 = stack({kDown}, H, I, range.g_idx_w2);
   return m;
 }
 
@@ -479,9 +486,13 @@ float read_float(const TensorView& v, int64_t i) {
 }
 }  // namespace
 
-DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer) {
+DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer,
+                                const ExpertRange& range) {
   DenseExperts d;
-  const int64_t E = layer.num_experts, H = layer.hidden, I = layer.inter;
+  const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
+  if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
+    throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");
+  const int64_t E = e1 - e0, E_all = layer.num_experts, H = layer.hidden, I = layer.inter;
   d.experts = E;
   d.hidden = H;
   d.inter = I;
@@ -499,34 +510,36 @@ DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer) {
   auto refuse_extra = [&](const std::map<std::string, std::string>& by_suffix) {
     for (const auto& [suffix, name] : by_suffix)
       if (suffix != "" && suffix != "weight")
-        throw Error(ErrorCode::kUnsupported,
-                    (fs::path(ckpt.dir()) / ckpt.shard_of(name)).string(), name,
-                    "expert tensor '" + suffix + "' (e.g. an expert bias) is not carried by any "
-                    "moepack layout; refusing rather than dropping it");
+        throw Error(ErrorCode::kUnsupported, (fs::path(ckpt.dir()) / ckpt.shard_of(name)).string(),
+                    name,
+                    "expert tensor '" + suffix +
+                        "' (e.g. an expert bias) is not carried by any "
+                        "moepack layout; refusing rather than dropping it");
   };
   if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss) {
     refuse_extra(layer.fused_gate_up);
     refuse_extra(layer.fused_down);
     const TensorView gu = ckpt.view(layer.fused_gate_up.at(""));
     const TensorView dn = ckpt.view(layer.fused_down.at(""));
-    check(gu, {E, H, 2 * I});
-    check(dn, {E, I, H});
+    check(gu, {E_all, H, 2 * I});
+    check(dn, {E_all, I, H});
     const bool interleaved = layer.family == MoeFamily::kGptOss;  // even = gate, odd = up
     for (int64_t e = 0; e < E; ++e)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t c = 0; c < 2 * I; ++c) {
           const int64_t row = interleaved ? (c % 2) * I + c / 2 : c;  // logical [gate; up] row
           d.w13[static_cast<size_t>((e * rows13 + row) * H + h)] =
-              read_float(gu, (e * H + h) * 2 * I + c);
+              read_float(gu, ((e0 + e) * H + h) * 2 * I + c);
         }
     for (int64_t e = 0; e < E; ++e)
       for (int64_t i = 0; i < I; ++i)
         for (int64_t h = 0; h < H; ++h)
-          d.w2[static_cast<size_t>((e * H + h) * I + i)] = read_float(dn, (e * I + i) * H + h);
+          d.w2[static_cast<size_t>((e * H + h) * I + i)] =
+              read_float(dn, ((e0 + e) * I + i) * H + h);
     return d;
   }
   for (int64_t e = 0; e < E; ++e) {
-    const auto& ex = layer.experts[static_cast<size_t>(e)];
+    const auto& ex = layer.experts[static_cast<size_t>(e0 + e)];
     for (const auto& by_suffix : ex) refuse_extra(by_suffix);
     int64_t row = 0;
     for (int p : {kGate, kUp}) {

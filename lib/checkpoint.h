@@ -85,9 +85,20 @@ class Checkpoint {
 std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantParams& q,
                                          const std::map<std::string, std::string>& by_suffix);
 
-// One layer's experts in canonical form (w13 = [gate; up] on N, w2), unpacked through the
-// source codec, `threads` workers over experts. Refuses gate/up with different act-order g_idx.
-MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads);
+// A chunk of a layer's experts [begin, end) (end -1: to the last). g_idx_w13 / g_idx_w2 force
+// (1) or forbid (0) explicit g_idx in the result, so that every chunk of a layer has the same
+// parameter shapes even when one chunk's act-order g_idx happen to be trivial; -1 decides from
+// the loaded experts.
+struct ExpertRange {
+  int64_t begin = 0, end = -1;
+  int g_idx_w13 = -1, g_idx_w2 = -1;
+};
+
+// One layer's experts (or a chunk of them) in canonical form (w13 = [gate; up] on N, w2),
+// unpacked through the source codec, `threads` workers over experts. Refuses gate/up with
+// different act-order g_idx.
+MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads,
+                            const ExpertRange& range = {});
 
 // Unquantized experts as float [E, N, K] for w13 ([gate; up]) and w2 (bf16/fp16/fp32 sources,
 // all families incl. fused 3-D and gpt-oss interleaved).
@@ -97,6 +108,7 @@ struct DenseExperts {
   std::vector<float> w13;  // [E, 2I or I, H]
   std::vector<float> w2;   // [E, H, I]
 };
-DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer);
+DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer,
+                                const ExpertRange& range = {});
 
 }  // namespace moepack

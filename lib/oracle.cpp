@@ -129,7 +129,8 @@ std::vector<std::string> split_reasons(const std::string& msg) {
     while (pos != std::string::npos) {
       const size_t start = pos + bullet.size();
       pos = msg.find(bullet, start);
-      std::string part = msg.substr(start, pos == std::string::npos ? std::string::npos : pos - start);
+      std::string part =
+          msg.substr(start, pos == std::string::npos ? std::string::npos : pos - start);
       if (!part.empty()) out.push_back(part);
     }
     return out;

@@ -142,15 +142,17 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     if (plan.source_quant.method == QuantMethod::kNone) {
       // Unquantized experts are read as plain weights only (load_dense_experts): refuse extra
       // expert tensors such as gpt-oss biases here, so --dry-run says so too.
-      std::vector<const std::map<std::string, std::string>*> maps = {&L.fused_gate_up, &L.fused_down};
+      std::vector<const std::map<std::string, std::string>*> maps = {&L.fused_gate_up,
+                                                                     &L.fused_down};
       for (const auto& ex : L.experts)
         for (const auto& m : ex) maps.push_back(&m);
       for (const auto* m : maps)
         for (const auto& [suffix, name] : *m)
           if (suffix != "" && suffix != "weight")
             throw Error(ErrorCode::kUnsupported, ckpt.dir(), name,
-                        "expert tensor '" + suffix + "' (e.g. an expert bias) is not carried by "
-                        "any moepack layout; refusing rather than dropping it");
+                        "expert tensor '" + suffix +
+                            "' (e.g. an expert bias) is not carried by "
+                            "any moepack layout; refusing rather than dropping it");
     }
     OracleQuery q;
     q.quant = plan.target_quant;
@@ -181,9 +183,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     plan.layout_version = layout->layout_version;
     LayoutOptions lo = layout_options_for(plan, L);
     lo.threads = 1;
+    pl.act_order_w13 = layer_has_act_order(ckpt, L, {kGate, kUp});
+    pl.act_order_w2 = layer_has_act_order(ckpt, L, {kDown});
     const MoeExperts probe = probe_experts(plan.target_quant, L.hidden, L.inter, L.gated,
-                                           layer_has_act_order(ckpt, L, {kGate, kUp}) ? 1 : 0,
-                                           layer_has_act_order(ckpt, L, {kDown}) ? 1 : 0);
+                                           pl.act_order_w13 ? 1 : 0, pl.act_order_w2 ? 1 : 0);
     for (const auto& d : layout->deviations_from_vllm(lo, probe)) {
       pl.deviations.push_back(d);
       deviations.insert(d);
@@ -213,9 +216,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     plan.layers.push_back(std::move(pl));
   }
   if (opts.vllm_w13_scale_size_k && plan.backend == "marlin")
-    deviations.insert("--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
-                      "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
-                      "instead, and verify reports the layer (spec §4.3)");
+    deviations.insert(
+        "--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
+        "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
+        "instead, and verify reports the layer (spec §4.3)");
   plan.deviations.assign(deviations.begin(), deviations.end());
 
   std::set<int64_t> emitted;
@@ -370,38 +374,60 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     const PlannedLayer& pl = plan.layers[i];
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
-    MoeExperts experts;
-    if (plan.source_quant.method == QuantMethod::kNone) {
-      const DenseExperts d = load_dense_experts(ckpt, L);
-      experts.w13 = quantize_mxfp8(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter,
-                                   d.hidden, recipe);
-      experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, recipe);
-    } else {
-      experts = load_moe_experts(ckpt, L, threads);
-    }
-    lap("load");
-    const std::vector<Tensor> params = layout->pack(layout_options_for(plan, L), experts);
-    experts = MoeExperts();  // release the canonical form before writing
-    lap("pack");
-    std::map<std::string, const PlannedTensor*> planned;
+    std::vector<const PlannedTensor*> planned;
     for (const auto& t : plan.tensors)
-      if (t.layer == pl.index) planned[t.name] = &t;
-    if (params.size() != planned.size())
-      throw Error(ErrorCode::kInternal, "", L.param_prefix,
-                  "layout produced a different parameter set than planned");
-    for (const Tensor& t : params) {
-      auto it = planned.find(t.name);
-      if (it == planned.end() || it->second->dtype != t.dtype || it->second->shape != t.shape)
-        throw Error(ErrorCode::kInternal, "", t.name,
-                    "layout output differs from the plan (" + shape_str(t.shape) + ")");
-    }
-    parallel_for(static_cast<int64_t>(params.size()), threads, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) {
-        const Tensor& t = params[static_cast<size_t>(k)];
-        writer.write(t.name, t.data.data(), t.data.size());
+      if (t.layer == pl.index) planned.push_back(&t);
+    // Experts per chunk from the memory budget (canonical bytes; floats when quantising).
+    const bool dense = plan.source_quant.method == QuantMethod::kNone;
+    const int64_t rows13 = L.gated ? 2 * L.inter : L.inter;
+    const uint64_t per_expert =
+        static_cast<uint64_t>((rows13 + L.inter) * L.hidden) * (dense ? 4 : 1);
+    const int64_t chunk = std::max<int64_t>(
+        1, std::min<int64_t>(L.num_experts,
+                             static_cast<int64_t>(plan.options.chunk_bytes / per_expert)));
+    for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
+      const int64_t e1 = std::min(L.num_experts, e0 + chunk);
+      ExpertRange range;
+      range.begin = e0;
+      range.end = e1;
+      range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
+      range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
+      MoeExperts experts;
+      if (dense) {
+        const DenseExperts d = load_dense_experts(ckpt, L, range);
+        experts.w13 = quantize_mxfp8(d.w13.data(), d.experts, rows13, d.hidden, recipe);
+        experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, recipe);
+      } else {
+        experts = load_moe_experts(ckpt, L, threads, range);
       }
-    });
-    lap("write");
+      lap("load");
+      const std::vector<Tensor> params = layout->pack(layout_options_for(plan, L), experts);
+      experts = MoeExperts();  // release the canonical form before writing
+      lap("pack");
+      if (params.size() != planned.size())
+        throw Error(ErrorCode::kInternal, "", L.param_prefix,
+                    "layout produced a different parameter set than planned");
+      std::vector<std::pair<const Tensor*, uint64_t>> parts;  // tensor, byte offset in the output
+      for (const Tensor& t : params) {
+        const PlannedTensor* want = nullptr;
+        for (const PlannedTensor* p : planned)
+          if (p->name == t.name) want = p;
+        Shape chunk_shape = want ? want->shape : Shape{};
+        if (!chunk_shape.empty()) chunk_shape[0] = e1 - e0;
+        if (!want || want->dtype != t.dtype || chunk_shape != t.shape)
+          throw Error(ErrorCode::kInternal, "", t.name,
+                      "layout output differs from the plan (" + shape_str(t.shape) + ")");
+        parts.emplace_back(
+            &t, want->bytes / static_cast<uint64_t>(L.num_experts) * static_cast<uint64_t>(e0));
+      }
+      parallel_for(static_cast<int64_t>(parts.size()), threads, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) {
+          const auto& [t, offset] = parts[static_cast<size_t>(k)];
+          writer.write_part(t->name, t->data.data(), t->data.size(), offset);
+        }
+      });
+      lap("write");
+    }
     if (progress)
       progress("layers", static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.layers.size()));
   }

@@ -28,6 +28,9 @@ struct ConvertOptions {
   uint64_t max_shard_bytes = 5000000000ull;
   int threads = 0;
   bool force = false;
+  // Canonical-form bytes of experts converted at once within a layer (one code per byte, or a
+  // float per weight with --quantize): bounds memory for layers larger than RAM allows.
+  uint64_t chunk_bytes = 1ull << 30;
 };
 
 struct PlannedTensor {
@@ -46,6 +49,7 @@ struct PlannedLayer {
   std::string module, param_prefix;
   OracleDecision decision;
   std::vector<std::string> deviations;
+  bool act_order_w13 = false, act_order_w2 = false;  // any expert carries a non-trivial g_idx
 };
 
 struct Plan {

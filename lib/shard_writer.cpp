@@ -96,6 +96,31 @@ void ShardedWriter::write(const std::string& name, const void* data, uint64_t le
   sha_[name] = digest;
 }
 
+void ShardedWriter::write_part(const std::string& name, const void* data, uint64_t len,
+                               uint64_t offset) {
+  auto it = plan_.shard_of.find(name);
+  if (it == plan_.shard_of.end())
+    throw Error(ErrorCode::kInternal, dir_, name, "tensor is not in the shard plan");
+  uint64_t total = 0;
+  for (const auto& e : plan_.shards[it->second])
+    if (e.name == name) total = e.end - e.begin;
+  std::pair<uint64_t, Sha256>* state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state = &partial_[name];  // std::map: stable address
+    if (state->first != offset || offset + len > total)
+      throw Error(ErrorCode::kInternal, dir_, name, "tensor parts out of order or past its end");
+  }
+  state->second.update(data, len);
+  writers_[it->second]->write(name, data, len, offset);
+  std::lock_guard<std::mutex> lock(mu_);
+  state->first += len;
+  if (state->first == total) {
+    sha_[name] = state->second.hex_digest();
+    partial_.erase(name);
+  }
+}
+
 void ShardedWriter::finish() {
   for (auto& w : writers_) w->finish();
   if (plan_.indexed()) {

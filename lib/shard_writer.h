@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lib/safetensors.h"
+#include "lib/sha256.h"
 
 namespace moepack {
 
@@ -36,6 +37,10 @@ class ShardedWriter {
   ShardedWriter(const std::string& dir, ShardPlan plan);
   // Writes the whole tensor `name` (len must equal its planned size). Thread-safe.
   void write(const std::string& name, const void* data, uint64_t len);
+  // Writes bytes [offset, offset + len) of tensor `name`. A tensor's parts must arrive in order
+  // (offset = what was written of it so far), each from one thread at a time; different tensors
+  // may be written concurrently. The checksum is kept running across parts.
+  void write_part(const std::string& name, const void* data, uint64_t len, uint64_t offset);
   // Closes every shard (fsync) and writes the index when sharded. Throws if anything is missing.
   void finish();
   const ShardPlan& plan() const { return plan_; }
@@ -47,6 +52,7 @@ class ShardedWriter {
   std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
   mutable std::mutex mu_;
   std::map<std::string, std::string> sha_;
+  std::map<std::string, std::pair<uint64_t, Sha256>> partial_;  // bytes so far, running hash
 };
 
 }  // namespace moepack

@@ -16,6 +16,7 @@ struct ConvertArgs {
   ConvertOptions o;
   std::string act_dtype = "bf16";
   std::string shard = "5GB";
+  std::string chunk = "1GiB";
   bool dry_run = false;
 };
 }  // namespace
@@ -44,6 +45,10 @@ Runner add_convert(CLI::App& app, Globals& g) {
       ->capture_default_str();
   app.add_option("--max-shard-size", a->shard, "Shard size limit (e.g. 5GB, 500MB)")
       ->capture_default_str();
+  app.add_option("--chunk-size", a->chunk,
+                 "Experts of a layer converted at once, as canonical bytes (bounds memory for very "
+                 "large layers; output bytes do not depend on it)")
+      ->capture_default_str();
   app.add_flag("--force", a->o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a->dry_run, "Print the plan and write nothing");
   return [a, &g] {
@@ -54,6 +59,7 @@ Runner add_convert(CLI::App& app, Globals& g) {
     else
       throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
     a->o.max_shard_bytes = parse_size(a->shard);
+    a->o.chunk_bytes = parse_size(a->chunk);
     const auto ckpt = Checkpoint::open(a->o.src);
     const Plan plan = make_plan(*ckpt, a->o);
     if (a->dry_run) {
@@ -84,7 +90,8 @@ Runner add_convert(CLI::App& app, Globals& g) {
                   {"tensors", r.tensors},
                   {"tensor_bytes", r.bytes_written},
                   {"shards", plan.shards.shard_names.size()},
-                  {"seconds", r.seconds}, {"stage_seconds", r.stage_seconds},
+                  {"seconds", r.seconds},
+                  {"stage_seconds", r.stage_seconds},
                   {"deviations_from_vllm", plan.deviations}});
     else
       std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
