@@ -72,6 +72,16 @@ float scale_to_float(const uint8_t* p, DType d) {
   }
 }
 
+void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const float* w_row, float* y,
+                                int64_t ldy, int64_t n) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    float acc = 0.0f;
+    for (int64_t kk = 0; kk < k; ++kk) acc += xi[kk] * w_row[kk];
+    y[i * ldy + n] = acc;
+  }
+}
+
 std::vector<std::string> moe_shape_problems(const LayoutOptions& o, const MoeExperts& x) {
   const auto num = [](int64_t v) { return std::to_string(v); };
   std::vector<std::string> r;

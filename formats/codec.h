@@ -145,6 +145,10 @@ const SourceCodec* find_source_codec(QuantMethod method);
 const TargetLayout* find_target_layout(const std::string& name);
 
 // Generic helpers shared by codecs.
+// y[i, n] = x[i, :] . w_row for i < m (x [m, k] and y [m, ldy] row-major): the output column of
+// one decoded weight row, as each layout's expert_matmul produces it (float accumulate).
+void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const float* w_row, float* y,
+                                int64_t ldy, int64_t n);
 // Whether w13 and w2 form one MoE layer (same experts, w13 K == w2 N, w13 N == (2 if gated) x
 // w2 K); empty when they do. A mismatch is a caller bug or a malformed layer (kBadShape), not a
 // layout limitation.

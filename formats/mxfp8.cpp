@@ -102,11 +102,7 @@ TensorMap pack_mxfp8(const QuantParams&, const QuantTensor& q) {
   return out;
 }
 
-QuantTensor quantize_mxfp8(const float* w, int64_t experts, int64_t n, int64_t k, MxRecipe recipe) {
-  if (experts <= 0 || n <= 0 || k <= 0 || k % kMxBlock != 0)
-    throw Error(ErrorCode::kBadShape, "", "",
-                "quantize_mxfp8: E=" + std::to_string(experts) + ", N=" + std::to_string(n) +
-                    ", K=" + std::to_string(k) + " (K must be a positive multiple of 32)");
+QuantTensor make_mxfp8_tensor(int64_t experts, int64_t n, int64_t k) {
   QuantTensor q;
   q.experts = experts;
   q.n = n;
@@ -117,9 +113,18 @@ QuantTensor quantize_mxfp8(const float* w, int64_t experts, int64_t n, int64_t k
   q.scale_block_n = 1;
   q.symmetric = true;
   q.scale_dtype = DType::kU8;
-  const int64_t blocks = experts * n * (k / kMxBlock);
   q.codes.resize(static_cast<size_t>(experts * n * k));
-  q.scales.resize(static_cast<size_t>(blocks));
+  q.scales.resize(static_cast<size_t>(experts * n * (k / kMxBlock)));
+  return q;
+}
+
+QuantTensor quantize_mxfp8(const float* w, int64_t experts, int64_t n, int64_t k, MxRecipe recipe) {
+  if (experts <= 0 || n <= 0 || k <= 0 || k % kMxBlock != 0)
+    throw Error(ErrorCode::kBadShape, "", "",
+                "quantize_mxfp8: E=" + std::to_string(experts) + ", N=" + std::to_string(n) +
+                    ", K=" + std::to_string(k) + " (K must be a positive multiple of 32)");
+  QuantTensor q = make_mxfp8_tensor(experts, n, k);
+  const int64_t blocks = experts * n * (k / kMxBlock);
   for (int64_t b = 0; b < blocks; ++b) {
     const float* x = w + b * kMxBlock;
     uint8_t* out = q.codes.data() + b * kMxBlock;

@@ -12,6 +12,10 @@ std::vector<std::string> mxfp8_optional_suffixes(const QuantParams& p);
 QuantTensor unpack_mxfp8(const QuantParams& p, const TensorMap& by_suffix, int64_t n, int64_t k);
 TensorMap pack_mxfp8(const QuantParams& p, const QuantTensor& q);
 
+// An MXFP8 QuantTensor of E experts [N, K] (e4m3 codes, U8 E8M0 scales per 32 along K), bytes
+// zeroed, ready to fill.
+QuantTensor make_mxfp8_tensor(int64_t experts, int64_t n, int64_t k);
+
 // Which rule turns a block's amax into its E8M0 code (spec/mxfp8_trtllm.md §6).
 enum class MxRecipe : uint8_t {
   kFlashInfer,  // smallest c with 2^(c-127) >= amax/448; c == 0 blocks are written as zeros

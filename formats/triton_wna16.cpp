@@ -570,12 +570,7 @@ void triton_wna16_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeP
           z ? static_cast<float>((z[(n / 2) * Gp + grp] >> (4 * (n % 2))) & 15) : no_zp;
       w[static_cast<size_t>(k)] = (code - zp) * act_to_float(s[n * Gp + grp], o.act_dtype);
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      float acc = 0.0f;
-      const float* xr = x + r * K;
-      for (int64_t k = 0; k < K; ++k) acc += xr[k] * w[static_cast<size_t>(k)];
-      y[r * N + n] = acc;
-    }
+    dot_weight_row_into_column(x, rows, K, w.data(), y, N, n);
   }
 }
 

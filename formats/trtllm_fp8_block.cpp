@@ -273,12 +273,7 @@ void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& 
         row[static_cast<size_t>(kb * kBlock + j)] = e4m3_to_float(blk[j]) * scale;
     }
     const int64_t n = src[static_cast<size_t>(r)];
-    for (int64_t i = 0; i < m; ++i) {
-      const float* xi = x + i * k;
-      float acc = 0.0f;
-      for (int64_t kk = 0; kk < k; ++kk) acc += xi[kk] * row[static_cast<size_t>(kk)];
-      y[i * rows + n] = acc;
-    }
+    dot_weight_row_into_column(x, m, k, row.data(), y, rows, n);
   }
 }
 

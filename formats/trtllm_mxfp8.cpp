@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "formats/fp8.h"
+#include "formats/mxfp8.h"
 #include "lib/threads.h"
 
 namespace moepack {
@@ -72,22 +73,6 @@ void unpack_expert(const std::vector<int32_t>& src, const uint8_t* in_codes,
     for (int64_t b = 0; b < cols; ++b)
       scales[s * cols + b] = in_scales[scale_128x4_offset(r, b, cols)];
   }
-}
-
-QuantTensor mx_tensor(int64_t e, int64_t n, int64_t k) {
-  QuantTensor q;
-  q.experts = e;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kFp8E4M3;
-  q.bits = 8;
-  q.group_size = kMxBlock;
-  q.scale_block_n = 1;
-  q.symmetric = true;
-  q.scale_dtype = DType::kU8;
-  q.codes.resize(static_cast<size_t>(e * n * k));
-  q.scales.resize(static_cast<size_t>(e * n * (k / kMxBlock)));
-  return q;
 }
 
 }  // namespace
@@ -250,8 +235,8 @@ MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& p
                 "shape " + shape_str(s2.shape) + ", expected " + shape_str({E, H, I / kMxBlock}));
 
   MoeExperts x;
-  x.w13 = mx_tensor(E, R13, H);
-  x.w2 = mx_tensor(E, H, I);
+  x.w13 = make_mxfp8_tensor(E, R13, H);
+  x.w2 = make_mxfp8_tensor(E, H, I);
   const auto src13 = trtllm_w13_rows(R13, opts.gated);
   const auto src2 = trtllm_w2_rows(H);
   parallel_for(E, opts.threads, [&](int64_t begin, int64_t end) {
@@ -296,12 +281,7 @@ void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& para
             e4m3_to_float(wq[r * k + b * kMxBlock + j]) * scale;
     }
     const int64_t n = src[static_cast<size_t>(r)];
-    for (int64_t i = 0; i < m; ++i) {
-      const float* xi = x + i * k;
-      float acc = 0.0f;
-      for (int64_t kk = 0; kk < k; ++kk) acc += xi[kk] * row[static_cast<size_t>(kk)];
-      y[i * rows + n] = acc;
-    }
+    dot_weight_row_into_column(x, m, k, row.data(), y, rows, n);
   }
 }
 
