@@ -97,6 +97,17 @@ std::vector<std::string> moe_shape_problems(const LayoutOptions& o, const MoeExp
   return r;
 }
 
+void check_moe_structure(const LayoutOptions& opts, const MoeExperts& x) {
+  const std::vector<std::string> problems = moe_shape_problems(opts, x);
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& p : problems) msg += (msg.empty() ? "" : "; ") + p;
+    throw Error(ErrorCode::kBadShape, "", opts.prefix + "w13_weight", msg);
+  }
+  x.w13.check_consistent(opts.prefix + "w13_weight");
+  x.w2.check_consistent(opts.prefix + "w2_weight");
+}
+
 const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what) {
   auto it = m.find(key);
   if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", key, what + " lacks '" + key + "'");

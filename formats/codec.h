@@ -153,6 +153,9 @@ void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const floa
 // w2 K); empty when they do. A mismatch is a caller bug or a malformed layer (kBadShape), not a
 // layout limitation.
 std::vector<std::string> moe_shape_problems(const LayoutOptions& opts, const MoeExperts& x);
+// Throws kBadShape (naming opts.prefix + "w13_weight") listing moe_shape_problems, then checks
+// each QuantTensor's buffer sizes.
+void check_moe_structure(const LayoutOptions& opts, const MoeExperts& x);
 // Looks up `key` in a codec's tensor map; kMissingTensor naming the key ("<what> lacks 'key'").
 const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what);
 // One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.

@@ -40,17 +40,6 @@ void not_block_reasons(const QuantTensor& q, const char* what, std::vector<std::
   if (!q.g_idx.empty()) out->push_back(std::string(what) + " has g_idx (act-order)");
 }
 
-void check_structure(const LayoutOptions& opts, const MoeExperts& x) {
-  const std::vector<std::string> problems = moe_shape_problems(opts, x);
-  if (!problems.empty()) {
-    std::string msg;
-    for (const auto& pr : problems) msg += (msg.empty() ? "" : "; ") + pr;
-    throw Error(ErrorCode::kBadShape, "", param(opts, "w13_weight"), msg);
-  }
-  x.w13.check_consistent(param(opts, "w13_weight"));
-  x.w2.check_consistent(param(opts, "w2_weight"));
-}
-
 float load_f32(const uint8_t* p) {
   float v;
   std::memcpy(&v, p, 4);
@@ -146,7 +135,7 @@ std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOption
 }
 
 std::vector<Tensor> pack_trtllm_fp8_block_moe(const LayoutOptions& opts, const MoeExperts& x) {
-  check_structure(opts, x);
+  check_moe_structure(opts, x);
   const auto reasons = trtllm_fp8_block_unsupported_reasons(opts, x);
   if (!reasons.empty()) {
     std::string msg = "TRT-LLM FP8 block layout refused: ";

@@ -38,19 +38,6 @@ void not_mxfp8_reasons(const QuantTensor& q, const char* what, std::vector<std::
   if (!q.g_idx.empty()) out->push_back(std::string(what) + " has g_idx (act-order)");
 }
 
-// Structural consistency of the two projections (a caller bug or a malformed layer, not a
-// layout limitation): kBadShape.
-void check_structure(const LayoutOptions& opts, const MoeExperts& x) {
-  const std::vector<std::string> problems = moe_shape_problems(opts, x);
-  if (!problems.empty()) {
-    std::string msg;
-    for (const auto& pr : problems) msg += (msg.empty() ? "" : "; ") + pr;
-    throw Error(ErrorCode::kBadShape, "", param(opts, "w13_weight"), msg);
-  }
-  x.w13.check_consistent(param(opts, "w13_weight"));
-  x.w2.check_consistent(param(opts, "w2_weight"));
-}
-
 // Applies the row map to one expert's codes and scales, writing swizzled scale bytes.
 void pack_expert(const std::vector<int32_t>& src, const uint8_t* codes, const uint8_t* scales,
                  int64_t rows, int64_t k, uint8_t* out_codes, uint8_t* out_scales) {
@@ -166,7 +153,7 @@ std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& o
 }
 
 std::vector<Tensor> pack_trtllm_mxfp8_moe(const LayoutOptions& opts, const MoeExperts& x) {
-  check_structure(opts, x);
+  check_moe_structure(opts, x);
   const auto reasons = trtllm_mxfp8_unsupported_reasons(opts, x);
   if (!reasons.empty()) {
     std::string msg = "TRT-LLM MXFP8 layout refused: ";
