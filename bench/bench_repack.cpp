@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/threads.h"
 #include "formats/marlin.h"
+#include "formats/quantize.h"
 #include "kernels/moepack_cuda.h"
-#include "lib/quantize.h"
-#include "lib/threads.h"
 
 using namespace moepack;
 
@@ -71,11 +71,11 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%-28s %10s %12s %8s\n", "variant", "seconds", "MB/s packed", "bytes");
   std::printf("%-28s %10.3f %12.1f %8s\n", "scalar, 1 thread", t1, mb / t1, "ref");
-  std::printf("%-28s %10.3f %12.1f %8s\n", ("threaded, " + std::to_string(hw) + " threads").c_str(), tn,
-              mb / tn, threaded_ok ? "equal" : "DIFFER");
+  std::printf("%-28s %10.3f %12.1f %8s\n", ("threaded, " + std::to_string(hw) + " threads").c_str(),
+              tn, mb / tn, threaded_ok ? "equal" : "DIFFER");
   if (dev.available)
-    std::printf("%-28s %10.3f %12.1f %8s\n", ("cuda " + dev.name).substr(0, 28).c_str(), tg, mb / tg,
-                gpu_ok ? "equal" : "DIFFER");
+    std::printf("%-28s %10.3f %12.1f %8s\n", ("cuda " + dev.name).substr(0, 28).c_str(), tg,
+                mb / tg, gpu_ok ? "equal" : "DIFFER");
   else
     std::printf("%-28s %10s\n", "cuda", "no device");
   return (threaded_ok && (!dev.available || gpu_ok)) ? 0 : 1;

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/half.h"
 #include "formats/fp8.h"
-#include "lib/half.h"
 
 namespace moepack {
 

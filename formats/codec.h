@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "lib/dtype.h"
-#include "lib/error.h"
-#include "lib/tensor.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/tensor.h"
 
 namespace moepack {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "lib/half.h"
+#include "core/half.h"
 
 namespace moepack {
 

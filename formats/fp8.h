@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "lib/half.h"
+#include "core/half.h"
 
 namespace moepack {
 

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/half.h"
+#include "core/threads.h"
 #include "formats/layout/marlin_layout.h"
 #include "formats/wna16_util.h"
-#include "lib/half.h"
-#include "lib/threads.h"
 
 namespace moepack {
 namespace {

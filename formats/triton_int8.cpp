@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "lib/half.h"
+#include "core/half.h"
 
 namespace moepack {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "lib/half.h"
+#include "core/half.h"
 
 namespace moepack {
 namespace {

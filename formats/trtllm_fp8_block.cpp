@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/threads.h"
 #include "formats/fp8.h"
 #include "formats/trtllm_mxfp8.h"
-#include "lib/threads.h"
 
 namespace moepack {
 namespace {

@@ -5,9 +5,9 @@
 
 #include <cstring>
 
+#include "core/threads.h"
 #include "formats/fp8.h"
 #include "formats/mxfp8.h"
-#include "lib/threads.h"
 
 namespace moepack {
 namespace {

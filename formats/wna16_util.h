@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "formats/codec.h"
-#include "lib/half.h"
 
 namespace moepack::wna16 {
 

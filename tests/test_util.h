@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/tensor.h"
+#include "core/tensor.h"
 
 namespace moepack::test {
 

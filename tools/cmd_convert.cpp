@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <iostream>
 
-#include "lib/checkpoint.h"
-#include "lib/error.h"
-#include "lib/plan.h"
+#include "core/error.h"
+#include "model/checkpoint.h"
+#include "pipeline/execute.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {

@@ -5,9 +5,9 @@
 #include <sstream>
 #include <tuple>
 
-#include "lib/checkpoint.h"
-#include "lib/manifest.h"
-#include "lib/oracle.h"
+#include "model/checkpoint.h"
+#include "pipeline/manifest.h"
+#include "pipeline/oracle.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {

@@ -1,9 +1,9 @@
 // moepack synth OUT --format F [--family qwen3|mixtral|deepseek|fused3d] [...]
 #include <iostream>
 
-#include "lib/error.h"
-#include "lib/shard_writer.h"
-#include "lib/synth.h"
+#include "core/error.h"
+#include "io/shard_writer.h"
+#include "synth/synth.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {

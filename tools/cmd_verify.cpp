@@ -3,9 +3,9 @@
 #include <fstream>
 #include <iostream>
 
-#include "lib/error.h"
-#include "lib/verify.h"
+#include "core/error.h"
 #include "tools/cli.h"
+#include "verify/verify.h"
 
 namespace moepack::cli {
 

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <iostream>
 
-#include "lib/error.h"
-#include "lib/memory.h"
-#include "lib/version.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/version.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/include/marlin_repack.cuh"
 #include "kernels/moepack_cuda.h"
-#include "lib/error.h"
 
 namespace moepack {
 namespace {

@@ -1,6 +1,6 @@
 // Built when CUDA is off: every device entry point says so explicitly (STYLE.md §7).
+#include "core/error.h"
 #include "kernels/moepack_cuda.h"
-#include "lib/error.h"
 
 namespace moepack {
 

@@ -7,8 +7,8 @@
 #include <map>
 #include <random>
 
-#include "lib/error.h"
-#include "lib/safetensors.h"
+#include "core/error.h"
+#include "io/safetensors.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -9,9 +9,9 @@
 #include <random>
 #include <sstream>
 
+#include "core/error.h"
 #include "formats/layout/marlin_layout.h"
 #include "kernels/moepack_cuda.h"
-#include "lib/error.h"
 #include "tests/test_util.h"
 
 using namespace moepack;

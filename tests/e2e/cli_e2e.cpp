@@ -8,10 +8,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/sha256.h"
 #include "formats/marlin.h"
 #include "formats/trtllm_mxfp8.h"
-#include "lib/safetensors.h"
-#include "lib/sha256.h"
+#include "io/safetensors.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/half.h"
 #include "formats/trtllm_mxfp8.h"
-#include "lib/half.h"
-#include "lib/safetensors.h"
+#include "io/safetensors.h"
 #include "tests/test_util.h"
 
 namespace moepack {

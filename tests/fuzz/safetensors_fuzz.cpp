@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "lib/error.h"
-#include "lib/safetensors.h"
+#include "core/error.h"
+#include "io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

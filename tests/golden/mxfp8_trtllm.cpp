@@ -5,10 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/half.h"
 #include "formats/fp8.h"
 #include "formats/mxfp8.h"
 #include "formats/trtllm_mxfp8.h"
-#include "lib/half.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -7,8 +7,8 @@
 
 #include <random>
 
+#include "core/half.h"
 #include "formats/triton_wna16.h"
-#include "lib/half.h"
 #include "tests/test_util.h"
 
 using namespace moepack;

@@ -1,13 +1,13 @@
 // AtomicOutputDir: output appears only on commit, a failure leaves nothing behind, existing
 // outputs need force, and an output never equals, lies inside, or contains an input.
-#include "lib/atomic_dir.h"
+#include "io/atomic_dir.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "lib/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 namespace moepack {

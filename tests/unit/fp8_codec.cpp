@@ -6,10 +6,10 @@
 #include <cmath>
 #include <random>
 
+#include "core/half.h"
 #include "formats/fp8.h"
 #include "formats/fp8_block.h"
 #include "formats/mxfp8.h"
-#include "lib/half.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -2,7 +2,7 @@
 // (spec/checkpoints.md §3.3), the side files (hf_quant_config.json, quantize_config.json), the
 // refusals (kUnsupported listing the supported formats, kBadConfig naming the file), and the
 // text_config nesting of multimodal MoE models.
-#include "lib/hf_config.h"
+#include "model/hf_config.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "lib/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 namespace moepack {

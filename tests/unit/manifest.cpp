@@ -1,13 +1,13 @@
 // moepack.json's quantisation parameters round-trip (verify reads back the parameters the
 // conversion used), and malformed manifests are kBadConfig naming the file.
-#include "lib/manifest.h"
+#include "pipeline/manifest.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "lib/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -10,12 +10,12 @@
 #include <numeric>
 #include <random>
 
+#include "core/half.h"
 #include "formats/awq.h"
 #include "formats/compressed_tensors.h"
 #include "formats/gptq.h"
 #include "formats/layout/marlin_layout.h"
 #include "formats/marlin.h"
-#include "lib/half.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "lib/checkpoint.h"
-#include "lib/error.h"
-#include "lib/half.h"
-#include "lib/quantize.h"
-#include "lib/safetensors.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "formats/quantize.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -2,7 +2,7 @@
 // bug detection (gate/up swapped, one corrupted expert, unwritten outputs), a quantised layer
 // through dequantize_expert vs a mini backend reading its own transposed layout, and the
 // deterministic random hidden states.
-#include "lib/ref/moe_reference.h"
+#include "verify/moe_reference.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <random>
 
+#include "core/error.h"
 #include "formats/codec.h"
-#include "lib/error.h"
 
 namespace moepack::ref {
 namespace {

@@ -3,7 +3,7 @@
 // vLLM's method selection (spec/wna16_marlin.md §7 "Method selection", §8-9; spec/mxfp8*.md):
 // Marlin needs H % 128 == 0, I % max(64, group) == 0 and symmetric GPTQ; TRT-LLM-Gen kernels run
 // only on SM100; W8A8 int8 needs dynamic activations.
-#include "lib/oracle.h"
+#include "pipeline/oracle.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/error.h"
+#include "core/error.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -2,8 +2,6 @@
 // order, copy-through set), that the plan is exactly what gets written (bytes, shards, index),
 // determinism across thread counts, and the atomic-output rules (existing output, output inside
 // the input, a conversion failing half-way leaves nothing behind).
-#include "lib/plan.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,11 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "lib/checkpoint.h"
-#include "lib/error.h"
-#include "lib/half.h"
-#include "lib/safetensors.h"
-#include "lib/synth.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+#include "pipeline/execute.h"
+#include "synth/synth.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -1,12 +1,12 @@
 // Routers on hand-computed cases (expected values worked out from the formulas in the comments,
 // not taken from our own output), config parsing, and deterministic tie-breaking.
-#include "lib/ref/router.h"
+#include "verify/router.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "lib/error.h"
+#include "core/error.h"
 
 namespace moepack::ref {
 namespace {

@@ -9,8 +9,8 @@
 #include <random>
 #include <thread>
 
-#include "lib/error.h"
-#include "lib/safetensors.h"
+#include "core/error.h"
+#include "io/safetensors.h"
 #include "tests/test_util.h"
 
 namespace moepack {

@@ -1,6 +1,6 @@
 // SHA-256: FIPS 180-4 test vectors, and the SHA-NI path equal to the scalar one on random data of
 // every length around the block boundaries and across update() splits.
-#include "lib/sha256.h"
+#include "core/sha256.h"
 
 #include <gtest/gtest.h>
 

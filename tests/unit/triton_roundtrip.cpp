@@ -6,9 +6,9 @@
 #include <cmath>
 #include <random>
 
+#include "core/half.h"
 #include "formats/triton_int8.h"
 #include "formats/triton_wna16.h"
-#include "lib/half.h"
 #include "tests/test_util.h"
 
 using namespace moepack;

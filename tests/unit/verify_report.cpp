@@ -1,6 +1,6 @@
 // The verify report: pass/fail logic, stable JSON keys, text summary, and a self-contained,
 // escaped HTML page with the layer table and the SVG charts.
-#include "lib/verify_report.h"
+#include "verify/verify_report.h"
 
 #include <gtest/gtest.h>
 

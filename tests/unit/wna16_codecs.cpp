@@ -7,10 +7,10 @@
 #include <limits>
 #include <random>
 
+#include "core/half.h"
 #include "formats/awq.h"
 #include "formats/compressed_tensors.h"
 #include "formats/gptq.h"
-#include "lib/half.h"
 #include "tests/test_util.h"
 
 namespace moepack {

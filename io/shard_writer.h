@@ -1,0 +1,58 @@
+// Writes a set of tensors whose names, dtypes and shapes are known up front as HF shards:
+// one model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+// when the total exceeds the shard size limit. Tensors may be written in any order and from
+// any thread; each tensor's SHA-256 is recorded for the manifest.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/sha256.h"
+#include "io/safetensors.h"
+
+namespace moepack {
+
+struct ShardPlan {
+  std::vector<std::string> shard_names;               // in order
+  std::vector<std::vector<SafetensorsEntry>> shards;  // tensors of each shard, in order
+  std::map<std::string, size_t> shard_of;             // tensor -> index into shard_names
+  std::vector<uint64_t> shard_file_bytes;             // exact file sizes (header included)
+  uint64_t total_tensor_bytes = 0;
+  bool indexed() const { return shard_names.size() > 1; }
+};
+
+// Greedy in the given order: a new shard starts when the next tensor would push the current
+// one's tensor bytes past max_shard_bytes (a single larger tensor gets a shard of its own).
+ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max_shard_bytes);
+
+// Parses "5GB", "500MB", "2GiB", "1048576" (bytes). Throws kUsage.
+uint64_t parse_size(const std::string& text);
+
+class ShardedWriter {
+ public:
+  ShardedWriter(const std::string& dir, ShardPlan plan);
+  // Writes the whole tensor `name` (len must equal its planned size). Thread-safe.
+  void write(const std::string& name, const void* data, uint64_t len);
+  // Writes bytes [offset, offset + len) of tensor `name`. A tensor's parts must arrive in order
+  // (offset = what was written of it so far), each from one thread at a time; different tensors
+  // may be written concurrently. The checksum is kept running across parts.
+  void write_part(const std::string& name, const void* data, uint64_t len, uint64_t offset);
+  // Closes every shard (fsync) and writes the index when sharded. Throws if anything is missing.
+  void finish();
+  const ShardPlan& plan() const { return plan_; }
+  std::map<std::string, std::string> checksums() const;  // tensor -> sha256 hex
+
+ private:
+  std::string dir_;
+  ShardPlan plan_;
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::string> sha_;
+  std::map<std::string, std::pair<uint64_t, Sha256>> partial_;  // bytes so far, running hash
+};
+
+}  // namespace moepack

@@ -1,7 +1,0 @@
-#include "lib/version.h"
-
-namespace moepack {
-const char* moepack_version() {
-  return MOEPACK_VERSION;
-}
-}  // namespace moepack

@@ -1,0 +1,161 @@
+// execute_plan(): writes exactly what make_plan() decided (STYLE.md §11).
+#include "pipeline/execute.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "formats/mxfp8.h"
+#include "io/atomic_dir.h"
+#include "pipeline/manifest.h"
+
+namespace moepack {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ConvertResult r;
+  auto lap = [&r, last = t0](const char* stage) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    r.stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
+    last = now;
+  };
+  const int threads = resolve_threads(plan.options.threads);
+  AtomicOutputDir out(plan.options.dst, plan.options.force, {plan.options.src});
+  ShardedWriter writer(out.path(), plan.shards);
+  const TargetLayout* layout = find_target_layout(plan.backend);
+
+  // Copy-through tensors, straight from the mapped source.
+  std::vector<const PlannedTensor*> copies;
+  for (const auto& t : plan.tensors)
+    if (!t.converted) copies.push_back(&t);
+  parallel_for(static_cast<int64_t>(copies.size()), threads, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const TensorView v = ckpt.view(copies[static_cast<size_t>(i)]->name);
+      writer.write(v.name, v.data, v.nbytes);
+    }
+  });
+  lap("copy");
+  if (progress)
+    progress("copy", static_cast<int64_t>(copies.size()), static_cast<int64_t>(copies.size()));
+
+  // MoE layers one at a time: memory is bounded by one layer, not the model.
+  const MxRecipe recipe =
+      plan.options.mx_recipe == "modelopt" ? MxRecipe::kModelOpt : MxRecipe::kFlashInfer;
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    const PlannedLayer& pl = plan.layers[i];
+    const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
+    std::vector<const PlannedTensor*> planned;
+    for (const auto& t : plan.tensors)
+      if (t.layer == pl.index) planned.push_back(&t);
+    // Experts per chunk from the memory budget (canonical bytes; floats when quantising).
+    const bool dense = plan.source_quant.method == QuantMethod::kNone;
+    const int64_t rows13 = L.gated ? 2 * L.inter : L.inter;
+    const uint64_t per_expert =
+        static_cast<uint64_t>((rows13 + L.inter) * L.hidden) * (dense ? 4 : 1);
+    const int64_t chunk = std::max<int64_t>(
+        1, std::min<int64_t>(L.num_experts,
+                             static_cast<int64_t>(plan.options.chunk_bytes / per_expert)));
+    for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
+      const int64_t e1 = std::min(L.num_experts, e0 + chunk);
+      ExpertRange range;
+      range.begin = e0;
+      range.end = e1;
+      range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
+      range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
+      MoeExperts experts;
+      if (dense) {
+        const DenseExperts d = load_dense_experts(ckpt, L, range);
+        experts.w13 = quantize_mxfp8(d.w13.data(), d.experts, rows13, d.hidden, recipe);
+        experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, recipe);
+      } else {
+        experts = load_moe_experts(ckpt, L, threads, range);
+      }
+      lap("load");
+      const std::vector<Tensor> params = layout->pack(layout_options_for(plan, L), experts);
+      experts = MoeExperts();  // release the canonical form before writing
+      lap("pack");
+      if (params.size() != planned.size())
+        throw Error(ErrorCode::kInternal, "", L.param_prefix,
+                    "layout produced a different parameter set than planned");
+      std::vector<std::pair<const Tensor*, uint64_t>> parts;  // tensor, byte offset in the output
+      for (const Tensor& t : params) {
+        const PlannedTensor* want = nullptr;
+        for (const PlannedTensor* p : planned)
+          if (p->name == t.name) want = p;
+        Shape chunk_shape = want ? want->shape : Shape{};
+        if (!chunk_shape.empty()) chunk_shape[0] = e1 - e0;
+        if (!want || want->dtype != t.dtype || chunk_shape != t.shape)
+          throw Error(ErrorCode::kInternal, "", t.name,
+                      "layout output differs from the plan (" + shape_str(t.shape) + ")");
+        parts.emplace_back(
+            &t, want->bytes / static_cast<uint64_t>(L.num_experts) * static_cast<uint64_t>(e0));
+      }
+      parallel_for(static_cast<int64_t>(parts.size()), threads, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k) {
+          const auto& [t, offset] = parts[static_cast<size_t>(k)];
+          writer.write_part(t->name, t->data.data(), t->data.size(), offset);
+        }
+      });
+      lap("write");
+    }
+    if (progress)
+      progress("layers", static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.layers.size()));
+  }
+  writer.finish();
+
+  // Other files, then config.json with a moepack block, then the manifest.
+  for (const auto& rel : plan.copied_files) {
+    const fs::path dst = fs::path(out.path()) / rel;
+    fs::create_directories(dst.parent_path());
+    std::error_code ec;
+    fs::copy_file(fs::path(ckpt.dir()) / rel, dst, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      throw Error(ErrorCode::kIo, (fs::path(ckpt.dir()) / rel).string(), "",
+                  "copy failed: " + ec.message());
+  }
+  json cfg = ckpt.config().raw;
+  if (plan.source_quant.method == QuantMethod::kNone &&
+      plan.target_quant.method == QuantMethod::kModeloptMxfp8) {
+    // Only the experts were quantised: every other Linear stays unquantised.
+    json ignore = json::array();
+    for (const auto& n : ckpt.other_tensors()) {
+      const auto v = ckpt.view(n);
+      if (v.shape.size() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0)
+        ignore.push_back(n.substr(0, n.size() - 7));
+    }
+    cfg["quantization_config"] = {
+        {"quant_method", "modelopt"},
+        {"quant_algo", "MXFP8"},
+        {"ignore", ignore},
+        {"producer", {{"name", "moepack"}, {"version", moepack_version_string()}}}};
+  }
+  cfg["moepack"] = {{"version", moepack_version_string()},
+                    {"manifest", "moepack.json"},
+                    {"backend", plan.backend},
+                    {"layout", plan.layout_name},
+                    {"layout_version", plan.layout_version},
+                    {"target_arch", target_arch_name(plan.arch)},
+                    {"act_dtype", dtype_name(plan.options.act_dtype)}};
+  {
+    const std::string p = out.path() + "/config.json";
+    std::ofstream f(p);
+    f << cfg.dump(2) << "\n";
+    if (!f) throw Error(ErrorCode::kIo, p, "", "write failed");
+  }
+  write_manifest(out.path() + "/moepack.json", build_manifest(plan, ckpt, writer.checksums()));
+  out.commit();
+
+  lap("finish");
+  r.dst = plan.options.dst;
+  r.bytes_written = plan.total_bytes();
+  r.tensors = static_cast<int64_t>(plan.tensors.size());
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace moepack

@@ -1,0 +1,339 @@
+#include "pipeline/plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/threads.h"
+
+namespace moepack {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const char* proj_name(MoeFamily f, int p) {
+  if (f == MoeFamily::kMixtral) return p == kGate ? "w1" : p == kUp ? "w3" : "w2";
+  return p == kGate ? "gate_proj" : p == kUp ? "up_proj" : "down_proj";
+}
+
+// Brace patterns naming a layer's source tensors compactly ("...experts.{0..127}.{gate_proj,
+// up_proj}.{qweight,scales}"): a manifest listing every name would grow to megabytes.
+std::vector<std::string> source_patterns(const MoeLayer& L, bool w13) {
+  if (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss) {
+    std::vector<std::string> out;
+    for (const auto& [s, n] : w13 ? L.fused_gate_up : L.fused_down) out.push_back(n);
+    return out;
+  }
+  std::vector<int> projs;
+  if (w13) {
+    if (L.gated) projs.push_back(kGate);
+    projs.push_back(kUp);
+  } else {
+    projs.push_back(kDown);
+  }
+  std::string proj_set, suffix_set;
+  for (int p : projs) proj_set += std::string(proj_set.empty() ? "" : ",") + proj_name(L.family, p);
+  for (const auto& [s, n] : L.experts[0][projs[0]])
+    suffix_set += (suffix_set.empty() ? "" : ",") + s;
+  auto braces = [](const std::string& s) {
+    return s.find(',') == std::string::npos ? s : "{" + s + "}";
+  };
+  const std::string experts =
+      L.num_experts == 1 ? "0" : "{0.." + std::to_string(L.num_experts - 1) + "}";
+  return {L.param_prefix + experts + "." + braces(proj_set) + "." + braces(suffix_set)};
+}
+
+// Whether any expert's projection in `projs` has a g_idx that is not the trivial k / group_size
+// (codecs drop trivial ones, so the layout's output shapes depend on it).
+bool layer_has_act_order(const Checkpoint& ckpt, const MoeLayer& L,
+                         std::initializer_list<int> projs) {
+  const QuantParams& q = ckpt.quant();
+  if (!q.act_order || L.experts.empty()) return false;
+  for (const auto& ex : L.experts)
+    for (int p : projs)
+      for (const char* suffix : {"g_idx", "weight_g_idx"}) {
+        auto it = ex[p].find(suffix);
+        if (it == ex[p].end()) continue;
+        const TensorView v = ckpt.view(it->second);
+        if (v.dtype != DType::kI32) return true;  // let the codec report it
+        const int64_t k = numel(v.shape);
+        for (int64_t i = 0; i < k; ++i) {
+          int32_t g;
+          std::memcpy(&g, v.data + 4 * i, 4);
+          if (g != (q.group_size > 0 ? i / q.group_size : 0)) return true;
+        }
+      }
+  return false;
+}
+
+QuantParams mxfp8_target(const QuantParams& src) {
+  QuantParams q;
+  q.method = QuantMethod::kModeloptMxfp8;
+  q.bits = 8;
+  q.group_size = 32;
+  q.dtype = src.dtype;
+  return q;
+}
+
+}  // namespace
+
+LayoutOptions layout_options_for(const Plan& plan, const MoeLayer& layer) {
+  LayoutOptions o;
+  o.act_dtype = plan.options.act_dtype;
+  o.gated = layer.gated;
+  o.vllm_w13_scale_size_k = plan.options.vllm_w13_scale_size_k;
+  o.prefix = layer.param_prefix;
+  o.source_method = plan.target_quant.method;
+  o.threads = resolve_threads(plan.options.threads);
+  return o;
+}
+
+Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
+  Plan plan;
+  plan.options = opts;
+  plan.arch = parse_target_arch(opts.target_arch);
+  plan.source_quant = ckpt.quant();
+  plan.source_format = quant_method_name(plan.source_quant.method);
+  plan.target_quant = plan.source_quant;
+  if (!opts.quantize.empty()) {
+    if (opts.quantize != "mxfp8")
+      throw Error(ErrorCode::kUsage, "unknown --quantize \"" + opts.quantize + "\" (mxfp8)");
+    if (plan.source_quant.method != QuantMethod::kNone)
+      throw Error(ErrorCode::kUsage, ckpt.dir(), "",
+                  "--quantize needs an unquantized (bf16/fp16) checkpoint; this one is " +
+                      plan.source_format);
+    if (opts.mx_recipe != "flashinfer" && opts.mx_recipe != "modelopt")
+      throw Error(ErrorCode::kUsage,
+                  "unknown --mx-recipe \"" + opts.mx_recipe + "\" (flashinfer, modelopt)");
+    plan.target_quant = mxfp8_target(plan.source_quant);
+  }
+  if (opts.act_dtype != DType::kBF16 && opts.act_dtype != DType::kF16)
+    throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
+  const auto& layers = ckpt.moe_layers();
+  if (layers.empty())
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
+                "no MoE expert layers found in the checkpoint");
+
+  std::map<std::string, int64_t> layer_of_tensor;
+  std::map<int64_t, std::vector<PlannedTensor>> layer_params;
+  std::set<std::string> deviations;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const MoeLayer& L = layers[li];
+    if (plan.target_quant.method != QuantMethod::kNone &&
+        plan.source_quant.method != QuantMethod::kNone &&
+        (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss))
+      throw Error(
+          ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+          std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
+    if (L.family == MoeFamily::kGptOss)
+      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+                  "gpt-oss experts (clamped SwiGLU with swiglu_limit, interleaved gate/up, expert "
+                  "biases) are recognised but not converted: no moepack layout models their "
+                  "activation");
+    if (plan.source_quant.method == QuantMethod::kNone) {
+      // Unquantized experts are read as plain weights only (load_dense_experts): refuse extra
+      // expert tensors such as gpt-oss biases here, so --dry-run says so too.
+      std::vector<const std::map<std::string, std::string>*> maps = {&L.fused_gate_up,
+                                                                     &L.fused_down};
+      for (const auto& ex : L.experts)
+        for (const auto& m : ex) maps.push_back(&m);
+      for (const auto* m : maps)
+        for (const auto& [suffix, name] : *m)
+          if (suffix != "" && suffix != "weight")
+            throw Error(ErrorCode::kUnsupported, ckpt.dir(), name,
+                        "expert tensor '" + suffix +
+                            "' (e.g. an expert bias) is not carried by "
+                            "any moepack layout; refusing rather than dropping it");
+    }
+    OracleQuery q;
+    q.quant = plan.target_quant;
+    q.experts = L.num_experts;
+    q.hidden = L.hidden;
+    q.inter = L.inter;
+    q.gated = L.gated;
+    q.arch = plan.arch;
+    q.requested = opts.backend;
+    q.layout.act_dtype = opts.act_dtype;
+    q.layout.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
+    PlannedLayer pl;
+    pl.index = static_cast<int64_t>(li);
+    pl.module = L.module;
+    pl.param_prefix = L.param_prefix;
+    pl.decision = choose_backend(q);
+    if (pl.decision.chosen.empty())
+      throw Error(
+          ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+          "no backend can take this layer for " + opts.target_arch + ":\n" + pl.decision.explain());
+    if (plan.backend.empty()) plan.backend = pl.decision.chosen;
+    if (plan.backend != pl.decision.chosen)
+      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+                  "layers would need different backends (" + plan.backend + " and " +
+                      pl.decision.chosen + "); pass --backend explicitly");
+    const TargetLayout* layout = find_target_layout(plan.backend);
+    plan.layout_name = layout->name;
+    plan.layout_version = layout->layout_version;
+    LayoutOptions lo = layout_options_for(plan, L);
+    lo.threads = 1;
+    pl.act_order_w13 = layer_has_act_order(ckpt, L, {kGate, kUp});
+    pl.act_order_w2 = layer_has_act_order(ckpt, L, {kDown});
+    const MoeExperts probe = probe_experts(plan.target_quant, L.hidden, L.inter, L.gated,
+                                           pl.act_order_w13 ? 1 : 0, pl.act_order_w2 ? 1 : 0);
+    for (const auto& d : layout->deviations_from_vllm(lo, probe)) {
+      pl.deviations.push_back(d);
+      deviations.insert(d);
+    }
+    const std::string src_codec =
+        plan.source_quant.method == QuantMethod::kNone
+            ? std::string(dtype_name(ckpt.config().dtype)) + "->mxfp8(" + opts.mx_recipe + ")"
+            : find_source_codec(plan.source_quant.method)->name;
+    for (const Tensor& t : layout->pack(lo, probe)) {
+      if (t.shape.empty() || t.shape[0] != 1)
+        throw Error(ErrorCode::kInternal, "", t.name,
+                    "layout parameter without a leading expert dim");
+      PlannedTensor pt;
+      pt.name = t.name;
+      pt.dtype = t.dtype;
+      pt.shape = t.shape;
+      pt.shape[0] = L.num_experts;
+      pt.bytes = *dtype_bytes(pt.dtype, static_cast<uint64_t>(numel(pt.shape)));
+      pt.converted = true;
+      pt.layer = static_cast<int64_t>(li);
+      pt.codec = src_codec + "->" + plan.backend;
+      const std::string local = t.name.substr(L.param_prefix.size());
+      pt.sources = source_patterns(L, local.rfind("w2_", 0) != 0);
+      layer_params[static_cast<int64_t>(li)].push_back(pt);
+    }
+    for (const auto& n : L.source_tensors) layer_of_tensor[n] = static_cast<int64_t>(li);
+    plan.layers.push_back(std::move(pl));
+  }
+  if (opts.vllm_w13_scale_size_k && plan.backend == "marlin")
+    deviations.insert(
+        "--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
+        "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
+        "instead, and verify reports the layer (spec §4.3)");
+  plan.deviations.assign(deviations.begin(), deviations.end());
+
+  std::set<int64_t> emitted;
+  for (const auto& name : ckpt.tensor_names()) {
+    auto it = layer_of_tensor.find(name);
+    if (it != layer_of_tensor.end()) {
+      if (emitted.insert(it->second).second)
+        for (const auto& pt : layer_params[it->second]) plan.tensors.push_back(pt);
+      continue;
+    }
+    const TensorView v = ckpt.view(name);
+    PlannedTensor pt;
+    pt.name = name;
+    pt.dtype = v.dtype;
+    pt.shape = v.shape;
+    pt.bytes = v.nbytes;
+    pt.codec = "copy";
+    pt.sources = {name};
+    plan.tensors.push_back(pt);
+  }
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : plan.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+  {
+    std::set<std::string> names;
+    for (const auto& t : plan.tensors)
+      if (!names.insert(t.name).second)
+        throw Error(ErrorCode::kUnsupported, ckpt.dir(), t.name,
+                    "an output parameter would collide with a copied tensor of the same name");
+  }
+  plan.shards = plan_shards(entries, opts.max_shard_bytes);
+  plan.copied_files = ckpt.other_files();
+  return plan;
+}
+
+json Plan::to_json() const {
+  json j;
+  j["source"] = options.src;
+  j["destination"] = options.dst;
+  j["source_format"] = source_format;
+  j["backend"] = backend;
+  j["layout"] = {{"name", layout_name}, {"version", layout_version}};
+  j["target_arch"] = target_arch_name(arch);
+  j["act_dtype"] = dtype_name(options.act_dtype);
+  if (!options.quantize.empty())
+    j["quantize"] = {{"format", options.quantize}, {"recipe", options.mx_recipe}};
+  j["deviations_from_vllm"] = deviations;
+  j["layers"] = json::array();
+  for (const auto& l : layers)
+    j["layers"].push_back(
+        {{"module", l.module}, {"backend", l.decision.chosen}, {"oracle", l.decision.to_json()}});
+  j["tensors"] = json::array();
+  uint64_t converted = 0, copied = 0;
+  for (const auto& t : tensors) {
+    const size_t shard = shards.shard_of.at(t.name);
+    j["tensors"].push_back({{"name", t.name},
+                            {"action", t.converted ? "convert" : "copy"},
+                            {"codec", t.codec},
+                            {"dtype", dtype_name(t.dtype)},
+                            {"shape", t.shape},
+                            {"bytes", t.bytes},
+                            {"shard", shards.shard_names[shard]},
+                            {"sources", t.sources}});
+    (t.converted ? converted : copied) += t.bytes;
+  }
+  j["shards"] = json::array();
+  for (size_t i = 0; i < shards.shard_names.size(); ++i)
+    j["shards"].push_back({{"name", shards.shard_names[i]},
+                           {"tensors", shards.shards[i].size()},
+                           {"file_bytes", shards.shard_file_bytes[i]}});
+  j["copied_files"] = copied_files;
+  j["totals"] = {{"tensor_bytes", total_bytes()},
+                 {"converted_bytes", converted},
+                 {"copied_bytes", copied},
+                 {"tensors", tensors.size()},
+                 {"shards", shards.shard_names.size()}};
+  return j;
+}
+
+std::string Plan::to_text() const {
+  std::ostringstream s;
+  uint64_t converted = 0, copied = 0;
+  int64_t nconv = 0;
+  for (const auto& t : tensors) {
+    if (t.converted) {
+      converted += t.bytes;
+      ++nconv;
+    } else {
+      copied += t.bytes;
+    }
+  }
+  s << "plan: " << options.src << " -> " << options.dst << "\n"
+    << "  source format   " << source_format << "\n"
+    << "  backend         " << backend << " (layout " << layout_name << " v" << layout_version
+    << ")\n"
+    << "  target arch     " << target_arch_name(arch) << ", activations "
+    << dtype_name(options.act_dtype) << "\n"
+    << "  MoE layers      " << layers.size() << "\n"
+    << "  converted       " << nconv << " tensors, " << converted << " bytes\n"
+    << "  copied through  " << tensors.size() - nconv << " tensors, " << copied << " bytes\n"
+    << "  output          " << shards.shard_names.size() << " shard(s), " << total_bytes()
+    << " tensor bytes\n";
+  for (size_t i = 0; i < shards.shard_names.size(); ++i)
+    s << "    " << shards.shard_names[i] << "  " << shards.shards[i].size() << " tensors, "
+      << shards.shard_file_bytes[i] << " bytes\n";
+  if (!copied_files.empty()) {
+    s << "  other files     ";
+    for (size_t i = 0; i < copied_files.size(); ++i) s << (i ? ", " : "") << copied_files[i];
+    s << "\n";
+  }
+  for (const auto& d : deviations) s << "  deviation from vLLM's loader: " << d << "\n";
+  if (!layers.empty())
+    s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
+  s << "  converted tensors:\n";
+  for (const auto& t : tensors)
+    if (t.converted)
+      s << "    " << t.name << "  " << dtype_name(t.dtype) << " " << shape_str(t.shape) << "  "
+        << t.bytes << " B  " << t.codec << "  <- " << (t.sources.empty() ? "" : t.sources[0])
+        << "\n";
+  return s.str();
+}
+
+}  // namespace moepack

@@ -1,0 +1,78 @@
+// Plans apart from doing (STYLE.md §11): make_plan() decides everything a conversion will write
+// -- per output tensor its sources, codec pair, dtype, shape, bytes and shard; the copy-through
+// set; the shard layout -- without touching tensor bytes. `convert --dry-run` prints it;
+// execute_plan() writes exactly it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/shard_writer.h"
+#include "model/checkpoint.h"
+#include "pipeline/oracle.h"
+
+namespace moepack {
+
+struct ConvertOptions {
+  std::string src, dst;
+  std::string backend = "auto";
+  std::string target_arch = "sm90";
+  DType act_dtype = DType::kBF16;
+  std::string quantize;                  // "" or "mxfp8" (bf16/fp16 experts -> MXFP8)
+  std::string mx_recipe = "flashinfer";  // or "modelopt"
+  bool vllm_w13_scale_size_k = false;    // reproduce vLLM's loader instead of the kernel layout
+  uint64_t max_shard_bytes = 5000000000ull;
+  int threads = 0;
+  bool force = false;
+  // Canonical-form bytes of experts converted at once within a layer (one code per byte, or a
+  // float per weight with --quantize): bounds memory for layers larger than RAM allows.
+  uint64_t chunk_bytes = 1ull << 30;
+};
+
+struct PlannedTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  uint64_t bytes = 0;
+  bool converted = false;            // false: copied through byte-identically
+  int64_t layer = -1;                // index into Checkpoint::moe_layers() when converted
+  std::string codec;                 // "gptq->marlin", "copy"
+  std::vector<std::string> sources;  // source tensor names (brace patterns for expert sets)
+};
+
+struct PlannedLayer {
+  int64_t index = -1;  // into Checkpoint::moe_layers()
+  std::string module, param_prefix;
+  OracleDecision decision;
+  std::vector<std::string> deviations;
+  bool act_order_w13 = false, act_order_w2 = false;  // any expert carries a non-trivial g_idx
+};
+
+struct Plan {
+  ConvertOptions options;
+  std::string source_format;  // quant_method_name of the source
+  std::string backend;        // chosen for every MoE layer
+  std::string layout_name;
+  int layout_version = 0;
+  TargetArch arch = TargetArch::kSm90;
+  QuantParams source_quant, target_quant;
+  std::vector<PlannedLayer> layers;
+  std::vector<PlannedTensor> tensors;  // output order
+  ShardPlan shards;
+  std::vector<std::string> copied_files;
+  std::vector<std::string> deviations;  // union over layers, deduplicated
+  uint64_t total_bytes() const { return shards.total_tensor_bytes; }
+  nlohmann::json to_json() const;
+  std::string to_text() const;
+};
+
+// Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
+Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
+
+// The layout options a plan uses for one MoE layer.
+LayoutOptions layout_options_for(const Plan& plan, const MoeLayer& layer);
+
+}  // namespace moepack

@@ -1,0 +1,493 @@
+#include "synth/synth.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/threads.h"
+#include "formats/codec.h"
+#include "formats/mxfp8.h"
+#include "formats/quantize.h"
+#include "io/atomic_dir.h"
+#include "io/shard_writer.h"
+
+namespace moepack {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::vector<std::string>& synth_formats() {
+  static const std::vector<std::string> f = {
+      "bf16",     "gptq",     "gptq-actorder", "gptq-asym",      "awq",
+      "ct-w4a16", "ct-w8a16", "ct-w8a8",       "modelopt-mxfp8", "fp8-block"};
+  return f;
+}
+const std::vector<std::string>& synth_families() {
+  static const std::vector<std::string> f = {"qwen3", "mixtral", "deepseek", "fused3d"};
+  return f;
+}
+
+namespace {
+
+// What one format means for synth: the canonical params and how to quantise a float matrix.
+struct FormatSpec {
+  QuantParams params;
+  bool quantized = true;
+};
+
+FormatSpec format_spec(const SynthOptions& o) {
+  FormatSpec f;
+  QuantParams& p = f.params;
+  p.dtype = o.dtype;
+  const std::string& fmt = o.format;
+  auto bits_or = [&](int d) { return o.bits ? o.bits : d; };
+  auto group_or = [&](int64_t d) { return o.group_size ? o.group_size : d; };
+  if (fmt == "bf16") {
+    f.quantized = false;
+    p.method = QuantMethod::kNone;
+  } else if (fmt == "gptq" || fmt == "gptq-actorder" || fmt == "gptq-asym") {
+    p.method = QuantMethod::kGptq;
+    p.bits = bits_or(4);
+    p.group_size = group_or(128);
+    p.act_order = fmt == "gptq-actorder";
+    p.symmetric = fmt != "gptq-asym";
+    p.gptq_format = GptqFormat::kV1;
+  } else if (fmt == "awq") {
+    p.method = QuantMethod::kAwq;
+    p.bits = bits_or(4);
+    p.group_size = group_or(128);
+    p.symmetric = false;
+  } else if (fmt == "ct-w4a16" || fmt == "ct-w8a16") {
+    p.method = QuantMethod::kCtPackQuantized;
+    p.bits = bits_or(fmt == "ct-w4a16" ? 4 : 8);
+    p.group_size = group_or(fmt == "ct-w4a16" ? 128 : -1);
+  } else if (fmt == "ct-w8a8") {
+    p.method = QuantMethod::kCtIntQuantized;
+    p.bits = 8;
+    p.group_size = -1;
+  } else if (fmt == "modelopt-mxfp8") {
+    p.method = QuantMethod::kModeloptMxfp8;
+    p.bits = 8;
+    p.group_size = 32;
+  } else if (fmt == "fp8-block") {
+    p.method = QuantMethod::kFp8Block;
+    p.bits = 8;
+    p.group_size = 128;
+  } else {
+    std::string list;
+    for (const auto& s : synth_formats()) list += (list.empty() ? "" : ", ") + s;
+    throw Error(ErrorCode::kUsage, "unknown --format \"" + fmt + "\" (supported: " + list + ")");
+  }
+  return f;
+}
+
+json quant_config_json(const SynthOptions& o, const QuantParams& p) {
+  const json not_converted = json::array({"lm_head", "self_attn", "mlp.gate", "shared_expert",
+                                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"});
+  switch (p.method) {
+    case QuantMethod::kGptq:
+      return {{"quant_method", "gptq"},
+              {"bits", p.bits},
+              {"group_size", p.group_size},
+              {"desc_act", p.act_order},
+              {"sym", p.symmetric},
+              {"damp_percent", 0.01},
+              {"true_sequential", true},
+              {"static_groups", false},
+              {"checkpoint_format", "gptq"},
+              {"dynamic",
+               {{"-:.*(self_attn|shared_expert|mlp\\.gate$|mlp\\.(gate|up|down)_proj).*",
+                 json::object()}}}};
+    case QuantMethod::kAwq:
+      return {{"quant_method", "awq"},      {"bits", p.bits},
+              {"group_size", p.group_size}, {"zero_point", true},
+              {"version", "gemm"},          {"modules_to_not_convert", not_converted}};
+    case QuantMethod::kCtPackQuantized:
+    case QuantMethod::kCtIntQuantized: {
+      const bool w8a8 = p.method == QuantMethod::kCtIntQuantized;
+      json w = {{"num_bits", p.bits},
+                {"type", "int"},
+                {"symmetric", true},
+                {"strategy", p.group_size > 0 ? "group" : "channel"},
+                {"group_size", p.group_size > 0 ? json(p.group_size) : json(nullptr)},
+                {"dynamic", false},
+                {"actorder", nullptr},
+                {"block_structure", nullptr},
+                {"observer", "minmax"}};
+      json a = w8a8 ? json{{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
+                           {"strategy", "token"}, {"dynamic", true}, {"observer", nullptr}}
+                    : json(nullptr);
+      return {{"quant_method", "compressed-tensors"},
+              {"format", w8a8 ? "int-quantized" : "pack-quantized"},
+              {"quantization_status", "compressed"},
+              {"ignore", json::array({"lm_head", "re:.*self_attn.*", "re:.*mlp.gate$",
+                                      "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj$"})},
+              {"kv_cache_scheme", nullptr},
+              {"config_groups",
+               {{"group_0",
+                 {{"targets", json::array({"Linear"})},
+                  {"weights", w},
+                  {"input_activations", a},
+                  {"output_activations", nullptr}}}}}};
+    }
+    case QuantMethod::kModeloptMxfp8:
+      return {{"quant_method", "modelopt"},
+              {"quant_algo", "MXFP8"},
+              {"ignore", json::array({"lm_head", "*self_attn*", "*mlp.gate", "*shared_expert*"})},
+              {"kv_cache_scheme", {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}},
+              {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
+    case QuantMethod::kFp8Block:
+      return {{"quant_method", "fp8"},
+              {"fmt", "e4m3"},
+              {"activation_scheme", "dynamic"},
+              {"weight_block_size", json::array({128, 128})},
+              {"ignored_layers", json::array({"lm_head"})}};
+    default:
+      return nullptr;
+  }
+}
+
+const char* torch_dtype_name(DType d) {
+  return d == DType::kF16 ? "float16" : d == DType::kF32 ? "float32" : "bfloat16";
+}
+
+// One thing synth writes: a dense tensor or one quantised Linear (several tensors).
+struct Item {
+  enum class Kind { kDense, kNorm, kBias, kLinear } kind = Kind::kDense;
+  std::string name;  // tensor name, or the Linear's base name for kLinear
+  Shape shape;       // dense: tensor shape; kLinear: {n, k}
+  DType dtype = DType::kBF16;
+  std::string order_label;  // act-order permutation shared by Linears with the same input
+  float stddev = 0.02f;
+  std::vector<SafetensorsEntry> outputs;
+};
+
+std::vector<float> random_matrix(uint64_t seed, const std::string& label, int64_t n, int64_t k,
+                                 float stddev) {
+  Rng rng(Rng::hash(seed, label));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r) {
+    // Per-row magnitude varies like trained weights; rare outliers stress the scales.
+    const float row_scale = stddev * static_cast<float>(0.5 + rng.uniform());
+    for (int64_t c = 0; c < k; ++c) {
+      float v = rng.normal() * row_scale;
+      if (rng.uniform() < 1e-3) v *= 8.0f;
+      w[static_cast<size_t>(r * k + c)] = v;
+    }
+  }
+  return w;
+}
+
+std::vector<int32_t> act_order(uint64_t seed, const std::string& label, int64_t k) {
+  // GPTQ processes columns by decreasing Hessian diagonal; any permutation is legal.
+  Rng rng(Rng::hash(seed, label + "/order"));
+  std::vector<double> importance(static_cast<size_t>(k));
+  for (auto& v : importance) v = rng.uniform();
+  std::vector<int32_t> order(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return importance[a] > importance[b]; });
+  return order;
+}
+
+QuantTensor quantize_linear(const SynthOptions& o, const QuantParams& p, const float* w, int64_t n,
+                            int64_t k, const std::string& order_label) {
+  switch (p.method) {
+    case QuantMethod::kGptq:
+    case QuantMethod::kAwq:
+    case QuantMethod::kCtPackQuantized: {
+      IntQuantSpec spec;
+      spec.bits = p.bits;
+      spec.group_size = p.group_size;
+      spec.symmetric = p.symmetric;
+      // AutoGPTQ / AutoAWQ write fp16 scales; compressed-tensors the model dtype.
+      spec.scale_dtype = p.method == QuantMethod::kCtPackQuantized ? o.dtype : DType::kF16;
+      if (p.act_order) spec.order = act_order(o.seed, order_label, k);
+      if (p.method == QuantMethod::kGptq && !p.symmetric && p.gptq_format == GptqFormat::kV1)
+        spec.min_zero = 1;
+      return quantize_int(w, n, k, spec);
+    }
+    case QuantMethod::kCtIntQuantized:
+      return quantize_int8_channel(w, n, k, o.dtype);
+    case QuantMethod::kModeloptMxfp8:
+      return quantize_mxfp8(w, 1, n, k, MxRecipe::kModelOpt);
+    case QuantMethod::kFp8Block:
+      return quantize_fp8_block(w, n, k, p.block_n, p.block_k);
+    default:
+      throw Error(ErrorCode::kInternal, "synth: not a quantized format");
+  }
+}
+
+void fill_dense(const Item& it, uint64_t seed, std::vector<uint8_t>* bytes) {
+  const int64_t count = numel(it.shape);
+  bytes->assign(static_cast<size_t>(count * dtype_bits(it.dtype) / 8), 0);
+  Rng rng(Rng::hash(seed, it.name));
+  for (int64_t i = 0; i < count; ++i) {
+    float v;
+    if (it.kind == Item::Kind::kNorm)
+      v = 1.0f + 0.05f * rng.normal();
+    else if (it.kind == Item::Kind::kBias)
+      v = 0.01f * rng.normal();
+    else
+      v = rng.normal() * it.stddev;
+    uint8_t* out = bytes->data() + i * (dtype_bits(it.dtype) / 8);
+    if (it.dtype == DType::kBF16) {
+      const uint16_t h = float_to_bf16(v);
+      std::memcpy(out, &h, 2);
+    } else if (it.dtype == DType::kF16) {
+      const uint16_t h = float_to_f16(v);
+      std::memcpy(out, &h, 2);
+    } else {
+      std::memcpy(out, &v, 4);
+    }
+  }
+}
+
+}  // namespace
+
+SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
+  const FormatSpec fs_ = format_spec(o);
+  const QuantParams& p = fs_.params;
+  if (std::find(synth_families().begin(), synth_families().end(), o.family) ==
+      synth_families().end())
+    throw Error(ErrorCode::kUsage,
+                "unknown --family \"" + o.family + "\" (qwen3, mixtral, deepseek, fused3d)");
+  if (o.family == "fused3d" && fs_.quantized)
+    throw Error(ErrorCode::kUsage,
+                "--family fused3d is written unquantized (bf16): quantized "
+                "Qwen3-VL-style checkpoints store per-expert Linears");
+  if (o.layers < 1 || o.experts < 1 || o.hidden < 1 || o.inter < 1 || o.top_k < 1 ||
+      o.top_k > o.experts)
+    throw Error(ErrorCode::kUsage,
+                "--layers, --experts, --hidden, --inter must be >= 1 and 1 <= top-k <= experts");
+  if (o.dtype != DType::kBF16 && o.dtype != DType::kF16)
+    throw Error(ErrorCode::kUsage, "--dtype must be bf16 or fp16");
+  const SourceCodec* codec = fs_.quantized ? find_source_codec(p.method) : nullptr;
+  if (fs_.quantized && !codec) throw Error(ErrorCode::kInternal, "no codec for synth format");
+  // Shape constraints of the source formats themselves (not of any backend).
+  if (fs_.quantized) {
+    const int64_t pf = 32 / p.bits;
+    const int64_t align = std::max<int64_t>({p.group_size > 0 ? p.group_size : 1, pf, 32});
+    if (o.hidden % align || o.inter % align)
+      throw Error(ErrorCode::kUsage, "--hidden and --inter must be multiples of " +
+                                         std::to_string(align) + " for " + o.format);
+  }
+
+  const bool fused = o.family == "fused3d";
+  const std::string root = fused ? "model.language_model." : "model.";
+  const int64_t H = o.hidden, I = o.inter, E = o.experts;
+  const int64_t dense_inter = 2 * I;
+  const bool has_dense_layer = (o.family == "qwen3" || o.family == "deepseek") && o.layers > 1;
+
+  std::vector<Item> items;
+  auto dense = [&](const std::string& name, Shape shape, Item::Kind kind = Item::Kind::kDense,
+                   DType dt = DType::kU8) {
+    Item it;
+    it.kind = kind;
+    it.name = name;
+    it.shape = std::move(shape);
+    it.dtype = dt == DType::kU8 ? o.dtype : dt;
+    items.push_back(std::move(it));
+  };
+  auto linear = [&](const std::string& base, int64_t n, int64_t k, const std::string& order_label) {
+    if (!fs_.quantized) {
+      dense(base + ".weight", {n, k});
+      return;
+    }
+    Item it;
+    it.kind = Item::Kind::kLinear;
+    it.name = base;
+    it.shape = {n, k};
+    it.order_label = order_label;
+    items.push_back(std::move(it));
+  };
+
+  dense(root + "embed_tokens.weight", {o.vocab, H});
+  for (int64_t L = 0; L < o.layers; ++L) {
+    const std::string P = root + "layers." + std::to_string(L) + ".";
+    dense(P + "input_layernorm.weight", {H}, Item::Kind::kNorm);
+    dense(P + "self_attn.q_proj.weight", {H, H});
+    dense(P + "self_attn.k_proj.weight", {H / 2, H});
+    dense(P + "self_attn.v_proj.weight", {H / 2, H});
+    dense(P + "self_attn.o_proj.weight", {H, H});
+    dense(P + "post_attention_layernorm.weight", {H}, Item::Kind::kNorm);
+    if (has_dense_layer && L == 0) {
+      dense(P + "mlp.gate_proj.weight", {dense_inter, H});
+      dense(P + "mlp.up_proj.weight", {dense_inter, H});
+      dense(P + "mlp.down_proj.weight", {H, dense_inter});
+      continue;
+    }
+    if (o.family == "mixtral") {
+      dense(P + "block_sparse_moe.gate.weight", {E, H});
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string X = P + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        linear(X + "w1", I, H, X + "in13");
+        linear(X + "w3", I, H, X + "in13");
+        linear(X + "w2", H, I, X + "in2");
+      }
+      continue;
+    }
+    dense(P + "mlp.gate.weight", {E, H});
+    if (o.family == "deepseek") {
+      dense(P + "mlp.gate.e_score_correction_bias", {E}, Item::Kind::kBias, DType::kF32);
+      dense(P + "mlp.shared_experts.gate_proj.weight", {I, H});
+      dense(P + "mlp.shared_experts.up_proj.weight", {I, H});
+      dense(P + "mlp.shared_experts.down_proj.weight", {H, I});
+    }
+    if (fused) {
+      dense(P + "mlp.experts.gate_up_proj", {E, H, 2 * I});
+      dense(P + "mlp.experts.down_proj", {E, I, H});
+      continue;
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string X = P + "mlp.experts." + std::to_string(e) + ".";
+      linear(X + "gate_proj", I, H, X + "in13");
+      linear(X + "up_proj", I, H, X + "in13");
+      linear(X + "down_proj", H, I, X + "in2");
+    }
+  }
+  dense(root + "norm.weight", {H}, Item::Kind::kNorm);
+  dense("lm_head.weight", {o.vocab, H});
+
+  // Output names, dtypes and shapes of each quantised Linear, probed once per (n, k) by packing
+  // a legal all-zero-weight quantisation through the format's own codec.
+  std::map<std::pair<int64_t, int64_t>, std::vector<SafetensorsEntry>> probe;
+  for (auto& it : items) {
+    if (it.kind != Item::Kind::kLinear) {
+      it.outputs = {{it.name, it.dtype, it.shape, 0, 0}};
+      continue;
+    }
+    const auto key = std::make_pair(it.shape[0], it.shape[1]);
+    if (!probe.count(key)) {
+      std::vector<float> zeros(static_cast<size_t>(key.first * key.second), 0.0f);
+      zeros[0] = 1.0f;  // keep scales finite and non-degenerate
+      const QuantTensor q = quantize_linear(o, p, zeros.data(), key.first, key.second, "probe");
+      const TensorMap packed = codec->pack(p, q);
+      for (const auto& [suffix, t] : packed) probe[key].push_back({suffix, t.dtype, t.shape, 0, 0});
+    }
+    for (auto e : probe[key]) {
+      e.name = it.name + "." + e.name;
+      it.outputs.push_back(e);
+    }
+  }
+  std::vector<SafetensorsEntry> all;
+  for (const auto& it : items) all.insert(all.end(), it.outputs.begin(), it.outputs.end());
+  ShardPlan plan = plan_shards(all, o.max_shard_bytes);
+
+  AtomicOutputDir out(out_dir, o.force, {});
+  ShardedWriter writer(out.path(), plan);
+  parallel_for(static_cast<int64_t>(items.size()), o.threads, [&](int64_t b, int64_t e) {
+    std::vector<uint8_t> bytes;
+    for (int64_t i = b; i < e; ++i) {
+      const Item& it = items[static_cast<size_t>(i)];
+      if (it.kind != Item::Kind::kLinear) {
+        fill_dense(it, o.seed, &bytes);
+        writer.write(it.name, bytes.data(), bytes.size());
+        continue;
+      }
+      const int64_t n = it.shape[0], k = it.shape[1];
+      const std::vector<float> w = random_matrix(o.seed, it.name, n, k, 0.02f);
+      const QuantTensor q = quantize_linear(o, p, w.data(), n, k, it.order_label);
+      for (const auto& [suffix, t] : codec->pack(p, q))
+        writer.write(it.name + "." + suffix, t.data.data(), t.data.size());
+    }
+  });
+  writer.finish();
+
+  // config.json like the real producers write it.
+  json cfg;
+  const int64_t heads = 4, kv_heads = 2;
+  json text = {{"hidden_size", H},
+               {"num_hidden_layers", o.layers},
+               {"num_attention_heads", heads},
+               {"num_key_value_heads", kv_heads},
+               {"head_dim", H / heads},
+               {"vocab_size", o.vocab},
+               {"hidden_act", "silu"},
+               {"rms_norm_eps", 1e-6},
+               {"max_position_embeddings", 4096},
+               {"rope_theta", 1000000.0},
+               {"tie_word_embeddings", false},
+               {"torch_dtype", torch_dtype_name(o.dtype)}};
+  if (o.family == "mixtral") {
+    cfg = text;
+    cfg["architectures"] = {"MixtralForCausalLM"};
+    cfg["model_type"] = "mixtral";
+    cfg["intermediate_size"] = I;
+    cfg["num_local_experts"] = E;
+    cfg["num_experts_per_tok"] = o.top_k;
+    cfg["router_aux_loss_coef"] = 0.02;
+  } else if (o.family == "deepseek") {
+    cfg = text;
+    cfg["architectures"] = {"DeepseekV3ForCausalLM"};
+    cfg["model_type"] = "deepseek_v3";
+    cfg["intermediate_size"] = dense_inter;
+    cfg["moe_intermediate_size"] = I;
+    cfg["n_routed_experts"] = E;
+    cfg["n_shared_experts"] = 1;
+    cfg["num_experts_per_tok"] = o.top_k;
+    cfg["first_k_dense_replace"] = has_dense_layer ? 1 : 0;
+    cfg["moe_layer_freq"] = 1;
+    cfg["scoring_func"] = "sigmoid";
+    cfg["topk_method"] = "noaux_tc";
+    cfg["n_group"] = E % 2 == 0 && E >= 4 ? 2 : 1;
+    cfg["topk_group"] = 1;
+    cfg["norm_topk_prob"] = true;
+    cfg["routed_scaling_factor"] = 2.5;
+  } else {
+    text["moe_intermediate_size"] = I;
+    text["intermediate_size"] = dense_inter;
+    text["num_experts"] = E;
+    text["num_experts_per_tok"] = o.top_k;
+    text["norm_topk_prob"] = true;
+    text["decoder_sparse_step"] = 1;
+    text["mlp_only_layers"] = has_dense_layer ? json::array({0}) : json::array();
+    if (fused) {
+      text["model_type"] = "qwen3_vl_moe_text";
+      cfg = {{"architectures", {"Qwen3VLMoeForConditionalGeneration"}},
+             {"model_type", "qwen3_vl_moe"},
+             {"text_config", text},
+             {"torch_dtype", torch_dtype_name(o.dtype)},
+             {"tie_word_embeddings", false}};
+    } else {
+      cfg = text;
+      cfg["architectures"] = {"Qwen3MoeForCausalLM"};
+      cfg["model_type"] = "qwen3_moe";
+    }
+  }
+  cfg["transformers_version"] = "4.57.1";
+  const json qc = quant_config_json(o, p);
+  if (!qc.is_null()) cfg["quantization_config"] = qc;
+  auto write_json = [&](const std::string& name, const json& j) {
+    const std::string path = out.path() + "/" + name;
+    std::ofstream f(path);
+    f << j.dump(2) << "\n";
+    if (!f) throw Error(ErrorCode::kIo, path, "", "write failed");
+  };
+  write_json("config.json", cfg);
+  if (p.method == QuantMethod::kModeloptMxfp8)
+    write_json("hf_quant_config.json", {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
+                                        {"quantization",
+                                         {{"quant_algo", "MXFP8"},
+                                          {"kv_cache_quant_algo", "FP8"},
+                                          {"group_size", 32},
+                                          {"exclude_modules", json::array({"lm_head"})}}}});
+  write_json("generation_config.json",
+             {{"do_sample", false}, {"eos_token_id", 1}, {"bos_token_id", 0}});
+  out.commit();
+
+  SynthResult r;
+  r.dir = out_dir;
+  r.tensors = static_cast<int64_t>(all.size());
+  r.shards = static_cast<int64_t>(plan.shard_names.size());
+  r.bytes = plan.total_tensor_bytes;
+  return r;
+}
+
+}  // namespace moepack

@@ -1,0 +1,335 @@
+#include "verify/moe_reference.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "core/error.h"
+#include "core/threads.h"
+
+namespace moepack::ref {
+namespace {
+
+using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapCF = Eigen::Map<const MatF>;
+
+// y[m, N] = x[m, K] . W[N, K]^T in double (W float, converted exactly). Few rows (the usual
+// case: 64 tokens over many experts) use one dot product per output; more rows convert W a block
+// of rows at a time so the double copy stays in cache and is never made whole.
+void matmul_double_weight(const MatD& x, const std::vector<float>& w, int64_t n, int64_t k,
+                          MatD* y) {
+  MapCF wm(w.data(), n, k);
+  y->resize(x.rows(), n);
+  if (x.rows() <= 4) {
+    Eigen::RowVectorXd row(k);
+    for (int64_t r = 0; r < n; ++r) {
+      row = wm.row(r).cast<double>();
+      for (int64_t i = 0; i < x.rows(); ++i) (*y)(i, r) = x.row(i).dot(row);
+    }
+    return;
+  }
+  const int64_t rows =
+      std::min<int64_t>(256, std::max<int64_t>(16, 262144 / std::max<int64_t>(1, k)));
+  MatD wb;
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t nb = std::min(rows, n - r0);
+    wb = wm.middleRows(r0, nb).cast<double>();
+    y->middleCols(r0, nb).noalias() = x * wb.transpose();
+  }
+}
+
+template <typename T>
+T activate(Activation a, T v) {
+  switch (a) {
+    case Activation::kSilu:
+      return v / (T(1) + std::exp(-v));
+    case Activation::kRelu2: {
+      const T r = v > T(0) ? v : T(0);
+      return r * r;
+    }
+  }
+  return v;
+}
+
+// a[m, I] from h[m, w13_rows] (row-major, leading dimension w13_rows).
+template <typename T>
+void apply_activation(const MoeSpec& spec, const T* h, int64_t m, T* a) {
+  const int64_t I = spec.intermediate, N = spec.w13_rows();
+  for (int64_t r = 0; r < m; ++r) {
+    const T* hr = h + r * N;
+    T* ar = a + r * I;
+    if (spec.gated) {
+      for (int64_t i = 0; i < I; ++i) ar[i] = activate(spec.activation, hr[i]) * hr[I + i];
+    } else {
+      for (int64_t i = 0; i < I; ++i) ar[i] = activate(spec.activation, hr[i]);
+    }
+  }
+}
+
+// Slots (t * top_k + k) routed to each expert, in token order.
+std::vector<std::vector<int64_t>> slots_per_expert(const Routing& routing, int64_t experts) {
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(experts));
+  const int64_t n = routing.tokens * routing.top_k;
+  if (static_cast<int64_t>(routing.expert_ids.size()) != n ||
+      static_cast<int64_t>(routing.weights.size()) != n)
+    throw Error(ErrorCode::kInternal, "", "routing",
+                "routing arrays hold " + std::to_string(routing.expert_ids.size()) + "/" +
+                    std::to_string(routing.weights.size()) + " entries, want " + std::to_string(n));
+  for (int64_t s = 0; s < n; ++s) {
+    const int32_t e = routing.expert_ids[static_cast<size_t>(s)];
+    if (e < 0 || e >= experts)
+      throw Error(
+          ErrorCode::kInternal, "", "routing",
+          "expert id " + std::to_string(e) + " outside [0, " + std::to_string(experts) + ")");
+    slots[static_cast<size_t>(e)].push_back(s);
+  }
+  return slots;
+}
+
+MoeOutput make_output(const MoeSpec& spec, const Routing& routing) {
+  MoeOutput o;
+  o.tokens = routing.tokens;
+  o.hidden = spec.hidden;
+  o.top_k = routing.top_k;
+  o.out.assign(static_cast<size_t>(routing.tokens * spec.hidden), 0.0);
+  o.slot_out.assign(static_cast<size_t>(routing.tokens * routing.top_k * spec.hidden), 0.0);
+  return o;
+}
+
+// out[t] = sum_k w[t, k] * slot[t, k], k in order (a fixed summation order).
+void combine_slots(const Routing& routing, MoeOutput* o) {
+  const int64_t H = o->hidden;
+  for (int64_t t = 0; t < routing.tokens; ++t) {
+    double* dst = o->out.data() + t * H;
+    for (int k = 0; k < routing.top_k; ++k) {
+      const double w = routing.weight(t, k);
+      const double* src = o->slot_out.data() + (t * routing.top_k + k) * H;
+      for (int64_t h = 0; h < H; ++h) dst[h] += w * src[h];
+    }
+  }
+}
+
+void check_weight(const std::vector<float>& w, int64_t n, int64_t k, int64_t expert,
+                  const char* what) {
+  if (static_cast<int64_t>(w.size()) != n * k)
+    throw Error(ErrorCode::kBadShape, "", what,
+                "expert " + std::to_string(expert) + " weight holds " + std::to_string(w.size()) +
+                    " values, want [" + std::to_string(n) + ", " + std::to_string(k) + "]");
+}
+
+}  // namespace
+
+Activation activation_from_hf(const std::string& hidden_act) {
+  if (hidden_act == "silu" || hidden_act == "swish") return Activation::kSilu;
+  if (hidden_act == "relu2") return Activation::kRelu2;
+  throw Error(ErrorCode::kUnsupported, "config.json", "hidden_act",
+              "activation '" + hidden_act + "' is not supported (silu, relu2)");
+}
+
+const char* activation_name(Activation a) {
+  return a == Activation::kSilu ? "silu" : "relu2";
+}
+
+void MoeSpec::validate() const {
+  if (experts <= 0 || hidden <= 0 || intermediate <= 0)
+    throw Error(ErrorCode::kBadShape, "", "experts",
+                "MoE shape E=" + std::to_string(experts) + " H=" + std::to_string(hidden) +
+                    " I=" + std::to_string(intermediate) + " must be positive");
+}
+
+std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,
+                                 const float* router_weight, int64_t experts,
+                                 const float* router_bias) {
+  MapCF xm(x, tokens, hidden);
+  MapCF wm(router_weight, experts, hidden);
+  MatD acc = xm.cast<double>() * wm.cast<double>().transpose();
+  std::vector<float> logits(static_cast<size_t>(tokens * experts));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t e = 0; e < experts; ++e)
+      logits[static_cast<size_t>(t * experts + e)] =
+          static_cast<float>(acc(t, e) + (router_bias ? static_cast<double>(router_bias[e]) : 0.0));
+  return logits;
+}
+
+MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float* x,
+                        const ExpertWeightsFn& weights) {
+  spec.validate();
+  const int64_t H = spec.hidden, I = spec.intermediate, N = spec.w13_rows();
+  const auto slots = slots_per_expert(routing, spec.experts);
+  MoeOutput o = make_output(spec, routing);
+  parallel_for(spec.experts, spec.threads, [&](int64_t e0, int64_t e1) {
+    MatD xe, h, a, y;
+    for (int64_t e = e0; e < e1; ++e) {
+      const auto& es = slots[static_cast<size_t>(e)];
+      const int64_t m = static_cast<int64_t>(es.size());
+      if (m == 0) continue;
+      xe.resize(m, H);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t t = es[static_cast<size_t>(r)] / routing.top_k;
+        for (int64_t c = 0; c < H; ++c) xe(r, c) = static_cast<double>(x[t * H + c]);
+      }
+      {
+        const std::vector<float> w13 = weights(e, MoeProj::kW13);
+        check_weight(w13, N, H, e, "w13");
+        matmul_double_weight(xe, w13, N, H, &h);
+      }
+      a.resize(m, I);
+      apply_activation<double>(spec, h.data(), m, a.data());
+      {
+        const std::vector<float> w2 = weights(e, MoeProj::kW2);
+        check_weight(w2, H, I, e, "w2");
+        matmul_double_weight(a, w2, H, I, &y);
+      }
+      for (int64_t r = 0; r < m; ++r)
+        std::copy(y.row(r).data(), y.row(r).data() + H,
+                  o.slot_out.data() + es[static_cast<size_t>(r)] * H);
+    }
+  });
+  combine_slots(routing, &o);
+  return o;
+}
+
+MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, const float* x,
+                                const ExpertMatmulFn& matmul) {
+  spec.validate();
+  const int64_t H = spec.hidden, I = spec.intermediate, N = spec.w13_rows();
+  const auto slots = slots_per_expert(routing, spec.experts);
+  MoeOutput o = make_output(spec, routing);
+  parallel_for(spec.experts, spec.threads, [&](int64_t e0, int64_t e1) {
+    std::vector<float> xe, h, a, y;
+    for (int64_t e = e0; e < e1; ++e) {
+      const auto& es = slots[static_cast<size_t>(e)];
+      const int64_t m = static_cast<int64_t>(es.size());
+      if (m == 0) continue;
+      xe.resize(static_cast<size_t>(m * H));
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t t = es[static_cast<size_t>(r)] / routing.top_k;
+        std::copy(x + t * H, x + (t + 1) * H, xe.data() + r * H);
+      }
+      // NaN-filled outputs expose a backend that leaves part of y unwritten.
+      h.assign(static_cast<size_t>(m * N), std::nanf(""));
+      matmul(static_cast<int>(e), MoeProj::kW13, xe.data(), m, h.data());
+      a.resize(static_cast<size_t>(m * I));
+      apply_activation<float>(spec, h.data(), m, a.data());
+      y.assign(static_cast<size_t>(m * H), std::nanf(""));
+      matmul(static_cast<int>(e), MoeProj::kW2, a.data(), m, y.data());
+      for (int64_t r = 0; r < m; ++r) {
+        double* dst = o.slot_out.data() + es[static_cast<size_t>(r)] * H;
+        for (int64_t c = 0; c < H; ++c)
+          dst[c] = static_cast<double>(y[static_cast<size_t>(r * H + c)]);
+      }
+    }
+  });
+  combine_slots(routing, &o);
+  return o;
+}
+
+MoeOutput moe_reference(const MoeSpec& spec, const RouterConfig& router, const float* x,
+                        int64_t tokens, const std::vector<float>& router_weight,
+                        const std::vector<float>& router_bias,
+                        const std::vector<float>& correction_bias, const ExpertWeightsFn& weights) {
+  spec.validate();
+  if (static_cast<int64_t>(router_weight.size()) != spec.experts * spec.hidden)
+    throw Error(ErrorCode::kBadShape, "", "router.weight",
+                "router weight holds " + std::to_string(router_weight.size()) + " values, want [" +
+                    std::to_string(spec.experts) + ", " + std::to_string(spec.hidden) + "]");
+  const std::vector<float> logits =
+      router_logits(x, tokens, spec.hidden, router_weight.data(), spec.experts,
+                    router_bias.empty() ? nullptr : router_bias.data());
+  return moe_reference(spec, route(logits, correction_bias, router), x, weights);
+}
+
+MoeComparison compare_moe(const MoeOutput& ref, const MoeOutput& got, const Routing& routing,
+                          int64_t experts) {
+  if (ref.out.size() != got.out.size() || ref.slot_out.size() != got.slot_out.size() ||
+      ref.hidden != got.hidden || ref.top_k != routing.top_k || got.top_k != routing.top_k)
+    throw Error(ErrorCode::kInternal, "", "moe_output", "compared MoE outputs differ in shape");
+  MoeComparison c;
+  double diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < ref.out.size(); ++i) {
+    const double d = got.out[i] - ref.out[i];
+    if (!std::isfinite(got.out[i])) c.finite = false;
+    c.max_abs_err = std::max(c.max_abs_err, std::fabs(d));
+    diff2 += d * d;
+    ref2 += ref.out[i] * ref.out[i];
+  }
+  c.ref_norm = std::sqrt(ref2);
+  const double diff_norm = std::sqrt(diff2);
+  if (!c.finite) {
+    c.max_abs_err = std::numeric_limits<double>::infinity();
+    c.norm_err = std::numeric_limits<double>::infinity();
+  } else if (c.ref_norm > 0.0) {
+    c.norm_err = diff_norm / c.ref_norm;
+  } else {
+    c.norm_err = diff_norm == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  }
+  c.expert_tokens = routing.tokens_per_expert(experts);
+  c.expert_max_abs_err.assign(static_cast<size_t>(experts), 0.0);
+  const int64_t H = ref.hidden;
+  for (int64_t s = 0; s < routing.tokens * routing.top_k; ++s) {
+    const int32_t e = routing.expert_ids[static_cast<size_t>(s)];
+    double& worst = c.expert_max_abs_err[static_cast<size_t>(e)];
+    for (int64_t h = 0; h < H; ++h) {
+      const double g = got.slot_out[static_cast<size_t>(s * H + h)];
+      const double d = std::isfinite(g)
+                           ? std::fabs(g - ref.slot_out[static_cast<size_t>(s * H + h)])
+                           : std::numeric_limits<double>::infinity();
+      worst = std::max(worst, d);
+    }
+  }
+  return c;
+}
+
+MoeLayerCheck check_moe_layer(const MoeSpec& spec, const RouterConfig& router, const float* x,
+                              int64_t tokens, const std::vector<float>& router_weight,
+                              const std::vector<float>& router_bias,
+                              const std::vector<float>& correction_bias,
+                              const ExpertWeightsFn& weights, const ExpertMatmulFn& matmul) {
+  spec.validate();
+  if (router.num_experts != spec.experts)
+    throw Error(ErrorCode::kBadShape, "", "router.weight",
+                "router has " + std::to_string(router.num_experts) + " experts, layer has " +
+                    std::to_string(spec.experts));
+  if (static_cast<int64_t>(router_weight.size()) != spec.experts * spec.hidden)
+    throw Error(ErrorCode::kBadShape, "", "router.weight",
+                "router weight holds " + std::to_string(router_weight.size()) + " values, want [" +
+                    std::to_string(spec.experts) + ", " + std::to_string(spec.hidden) + "]");
+  if (!router_bias.empty() && static_cast<int64_t>(router_bias.size()) != spec.experts)
+    throw Error(ErrorCode::kBadShape, "", "router.bias",
+                "router bias holds " + std::to_string(router_bias.size()) + " values, want " +
+                    std::to_string(spec.experts));
+  MoeLayerCheck check;
+  const std::vector<float> logits =
+      router_logits(x, tokens, spec.hidden, router_weight.data(), spec.experts,
+                    router_bias.empty() ? nullptr : router_bias.data());
+  check.routing = route(logits, correction_bias, router);
+  const MoeOutput ref = moe_reference(spec, check.routing, x, weights);
+  const MoeOutput got = moe_via_expert_matmul(spec, check.routing, x, matmul);
+  check.comparison = compare_moe(ref, got, check.routing, spec.experts);
+  return check;
+}
+
+std::vector<float> random_hidden_states(int64_t tokens, int64_t hidden, uint64_t seed) {
+  if (tokens < 0 || hidden < 0)
+    throw Error(ErrorCode::kBadShape, "", "hidden_states",
+                "negative shape [" + std::to_string(tokens) + ", " + std::to_string(hidden) + "]");
+  std::mt19937_64 gen(seed);
+  // 53 random bits -> a double in [0, 1) with every value exactly representable.
+  auto uniform = [&gen]() { return static_cast<double>(gen() >> 11) * 0x1.0p-53; };
+  const double two_pi = 6.283185307179586476925286766559;
+  const size_t n = static_cast<size_t>(tokens * hidden);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; i += 2) {
+    const double u1 = 1.0 - uniform();  // (0, 1]: log never sees 0
+    const double u2 = uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    out[i] = static_cast<float>(r * std::cos(two_pi * u2));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(r * std::sin(two_pi * u2));
+  }
+  return out;
+}
+
+}  // namespace moepack::ref

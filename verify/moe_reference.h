@@ -1,0 +1,118 @@
+// The CPU reference MoE and the same MoE computed through a backend's per-expert matmul.
+//
+//   x [T, H] --router--> Routing (top_k experts + weights per token)
+//   per expert e, X_e = rows of x routed to e (m_e rows, in token order):
+//     h = X_e . W13_e^T            [m_e, 2I] gated (rows [gate; up]) or [m_e, I]
+//     a = act(h[:, :I]) * h[:, I:] (gated)   |   a = act(h) (non-gated)      [m_e, I]
+//     y = a . W2_e^T               [m_e, H]
+//   out[t] = sum_k w[t, k] * y_{e(t,k)}[t]                                   [T, H]
+//
+// moe_reference: weights from dequantize_expert (float), everything else in double (fp64
+// accumulate). moe_via_expert_matmul: each matmul is the backend's TargetLayout::expert_matmul
+// reading the packed layout; activations in float like the kernel. Both keep every slot's
+// (token, k) expert output so errors can be attributed to an expert.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "formats/codec.h"
+#include "verify/router.h"
+
+namespace moepack::ref {
+
+enum class Activation : uint8_t {
+  kSilu,   // x * sigmoid(x)   ("silu", "swish")
+  kRelu2,  // relu(x)^2        ("relu2", Nemotron-H / Arctic-style non-gated experts)
+};
+
+// Parses a config.json hidden_act; throws kUnsupported for anything else.
+Activation activation_from_hf(const std::string& hidden_act);
+const char* activation_name(Activation a);  // "silu" / "relu2"
+
+// The shape and activation of one MoE layer's routed experts.
+struct MoeSpec {
+  int64_t experts = 0;       // E
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I (per expert)
+  Activation activation = Activation::kSilu;
+  bool gated = true;  // w13 = [gate; up] (2I rows) and out = act(gate) * up; else w13 has I rows
+  // Experts evaluated in parallel; callbacks must then be thread-safe. Results never depend on
+  // it (each expert writes its own slots; sums are taken in a fixed order afterwards).
+  int threads = 1;
+  int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
+  void validate() const;  // kBadShape on non-positive sizes
+};
+
+// One expert's dense weights, row-major [N, K]: w13 [2I or I, H], w2 [H, I]. Called once per
+// (expert, projection) that has routed tokens, so a layer can be dequantised one expert at a time
+// (typically dequantize_expert(layer.w13, e)).
+using ExpertWeightsFn = std::function<std::vector<float>(int64_t expert, MoeProj proj)>;
+
+// y[m, N] = x[m, K] . W_e^T for one expert's projection, the way the backend computes it
+// (verify binds TargetLayout::expert_matmul with its LayoutOptions and params).
+using ExpertMatmulFn =
+    std::function<void(int expert, MoeProj proj, const float* x, int64_t m, float* y)>;
+
+// Router logits [T, E] = x [T, H] . router_weight [E, H]^T (+ router_bias [E] if non-null),
+// accumulated in double and rounded to float (the router input of `route`).
+std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,
+                                 const float* router_weight, int64_t experts,
+                                 const float* router_bias);
+
+// The output of one MoE evaluation.
+struct MoeOutput {
+  int64_t tokens = 0, hidden = 0;
+  int top_k = 0;
+  std::vector<double> out;       // [T, H] = sum_k w[t,k] * slot[t,k]
+  std::vector<double> slot_out;  // [T, top_k, H] the UNWEIGHTED output of expert e(t,k) on token t
+};
+
+// Reference in double. x [T, H] float. Throws kBadShape if a weight has the wrong size.
+MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float* x,
+                        const ExpertWeightsFn& weights);
+
+// The same MoE through `matmul` (float inputs/outputs, float activation, per-expert gather).
+MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, const float* x,
+                                const ExpertMatmulFn& matmul);
+
+// Convenience: route with the real router, then moe_reference. router_bias and correction_bias
+// may be empty.
+MoeOutput moe_reference(const MoeSpec& spec, const RouterConfig& router, const float* x,
+                        int64_t tokens, const std::vector<float>& router_weight,
+                        const std::vector<float>& router_bias,
+                        const std::vector<float>& correction_bias, const ExpertWeightsFn& weights);
+
+// Errors of `got` against `ref` (same routing).
+struct MoeComparison {
+  double max_abs_err = 0.0;  // max |got.out - ref.out|
+  double norm_err = 0.0;     // ||got.out - ref.out||_F / ||ref.out||_F (0/0 = 0, x/0 = inf)
+  double ref_norm = 0.0;     // ||ref.out||_F
+  std::vector<double> expert_max_abs_err;  // [E] max |got.slot - ref.slot| over e's slots
+  std::vector<int64_t> expert_tokens;      // [E] tokens routed to e
+  bool finite = true;                      // got.out has no NaN/Inf
+};
+MoeComparison compare_moe(const MoeOutput& ref, const MoeOutput& got, const Routing& routing,
+                          int64_t experts);
+
+// One whole numerical check of a layer: route x with the real router, evaluate the reference
+// from `weights` and the backend through `matmul`, compare.
+struct MoeLayerCheck {
+  Routing routing;
+  MoeComparison comparison;
+};
+MoeLayerCheck check_moe_layer(const MoeSpec& spec, const RouterConfig& router, const float* x,
+                              int64_t tokens, const std::vector<float>& router_weight,
+                              const std::vector<float>& router_bias,
+                              const std::vector<float>& correction_bias,
+                              const ExpertWeightsFn& weights, const ExpertMatmulFn& matmul);
+
+// Random hidden states [tokens, hidden], i.i.d. normal(0, 1), fixed by `seed`: std::mt19937_64
+// (its output sequence is fixed by the standard), 53-bit uniform doubles, Box-Muller (both
+// outputs of each pair used) -- not std::normal_distribution, whose output is
+// implementation-defined.
+std::vector<float> random_hidden_states(int64_t tokens, int64_t hidden, uint64_t seed);
+
+}  // namespace moepack::ref

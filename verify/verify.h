@@ -1,0 +1,26 @@
+// `moepack verify`: integrity, exact round-trip against the source, and the fused MoE computed
+// directly from the backend layout against a reference from the dequantised source.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "verify/verify_report.h"
+
+namespace moepack {
+
+struct VerifyOptions {
+  std::string dst;
+  std::string source;  // "" = no round-trip; the reference then comes from decoding DST
+  int64_t tokens = kDefaultVerifyTokens;
+  uint64_t seed = kDefaultVerifySeed;
+  double tolerance = kDefaultVerifyTolerance;
+  std::string device = "cpu";
+  int threads = 0;
+};
+
+// Runs every check and returns the report (report.passed says the verdict). Throws Error for
+// inputs it cannot read (exit 3/5), never for a failed check.
+VerifyReport run_verify(const VerifyOptions& opts);
+
+}  // namespace moepack

@@ -1,0 +1,103 @@
+// The result of `moepack verify DST --source SRC` and its three renderings.
+//
+//   VerifyReport
+//   ├─ integrity[]   (checksums, manifest, tensor set)         name, passed, detail
+//   ├─ round_trip[]  (backend layout -> canonical == source)   name, passed, compared, mismatches,
+//   │                                                          first mismatch (layer, expert,
+//   │                                                          tensor, index, got, want)
+//   └─ layers[]      (numerical MoE check per layer)           max_abs_err, norm_err <= tolerance,
+//                                                              per-expert max error + token counts
+//
+// render_text: a terminal summary. to_json: stable keys (documented in docs/verify.md; non-finite
+// numbers become null). render_html: one self-contained page (inline CSS and SVG, no scripts, no
+// external resources), every string HTML-escaped.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "verify/moe_reference.h"
+
+namespace moepack {
+
+// Default normalised-error tolerance: the reference and the backend dequantise identical codes
+// and scales, so only float-vs-double accumulation differs (~1e-6); a layout bug gives O(1).
+constexpr double kDefaultVerifyTolerance = 1e-3;
+constexpr int64_t kDefaultVerifyTokens = 64;
+constexpr uint64_t kDefaultVerifySeed = 0;
+
+struct IntegrityCheck {
+  std::string name;  // "sha256 model-00001-of-00002.safetensors", "manifest", ...
+  bool passed = false;
+  std::string detail;  // what was found when it failed (or a short note)
+};
+
+// Where a decoded tensor first differs from the source.
+struct RoundTripMismatch {
+  int64_t layer = -1;     // -1 when not per layer
+  int64_t expert = -1;    // -1 when not per expert
+  std::string tensor;     // "w13 codes", "model.layers.3.mlp.experts.w2_scales", ...
+  int64_t index = -1;     // flat element index within `tensor` (within the expert when expert >= 0)
+  std::string got, want;  // values as text ("0x3c", "1.5")
+
+  // Byte values as "0x3c".
+  static RoundTripMismatch bytes(int64_t layer, int64_t expert, std::string tensor, int64_t index,
+                                 uint8_t got, uint8_t want);
+};
+
+struct RoundTripCheck {
+  std::string name;  // "layer 3 w13 codes", ...
+  bool passed = false;
+  int64_t compared = 0;    // elements compared
+  int64_t mismatches = 0;  // elements that differ
+  std::optional<RoundTripMismatch> first_mismatch;
+};
+
+struct LayerResult {
+  int64_t layer = 0;
+  std::string backend;  // target layout name
+  int64_t tokens = 0;   // hidden states evaluated
+  int top_k = 0;
+  double max_abs_err = 0.0;
+  double norm_err = 0.0;  // ||out - ref|| / ||ref||
+  double ref_norm = 0.0;
+  double tolerance = kDefaultVerifyTolerance;
+  bool passed = false;                     // finite and norm_err <= tolerance
+  std::vector<double> expert_max_abs_err;  // [E] over the expert's unweighted outputs
+  std::vector<int64_t> expert_tokens;      // [E] tokens routed to each expert
+};
+
+// A LayerResult from a numerical comparison (passed = finite && norm_err <= tolerance).
+LayerResult make_layer_result(int64_t layer, const std::string& backend, int64_t tokens, int top_k,
+                              const ref::MoeComparison& comparison, double tolerance);
+
+struct VerifyReport {
+  std::string tool_version;
+  std::string source;       // SRC path
+  std::string destination;  // DST path
+  std::string backend;      // target layout name
+  std::string model;        // architecture / model_type, for the title
+  uint64_t seed = kDefaultVerifySeed;
+  int64_t tokens = kDefaultVerifyTokens;
+  double tolerance = kDefaultVerifyTolerance;
+  std::vector<IntegrityCheck> integrity;
+  std::vector<RoundTripCheck> round_trip;
+  std::vector<LayerResult> layers;
+  std::vector<std::string> notes;  // e.g. "layers 0-2 are dense: no MoE check"
+  bool passed = false;             // set by finalize()
+
+  // passed = every integrity, round-trip and layer check passed and at least one check ran.
+  void finalize();
+};
+
+std::string render_text(const VerifyReport& report);
+nlohmann::json to_json(const VerifyReport& report);
+std::string render_html(const VerifyReport& report);
+
+// HTML-escapes & < > " ' (exposed for tests and other HTML writers).
+std::string html_escape(const std::string& s);
+
+}  // namespace moepack
