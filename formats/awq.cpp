@@ -128,4 +128,34 @@ TensorMap pack_awq(const QuantParams&, const QuantTensor& q) {
   return out;
 }
 
+QuantSpec awq_spec_for(const QuantParams& p) {
+  QuantSpec s;
+  s.kind = CodeKind::kUint;
+  s.bits = p.bits;
+  s.group_size = p.group_size;
+  s.symmetric = p.symmetric;
+  s.scale_dtype = DType::kF16;  // AutoAWQ writes fp16 scales
+  return s;
+}
+
+std::pair<int64_t, int64_t> awq_logical_shape(const QuantParams& p,
+                                              const std::map<std::string, Shape>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "qweight");  // [K, N/pf]
+  return {s[1] * (32 / p.bits), s[0]};
+}
+
+std::vector<QuantParams> awq_param_space() {
+  std::vector<QuantParams> out;
+  for (int64_t g : {32, 64, 128}) {
+    QuantParams p;
+    p.method = QuantMethod::kAwq;
+    p.bits = 4;
+    p.group_size = g;
+    p.symmetric = false;
+    p.dtype = DType::kF16;
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace moepack

@@ -9,28 +9,26 @@
 
 namespace moepack {
 
-const char* quant_method_name(QuantMethod m) {
-  switch (m) {
-    case QuantMethod::kNone:
-      return "none";
-    case QuantMethod::kGptq:
-      return "gptq";
-    case QuantMethod::kAwq:
-      return "awq";
-    case QuantMethod::kCtPackQuantized:
-      return "compressed-tensors-pack-quantized";
-    case QuantMethod::kCtIntQuantized:
-      return "compressed-tensors-int-quantized";
-    case QuantMethod::kCtMxfp8:
-      return "compressed-tensors-mxfp8";
-    case QuantMethod::kModeloptMxfp8:
-      return "modelopt-mxfp8";
-    case QuantMethod::kModeloptFp8:
-      return "modelopt-fp8";
-    case QuantMethod::kFp8Block:
-      return "fp8-block";
-  }
-  return "unknown";
+QuantTensor::QuantTensor(const QuantSpec& spec, int64_t experts_, int64_t n_, int64_t k_)
+    : QuantSpec(spec), experts(experts_), n(n_), k(k_) {
+  codes.assign(static_cast<size_t>(experts * n * k), 0);
+  scales.assign(static_cast<size_t>(experts * scale_rows() * groups() * scale_bytes()), 0);
+  if (!symmetric) zeros.assign(static_cast<size_t>(experts * n * groups()), 0);
+}
+
+MoeShape moe_shape_of(const MoeExperts& x) {
+  MoeShape s;
+  s.experts = x.w13.experts;
+  s.w13 = {x.w13.spec(), x.w13.n, x.w13.k, !x.w13.g_idx.empty()};
+  s.w2 = {x.w2.spec(), x.w2.n, x.w2.k, !x.w2.g_idx.empty()};
+  return s;
+}
+
+[[noreturn]] void throw_unsupported(const std::string& layout, const std::string& tensor,
+                                    const std::vector<std::string>& reasons) {
+  std::string msg;
+  for (const auto& r : reasons) msg += (msg.empty() ? "" : "; ") + r;
+  throw Error(ErrorCode::kUnsupported, "", tensor, layout + ": " + msg);
 }
 
 void QuantTensor::check_consistent(const std::string& what) const {
@@ -82,18 +80,25 @@ void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const floa
   }
 }
 
-std::vector<std::string> moe_shape_problems(const LayoutOptions& o, const MoeExperts& x) {
+std::vector<std::string> moe_shape_problems(const LayoutOptions& o, const MoeShape& x) {
   const auto num = [](int64_t v) { return std::to_string(v); };
   std::vector<std::string> r;
   const int64_t shards = o.gated ? 2 : 1;
-  if (x.w13.experts != x.w2.experts)
-    r.push_back("w13 has " + num(x.w13.experts) + " experts but w2 has " + num(x.w2.experts));
   if (x.w13.k != x.w2.n)
     r.push_back("w13 K (hidden " + num(x.w13.k) + ") != w2 N (" + num(x.w2.n) + ")");
   if (x.w13.n != shards * x.w2.k)
     r.push_back("w13 N " + num(x.w13.n) + " != " + num(shards) + " x w2 K (intermediate " +
                 num(x.w2.k) + ")" + (o.gated ? " for a gated layer" : " for a non-gated layer"));
-  if (x.w13.experts < 1) r.push_back("no experts");
+  if (x.experts < 1) r.push_back("no experts");
+  return r;
+}
+
+std::vector<std::string> moe_shape_problems(const LayoutOptions& o, const MoeExperts& x) {
+  std::vector<std::string> r;
+  if (x.w13.experts != x.w2.experts)
+    r.push_back("w13 has " + std::to_string(x.w13.experts) + " experts but w2 has " +
+                std::to_string(x.w2.experts));
+  for (auto& p : moe_shape_problems(o, moe_shape_of(x))) r.push_back(std::move(p));
   return r;
 }
 
@@ -167,6 +172,17 @@ std::vector<int32_t> stable_argsort(const int32_t* values, int64_t count) {
   std::stable_sort(idx.begin(), idx.end(),
                    [values](int32_t a, int32_t b) { return values[a] < values[b]; });
   return idx;
+}
+
+const Shape& linear_tensor_shape(const std::map<std::string, Shape>& by_suffix,
+                                 const std::string& suffix) {
+  auto it = by_suffix.find(suffix);
+  if (it == by_suffix.end())
+    throw Error(ErrorCode::kMissingTensor, "", suffix, "linear has no '" + suffix + "' tensor");
+  if (it->second.size() != 2)
+    throw Error(ErrorCode::kBadShape, "", suffix,
+                "expected a 2-D tensor, got " + shape_str(it->second));
+  return it->second;
 }
 
 }  // namespace moepack

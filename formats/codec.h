@@ -9,6 +9,8 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +28,8 @@ enum class CodeKind : uint8_t {
   kFp8E4M3,  // float8_e4m3fn bytes (MXFP8, FP8 block)
 };
 
-// Normalised quantization method of a checkpoint (lib/hf_config parses config.json into it).
+// Normalised quantization method of a checkpoint (model/hf_config parses config.json into it).
+// Names, schemes and codecs per method are rows in formats/registry.cpp.
 enum class QuantMethod : uint8_t {
   kNone,             // bf16 / fp16 / fp32 weights
   kGptq,             // AutoGPTQ / GPTQModel, qweight [K/pf, N]
@@ -38,7 +41,10 @@ enum class QuantMethod : uint8_t {
   kModeloptFp8,      // ModelOpt FP8 per-tensor (recognised, not converted)
   kFp8Block,         // DeepSeek-style FP8 block, weight_scale_inv F32 [N/128, K/128]
 };
+// The method's name in manifests and messages ("gptq", "compressed-tensors-pack-quantized").
 const char* quant_method_name(QuantMethod m);
+// Inverse of quant_method_name; nullopt for an unknown name.
+std::optional<QuantMethod> parse_quant_method(const std::string& name);
 
 enum class GptqFormat : uint8_t { kV1, kV2 };  // v1 stores zero-1, v2 stores zero
 
@@ -56,26 +62,46 @@ struct QuantParams {
   bool dynamic_input = true;   // W8A8 / FP8: activations quantised at run time
 };
 
-// The canonical form: one projection of E experts, logical orientation [N, K]
-// (N = output features, K = input features, like torch.nn.Linear).
-struct QuantTensor {
-  int64_t experts = 1;
-  int64_t n = 0, k = 0;
+// How a projection's numbers are encoded, apart from its extents and bytes.
+struct QuantSpec {
   CodeKind kind = CodeKind::kUint;
   int bits = 4;
   int64_t group_size = -1;          // along K; -1 = one group over all of K
   int64_t scale_block_n = 1;        // rows of N sharing one scale row (128 for FP8 block)
-  bool symmetric = true;            // true: zero point is 2^(bits-1), `zeros` empty
+  bool symmetric = true;            // true: zero point is 2^(bits-1), no zeros stored
   DType scale_dtype = DType::kF16;  // F16, BF16, F32, or U8 holding E8M0 codes
-  std::vector<uint8_t> codes;       // [E, N, K] one code per byte
-  std::vector<uint8_t> scales;      // [E, ceil(N/scale_block_n), G] raw little-endian scale_dtype
-  std::vector<uint8_t> zeros;       // [E, N, G] real zero points (asymmetric only), may exceed
-                                    // 2^bits-1 by one for GPTQ v1 (stored 2^bits-1 means 2^bits)
-  std::vector<int32_t> g_idx;       // [E, K] group of each input row, or empty
 
-  int64_t groups() const { return group_size <= 0 ? 1 : (k + group_size - 1) / group_size; }
-  int64_t scale_rows() const { return (n + scale_block_n - 1) / scale_block_n; }
+  int64_t groups(int64_t k) const {
+    return group_size <= 0 ? 1 : (k + group_size - 1) / group_size;
+  }
+  int64_t scale_rows(int64_t n) const { return (n + scale_block_n - 1) / scale_block_n; }
   int scale_bytes() const { return dtype_bits(scale_dtype) / 8; }
+  bool operator==(const QuantSpec& o) const {
+    return kind == o.kind && bits == o.bits && group_size == o.group_size &&
+           scale_block_n == o.scale_block_n && symmetric == o.symmetric &&
+           scale_dtype == o.scale_dtype;
+  }
+  bool operator!=(const QuantSpec& o) const { return !(*this == o); }
+};
+
+// The canonical form: one projection of E experts, logical orientation [N, K]
+// (N = output features, K = input features, like torch.nn.Linear): a QuantSpec plus the bytes.
+struct QuantTensor : QuantSpec {
+  int64_t experts = 1;
+  int64_t n = 0, k = 0;
+  std::vector<uint8_t> codes;   // [E, N, K] one code per byte
+  std::vector<uint8_t> scales;  // [E, ceil(N/scale_block_n), G] raw little-endian scale_dtype
+  std::vector<uint8_t> zeros;   // [E, N, G] real zero points (asymmetric only), may exceed
+                                // 2^bits-1 by one for GPTQ v1 (stored 2^bits-1 means 2^bits)
+  std::vector<int32_t> g_idx;   // [E, K] group of each input row, or empty
+
+  QuantTensor() = default;
+  // Zero-filled codes, scales and (asymmetric) zeros of the right sizes; g_idx empty.
+  QuantTensor(const QuantSpec& spec, int64_t experts, int64_t n, int64_t k);
+
+  const QuantSpec& spec() const { return *this; }
+  int64_t groups() const { return QuantSpec::groups(k); }
+  int64_t scale_rows() const { return QuantSpec::scale_rows(n); }
   // Checks vector sizes against the shape; throws kInternal naming `what` on mismatch.
   void check_consistent(const std::string& what) const;
 };
@@ -84,10 +110,56 @@ struct QuantTensor {
 // every backend's numerical check is compared against.
 std::vector<float> dequantize_expert(const QuantTensor& q, int64_t expert);
 
+enum class MoeProj : uint8_t { kW13, kW2 };
+
+// One MoE layer's experts in canonical form: w13 stacked [gate; up] along N (vLLM order).
+struct MoeExperts {
+  QuantTensor w13;  // [E, 2I, H] (gated) or [E, I, H]
+  QuantTensor w2;   // [E, H, I]
+};
+
+// What a target layout decides on without reading bytes: one projection's encoding and extents,
+// and whether it carries a non-trivial act-order g_idx.
+struct ProjShape {
+  QuantSpec quant;
+  int64_t n = 0, k = 0;
+  bool act_order = false;
+};
+struct MoeShape {
+  int64_t experts = 0;
+  ProjShape w13, w2;
+  int64_t hidden() const { return w13.k; }
+  int64_t inter() const { return w2.k; }
+};
+MoeShape moe_shape_of(const MoeExperts& x);
+
+// Target GPU architectures a layout's kernel runs on (a flag, never the GPU present).
+enum class TargetArch : uint8_t { kSm80, kSm89, kSm90, kSm100, kSm120 };
+TargetArch parse_target_arch(const std::string& s);  // throws kUsage listing the names
+const char* target_arch_name(TargetArch a);
+const std::vector<TargetArch>& all_target_archs();
+std::string target_arch_names(const std::string& separator = ", ");
+
 // A checkpoint format: one Linear (one expert projection) <-> QuantTensor with experts == 1.
 struct SourceCodec {
   const char* name;  // "gptq", "awq", "ct-pack", ...
   QuantMethod method;
+  // The kernel scheme its experts are ("wna16", "w8a8-int8", "mxfp8", "fp8-block"): target
+  // layouts declare which schemes they take.
+  const char* scheme;
+  // For lists of supported formats in errors and help.
+  const char* description;
+  // The canonical encoding of the experts a checkpoint with these params holds.
+  QuantSpec (*spec_for)(const QuantParams&);
+  // Logical (N, K) of one Linear from its tensors' shapes by suffix. Throws kMissingTensor /
+  // kBadShape naming the suffix.
+  std::pair<int64_t, int64_t> (*logical_shape)(const QuantParams&,
+                                               const std::map<std::string, Shape>& by_suffix);
+  // Optional (nullptr): params corrected from the first Linear's tensors (e.g. GPTQ v1/v2 zero
+  // convention detected from stored qzeros).
+  QuantParams (*refine)(const QuantParams&, const std::map<std::string, TensorView>& by_suffix);
+  // Optional (nullptr): why no target can serve checkpoints with these params at all.
+  std::vector<std::string> (*refusals)(const QuantParams&);
   // Tensor suffixes one Linear has on disk, e.g. {"qweight","qzeros","scales","g_idx"}; the
   // optional ones are listed by `optional_suffixes`.
   std::vector<std::string> (*required_suffixes)(const QuantParams&);
@@ -96,6 +168,8 @@ struct SourceCodec {
   QuantTensor (*unpack)(const QuantParams&, const TensorMap& by_suffix, int64_t n, int64_t k);
   // Exact inverse of unpack for the tensors unpack reads.
   TensorMap (*pack)(const QuantParams&, const QuantTensor&);
+  // Parameter combinations the codec reads and writes: the registry suite's sample space.
+  std::vector<QuantParams> (*param_space)();
 };
 
 // Options a target layout takes.
@@ -112,19 +186,30 @@ struct LayoutOptions {
   int threads = 1;  // worker threads; output bytes never depend on it
 };
 
-enum class MoeProj : uint8_t { kW13, kW2 };
-
-// One MoE layer's experts in canonical form: w13 stacked [gate; up] along N (vLLM order).
-struct MoeExperts {
-  QuantTensor w13;  // [E, 2I, H] (gated) or [E, I, H]
-  QuantTensor w2;   // [E, H, I]
+// One output parameter as a layout writes it.
+struct ParamSpec {
+  std::string name;  // with LayoutOptions::prefix
+  DType dtype = DType::kU8;
+  Shape shape;
+  bool operator==(const ParamSpec& o) const {
+    return name == o.name && dtype == o.dtype && shape == o.shape;
+  }
 };
 
 // A backend layout: one MoE layer's stacked experts <-> the kernel's parameters, named and
 // shaped like vLLM's FusedMoE parameters after process_weights_after_loading.
 struct TargetLayout {
-  const char* name;  // "marlin", "triton-wna16", "trtllm-mxfp8", ...
+  const char* name;    // the --backend name: "marlin", "triton-wna16", "trtllm-mxfp8", ...
+  const char* kernel;  // the serving kernel that reads it, for messages and docs
   int layout_version;
+  std::vector<std::string> schemes;  // SourceCodec::scheme values it takes
+  std::vector<TargetArch> archs;     // where its serving kernel runs
+  int priority;                      // `--backend auto` tries lower first
+  // Every reason these options and shapes cannot be written in this layout, one sentence with
+  // the numbers each; empty = supported. Decided from shapes alone (no bytes, no packing).
+  std::vector<std::string> (*unsupported_reasons)(const LayoutOptions&, const MoeShape&);
+  // Exactly the parameters pack emits for experts of this shape: names, dtypes, shapes.
+  std::vector<ParamSpec> (*param_specs)(const LayoutOptions&, const MoeShape&);
   std::vector<Tensor> (*pack)(const LayoutOptions&, const MoeExperts&);
   // Recovers exactly what pack consumed (scales in the layout's dtype).
   MoeExperts (*unpack)(const LayoutOptions&, const TensorMap& params_by_name);
@@ -134,8 +219,10 @@ struct TargetLayout {
   void (*expert_matmul)(const LayoutOptions&, const TensorMap& params_by_name, MoeProj proj,
                         int64_t expert, const float* x, int64_t m, float* y);
   // Human-readable ways this layout deliberately differs from what vLLM's loader would write
-  // for these experts (recorded in moepack.json); empty when identical.
-  std::vector<std::string> (*deviations_from_vllm)(const LayoutOptions&, const MoeExperts&);
+  // for experts of this shape (recorded per layer in moepack.json); empty when identical.
+  std::vector<std::string> (*deviations_from_vllm)(const LayoutOptions&, const MoeShape&);
+  // Optional (nullptr): deviations an option causes whatever the layer (recorded once).
+  std::vector<std::string> (*option_deviations)(const LayoutOptions&);
 };
 
 // The explicit registry tables (formats/registry.cpp).
@@ -143,6 +230,21 @@ const std::vector<SourceCodec>& source_codecs();
 const std::vector<TargetLayout>& target_layouts();
 const SourceCodec* find_source_codec(QuantMethod method);
 const TargetLayout* find_target_layout(const std::string& name);
+// The scheme label of a method: its codec's, or a label for methods no codec reads
+// ("unquantized", "fp8-per-tensor").
+std::string scheme_of(QuantMethod method);
+// The shape of a layer's experts as a checkpoint with these params holds them (no bytes): what
+// the oracle and the planner decide on. act_order_w13 / act_order_w2: whether that projection
+// carries a non-trivial g_idx (-1: take q.act_order); integer codes with more than one group
+// only. Throws kUnsupported when no codec reads q.method.
+MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, int64_t inter,
+                       bool gated, int act_order_w13 = -1, int act_order_w2 = -1);
+// "marlin, triton-wna16, ..." in registry order, and the supported source formats as prose.
+std::string target_layout_names(const std::string& separator = ", ");
+std::string supported_formats_text();
+// Joins a layout's reasons into one kUnsupported error naming `tensor` (pack's refusal).
+[[noreturn]] void throw_unsupported(const std::string& layout, const std::string& tensor,
+                                    const std::vector<std::string>& reasons);
 
 // Generic helpers shared by codecs.
 // y[i, n] = x[i, :] . w_row for i < m (x [m, k] and y [m, ldy] row-major): the output column of
@@ -152,12 +254,18 @@ void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const floa
 // Whether w13 and w2 form one MoE layer (same experts, w13 K == w2 N, w13 N == (2 if gated) x
 // w2 K); empty when they do. A mismatch is a caller bug or a malformed layer (kBadShape), not a
 // layout limitation.
+std::vector<std::string> moe_shape_problems(const LayoutOptions& opts, const MoeShape& x);
+// The same for experts in hand, plus w13 and w2 disagreeing in their expert counts.
 std::vector<std::string> moe_shape_problems(const LayoutOptions& opts, const MoeExperts& x);
 // Throws kBadShape (naming opts.prefix + "w13_weight") listing moe_shape_problems, then checks
 // each QuantTensor's buffer sizes.
 void check_moe_structure(const LayoutOptions& opts, const MoeExperts& x);
 // Looks up `key` in a codec's tensor map; kMissingTensor naming the key ("<what> lacks 'key'").
 const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what);
+// The 2-D shape of one Linear's tensor by suffix, for SourceCodec::logical_shape (kMissingTensor
+// / kBadShape naming the suffix otherwise).
+const Shape& linear_tensor_shape(const std::map<std::string, Shape>& by_suffix,
+                                 const std::string& suffix);
 // One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.
 float scale_to_float(const uint8_t* p, DType d);
 std::vector<int32_t> invert_permutation(const std::vector<int32_t>& perm);

@@ -258,4 +258,64 @@ TensorMap pack_ct_int8(const QuantParams&, const QuantTensor& q) {
   return out;
 }
 
+QuantSpec ct_pack_spec_for(const QuantParams& p) {
+  QuantSpec s;
+  s.kind = CodeKind::kUint;
+  s.bits = p.bits;
+  s.group_size = p.group_size;
+  s.symmetric = p.symmetric;
+  s.scale_dtype = p.dtype;  // compressed-tensors writes scales in the model dtype
+  return s;
+}
+
+std::pair<int64_t, int64_t> ct_pack_logical_shape(const QuantParams& p,
+                                                  const std::map<std::string, Shape>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "weight_packed");  // [N, K/pf]
+  return {s[0], s[1] * (32 / p.bits)};
+}
+
+std::vector<QuantParams> ct_pack_param_space() {
+  std::vector<QuantParams> out;
+  for (int bits : {4, 8})
+    for (int64_t g : {int64_t{-1}, int64_t{32}, int64_t{128}})
+      for (bool act : {false, true})
+        for (DType d : {DType::kBF16, DType::kF16}) {
+          if (act && g < 0) continue;
+          QuantParams p;
+          p.method = QuantMethod::kCtPackQuantized;
+          p.bits = bits;
+          p.group_size = g;
+          p.act_order = act;
+          p.actorder = act ? "group" : "";
+          p.dtype = d;
+          out.push_back(p);
+        }
+  return out;
+}
+
+QuantSpec ct_int8_spec_for(const QuantParams&) {
+  QuantSpec s;
+  s.kind = CodeKind::kInt;
+  s.bits = 8;
+  s.group_size = -1;
+  s.scale_dtype = DType::kF32;  // a stand-in: unpack keeps each checkpoint tensor's own dtype
+  return s;
+}
+
+std::vector<std::string> ct_int8_refusals(const QuantParams& p) {
+  if (p.dynamic_input) return {};
+  return {
+      "static input scales are not supported (vLLM's W8A8 int8 MoE needs dynamic per-token "
+      "activations)"};
+}
+
+std::vector<QuantParams> ct_int8_param_space() {
+  QuantParams p;
+  p.method = QuantMethod::kCtIntQuantized;
+  p.bits = 8;
+  p.group_size = -1;
+  p.dtype = DType::kBF16;
+  return {p};
+}
+
 }  // namespace moepack

@@ -111,4 +111,22 @@ TensorMap pack_fp8_block(const QuantParams& p, const QuantTensor& q) {
   return out;
 }
 
+QuantSpec fp8_block_spec_for(const QuantParams& p) {
+  QuantSpec s;
+  s.kind = CodeKind::kFp8E4M3;
+  s.bits = 8;
+  s.group_size = p.block_k;
+  s.scale_block_n = p.block_n;
+  s.scale_dtype = DType::kF32;
+  return s;
+}
+
+std::vector<QuantParams> fp8_block_param_space() {
+  QuantParams p;
+  p.method = QuantMethod::kFp8Block;
+  p.bits = 8;
+  p.group_size = 128;
+  return {p};
+}
+
 }  // namespace moepack

@@ -13,4 +13,7 @@ QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, i
                              int64_t k);
 TensorMap pack_fp8_block(const QuantParams& p, const QuantTensor& q);
 
+QuantSpec fp8_block_spec_for(const QuantParams& p);
+std::vector<QuantParams> fp8_block_param_space();
+
 }  // namespace moepack

@@ -210,4 +210,49 @@ GptqFormat detect_gptq_zero_format(const TensorView& qzeros, int bits, bool symm
   return label;
 }
 
+QuantSpec gptq_spec_for(const QuantParams& p) {
+  QuantSpec s;
+  s.kind = CodeKind::kUint;
+  s.bits = p.bits;
+  s.group_size = p.group_size;
+  s.symmetric = p.symmetric;
+  s.scale_dtype = DType::kF16;  // AutoGPTQ and GPTQModel write fp16 scales
+  return s;
+}
+
+std::pair<int64_t, int64_t> gptq_logical_shape(const QuantParams& p,
+                                               const std::map<std::string, Shape>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "qweight");  // [K/pf, N]
+  return {s[1], s[0] * gptq_pack_factor(p.bits)};
+}
+
+QuantParams gptq_refine(const QuantParams& p, const std::map<std::string, TensorView>& by_suffix) {
+  QuantParams q = p;
+  auto it = by_suffix.find("qzeros");
+  if (q.symmetric && it != by_suffix.end())
+    q.gptq_format = detect_gptq_zero_format(it->second, q.bits, q.symmetric, q.gptq_format);
+  return q;
+}
+
+std::vector<QuantParams> gptq_param_space() {
+  std::vector<QuantParams> out;
+  for (int bits : {4, 8})
+    for (int64_t g : {int64_t{-1}, int64_t{32}, int64_t{128}})
+      for (bool sym : {true, false})
+        for (bool act : {false, true})
+          for (GptqFormat f : {GptqFormat::kV1, GptqFormat::kV2}) {
+            if (act && g < 0) continue;  // one group: act-order permutes nothing
+            QuantParams p;
+            p.method = QuantMethod::kGptq;
+            p.bits = bits;
+            p.group_size = g;
+            p.symmetric = sym;
+            p.act_order = act;
+            p.gptq_format = f;
+            p.dtype = DType::kF16;
+            out.push_back(p);
+          }
+  return out;
+}
+
 }  // namespace moepack

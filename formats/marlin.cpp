@@ -310,8 +310,7 @@ bool marlin_scales_grouped(const LayoutOptions& opts, MoeProj proj, int64_t grou
   return group_size != -1 && group_size < size_k;
 }
 
-std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
-                                                    const MoeExperts& x) {
+std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts, const MoeShape& x) {
   std::vector<std::string> why;
   const QuantMethod m = opts.source_method;
   const bool awq = m == QuantMethod::kAwq;
@@ -321,15 +320,16 @@ std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
   if (opts.act_dtype != DType::kF16 && opts.act_dtype != DType::kBF16)
     why.push_back(std::string("activation dtype ") + dtype_name(opts.act_dtype) +
                   " (Marlin takes F16 or BF16)");
-  const QuantTensor* qs[2] = {&x.w13, &x.w2};
+  const ProjShape* qs[2] = {&x.w13, &x.w2};
   for (int i = 0; i < 2; ++i) {
-    const QuantTensor& q = *qs[i];
+    const ProjShape& s = *qs[i];
+    const QuantSpec& q = s.quant;
     const std::string p = i == 0 ? "w13" : "w2";
     if (q.kind != CodeKind::kUint) why.push_back(p + ": codes are not unsigned integer codes");
     if (q.bits != 4 && q.bits != 8) why.push_back(p + ": bits=" + num(q.bits) + " (Marlin: 4, 8)");
     if (awq && q.bits != 4) why.push_back(p + ": AWQ on Marlin is 4-bit only, bits=" + num(q.bits));
     if (awq && q.symmetric) why.push_back(p + ": AWQ layout needs explicit zero points");
-    if (awq && !q.g_idx.empty()) why.push_back(p + ": AWQ on Marlin has no act-order (g_idx)");
+    if (awq && s.act_order) why.push_back(p + ": AWQ on Marlin has no act-order (g_idx)");
     if (!awq && !q.symmetric)
       why.push_back(p + ": asymmetric " + quant_method_name(m) +
                     " codes (only AWQ may carry zero points on Marlin MoE)");
@@ -341,18 +341,17 @@ std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
       why.push_back(p + ": scales shared by " + num(q.scale_block_n) + " rows");
     if (!wna16::is_float_scale_dtype(q.scale_dtype))
       why.push_back(p + std::string(": scale dtype ") + dtype_name(q.scale_dtype));
-    if (opts.a8 && !q.g_idx.empty())
+    if (opts.a8 && s.act_order)
       why.push_back(p + ": act-order with 8-bit activations (no a8 act-order Marlin variant)");
-    if (opts.a8 && q.k % 32 != 0)
-      why.push_back(p + ": K=" + num(q.k) + " is not a multiple of 32 (a8 tiles)");
+    if (opts.a8 && s.k % 32 != 0)
+      why.push_back(p + ": K=" + num(s.k) + " is not a multiple of 32 (a8 tiles)");
   }
-  if (x.w13.bits != x.w2.bits || x.w13.group_size != x.w2.group_size ||
-      x.w13.symmetric != x.w2.symmetric)
-    why.push_back("w13 and w2 differ in bits/group_size/symmetry (" + num(x.w13.bits) + "/" +
-                  num(x.w13.group_size) + " vs " + num(x.w2.bits) + "/" + num(x.w2.group_size) +
-                  ")");
-  if (x.w13.experts != x.w2.experts || x.w13.experts < 1)
-    why.push_back("expert counts w13=" + num(x.w13.experts) + " w2=" + num(x.w2.experts));
+  if (x.w13.quant.bits != x.w2.quant.bits || x.w13.quant.group_size != x.w2.quant.group_size ||
+      x.w13.quant.symmetric != x.w2.quant.symmetric)
+    why.push_back("w13 and w2 differ in bits/group_size/symmetry (" + num(x.w13.quant.bits) + "/" +
+                  num(x.w13.quant.group_size) + " vs " + num(x.w2.quant.bits) + "/" +
+                  num(x.w2.quant.group_size) + ")");
+  if (x.experts < 1) why.push_back("expert count " + num(x.experts));
   const int64_t H = x.w13.k, I = x.w2.k;
   const int64_t want_n13 = opts.gated ? 2 * I : I;
   if (x.w13.n != want_n13 || x.w2.n != H)
@@ -360,12 +359,19 @@ std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
                   ", " + num(x.w2.k) + "] are not " +
                   (opts.gated ? "[2I, H], [H, I]" : "[I, H], [H, I]"));
   if (H % 128 != 0) why.push_back("hidden size H=" + num(H) + " is not a multiple of 128");
-  const int64_t ig = std::max<int64_t>(64, x.w13.group_size);
+  const int64_t ig = std::max<int64_t>(64, x.w13.quant.group_size);
   if (I <= 0 || I % ig != 0)
     why.push_back("intermediate size I=" + num(I) +
                   " is not a multiple of max(64, group_size)=" + num(ig));
-  // With act-order the kernel (is_k_full) takes row k of the sorted order to be in group
-  // k / group_size, so each group must hold exactly group_size rows.
+  return why;
+}
+
+// Data, not shape: with act-order the kernel (is_k_full) takes row k of the sorted order to be
+// in group k / group_size, so each group of every expert's g_idx must hold exactly group_size
+// rows.
+std::vector<std::string> marlin_g_idx_reasons(const MoeExperts& x) {
+  std::vector<std::string> why;
+  const QuantTensor* qs[2] = {&x.w13, &x.w2};
   for (int i = 0; i < 2; ++i) {
     const QuantTensor& q = *qs[i];
     if (q.g_idx.empty() || q.group_size <= 0 || q.k % q.group_size != 0) continue;
@@ -475,7 +481,8 @@ void pack_projection(const LayoutOptions& opts, const QuantTensor& q, MoeProj pr
 std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts& x) {
   x.w13.check_consistent("w13");
   x.w2.check_consistent("w2");
-  const std::vector<std::string> why = marlin_unsupported_reasons(opts, x);
+  std::vector<std::string> why = marlin_unsupported_reasons(opts, moe_shape_of(x));
+  for (auto& r : marlin_g_idx_reasons(x)) why.push_back(std::move(r));
   if (!why.empty()) {
     std::string msg;
     for (const auto& w : why) msg += (msg.empty() ? "" : "; ") + w;
@@ -748,47 +755,78 @@ void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params, Mo
 // ---- deviations
 // ----------------------------------------------------------------------------------
 
-std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
-                                                     const MoeExperts& x) {
+std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts, const MoeShape& x) {
   std::vector<std::string> dev;
   const QuantMethod m = opts.source_method;
-  const QuantTensor* qs[2] = {&x.w13, &x.w2};
-  const int64_t I = x.w2.k;
+  const ProjShape* qs[2] = {&x.w13, &x.w2};
+  const int64_t I = x.inter();
   for (int i = 0; i < 2; ++i) {
-    const QuantTensor& q = *qs[i];
+    const ProjShape& s = *qs[i];
+    const QuantSpec& q = s.quant;
     const MoeProj proj = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
     const std::string p = proj_name(proj);
-    if (m == QuantMethod::kGptq && !q.g_idx.empty())
+    if (m == QuantMethod::kGptq && s.act_order)
       dev.push_back(p +
                     "_g_idx: moepack stores the sorted g_idx (what the kernel reads when "
                     "is_k_full is false); vLLM@9aaf83ef _process_weights_marlin returns the "
                     "unsorted checkpoint g_idx (int_wna16.py L290 vs L372, since PR #37990)");
-    const int64_t G = q.groups();
+    const int64_t G = q.groups(s.k);
     const bool kernel = marlin_scales_grouped(opts, proj, q.group_size, G, I, q.bits, false);
     const bool vllm = marlin_scales_grouped(opts, proj, q.group_size, G, I, q.bits, true);
     if (kernel != vllm && !opts.vllm_w13_scale_size_k) {
       const int64_t w13_n = opts.gated ? 2 * I : I;
       dev.push_back(
           p + "_scales: moepack uses the " + (kernel ? "grouped (64)" : "single (32)") +
-          " scale permutation the kernel expects for G=" + num(G) + " groups over K=" + num(q.k) +
+          " scale permutation the kernel expects for G=" + num(G) + " groups over K=" + num(s.k) +
           " (group_size " + num(q.group_size) + "); vLLM's loader passes size_k=" +
           num(vllm_scale_size_k(m, proj, q.group_size, G, I, w13_n, q.bits)) + " and picks the " +
           (vllm ? "grouped (64)" : "single (32)") + " one (spec §4.3, upstream PR #50196)");
     }
   }
-  if (m == QuantMethod::kGptq && x.w13.bits == 8)
+  if (m == QuantMethod::kGptq && x.w13.quant.bits == 8)
     dev.push_back(
         "GPTQ int8 on Marlin MoE appears broken in vLLM@9aaf83ef "
         "(gptq_marlin_moe_quant_config(weight_bits=8) gives use_int8_w8a16, which "
         "MarlinExpertsBase rejects); moepack writes the uint8b128 layout the kernel "
         "takes, as vLLM's compressed-tensors int8 path does");
-  if (opts.a8 && (x.w13.groups() > 1 || x.w2.groups() > 1))
+  if (opts.a8 && (x.w13.quant.groups(x.w13.k) > 1 || x.w2.quant.groups(x.w2.k) > 1))
     dev.push_back(
         "a8: scales are written permuted (single) in the activation dtype; vLLM's "
         "int8-activation path additionally rewrites grouped scales as int16 "
         "(marlin_act_int8_process_scales) and the fp8 path scales them by 512 -- "
         "moepack does neither");
   return dev;
+}
+
+}  // namespace moepack
+
+namespace moepack {
+
+std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts) {
+  if (!opts.vllm_w13_scale_size_k) return {};
+  return {
+      "--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
+      "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
+      "instead, and verify reports the layer (spec §4.3)"};
+}
+
+std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeShape& x) {
+  std::vector<ParamSpec> out;
+  const int64_t E = x.experts;
+  for (const ProjShape* s : {&x.w13, &x.w2}) {
+    const MarlinParamNames names =
+        marlin_param_names(opts.source_method, s == &x.w13 ? MoeProj::kW13 : MoeProj::kW2);
+    const std::string& pre = opts.prefix;
+    const int64_t N = s->n, K = s->k, G = s->quant.groups(K);
+    const int pf = marlin::pack_factor(s->quant.bits);
+    const int64_t gk = s->act_order ? K : 0;
+    out.push_back({pre + names.qweight, DType::kI32, {E, K / 16, N * 16 / pf}});
+    out.push_back({pre + names.scales, opts.act_dtype, {E, G, N}});
+    if (!names.qzeros.empty()) out.push_back({pre + names.qzeros, DType::kI32, {E, G, N / pf}});
+    if (!names.g_idx.empty()) out.push_back({pre + names.g_idx, DType::kI32, {E, gk}});
+    out.push_back({pre + names.sort_indices, DType::kI32, {E, gk}});
+  }
+  return out;
 }
 
 }  // namespace moepack

@@ -22,13 +22,17 @@ MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params_
 void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name, MoeProj proj,
                           int64_t expert, const float* x, int64_t m, float* y);
 std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
-                                                     const MoeExperts& experts);
+                                                     const MoeShape& shape);
+std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts);
+std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeShape& shape);
 
-// Everything the Marlin MoE kernel (or vLLM's Marlin MoE path) cannot take for these experts, one
-// sentence with the numbers per reason; empty = supported. pack_marlin_moe throws kUnsupported
-// with all of them joined.
+// Everything the Marlin MoE kernel (or vLLM's Marlin MoE path) cannot take for experts of this
+// shape, one sentence with the numbers per reason; empty = supported. pack_marlin_moe throws
+// kUnsupported with all of them joined, and with marlin_g_idx_reasons.
 std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts,
-                                                    const MoeExperts& experts);
+                                                    const MoeShape& shape);
+// What the bytes add: an act-order g_idx whose groups do not hold exactly group_size rows.
+std::vector<std::string> marlin_g_idx_reasons(const MoeExperts& experts);
 
 // vLLM parameter names of one projection (without opts.prefix) for a source method.
 struct MarlinParamNames {

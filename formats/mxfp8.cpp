@@ -151,4 +151,21 @@ QuantTensor quantize_mxfp8(const float* w, int64_t experts, int64_t n, int64_t k
   return q;
 }
 
+QuantSpec mxfp8_spec_for(const QuantParams&) {
+  QuantSpec s;
+  s.kind = CodeKind::kFp8E4M3;
+  s.bits = 8;
+  s.group_size = kMxBlock;
+  s.scale_dtype = DType::kU8;
+  return s;
+}
+
+std::vector<QuantParams> mxfp8_param_space() {
+  QuantParams p;
+  p.method = QuantMethod::kModeloptMxfp8;
+  p.bits = 8;
+  p.group_size = kMxBlock;
+  return {p};
+}
+
 }  // namespace moepack

@@ -24,4 +24,7 @@ enum class MxRecipe : uint8_t {
 // Quantises float weights [E, N, K] (K % 32 == 0) to MXFP8 (codes e4m3, scales U8 E8M0).
 QuantTensor quantize_mxfp8(const float* w, int64_t experts, int64_t n, int64_t k, MxRecipe recipe);
 
+QuantSpec mxfp8_spec_for(const QuantParams& p);
+std::vector<QuantParams> mxfp8_param_space();
+
 }  // namespace moepack

@@ -1,5 +1,7 @@
-// The explicit codec registry (STYLE.md §1): a table, not self-registering statics that a
-// static link could drop. Adding a format = its file pair + one row here.
+// The explicit registry tables (STYLE.md §1): tables, not self-registering statics that a
+// static link could drop. A new format is its codec file pair plus one row here (and one
+// normaliser row in model/hf_config.cpp, one generator row in synth/synth.cpp);
+// docs/architecture.md has the checklist.
 #include "formats/awq.h"
 #include "formats/codec.h"
 #include "formats/compressed_tensors.h"
@@ -14,40 +16,149 @@
 
 namespace moepack {
 
+namespace {
+
+// Every quantization method's name, and a scheme label for the methods no codec reads.
+struct QuantMethodRow {
+  QuantMethod method;
+  const char* name;
+  const char* scheme_without_codec;
+};
+const std::vector<QuantMethodRow>& quant_method_rows() {
+  static const std::vector<QuantMethodRow> rows = {
+      {QuantMethod::kNone, "none", "unquantized"},
+      {QuantMethod::kGptq, "gptq", nullptr},
+      {QuantMethod::kAwq, "awq", nullptr},
+      {QuantMethod::kCtPackQuantized, "compressed-tensors-pack-quantized", nullptr},
+      {QuantMethod::kCtIntQuantized, "compressed-tensors-int-quantized", nullptr},
+      {QuantMethod::kCtMxfp8, "compressed-tensors-mxfp8", nullptr},
+      {QuantMethod::kModeloptMxfp8, "modelopt-mxfp8", nullptr},
+      {QuantMethod::kModeloptFp8, "modelopt-fp8", "fp8-per-tensor"},
+      {QuantMethod::kFp8Block, "fp8-block", nullptr},
+  };
+  return rows;
+}
+
+std::pair<int64_t, int64_t> weight_logical_shape(const QuantParams&,
+                                                 const std::map<std::string, Shape>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "weight");  // [N, K]
+  return {s[0], s[1]};
+}
+
+std::vector<QuantParams> ct_mxfp8_param_space() {
+  std::vector<QuantParams> v = mxfp8_param_space();
+  for (auto& p : v) p.method = QuantMethod::kCtMxfp8;
+  return v;
+}
+
+}  // namespace
+
 const std::vector<SourceCodec>& source_codecs() {
-  // {name, method, required_suffixes, optional_suffixes, unpack, pack}
+  // {name, method, scheme, description, spec_for, logical_shape, refine, refusals,
+  //  required_suffixes, optional_suffixes, unpack, pack, param_space}
   static const std::vector<SourceCodec> table = {
-      {"gptq", QuantMethod::kGptq, gptq_required_suffixes, gptq_optional_suffixes, unpack_gptq,
-       pack_gptq},
-      {"awq", QuantMethod::kAwq, awq_required_suffixes, awq_optional_suffixes, unpack_awq,
-       pack_awq},
-      {"ct-pack-quantized", QuantMethod::kCtPackQuantized, ct_pack_required_suffixes,
-       ct_pack_optional_suffixes, unpack_ct_pack, pack_ct_pack},
-      {"ct-int-quantized", QuantMethod::kCtIntQuantized, ct_int8_required_suffixes,
-       ct_int8_optional_suffixes, unpack_ct_int8, pack_ct_int8},
-      {"modelopt-mxfp8", QuantMethod::kModeloptMxfp8, mxfp8_required_suffixes,
-       mxfp8_optional_suffixes, unpack_mxfp8, pack_mxfp8},
-      {"ct-mxfp8", QuantMethod::kCtMxfp8, mxfp8_required_suffixes, mxfp8_optional_suffixes,
-       unpack_mxfp8, pack_mxfp8},
-      {"fp8-block", QuantMethod::kFp8Block, fp8_block_required_suffixes,
-       fp8_block_optional_suffixes, unpack_fp8_block, pack_fp8_block},
+      {"gptq", QuantMethod::kGptq, "wna16",
+       "gptq (4/8-bit, sym; asym for triton-wna16; desc_act; gptq and gptq_v2)", gptq_spec_for,
+       gptq_logical_shape, gptq_refine, nullptr, gptq_required_suffixes, gptq_optional_suffixes,
+       unpack_gptq, pack_gptq, gptq_param_space},
+      {"awq", QuantMethod::kAwq, "wna16", "awq (4-bit gemm with zero points)", awq_spec_for,
+       awq_logical_shape, nullptr, nullptr, awq_required_suffixes, awq_optional_suffixes,
+       unpack_awq, pack_awq, awq_param_space},
+      {"ct-pack-quantized", QuantMethod::kCtPackQuantized, "wna16",
+       "compressed-tensors pack-quantized (W4A16/W8A16, group/channel, actorder)", ct_pack_spec_for,
+       ct_pack_logical_shape, nullptr, nullptr, ct_pack_required_suffixes,
+       ct_pack_optional_suffixes, unpack_ct_pack, pack_ct_pack, ct_pack_param_space},
+      {"ct-int-quantized", QuantMethod::kCtIntQuantized, "w8a8-int8",
+       "compressed-tensors int-quantized (W8A8 int8, channel, dynamic tokens)", ct_int8_spec_for,
+       weight_logical_shape, nullptr, ct_int8_refusals, ct_int8_required_suffixes,
+       ct_int8_optional_suffixes, unpack_ct_int8, pack_ct_int8, ct_int8_param_space},
+      {"ct-mxfp8", QuantMethod::kCtMxfp8, "mxfp8", "compressed-tensors mxfp8-quantized",
+       mxfp8_spec_for, weight_logical_shape, nullptr, nullptr, mxfp8_required_suffixes,
+       mxfp8_optional_suffixes, unpack_mxfp8, pack_mxfp8, ct_mxfp8_param_space},
+      {"modelopt-mxfp8", QuantMethod::kModeloptMxfp8, "mxfp8", "modelopt MXFP8", mxfp8_spec_for,
+       weight_logical_shape, nullptr, nullptr, mxfp8_required_suffixes, mxfp8_optional_suffixes,
+       unpack_mxfp8, pack_mxfp8, mxfp8_param_space},
+      {"fp8-block", QuantMethod::kFp8Block, "fp8-block", "fp8 block (weight_block_size [128, 128])",
+       fp8_block_spec_for, weight_logical_shape, nullptr, nullptr, fp8_block_required_suffixes,
+       fp8_block_optional_suffixes, unpack_fp8_block, pack_fp8_block, fp8_block_param_space},
   };
   return table;
 }
 
 const std::vector<TargetLayout>& target_layouts() {
-  // {name, layout_version, pack, unpack, expert_matmul, deviations_from_vllm}
+  using A = TargetArch;
+  static const std::vector<A> every_arch = all_target_archs();
+  // FlashInfer's TRT-LLM-Gen MoE kernels run only on the SM100 family (Blackwell).
+  static const std::vector<A> sm100 = {A::kSm100};
+  // {name, kernel, layout_version, schemes, archs, priority, unsupported_reasons, param_specs,
+  // pack,
+  //  unpack, expert_matmul, deviations_from_vllm, option_deviations}
   static const std::vector<TargetLayout> table = {
-      {"marlin", 1, pack_marlin_moe, unpack_marlin_moe, marlin_expert_matmul,
-       marlin_deviations_from_vllm},
-      {"triton-wna16", 1, pack_triton_wna16_moe, unpack_triton_wna16_moe,
-       triton_wna16_expert_matmul, triton_wna16_deviations_from_vllm},
-      {"triton-int8", 1, pack_triton_int8_moe, unpack_triton_int8_moe, triton_int8_expert_matmul,
-       triton_int8_deviations_from_vllm},
-      {"trtllm-mxfp8", 1, pack_trtllm_mxfp8_moe, unpack_trtllm_mxfp8_moe,
-       trtllm_mxfp8_expert_matmul, trtllm_mxfp8_deviations_from_vllm},
-      {"trtllm-fp8-block", 1, pack_trtllm_fp8_block_moe, unpack_trtllm_fp8_block_moe,
-       trtllm_fp8_block_expert_matmul, trtllm_fp8_block_deviations_from_vllm},
+      {"marlin",
+       "vLLM's fused Marlin MoE kernel",
+       1,
+       {"wna16"},
+       every_arch,
+       0,
+       marlin_unsupported_reasons,
+       marlin_param_specs,
+       pack_marlin_moe,
+       unpack_marlin_moe,
+       marlin_expert_matmul,
+       marlin_deviations_from_vllm,
+       marlin_option_deviations},
+      {"triton-wna16",
+       "vLLM's Triton fused_moe kernel (moe_wna16)",
+       1,
+       {"wna16"},
+       every_arch,
+       1,
+       triton_wna16_unsupported_reasons,
+       triton_wna16_param_specs,
+       pack_triton_wna16_moe,
+       unpack_triton_wna16_moe,
+       triton_wna16_expert_matmul,
+       triton_wna16_deviations_from_vllm,
+       nullptr},
+      {"triton-int8",
+       "vLLM's Triton fused_moe kernel (W8A8 int8)",
+       1,
+       {"w8a8-int8"},
+       every_arch,
+       0,
+       triton_int8_unsupported_reasons,
+       triton_int8_param_specs,
+       pack_triton_int8_moe,
+       unpack_triton_int8_moe,
+       triton_int8_expert_matmul,
+       triton_int8_deviations_from_vllm,
+       nullptr},
+      {"trtllm-mxfp8",
+       "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
+       1,
+       {"mxfp8"},
+       sm100,
+       0,
+       trtllm_mxfp8_unsupported_reasons,
+       trtllm_mxfp8_param_specs,
+       pack_trtllm_mxfp8_moe,
+       unpack_trtllm_mxfp8_moe,
+       trtllm_mxfp8_expert_matmul,
+       trtllm_mxfp8_deviations_from_vllm,
+       nullptr},
+      {"trtllm-fp8-block",
+       "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
+       1,
+       {"fp8-block"},
+       sm100,
+       0,
+       trtllm_fp8_block_unsupported_reasons,
+       trtllm_fp8_block_param_specs,
+       pack_trtllm_fp8_block_moe,
+       unpack_trtllm_fp8_block_moe,
+       trtllm_fp8_block_expert_matmul,
+       trtllm_fp8_block_deviations_from_vllm,
+       nullptr},
   };
   return table;
 }
@@ -62,6 +173,101 @@ const TargetLayout* find_target_layout(const std::string& name) {
   for (const auto& t : target_layouts())
     if (name == t.name) return &t;
   return nullptr;
+}
+
+const char* quant_method_name(QuantMethod m) {
+  for (const auto& r : quant_method_rows())
+    if (r.method == m) return r.name;
+  return "unknown";
+}
+
+std::optional<QuantMethod> parse_quant_method(const std::string& name) {
+  for (const auto& r : quant_method_rows())
+    if (name == r.name) return r.method;
+  return std::nullopt;
+}
+
+std::string scheme_of(QuantMethod method) {
+  if (const SourceCodec* c = find_source_codec(method)) return c->scheme;
+  for (const auto& r : quant_method_rows())
+    if (r.method == method && r.scheme_without_codec) return r.scheme_without_codec;
+  return quant_method_name(method);
+}
+
+MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, int64_t inter,
+                       bool gated, int act_order_w13, int act_order_w2) {
+  const SourceCodec* codec = find_source_codec(q.method);
+  if (!codec)
+    throw Error(ErrorCode::kUnsupported,
+                std::string("no codec reads ") + quant_method_name(q.method) + " experts");
+  const QuantSpec spec = codec->spec_for(q);
+  auto proj = [&](int64_t n, int64_t k, int flag) {
+    const bool wanted = flag < 0 ? q.act_order : flag != 0;
+    return ProjShape{spec, n, k, wanted && spec.kind == CodeKind::kUint && spec.groups(k) > 1};
+  };
+  MoeShape s;
+  s.experts = experts;
+  s.w13 = proj(gated ? 2 * inter : inter, hidden, act_order_w13);
+  s.w2 = proj(hidden, inter, act_order_w2);
+  return s;
+}
+
+std::string target_layout_names(const std::string& separator) {
+  std::string s;
+  for (const auto& t : target_layouts()) s += (s.empty() ? "" : separator) + t.name;
+  return s;
+}
+
+std::string supported_formats_text() {
+  std::string s;
+  for (const auto& c : source_codecs()) s += std::string(s.empty() ? "" : ", ") + c.description;
+  return s + ", unquantized bf16/fp16";
+}
+
+namespace {
+struct TargetArchRow {
+  TargetArch arch;
+  const char* name;
+  const char* alias;  // also accepted by parse_target_arch
+};
+const std::vector<TargetArchRow>& target_arch_rows() {
+  static const std::vector<TargetArchRow> rows = {{TargetArch::kSm80, "sm80", nullptr},
+                                                  {TargetArch::kSm89, "sm89", nullptr},
+                                                  {TargetArch::kSm90, "sm90", "sm90a"},
+                                                  {TargetArch::kSm100, "sm100", "sm100a"},
+                                                  {TargetArch::kSm120, "sm120", nullptr}};
+  return rows;
+}
+}  // namespace
+
+const std::vector<TargetArch>& all_target_archs() {
+  static const std::vector<TargetArch> v = [] {
+    std::vector<TargetArch> a;
+    for (const auto& r : target_arch_rows()) a.push_back(r.arch);
+    return a;
+  }();
+  return v;
+}
+
+std::string target_arch_names(const std::string& separator) {
+  std::string s;
+  for (const auto& r : target_arch_rows()) s += (s.empty() ? "" : separator) + r.name;
+  return s;
+}
+
+TargetArch parse_target_arch(const std::string& s) {
+  std::string names;
+  for (const auto& r : target_arch_rows()) {
+    if (s == r.name || (r.alias && s == r.alias)) return r.arch;
+    names += (names.empty() ? "" : ", ") + std::string(r.name);
+  }
+  throw Error(ErrorCode::kUsage, "unknown --target-arch \"" + s + "\" (" + names + ")");
+}
+
+const char* target_arch_name(TargetArch a) {
+  for (const auto& r : target_arch_rows())
+    if (r.arch == a) return r.name;
+  return "?";
 }
 
 }  // namespace moepack

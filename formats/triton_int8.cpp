@@ -15,7 +15,8 @@ std::string param(const LayoutOptions& o, MoeProj p, const char* what) {
   return o.prefix + (p == MoeProj::kW13 ? "w13_" : "w2_") + what;
 }
 
-void projection_reasons(const QuantTensor& q, const std::string& w, std::vector<std::string>* r) {
+void projection_reasons(const ProjShape& s, const std::string& w, std::vector<std::string>* r) {
+  const QuantSpec& q = s.quant;
   if (q.kind != CodeKind::kInt || q.bits != 8)
     r->push_back(w + ": not signed int8 codes (W8A8 int8 MoE holds int-quantized int8 only)");
   if (q.group_size > 0)
@@ -23,7 +24,7 @@ void projection_reasons(const QuantTensor& q, const std::string& w, std::vector<
                  "; CompressedTensorsW8A8Int8MoEMethod requires channel strategy");
   if (q.scale_block_n != 1) r->push_back(w + ": scales shared by several output rows");
   if (!q.symmetric) r->push_back(w + ": asymmetric (zero points); W8A8 int8 MoE is symmetric");
-  if (!q.g_idx.empty()) r->push_back(w + ": g_idx (act-order) present");
+  if (s.act_order) r->push_back(w + ": g_idx (act-order) present");
   if (q.scale_dtype != DType::kF32 && q.scale_dtype != DType::kBF16 && q.scale_dtype != DType::kF16)
     r->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype) +
                  " (expected F32, BF16 or F16)");
@@ -50,14 +51,14 @@ float scale_as_f32(const uint8_t* p, DType d) {
 }  // namespace
 
 std::vector<std::string> triton_int8_unsupported_reasons(const LayoutOptions& o,
-                                                         const MoeExperts& x) {
+                                                         const MoeShape& x) {
   std::vector<std::string> r = moe_shape_problems(o, x);
   projection_reasons(x.w13, "w13", &r);
   projection_reasons(x.w2, "w2", &r);
   return r;
 }
 
-std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions&, const MoeExperts&) {
+std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
   return {};
 }
 
@@ -66,7 +67,7 @@ std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& o, const MoeExpert
   x.w2.check_consistent("w2");
   const auto shapes = moe_shape_problems(o, x);
   if (!shapes.empty()) throw Error(ErrorCode::kBadShape, "", "w13/w2", shapes.front());
-  const auto reasons = triton_int8_unsupported_reasons(o, x);
+  const auto reasons = triton_int8_unsupported_reasons(o, moe_shape_of(x));
   if (!reasons.empty()) {
     std::string msg = "W8A8 int8 Triton MoE layout cannot hold these experts:";
     for (const auto& s : reasons) msg += "\n  - " + s;
@@ -169,6 +170,16 @@ void triton_int8_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoePr
       for (int64_t k = 0; k < K; ++k) acc += x[r * K + k] * static_cast<float>(wd[n * K + k]);
       y[r * N + n] = acc * sd[n];
     }
+}
+
+std::vector<ParamSpec> triton_int8_param_specs(const LayoutOptions& o, const MoeShape& x) {
+  std::vector<ParamSpec> out;
+  for (MoeProj p : {MoeProj::kW13, MoeProj::kW2}) {
+    const ProjShape& s = p == MoeProj::kW13 ? x.w13 : x.w2;
+    out.push_back({param(o, p, "weight"), DType::kI8, {x.experts, s.n, s.k}});
+    out.push_back({param(o, p, "weight_scale"), DType::kF32, {x.experts, s.n, 1}});
+  }
+  return out;
 }
 
 }  // namespace moepack

@@ -21,12 +21,13 @@ std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& opts, const MoeExp
 MoeExperts unpack_triton_int8_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
 void triton_int8_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
                                MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
+std::vector<ParamSpec> triton_int8_param_specs(const LayoutOptions& opts, const MoeShape& shape);
 std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions& opts,
-                                                          const MoeExperts& experts);
+                                                          const MoeShape& shape);
 
 // Every reason these experts cannot be written in this layout (empty = supported); pack throws
 // kUnsupported listing them (kBadShape first when w13 and w2 disagree).
 std::vector<std::string> triton_int8_unsupported_reasons(const LayoutOptions& opts,
-                                                         const MoeExperts& experts);
+                                                         const MoeShape& shape);
 
 }  // namespace moepack

@@ -70,8 +70,9 @@ float act_to_float(uint16_t h, DType act) {
   return act == DType::kF16 ? f16_to_float(h) : bf16_to_float(h);
 }
 
-void projection_reasons(const LayoutOptions& o, const QuantTensor& q, const std::string& w,
+void projection_reasons(const LayoutOptions& o, const ProjShape& s, const std::string& w,
                         std::vector<std::string>* r) {
+  const QuantSpec& q = s.quant;
   if (q.kind != CodeKind::kUint) {
     r->push_back(w + ": codes are not unsigned integer codes (GPTQ/AWQ/CT int4/int8 only)");
     return;
@@ -88,12 +89,12 @@ void projection_reasons(const LayoutOptions& o, const QuantTensor& q, const std:
     r->push_back(w + ": channelwise scales (group_size -1); " +
                  (is_ct(o) ? std::string("CompressedTensorsWNA16MoEMethod asserts strategy group")
                            : std::string("moe_wna16 sizes scales K // group_size")));
-  if (!g_idx_is_trivial(q))
+  if (s.act_order)
     r->push_back(w + ": act-order (g_idx is not k / group_size); " +
                  (is_ct(o) ? std::string("CT Triton MoE rejects actorder group")
                            : std::string("moe_wna16 does not take desc_act checkpoints")));
-  if (q.bits == 4 && q.k % 2 != 0)
-    r->push_back(w + ": K " + num(q.k) + " is odd (two int4 codes per byte)");
+  if (q.bits == 4 && s.k % 2 != 0)
+    r->push_back(w + ": K " + num(s.k) + " is odd (two int4 codes per byte)");
   if (o.source_method == QuantMethod::kAwq && q.bits != 4)
     r->push_back(w + ": AWQ with " + num(q.bits) + " bits (moe_wna16's AWQ loader asserts int4)");
   if (q.symmetric) return;
@@ -107,7 +108,13 @@ void projection_reasons(const LayoutOptions& o, const QuantTensor& q, const std:
                  "GPTQ (w13_qzeros slice of I/2 rows for an I-row tensor, spec §5.3)");
     return;
   }
-  if (q.n % 2 != 0) r->push_back(w + ": N " + num(q.n) + " is odd (two zero nibbles per byte)");
+  if (s.n % 2 != 0) r->push_back(w + ": N " + num(s.n) + " is odd (two zero nibbles per byte)");
+}
+
+// What the bytes add to the shape's reasons: zero points the packed nibbles cannot express.
+void zero_point_reasons(const LayoutOptions& o, const QuantTensor& q, const std::string& w,
+                        std::vector<std::string>* r) {
+  if (q.symmetric || is_ct(o) || q.kind != CodeKind::kUint || q.bits != 4) return;
   int lo = 255, hi = 0;
   for (uint8_t z : q.zeros) {
     lo = std::min<int>(lo, z);
@@ -141,7 +148,7 @@ bool triton_wna16_halve_group_size(int64_t group_size, int64_t intermediate, int
 }
 
 std::vector<std::string> triton_wna16_unsupported_reasons(const LayoutOptions& o,
-                                                          const MoeExperts& x) {
+                                                          const MoeShape& x) {
   std::vector<std::string> r = moe_shape_problems(o, x);
   const QuantMethod sm = o.source_method;
   if (sm != QuantMethod::kGptq && sm != QuantMethod::kAwq && sm != QuantMethod::kCtPackQuantized)
@@ -154,11 +161,12 @@ std::vector<std::string> triton_wna16_unsupported_reasons(const LayoutOptions& o
     r.push_back("non-gated MoE: moe_wna16 allocates w13 as 2 x intermediate rows (SiLU-and-mul)");
   projection_reasons(o, x.w13, "w13", &r);
   projection_reasons(o, x.w2, "w2", &r);
-  if (x.w13.bits != x.w2.bits) r.push_back("w13 and w2 have different bit widths");
-  if (x.w13.group_size != x.w2.group_size) r.push_back("w13 and w2 have different group sizes");
-  if (x.w13.symmetric != x.w2.symmetric) r.push_back("only one of w13 / w2 has zero points");
-  const int64_t gs = x.w13.group_size, hidden = x.w13.k, inter = x.w2.k;
-  if (gs <= 0 || x.w13.group_size != x.w2.group_size || hidden <= 0 || inter <= 0) return r;
+  const QuantSpec &q13 = x.w13.quant, &q2 = x.w2.quant;
+  if (q13.bits != q2.bits) r.push_back("w13 and w2 have different bit widths");
+  if (q13.group_size != q2.group_size) r.push_back("w13 and w2 have different group sizes");
+  if (q13.symmetric != q2.symmetric) r.push_back("only one of w13 / w2 has zero points");
+  const int64_t gs = q13.group_size, hidden = x.w13.k, inter = x.w2.k;
+  if (gs <= 0 || q13.group_size != q2.group_size || hidden <= 0 || inter <= 0) return r;
   if (is_ct(o)) {
     if (hidden % gs != 0 || inter % gs != 0)
       r.push_back("CT group size " + num(gs) + " does not divide hidden " + num(hidden) +
@@ -175,18 +183,18 @@ std::vector<std::string> triton_wna16_unsupported_reasons(const LayoutOptions& o
     r.push_back("halving group size " + num(gs) + " to " + num(eff) +
                 " rounds down: the kernel's group k / " + num(eff) +
                 " would no longer map onto the checkpoint's groups");
-  if (!x.w13.symmetric && inter % gs != 0)
+  if (!q13.symmetric && inter % gs != 0)
     r.push_back("zero points with intermediate " + num(inter) + " not a multiple of group size " +
                 num(gs) + ": vLLM sizes w2_qzeros I // " + num(eff) + " but loads ceil(I/" +
                 num(gs) + ") x " + num(f) + " columns");
-  if (!x.w13.symmetric && x.w13.bits == 4 && inter % 2 != 0)
+  if (!q13.symmetric && q13.bits == 4 && inter % 2 != 0)
     r.push_back("zero points with odd intermediate " + num(inter) +
                 " (the loader splits w13_qzeros at I/2 rows)");
   return r;
 }
 
 std::vector<std::string> triton_wna16_deviations_from_vllm(const LayoutOptions& o,
-                                                           const MoeExperts& x) {
+                                                           const MoeShape& x) {
   std::vector<std::string> d;
   if (is_ct(o)) {
     d.push_back(
@@ -197,10 +205,10 @@ std::vector<std::string> triton_wna16_deviations_from_vllm(const LayoutOptions& 
   }
   if (is_gptq(o))
     d.push_back(std::string("w13_g_idx/w2_g_idx") +
-                (x.w13.symmetric ? " and w13_qzeros/w2_qzeros" : "") +
+                (x.w13.quant.symmetric ? " and w13_qzeros/w2_qzeros" : "") +
                 " are not written: vLLM registers them as empty int32 [0] placeholders");
   int64_t eff = 0, f = 0;
-  const int64_t gs = x.w13.group_size, hidden = x.w13.k, inter = x.w2.k;
+  const int64_t gs = x.w13.quant.group_size, hidden = x.w13.k, inter = x.w2.k;
   if (gs > 0 && triton_wna16_halve_group_size(gs, inter, hidden, &eff, &f) && f > 1)
     d.push_back("group size " + num(gs) + " halved to " + num(eff) + ": scales have ceil(K/" +
                 num(gs) + ") x " + num(f) + " columns (w13 " + num(ceil_div(hidden, gs) * f) +
@@ -264,9 +272,15 @@ void pack_projection(const LayoutOptions& o, const QuantTensor& q, const Names& 
 std::vector<Tensor> pack_triton_wna16_moe(const LayoutOptions& o, const MoeExperts& x) {
   x.w13.check_consistent("w13");
   x.w2.check_consistent("w2");
+  MoeShape shape = moe_shape_of(x);
   const auto shapes = moe_shape_problems(o, x);
   if (!shapes.empty()) throw Error(ErrorCode::kBadShape, "", "w13/w2", shapes.front());
-  const auto reasons = triton_wna16_unsupported_reasons(o, x);
+  // An explicit g_idx that only restates k / group_size is no act-order for this layout.
+  shape.w13.act_order = !g_idx_is_trivial(x.w13);
+  shape.w2.act_order = !g_idx_is_trivial(x.w2);
+  auto reasons = triton_wna16_unsupported_reasons(o, shape);
+  zero_point_reasons(o, x.w13, "w13", &reasons);
+  zero_point_reasons(o, x.w2, "w2", &reasons);
   if (!reasons.empty()) {
     std::string msg = "Triton WNA16 MoE layout cannot hold these experts:";
     for (const auto& s : reasons) msg += "\n  - " + s;
@@ -572,6 +586,20 @@ void triton_wna16_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeP
     }
     dot_weight_row_into_column(x, rows, K, w.data(), y, N, n);
   }
+}
+
+std::vector<ParamSpec> triton_wna16_param_specs(const LayoutOptions& o, const MoeShape& x) {
+  int64_t eff = x.w13.quant.group_size, f = 1;
+  if (!is_ct(o)) triton_wna16_halve_group_size(eff, x.w2.k, x.w13.k, &eff, &f);
+  std::vector<ParamSpec> out;
+  for (const ProjShape* s : {&x.w13, &x.w2}) {
+    const Names nm = names_for(o, s == &x.w13 ? MoeProj::kW13 : MoeProj::kW2);
+    const int64_t Gp = s->quant.groups(s->k) * f;
+    out.push_back({nm.qweight, DType::kU8, {x.experts, s->n, s->k * s->quant.bits / 8}});
+    out.push_back({nm.scales, o.act_dtype, {x.experts, s->n, Gp}});
+    if (!s->quant.symmetric) out.push_back({nm.qzeros, DType::kU8, {x.experts, s->n / 2, Gp}});
+  }
+  return out;
 }
 
 }  // namespace moepack

@@ -41,13 +41,15 @@ MoeExperts unpack_triton_wna16_moe(const LayoutOptions& opts, const TensorMap& p
 void triton_wna16_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
                                 MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
 std::vector<std::string> triton_wna16_deviations_from_vllm(const LayoutOptions& opts,
-                                                           const MoeExperts& experts);
+                                                           const MoeShape& shape);
+std::vector<ParamSpec> triton_wna16_param_specs(const LayoutOptions& opts, const MoeShape& shape);
 
-// Every reason these experts cannot be written in this layout (empty = supported). pack throws
-// kUnsupported listing all of them. Shape disagreements between w13 and w2 are reported too
-// (pack throws kBadShape for those first).
+// Every reason experts of this shape cannot be written in this layout (empty = supported).
+// pack throws kUnsupported listing all of them plus what the bytes add (zero points the nibbles
+// cannot express). Shape disagreements between w13 and w2 are reported too (pack throws
+// kBadShape for those first).
 std::vector<std::string> triton_wna16_unsupported_reasons(const LayoutOptions& opts,
-                                                          const MoeExperts& experts);
+                                                          const MoeShape& shape);
 
 // unpack when the checkpoint's group size is known (the halving factor is then exact). The plain
 // unpack infers it from the shapes and picks the largest group size whose repeated scale/zero

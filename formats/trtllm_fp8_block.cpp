@@ -23,7 +23,8 @@ std::string param(const LayoutOptions& o, const char* name) {
   return o.prefix + name;
 }
 
-void not_block_reasons(const QuantTensor& q, const char* what, std::vector<std::string>* out) {
+void not_block_reasons(const ProjShape& s, const char* what, std::vector<std::string>* out) {
+  const QuantSpec& q = s.quant;
   if (q.kind != CodeKind::kFp8E4M3 || q.bits != 8)
     out->push_back(std::string(what) + " codes are not float8_e4m3fn");
   if (q.group_size != kBlock)
@@ -35,9 +36,8 @@ void not_block_reasons(const QuantTensor& q, const char* what, std::vector<std::
   if (q.scale_dtype != DType::kF32)
     out->push_back(std::string(what) + " scale dtype " + dtype_name(q.scale_dtype) +
                    ", FP8 block needs F32");
-  if (!q.symmetric || !q.zeros.empty())
-    out->push_back(std::string(what) + " has zero points, FP8 block is symmetric");
-  if (!q.g_idx.empty()) out->push_back(std::string(what) + " has g_idx (act-order)");
+  if (!q.symmetric) out->push_back(std::string(what) + " has zero points, FP8 block is symmetric");
+  if (s.act_order) out->push_back(std::string(what) + " has g_idx (act-order)");
 }
 
 float load_f32(const uint8_t* p) {
@@ -116,7 +116,7 @@ void swap_scale_rows(const uint8_t* in, int64_t srows, int64_t scols, bool swap,
 }  // namespace
 
 std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOptions& opts,
-                                                              const MoeExperts& x) {
+                                                              const MoeShape& x) {
   std::vector<std::string> out;
   not_block_reasons(x.w13, "w13", &out);
   not_block_reasons(x.w2, "w2", &out);
@@ -136,7 +136,7 @@ std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOption
 
 std::vector<Tensor> pack_trtllm_fp8_block_moe(const LayoutOptions& opts, const MoeExperts& x) {
   check_moe_structure(opts, x);
-  const auto reasons = trtllm_fp8_block_unsupported_reasons(opts, x);
+  const auto reasons = trtllm_fp8_block_unsupported_reasons(opts, moe_shape_of(x));
   if (!reasons.empty()) {
     std::string msg = "TRT-LLM FP8 block layout refused: ";
     for (size_t i = 0; i < reasons.size(); ++i) msg += (i ? "; " : "") + reasons[i];
@@ -267,9 +267,17 @@ void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& 
 }
 
 std::vector<std::string> trtllm_fp8_block_deviations_from_vllm(const LayoutOptions&,
-                                                               const MoeExperts&) {
+                                                               const MoeShape&) {
   // vLLM's clamp to >= 1e-10 never changes a value we accept (smaller scales are refused).
   return {};
+}
+
+std::vector<ParamSpec> trtllm_fp8_block_param_specs(const LayoutOptions& opts, const MoeShape& x) {
+  const int64_t E = x.experts, H = x.w13.k, I = x.w2.k, R13 = x.w13.n;
+  return {{param(opts, "w13_weight"), DType::kF8_E4M3, {E, H / kBlock, R13, kBlock}},
+          {param(opts, "w2_weight"), DType::kF8_E4M3, {E, I / kBlock, H, kBlock}},
+          {param(opts, "w13_weight_scale_inv"), DType::kF32, {E, R13 / kBlock, H / kBlock}},
+          {param(opts, "w2_weight_scale_inv"), DType::kF32, {E, H / kBlock, I / kBlock}}};
 }
 
 }  // namespace moepack

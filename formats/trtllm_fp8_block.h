@@ -29,11 +29,13 @@ void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& 
 // H and I multiples of 128 (BlockMajorK along H and I, W31 swap of whole 128-row scale blocks)
 // and both projections FP8 128x128 block (e4m3, group 128, scale_block_n 128, F32 scales).
 std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOptions& opts,
-                                                              const MoeExperts& experts);
+                                                              const MoeShape& shape);
 // The smallest scale vLLM leaves unclamped (_FI_CUTLASS_MIN_BLOCK_SCALE, as float32).
 constexpr float kTrtllmFp8BlockMinScale = 1e-10f;
 
+std::vector<ParamSpec> trtllm_fp8_block_param_specs(const LayoutOptions& opts,
+                                                    const MoeShape& shape);
 std::vector<std::string> trtllm_fp8_block_deviations_from_vllm(const LayoutOptions& opts,
-                                                               const MoeExperts& experts);
+                                                               const MoeShape& shape);
 
 }  // namespace moepack

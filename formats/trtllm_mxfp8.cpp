@@ -22,7 +22,8 @@ std::string param(const LayoutOptions& o, const char* name) {
   return o.prefix + name;
 }
 
-void not_mxfp8_reasons(const QuantTensor& q, const char* what, std::vector<std::string>* out) {
+void not_mxfp8_reasons(const ProjShape& s, const char* what, std::vector<std::string>* out) {
+  const QuantSpec& q = s.quant;
   if (q.kind != CodeKind::kFp8E4M3 || q.bits != 8)
     out->push_back(std::string(what) + " codes are not float8_e4m3fn (MXFP8 needs e4m3)");
   if (q.group_size != kMxBlock)
@@ -33,9 +34,8 @@ void not_mxfp8_reasons(const QuantTensor& q, const char* what, std::vector<std::
   if (!is_scale_byte_dtype(q.scale_dtype))
     out->push_back(std::string(what) + " scale dtype " + dtype_name(q.scale_dtype) +
                    ", MXFP8 needs U8/F8_E8M0 (E8M0 codes)");
-  if (!q.symmetric || !q.zeros.empty())
-    out->push_back(std::string(what) + " has zero points, MXFP8 is symmetric");
-  if (!q.g_idx.empty()) out->push_back(std::string(what) + " has g_idx (act-order)");
+  if (!q.symmetric) out->push_back(std::string(what) + " has zero points, MXFP8 is symmetric");
+  if (s.act_order) out->push_back(std::string(what) + " has g_idx (act-order)");
 }
 
 // Applies the row map to one expert's codes and scales, writing swizzled scale bytes.
@@ -135,7 +135,7 @@ std::vector<uint8_t> scale_deinterleave_128x4(const uint8_t* src, int64_t rows, 
 }
 
 std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& opts,
-                                                          const MoeExperts& x) {
+                                                          const MoeShape& x) {
   std::vector<std::string> out;
   not_mxfp8_reasons(x.w13, "w13", &out);
   not_mxfp8_reasons(x.w2, "w2", &out);
@@ -154,7 +154,7 @@ std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& o
 
 std::vector<Tensor> pack_trtllm_mxfp8_moe(const LayoutOptions& opts, const MoeExperts& x) {
   check_moe_structure(opts, x);
-  const auto reasons = trtllm_mxfp8_unsupported_reasons(opts, x);
+  const auto reasons = trtllm_mxfp8_unsupported_reasons(opts, moe_shape_of(x));
   if (!reasons.empty()) {
     std::string msg = "TRT-LLM MXFP8 layout refused: ";
     for (size_t i = 0; i < reasons.size(); ++i) msg += (i ? "; " : "") + reasons[i];
@@ -272,11 +272,18 @@ void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& para
   }
 }
 
-std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions&,
-                                                           const MoeExperts&) {
+std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
   // Byte-identical to vLLM 52a31cc prepare_fp8_moe_layer_for_fi(is_trtllm=True) for every
   // shape we accept (we refuse the padded shapes vLLM cannot load either).
   return {};
+}
+
+std::vector<ParamSpec> trtllm_mxfp8_param_specs(const LayoutOptions& opts, const MoeShape& x) {
+  const int64_t E = x.experts, H = x.w13.k, I = x.w2.k, R13 = x.w13.n;
+  return {{param(opts, "w13_weight"), DType::kF8_E4M3, {E, R13, H}},
+          {param(opts, "w2_weight"), DType::kF8_E4M3, {E, H, I}},
+          {param(opts, "w13_weight_scale"), DType::kU8, {E, R13, H / kMxBlock}},
+          {param(opts, "w2_weight_scale"), DType::kU8, {E, H, I / kMxBlock}}};
 }
 
 }  // namespace moepack

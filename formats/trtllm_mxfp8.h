@@ -23,14 +23,15 @@ std::vector<Tensor> pack_trtllm_mxfp8_moe(const LayoutOptions& opts, const MoeEx
 MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
 void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
                                 MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
+std::vector<ParamSpec> trtllm_mxfp8_param_specs(const LayoutOptions& opts, const MoeShape& shape);
 std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions& opts,
-                                                           const MoeExperts& experts);
+                                                           const MoeShape& shape);
 
 // Every reason (with the numbers) these experts cannot take this layout; empty when they can.
 // 2I (I non-gated), H and I must be multiples of 128 (else the 128x4 interleave pads and vLLM's
 // reshape fails at load) and both projections must be MXFP8 (e4m3, group 32, U8 E8M0 scales).
 std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& opts,
-                                                          const MoeExperts& experts);
+                                                          const MoeShape& shape);
 
 // Byte offset of scale (m, k) of an [R, cols] matrix in the 128x4 interleaved buffer
 // (FlashInfer get_sf_out_offset_128x4 / computeSFIndex(SWIZZLED_128x4), unpadded case).

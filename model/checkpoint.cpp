@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/threads.h"
-#include "formats/gptq.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -293,37 +292,20 @@ void Checkpoint::discover_moe() {
 
 std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantParams& q,
                                          const std::map<std::string, std::string>& by_suffix) {
-  auto need = [&](const char* suffix) -> TensorView {
-    auto it = by_suffix.find(suffix);
-    if (it == by_suffix.end()) {
-      const std::string any = by_suffix.empty() ? "" : by_suffix.begin()->second;
-      throw Error(ErrorCode::kMissingTensor, ckpt.dir(), any,
-                  std::string("linear has no '") + suffix + "' tensor");
-    }
-    TensorView v = ckpt.view(it->second);
-    if (v.shape.size() != 2)
-      throw Error(ErrorCode::kBadShape, ckpt.shard_of(it->second), it->second,
-                  "expected a 2-D tensor, got " + shape_str(v.shape));
-    return v;
-  };
-  const int64_t pf = q.bits > 0 && q.bits <= 8 ? 32 / q.bits : 1;
-  switch (q.method) {
-    case QuantMethod::kGptq: {
-      const TensorView v = need("qweight");
-      return {v.shape[1], v.shape[0] * pf};
-    }
-    case QuantMethod::kAwq: {
-      const TensorView v = need("qweight");
-      return {v.shape[1] * pf, v.shape[0]};
-    }
-    case QuantMethod::kCtPackQuantized: {
-      const TensorView v = need("weight_packed");
-      return {v.shape[0], v.shape[1] * pf};
-    }
-    default: {
-      const TensorView v = need("weight");
-      return {v.shape[0], v.shape[1]};
-    }
+  std::map<std::string, Shape> shapes;
+  for (const auto& [suffix, name] : by_suffix) shapes[suffix] = ckpt.view(name).shape;
+  const SourceCodec* codec = find_source_codec(q.method);
+  try {
+    if (codec) return codec->logical_shape(q, shapes);
+    const Shape& s = linear_tensor_shape(shapes, "weight");  // unquantized: weight [N, K]
+    return {s[0], s[1]};
+  } catch (const Error& e) {
+    // Name the real tensor and its shard instead of the suffix.
+    auto it = by_suffix.find(e.tensor());
+    if (it != by_suffix.end())
+      throw Error(e.code(), ckpt.shard_of(it->second), it->second, e.message());
+    throw Error(e.code(), ckpt.dir(), by_suffix.empty() ? "" : by_suffix.begin()->second,
+                e.message());
   }
 }
 
@@ -337,11 +319,11 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
   if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss)
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
                 "quantized fused 3-D experts are not supported");
-  if (q.method == QuantMethod::kGptq && q.symmetric) {
-    auto it = layer.experts[0][layer.gated ? kGate : kUp].find("qzeros");
-    if (it != layer.experts[0][layer.gated ? kGate : kUp].end())
-      q.gptq_format =
-          detect_gptq_zero_format(ckpt.view(it->second), q.bits, q.symmetric, q.gptq_format);
+  if (codec->refine) {
+    std::map<std::string, TensorView> first;
+    for (const auto& [suffix, name] : layer.experts[0][layer.gated ? kGate : kUp])
+      first[suffix] = ckpt.view(name);
+    q = codec->refine(q, first);
   }
   const std::set<std::string> required = [&] {
     auto v = codec->required_suffixes(q);

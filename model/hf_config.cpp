@@ -264,21 +264,37 @@ QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) 
 
 }  // namespace
 
-std::string supported_formats_text() {
-  return "gptq (4/8-bit, sym; asym for triton-wna16; desc_act; gptq and gptq_v2), "
-         "awq (4-bit gemm with zero points), "
-         "compressed-tensors pack-quantized (W4A16/W8A16, group/channel, actorder), "
-         "compressed-tensors int-quantized (W8A8 int8, channel, dynamic tokens), "
-         "compressed-tensors mxfp8-quantized, modelopt MXFP8, "
-         "fp8 block (weight_block_size [128, 128]), unquantized bf16/fp16";
-}
-
 DType parse_torch_dtype(const std::string& s, const std::string& file) {
   if (s == "bfloat16" || s == "bf16") return DType::kBF16;
   if (s == "float16" || s == "fp16" || s == "half") return DType::kF16;
   if (s == "float32" || s == "fp32" || s == "float") return DType::kF32;
   throw Error(ErrorCode::kBadConfig, file, "", "unknown torch_dtype \"" + s + "\"");
 }
+
+namespace {
+
+// The config normalisers, one row per quantization_config "quant_method" value (lower case).
+// A new source format adds its row here (docs/architecture.md).
+using Normaliser = QuantParams (*)(const json&, const std::string&, DType);
+struct NormaliserRow {
+  const char* quant_method;
+  Normaliser normalise;
+};
+const std::vector<NormaliserRow>& normaliser_rows() {
+  static const std::vector<NormaliserRow> rows = {
+      {"gptq", normalize_gptq},
+      {"awq", normalize_awq},
+      {"compressed-tensors", normalize_compressed_tensors},
+      {"compressed_tensors", normalize_compressed_tensors},
+      {"modelopt", normalize_modelopt},
+      {"modelopt_mxfp8", normalize_modelopt},
+      {"modelopt_fp8", normalize_modelopt},
+      {"fp8", normalize_fp8},
+  };
+  return rows;
+}
+
+}  // namespace
 
 QuantParams normalize_quant_config(const json& qc, const std::string& file, DType model_dtype) {
   if (!qc.is_object())
@@ -288,13 +304,8 @@ QuantParams normalize_quant_config(const json& qc, const std::string& file, DTyp
     method = "modelopt";  // hf_quant_config.json shape
   if (method.empty() && qc.contains("bits") && qc.contains("group_size"))
     method = "gptq";  // quantize_config.json written by AutoGPTQ has no quant_method
-  if (method == "gptq") return normalize_gptq(qc, file, model_dtype);
-  if (method == "awq") return normalize_awq(qc, file, model_dtype);
-  if (method == "compressed-tensors" || method == "compressed_tensors")
-    return normalize_compressed_tensors(qc, file, model_dtype);
-  if (method == "modelopt" || method == "modelopt_mxfp8" || method == "modelopt_fp8")
-    return normalize_modelopt(qc, file, model_dtype);
-  if (method == "fp8") return normalize_fp8(qc, file, model_dtype);
+  for (const auto& row : normaliser_rows())
+    if (method == row.quant_method) return row.normalise(qc, file, model_dtype);
   if (method.empty())
     throw Error(ErrorCode::kBadConfig, file, "", "quantization_config has no quant_method");
   throw Error(

@@ -40,9 +40,6 @@ HfConfig load_hf_config(const std::string& dir);
 QuantParams normalize_quant_config(const nlohmann::json& qc, const std::string& file,
                                    DType model_dtype);
 
-// The supported checkpoint formats, for error messages and --help.
-std::string supported_formats_text();
-
 DType parse_torch_dtype(const std::string& s, const std::string& file);  // "bfloat16" -> kBF16
 
 }  // namespace moepack

@@ -24,10 +24,10 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
     r.stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
     last = now;
   };
-  const int threads = resolve_threads(plan.options.threads);
+  const int threads = plan.threads;
   AtomicOutputDir out(plan.options.dst, plan.options.force, {plan.options.src});
   ShardedWriter writer(out.path(), plan.shards);
-  const TargetLayout* layout = find_target_layout(plan.backend);
+  const TargetLayout* layout = plan.layout;
 
   // Copy-through tensors, straight from the mapped source.
   std::vector<const PlannedTensor*> copies;
@@ -43,23 +43,15 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
   if (progress)
     progress("copy", static_cast<int64_t>(copies.size()), static_cast<int64_t>(copies.size()));
 
-  // MoE layers one at a time: memory is bounded by one layer, not the model.
-  const MxRecipe recipe =
-      plan.options.mx_recipe == "modelopt" ? MxRecipe::kModelOpt : MxRecipe::kFlashInfer;
+  // MoE layers one at a time, each in the plan's chunks of experts: memory is bounded by one
+  // chunk, not the model.
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     const PlannedLayer& pl = plan.layers[i];
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
     std::vector<const PlannedTensor*> planned;
     for (const auto& t : plan.tensors)
       if (t.layer == pl.index) planned.push_back(&t);
-    // Experts per chunk from the memory budget (canonical bytes; floats when quantising).
-    const bool dense = plan.source_quant.method == QuantMethod::kNone;
-    const int64_t rows13 = L.gated ? 2 * L.inter : L.inter;
-    const uint64_t per_expert =
-        static_cast<uint64_t>((rows13 + L.inter) * L.hidden) * (dense ? 4 : 1);
-    const int64_t chunk = std::max<int64_t>(
-        1, std::min<int64_t>(L.num_experts,
-                             static_cast<int64_t>(plan.options.chunk_bytes / per_expert)));
+    const int64_t chunk = pl.experts_per_chunk;
     for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
       const int64_t e1 = std::min(L.num_experts, e0 + chunk);
       ExpertRange range;
@@ -68,15 +60,16 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
       range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
       MoeExperts experts;
-      if (dense) {
+      if (plan.quantize_dense) {
         const DenseExperts d = load_dense_experts(ckpt, L, range);
-        experts.w13 = quantize_mxfp8(d.w13.data(), d.experts, rows13, d.hidden, recipe);
-        experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, recipe);
+        experts.w13 =
+            quantize_mxfp8(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden, plan.mx_recipe);
+        experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, plan.mx_recipe);
       } else {
         experts = load_moe_experts(ckpt, L, threads, range);
       }
       lap("load");
-      const std::vector<Tensor> params = layout->pack(layout_options_for(plan, L), experts);
+      const std::vector<Tensor> params = layout->pack(pl.layout_options, experts);
       experts = MoeExperts();  // release the canonical form before writing
       lap("pack");
       if (params.size() != planned.size())
@@ -119,28 +112,7 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
                   "copy failed: " + ec.message());
   }
   json cfg = ckpt.config().raw;
-  if (plan.source_quant.method == QuantMethod::kNone &&
-      plan.target_quant.method == QuantMethod::kModeloptMxfp8) {
-    // Only the experts were quantised: every other Linear stays unquantised.
-    json ignore = json::array();
-    for (const auto& n : ckpt.other_tensors()) {
-      const auto v = ckpt.view(n);
-      if (v.shape.size() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0)
-        ignore.push_back(n.substr(0, n.size() - 7));
-    }
-    cfg["quantization_config"] = {
-        {"quant_method", "modelopt"},
-        {"quant_algo", "MXFP8"},
-        {"ignore", ignore},
-        {"producer", {{"name", "moepack"}, {"version", moepack_version_string()}}}};
-  }
-  cfg["moepack"] = {{"version", moepack_version_string()},
-                    {"manifest", "moepack.json"},
-                    {"backend", plan.backend},
-                    {"layout", plan.layout_name},
-                    {"layout_version", plan.layout_version},
-                    {"target_arch", target_arch_name(plan.arch)},
-                    {"act_dtype", dtype_name(plan.options.act_dtype)}};
+  for (const auto& [key, value] : plan.config_patch.items()) cfg[key] = value;
   {
     const std::string p = out.path() + "/config.json";
     std::ofstream f(p);

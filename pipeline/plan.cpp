@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "core/version.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -79,23 +80,34 @@ QuantParams mxfp8_target(const QuantParams& src) {
   return q;
 }
 
+// The quantization_config a --quantize mxfp8 output declares: only the experts were quantised,
+// so every other Linear is listed as ignored.
+json mxfp8_quantization_config(const Checkpoint& ckpt) {
+  json ignore = json::array();
+  for (const auto& n : ckpt.other_tensors()) {
+    const auto v = ckpt.view(n);
+    if (v.shape.size() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0)
+      ignore.push_back(n.substr(0, n.size() - 7));
+  }
+  return {{"quant_method", "modelopt"},
+          {"quant_algo", "MXFP8"},
+          {"ignore", ignore},
+          {"producer", {{"name", "moepack"}, {"version", std::string(moepack_version())}}}};
+}
+
 }  // namespace
 
-LayoutOptions layout_options_for(const Plan& plan, const MoeLayer& layer) {
-  LayoutOptions o;
-  o.act_dtype = plan.options.act_dtype;
-  o.gated = layer.gated;
-  o.vllm_w13_scale_size_k = plan.options.vllm_w13_scale_size_k;
-  o.prefix = layer.param_prefix;
-  o.source_method = plan.target_quant.method;
-  o.threads = resolve_threads(plan.options.threads);
-  return o;
+const LayoutOptions& layout_options_for(const Plan& plan, const MoeLayer& layer) {
+  for (const auto& pl : plan.layers)
+    if (pl.param_prefix == layer.param_prefix) return pl.layout_options;
+  throw Error(ErrorCode::kInternal, "", layer.param_prefix, "layer is not in the plan");
 }
 
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan;
   plan.options = opts;
   plan.arch = parse_target_arch(opts.target_arch);
+  plan.threads = resolve_threads(opts.threads);
   plan.source_quant = ckpt.quant();
   plan.source_format = quant_method_name(plan.source_quant.method);
   plan.target_quant = plan.source_quant;
@@ -110,9 +122,14 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       throw Error(ErrorCode::kUsage,
                   "unknown --mx-recipe \"" + opts.mx_recipe + "\" (flashinfer, modelopt)");
     plan.target_quant = mxfp8_target(plan.source_quant);
+    plan.quantize_dense = true;
+    plan.mx_recipe = opts.mx_recipe == "modelopt" ? MxRecipe::kModelOpt : MxRecipe::kFlashInfer;
+  } else {
+    plan.source_codec = find_source_codec(plan.source_quant.method);
   }
   if (opts.act_dtype != DType::kBF16 && opts.act_dtype != DType::kF16)
     throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
+  if (opts.chunk_bytes == 0) throw Error(ErrorCode::kUsage, "--chunk-size must be positive");
   const auto& layers = ckpt.moe_layers();
   if (layers.empty())
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
@@ -149,20 +166,24 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                             "' (e.g. an expert bias) is not carried by "
                             "any moepack layout; refusing rather than dropping it");
     }
+    PlannedLayer pl;
+    pl.index = static_cast<int64_t>(li);
+    pl.module = L.module;
+    pl.param_prefix = L.param_prefix;
+    pl.act_order_w13 = layer_has_act_order(ckpt, L, {kGate, kUp});
+    pl.act_order_w2 = layer_has_act_order(ckpt, L, {kDown});
     OracleQuery q;
     q.quant = plan.target_quant;
     q.experts = L.num_experts;
     q.hidden = L.hidden;
     q.inter = L.inter;
     q.gated = L.gated;
+    q.act_order_w13 = pl.act_order_w13 ? 1 : 0;
+    q.act_order_w2 = pl.act_order_w2 ? 1 : 0;
     q.arch = plan.arch;
     q.requested = opts.backend;
     q.layout.act_dtype = opts.act_dtype;
     q.layout.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
-    PlannedLayer pl;
-    pl.index = static_cast<int64_t>(li);
-    pl.module = L.module;
-    pl.param_prefix = L.param_prefix;
     pl.decision = choose_backend(q);
     if (pl.decision.chosen.empty())
       throw Error(
@@ -173,32 +194,42 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
                   "layers would need different backends (" + plan.backend + " and " +
                       pl.decision.chosen + "); pass --backend explicitly");
-    const TargetLayout* layout = find_target_layout(plan.backend);
-    plan.layout_name = layout->name;
-    plan.layout_version = layout->layout_version;
-    LayoutOptions lo = layout_options_for(plan, L);
-    lo.threads = 1;
-    pl.act_order_w13 = layer_has_act_order(ckpt, L, {kGate, kUp});
-    pl.act_order_w2 = layer_has_act_order(ckpt, L, {kDown});
-    const MoeExperts probe = probe_experts(plan.target_quant, L.hidden, L.inter, L.gated,
-                                           pl.act_order_w13 ? 1 : 0, pl.act_order_w2 ? 1 : 0);
-    for (const auto& d : layout->deviations_from_vllm(lo, probe)) {
+    plan.layout = find_target_layout(plan.backend);
+    plan.layout_name = plan.layout->name;
+    plan.layout_version = plan.layout->layout_version;
+
+    LayoutOptions& lo = pl.layout_options;
+    lo.act_dtype = opts.act_dtype;
+    lo.gated = L.gated;
+    lo.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
+    lo.prefix = L.param_prefix;
+    lo.source_method = plan.target_quant.method;
+    lo.threads = plan.threads;
+    pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
+                             q.act_order_w13, q.act_order_w2);
+    for (const auto& d : plan.layout->deviations_from_vllm(lo, pl.shape)) {
       pl.deviations.push_back(d);
       deviations.insert(d);
     }
+    // Experts per chunk from the memory budget: canonical bytes (one code per byte), or a float
+    // per weight when quantising.
+    const uint64_t per_expert = static_cast<uint64_t>((pl.shape.w13.n + L.inter) * L.hidden) *
+                                (plan.quantize_dense ? 4 : 1);
+    pl.experts_per_chunk = std::max<int64_t>(
+        1, std::min<int64_t>(
+               L.num_experts,
+               static_cast<int64_t>(opts.chunk_bytes / std::max<uint64_t>(1, per_expert))));
+    pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
+
     const std::string src_codec =
-        plan.source_quant.method == QuantMethod::kNone
+        plan.quantize_dense
             ? std::string(dtype_name(ckpt.config().dtype)) + "->mxfp8(" + opts.mx_recipe + ")"
-            : find_source_codec(plan.source_quant.method)->name;
-    for (const Tensor& t : layout->pack(lo, probe)) {
-      if (t.shape.empty() || t.shape[0] != 1)
-        throw Error(ErrorCode::kInternal, "", t.name,
-                    "layout parameter without a leading expert dim");
+            : plan.source_codec->name;
+    for (const ParamSpec& t : plan.layout->param_specs(lo, pl.shape)) {
       PlannedTensor pt;
       pt.name = t.name;
       pt.dtype = t.dtype;
       pt.shape = t.shape;
-      pt.shape[0] = L.num_experts;
       pt.bytes = *dtype_bytes(pt.dtype, static_cast<uint64_t>(numel(pt.shape)));
       pt.converted = true;
       pt.layer = static_cast<int64_t>(li);
@@ -210,12 +241,20 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     for (const auto& n : L.source_tensors) layer_of_tensor[n] = static_cast<int64_t>(li);
     plan.layers.push_back(std::move(pl));
   }
-  if (opts.vllm_w13_scale_size_k && plan.backend == "marlin")
-    deviations.insert(
-        "--vllm-w13-scale-size-k: w13 scales are permuted exactly as vLLM's loader does "
-        "(size_k = I); where group_size >= I its kernel expects the grouped permutation "
-        "instead, and verify reports the layer (spec §4.3)");
+  if (plan.layout->option_deviations)
+    for (const auto& d : plan.layout->option_deviations(plan.layers.front().layout_options))
+      deviations.insert(d);
   plan.deviations.assign(deviations.begin(), deviations.end());
+
+  if (plan.quantize_dense)
+    plan.config_patch["quantization_config"] = mxfp8_quantization_config(ckpt);
+  plan.config_patch["moepack"] = {{"version", std::string(moepack_version())},
+                                  {"manifest", "moepack.json"},
+                                  {"backend", plan.backend},
+                                  {"layout", plan.layout_name},
+                                  {"layout_version", plan.layout_version},
+                                  {"target_arch", target_arch_name(plan.arch)},
+                                  {"act_dtype", dtype_name(plan.options.act_dtype)}};
 
   std::set<int64_t> emitted;
   for (const auto& name : ckpt.tensor_names()) {
@@ -263,8 +302,12 @@ json Plan::to_json() const {
   j["deviations_from_vllm"] = deviations;
   j["layers"] = json::array();
   for (const auto& l : layers)
-    j["layers"].push_back(
-        {{"module", l.module}, {"backend", l.decision.chosen}, {"oracle", l.decision.to_json()}});
+    j["layers"].push_back({{"module", l.module},
+                           {"backend", l.decision.chosen},
+                           {"oracle", l.decision.to_json()},
+                           {"experts_per_chunk", l.experts_per_chunk},
+                           {"chunks", l.chunks},
+                           {"deviations_from_vllm", l.deviations}});
   j["tensors"] = json::array();
   uint64_t converted = 0, copied = 0;
   for (const auto& t : tensors) {
@@ -325,8 +368,14 @@ std::string Plan::to_text() const {
     s << "\n";
   }
   for (const auto& d : deviations) s << "  deviation from vLLM's loader: " << d << "\n";
-  if (!layers.empty())
+  if (!layers.empty()) {
+    int64_t chunked = 0;
+    for (const auto& l : layers) chunked += l.chunks > 1;
+    s << "  chunking        " << layers.front().experts_per_chunk << " experts at a time ("
+      << layers.front().chunks << " chunk(s) in " << layers.front().module << "; " << chunked
+      << " of " << layers.size() << " layers in more than one)\n";
     s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
+  }
   s << "  converted tensors:\n";
   for (const auto& t : tensors)
     if (t.converted)

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/mxfp8.h"
 #include "io/shard_writer.h"
 #include "model/checkpoint.h"
 #include "pipeline/oracle.h"
@@ -49,6 +50,10 @@ struct PlannedLayer {
   OracleDecision decision;
   std::vector<std::string> deviations;
   bool act_order_w13 = false, act_order_w2 = false;  // any expert carries a non-trivial g_idx
+  MoeShape shape;                                    // what the layout was judged and sized on
+  LayoutOptions layout_options;                      // exactly what pack takes for this layer
+  int64_t experts_per_chunk = 0;  // experts converted at once (the --chunk-size budget)
+  int64_t chunks = 0;
 };
 
 struct Plan {
@@ -57,6 +62,14 @@ struct Plan {
   std::string backend;        // chosen for every MoE layer
   std::string layout_name;
   int layout_version = 0;
+  const TargetLayout* layout = nullptr;       // the registry row of `backend`
+  const SourceCodec* source_codec = nullptr;  // null when the experts are quantised here
+  bool quantize_dense = false;  // experts read as floats and quantised (--quantize mxfp8)
+  MxRecipe mx_recipe = MxRecipe::kFlashInfer;
+  int threads = 1;  // resolved worker count; output bytes never depend on it
+  // Top-level keys config.json gets over the source's (quantization_config for --quantize, the
+  // moepack block).
+  nlohmann::json config_patch;
   TargetArch arch = TargetArch::kSm90;
   QuantParams source_quant, target_quant;
   std::vector<PlannedLayer> layers;
@@ -72,7 +85,7 @@ struct Plan {
 // Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
 
-// The layout options a plan uses for one MoE layer.
-LayoutOptions layout_options_for(const Plan& plan, const MoeLayer& layer);
+// The layout options a plan uses for one MoE layer (PlannedLayer::layout_options).
+const LayoutOptions& layout_options_for(const Plan& plan, const MoeLayer& layer);
 
 }  // namespace moepack

@@ -22,12 +22,6 @@ namespace moepack {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::vector<std::string>& synth_formats() {
-  static const std::vector<std::string> f = {
-      "bf16",     "gptq",     "gptq-actorder", "gptq-asym",      "awq",
-      "ct-w4a16", "ct-w8a16", "ct-w8a8",       "modelopt-mxfp8", "fp8-block"};
-  return f;
-}
 const std::vector<std::string>& synth_families() {
   static const std::vector<std::string> f = {"qwen3", "mixtral", "deepseek", "fused3d"};
   return f;
@@ -35,122 +29,81 @@ const std::vector<std::string>& synth_families() {
 
 namespace {
 
-// What one format means for synth: the canonical params and how to quantise a float matrix.
-struct FormatSpec {
-  QuantParams params;
-  bool quantized = true;
-};
+// ---- per-method pieces the generator rows below are made of ----
 
-FormatSpec format_spec(const SynthOptions& o) {
-  FormatSpec f;
-  QuantParams& p = f.params;
+QuantParams base_params(const SynthOptions& o, QuantMethod m, int default_bits,
+                        int64_t default_group) {
+  QuantParams p;
+  p.method = m;
   p.dtype = o.dtype;
-  const std::string& fmt = o.format;
-  auto bits_or = [&](int d) { return o.bits ? o.bits : d; };
-  auto group_or = [&](int64_t d) { return o.group_size ? o.group_size : d; };
-  if (fmt == "bf16") {
-    f.quantized = false;
-    p.method = QuantMethod::kNone;
-  } else if (fmt == "gptq" || fmt == "gptq-actorder" || fmt == "gptq-asym") {
-    p.method = QuantMethod::kGptq;
-    p.bits = bits_or(4);
-    p.group_size = group_or(128);
-    p.act_order = fmt == "gptq-actorder";
-    p.symmetric = fmt != "gptq-asym";
-    p.gptq_format = GptqFormat::kV1;
-  } else if (fmt == "awq") {
-    p.method = QuantMethod::kAwq;
-    p.bits = bits_or(4);
-    p.group_size = group_or(128);
-    p.symmetric = false;
-  } else if (fmt == "ct-w4a16" || fmt == "ct-w8a16") {
-    p.method = QuantMethod::kCtPackQuantized;
-    p.bits = bits_or(fmt == "ct-w4a16" ? 4 : 8);
-    p.group_size = group_or(fmt == "ct-w4a16" ? 128 : -1);
-  } else if (fmt == "ct-w8a8") {
-    p.method = QuantMethod::kCtIntQuantized;
-    p.bits = 8;
-    p.group_size = -1;
-  } else if (fmt == "modelopt-mxfp8") {
-    p.method = QuantMethod::kModeloptMxfp8;
-    p.bits = 8;
-    p.group_size = 32;
-  } else if (fmt == "fp8-block") {
-    p.method = QuantMethod::kFp8Block;
-    p.bits = 8;
-    p.group_size = 128;
-  } else {
-    std::string list;
-    for (const auto& s : synth_formats()) list += (list.empty() ? "" : ", ") + s;
-    throw Error(ErrorCode::kUsage, "unknown --format \"" + fmt + "\" (supported: " + list + ")");
-  }
-  return f;
+  p.bits = o.bits ? o.bits : default_bits;
+  p.group_size = o.group_size ? o.group_size : default_group;
+  return p;
 }
 
-json quant_config_json(const SynthOptions& o, const QuantParams& p) {
+json gptq_config(const SynthOptions&, const QuantParams& p) {
+  return {{"quant_method", "gptq"},
+          {"bits", p.bits},
+          {"group_size", p.group_size},
+          {"desc_act", p.act_order},
+          {"sym", p.symmetric},
+          {"damp_percent", 0.01},
+          {"true_sequential", true},
+          {"static_groups", false},
+          {"checkpoint_format", "gptq"},
+          {"dynamic",
+           {{"-:.*(self_attn|shared_expert|mlp\\.gate$|mlp\\.(gate|up|down)_proj).*",
+             json::object()}}}};
+}
+
+json awq_config(const SynthOptions&, const QuantParams& p) {
   const json not_converted = json::array({"lm_head", "self_attn", "mlp.gate", "shared_expert",
                                           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"});
-  switch (p.method) {
-    case QuantMethod::kGptq:
-      return {{"quant_method", "gptq"},
-              {"bits", p.bits},
-              {"group_size", p.group_size},
-              {"desc_act", p.act_order},
-              {"sym", p.symmetric},
-              {"damp_percent", 0.01},
-              {"true_sequential", true},
-              {"static_groups", false},
-              {"checkpoint_format", "gptq"},
-              {"dynamic",
-               {{"-:.*(self_attn|shared_expert|mlp\\.gate$|mlp\\.(gate|up|down)_proj).*",
-                 json::object()}}}};
-    case QuantMethod::kAwq:
-      return {{"quant_method", "awq"},      {"bits", p.bits},
-              {"group_size", p.group_size}, {"zero_point", true},
-              {"version", "gemm"},          {"modules_to_not_convert", not_converted}};
-    case QuantMethod::kCtPackQuantized:
-    case QuantMethod::kCtIntQuantized: {
-      const bool w8a8 = p.method == QuantMethod::kCtIntQuantized;
-      json w = {{"num_bits", p.bits},
-                {"type", "int"},
-                {"symmetric", true},
-                {"strategy", p.group_size > 0 ? "group" : "channel"},
-                {"group_size", p.group_size > 0 ? json(p.group_size) : json(nullptr)},
-                {"dynamic", false},
-                {"actorder", nullptr},
-                {"block_structure", nullptr},
-                {"observer", "minmax"}};
-      json a = w8a8 ? json{{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
-                           {"strategy", "token"}, {"dynamic", true}, {"observer", nullptr}}
-                    : json(nullptr);
-      return {{"quant_method", "compressed-tensors"},
-              {"format", w8a8 ? "int-quantized" : "pack-quantized"},
-              {"quantization_status", "compressed"},
-              {"ignore", json::array({"lm_head", "re:.*self_attn.*", "re:.*mlp.gate$",
-                                      "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj$"})},
-              {"kv_cache_scheme", nullptr},
-              {"config_groups",
-               {{"group_0",
-                 {{"targets", json::array({"Linear"})},
-                  {"weights", w},
-                  {"input_activations", a},
-                  {"output_activations", nullptr}}}}}};
-    }
-    case QuantMethod::kModeloptMxfp8:
-      return {{"quant_method", "modelopt"},
-              {"quant_algo", "MXFP8"},
-              {"ignore", json::array({"lm_head", "*self_attn*", "*mlp.gate", "*shared_expert*"})},
-              {"kv_cache_scheme", {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}},
-              {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
-    case QuantMethod::kFp8Block:
-      return {{"quant_method", "fp8"},
-              {"fmt", "e4m3"},
-              {"activation_scheme", "dynamic"},
-              {"weight_block_size", json::array({128, 128})},
-              {"ignored_layers", json::array({"lm_head"})}};
-    default:
-      return nullptr;
-  }
+  return {{"quant_method", "awq"}, {"bits", p.bits},    {"group_size", p.group_size},
+          {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", not_converted}};
+}
+
+json ct_config(const QuantParams& p, bool w8a8) {
+  json w = {{"num_bits", p.bits},
+            {"type", "int"},
+            {"symmetric", true},
+            {"strategy", p.group_size > 0 ? "group" : "channel"},
+            {"group_size", p.group_size > 0 ? json(p.group_size) : json(nullptr)},
+            {"dynamic", false},
+            {"actorder", nullptr},
+            {"block_structure", nullptr},
+            {"observer", "minmax"}};
+  json a = w8a8 ? json{{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
+                       {"strategy", "token"}, {"dynamic", true}, {"observer", nullptr}}
+                : json(nullptr);
+  return {{"quant_method", "compressed-tensors"},
+          {"format", w8a8 ? "int-quantized" : "pack-quantized"},
+          {"quantization_status", "compressed"},
+          {"ignore", json::array({"lm_head", "re:.*self_attn.*", "re:.*mlp.gate$",
+                                  "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj$"})},
+          {"kv_cache_scheme", nullptr},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", json::array({"Linear"})},
+              {"weights", w},
+              {"input_activations", a},
+              {"output_activations", nullptr}}}}}};
+}
+
+json modelopt_mxfp8_config(const SynthOptions&, const QuantParams&) {
+  return {{"quant_method", "modelopt"},
+          {"quant_algo", "MXFP8"},
+          {"ignore", json::array({"lm_head", "*self_attn*", "*mlp.gate", "*shared_expert*"})},
+          {"kv_cache_scheme", {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}},
+          {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
+}
+
+json fp8_block_config(const SynthOptions&, const QuantParams&) {
+  return {{"quant_method", "fp8"},
+          {"fmt", "e4m3"},
+          {"activation_scheme", "dynamic"},
+          {"weight_block_size", json::array({128, 128})},
+          {"ignored_layers", json::array({"lm_head"})}};
 }
 
 const char* torch_dtype_name(DType d) {
@@ -196,32 +149,142 @@ std::vector<int32_t> act_order(uint64_t seed, const std::string& label, int64_t 
   return order;
 }
 
-QuantTensor quantize_linear(const SynthOptions& o, const QuantParams& p, const float* w, int64_t n,
-                            int64_t k, const std::string& order_label) {
-  switch (p.method) {
-    case QuantMethod::kGptq:
-    case QuantMethod::kAwq:
-    case QuantMethod::kCtPackQuantized: {
-      IntQuantSpec spec;
-      spec.bits = p.bits;
-      spec.group_size = p.group_size;
-      spec.symmetric = p.symmetric;
-      // AutoGPTQ / AutoAWQ write fp16 scales; compressed-tensors the model dtype.
-      spec.scale_dtype = p.method == QuantMethod::kCtPackQuantized ? o.dtype : DType::kF16;
-      if (p.act_order) spec.order = act_order(o.seed, order_label, k);
-      if (p.method == QuantMethod::kGptq && !p.symmetric && p.gptq_format == GptqFormat::kV1)
-        spec.min_zero = 1;
-      return quantize_int(w, n, k, spec);
-    }
-    case QuantMethod::kCtIntQuantized:
-      return quantize_int8_channel(w, n, k, o.dtype);
-    case QuantMethod::kModeloptMxfp8:
-      return quantize_mxfp8(w, 1, n, k, MxRecipe::kModelOpt);
-    case QuantMethod::kFp8Block:
-      return quantize_fp8_block(w, n, k, p.block_n, p.block_k);
-    default:
-      throw Error(ErrorCode::kInternal, "synth: not a quantized format");
-  }
+QuantTensor quantize_wna16_min_zero(const SynthOptions& o, const QuantParams& p, const float* w,
+                                    int64_t n, int64_t k, const std::string& order_label,
+                                    int min_zero) {
+  IntQuantSpec spec;
+  spec.bits = p.bits;
+  spec.group_size = p.group_size;
+  spec.symmetric = p.symmetric;
+  // AutoGPTQ / AutoAWQ write fp16 scales, compressed-tensors the model dtype: the codec says.
+  spec.scale_dtype = find_source_codec(p.method)->spec_for(p).scale_dtype;
+  if (p.act_order) spec.order = act_order(o.seed, order_label, k);
+  spec.min_zero = min_zero;
+  return quantize_int(w, n, k, spec);
+}
+
+QuantTensor quantize_wna16(const SynthOptions& o, const QuantParams& p, const float* w, int64_t n,
+                           int64_t k, const std::string& order_label) {
+  return quantize_wna16_min_zero(o, p, w, n, k, order_label, 0);
+}
+
+// GPTQ v1 stores zero - 1 in unsigned fields, so an asymmetric zero can't be 0.
+QuantTensor quantize_gptq(const SynthOptions& o, const QuantParams& p, const float* w, int64_t n,
+                          int64_t k, const std::string& order_label) {
+  const bool v1_asym = !p.symmetric && p.gptq_format == GptqFormat::kV1;
+  return quantize_wna16_min_zero(o, p, w, n, k, order_label, v1_asym ? 1 : 0);
+}
+
+QuantTensor quantize_w8a8(const SynthOptions& o, const QuantParams&, const float* w, int64_t n,
+                          int64_t k, const std::string&) {
+  return quantize_int8_channel(w, n, k, o.dtype);
+}
+
+QuantTensor quantize_mxfp8_linear(const SynthOptions&, const QuantParams&, const float* w,
+                                  int64_t n, int64_t k, const std::string&) {
+  return quantize_mxfp8(w, 1, n, k, MxRecipe::kModelOpt);
+}
+
+QuantTensor quantize_fp8_block_linear(const SynthOptions&, const QuantParams& p, const float* w,
+                                      int64_t n, int64_t k, const std::string&) {
+  return quantize_fp8_block(w, n, k, p.block_n, p.block_k);
+}
+
+// One synth generator per --format: the params a real producer would write, its
+// quantization_config, any side file, and how it quantises a float matrix (a new source format
+// adds one row; docs/architecture.md).
+struct SynthGenerator {
+  const char* format;
+  QuantParams (*params)(const SynthOptions&);  // method kNone: written unquantized
+  json (*quant_config)(const SynthOptions&, const QuantParams&);
+  const char* side_file;  // e.g. hf_quant_config.json, or nullptr
+  json (*side_file_json)();
+  QuantTensor (*quantize)(const SynthOptions&, const QuantParams&, const float* w, int64_t n,
+                          int64_t k, const std::string& order_label);
+};
+
+json modelopt_side_file() {
+  return {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
+          {"quantization",
+           {{"quant_algo", "MXFP8"},
+            {"kv_cache_quant_algo", "FP8"},
+            {"group_size", 32},
+            {"exclude_modules", json::array({"lm_head"})}}}};
+}
+
+const std::vector<SynthGenerator>& synth_generators() {
+  using O = const SynthOptions&;
+  static const std::vector<SynthGenerator> rows = {
+      {"bf16",
+       [](O o) {
+         QuantParams p;  // unquantized: method kNone
+         p.dtype = o.dtype;
+         return p;
+       },
+       nullptr, nullptr, nullptr, nullptr},
+      {"gptq", [](O o) { return base_params(o, QuantMethod::kGptq, 4, 128); }, gptq_config, nullptr,
+       nullptr, quantize_gptq},
+      {"gptq-actorder",
+       [](O o) {
+         QuantParams p = base_params(o, QuantMethod::kGptq, 4, 128);
+         p.act_order = true;
+         return p;
+       },
+       gptq_config, nullptr, nullptr, quantize_gptq},
+      {"gptq-asym",
+       [](O o) {
+         QuantParams p = base_params(o, QuantMethod::kGptq, 4, 128);
+         p.symmetric = false;
+         return p;
+       },
+       gptq_config, nullptr, nullptr, quantize_gptq},
+      {"awq",
+       [](O o) {
+         QuantParams p = base_params(o, QuantMethod::kAwq, 4, 128);
+         p.symmetric = false;
+         return p;
+       },
+       awq_config, nullptr, nullptr, quantize_wna16},
+      {"ct-w4a16", [](O o) { return base_params(o, QuantMethod::kCtPackQuantized, 4, 128); },
+       [](O, const QuantParams& p) { return ct_config(p, false); }, nullptr, nullptr,
+       quantize_wna16},
+      {"ct-w8a16", [](O o) { return base_params(o, QuantMethod::kCtPackQuantized, 8, -1); },
+       [](O, const QuantParams& p) { return ct_config(p, false); }, nullptr, nullptr,
+       quantize_wna16},
+      {"ct-w8a8",
+       [](O o) {
+         QuantParams p = base_params(o, QuantMethod::kCtIntQuantized, 8, -1);
+         p.bits = 8;
+         p.group_size = -1;
+         return p;
+       },
+       [](O, const QuantParams& p) { return ct_config(p, true); }, nullptr, nullptr, quantize_w8a8},
+      {"modelopt-mxfp8",
+       [](O o) {
+         QuantParams p = base_params(o, QuantMethod::kModeloptMxfp8, 8, 32);
+         p.bits = 8;
+         p.group_size = 32;
+         return p;
+       },
+       modelopt_mxfp8_config, "hf_quant_config.json", modelopt_side_file, quantize_mxfp8_linear},
+      {"fp8-block",
+       [](O o) {
+         QuantParams p = base_params(o, QuantMethod::kFp8Block, 8, 128);
+         p.bits = 8;
+         p.group_size = 128;
+         return p;
+       },
+       fp8_block_config, nullptr, nullptr, quantize_fp8_block_linear},
+  };
+  return rows;
+}
+
+const SynthGenerator& synth_generator(const std::string& format) {
+  for (const auto& g : synth_generators())
+    if (format == g.format) return g;
+  std::string list;
+  for (const auto& s : synth_formats()) list += (list.empty() ? "" : ", ") + s;
+  throw Error(ErrorCode::kUsage, "unknown --format \"" + format + "\" (supported: " + list + ")");
 }
 
 void fill_dense(const Item& it, uint64_t seed, std::vector<uint8_t>* bytes) {
@@ -252,13 +315,14 @@ void fill_dense(const Item& it, uint64_t seed, std::vector<uint8_t>* bytes) {
 }  // namespace
 
 SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
-  const FormatSpec fs_ = format_spec(o);
-  const QuantParams& p = fs_.params;
+  const SynthGenerator& gen = synth_generator(o.format);
+  const QuantParams p = gen.params(o);
+  const bool quantized = p.method != QuantMethod::kNone;
   if (std::find(synth_families().begin(), synth_families().end(), o.family) ==
       synth_families().end())
     throw Error(ErrorCode::kUsage,
                 "unknown --family \"" + o.family + "\" (qwen3, mixtral, deepseek, fused3d)");
-  if (o.family == "fused3d" && fs_.quantized)
+  if (o.family == "fused3d" && quantized)
     throw Error(ErrorCode::kUsage,
                 "--family fused3d is written unquantized (bf16): quantized "
                 "Qwen3-VL-style checkpoints store per-expert Linears");
@@ -268,10 +332,10 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
                 "--layers, --experts, --hidden, --inter must be >= 1 and 1 <= top-k <= experts");
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF16)
     throw Error(ErrorCode::kUsage, "--dtype must be bf16 or fp16");
-  const SourceCodec* codec = fs_.quantized ? find_source_codec(p.method) : nullptr;
-  if (fs_.quantized && !codec) throw Error(ErrorCode::kInternal, "no codec for synth format");
+  const SourceCodec* codec = quantized ? find_source_codec(p.method) : nullptr;
+  if (quantized && !codec) throw Error(ErrorCode::kInternal, "no codec for synth format");
   // Shape constraints of the source formats themselves (not of any backend).
-  if (fs_.quantized) {
+  if (quantized) {
     const int64_t pf = 32 / p.bits;
     const int64_t align = std::max<int64_t>({p.group_size > 0 ? p.group_size : 1, pf, 32});
     if (o.hidden % align || o.inter % align)
@@ -296,7 +360,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     items.push_back(std::move(it));
   };
   auto linear = [&](const std::string& base, int64_t n, int64_t k, const std::string& order_label) {
-    if (!fs_.quantized) {
+    if (!quantized) {
       dense(base + ".weight", {n, k});
       return;
     }
@@ -367,7 +431,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     if (!probe.count(key)) {
       std::vector<float> zeros(static_cast<size_t>(key.first * key.second), 0.0f);
       zeros[0] = 1.0f;  // keep scales finite and non-degenerate
-      const QuantTensor q = quantize_linear(o, p, zeros.data(), key.first, key.second, "probe");
+      const QuantTensor q = gen.quantize(o, p, zeros.data(), key.first, key.second, "probe");
       const TensorMap packed = codec->pack(p, q);
       for (const auto& [suffix, t] : packed) probe[key].push_back({suffix, t.dtype, t.shape, 0, 0});
     }
@@ -393,7 +457,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
       }
       const int64_t n = it.shape[0], k = it.shape[1];
       const std::vector<float> w = random_matrix(o.seed, it.name, n, k, 0.02f);
-      const QuantTensor q = quantize_linear(o, p, w.data(), n, k, it.order_label);
+      const QuantTensor q = gen.quantize(o, p, w.data(), n, k, it.order_label);
       for (const auto& [suffix, t] : codec->pack(p, q))
         writer.write(it.name + "." + suffix, t.data.data(), t.data.size());
     }
@@ -462,8 +526,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     }
   }
   cfg["transformers_version"] = "4.57.1";
-  const json qc = quant_config_json(o, p);
-  if (!qc.is_null()) cfg["quantization_config"] = qc;
+  if (gen.quant_config) cfg["quantization_config"] = gen.quant_config(o, p);
   auto write_json = [&](const std::string& name, const json& j) {
     const std::string path = out.path() + "/" + name;
     std::ofstream f(path);
@@ -471,13 +534,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     if (!f) throw Error(ErrorCode::kIo, path, "", "write failed");
   };
   write_json("config.json", cfg);
-  if (p.method == QuantMethod::kModeloptMxfp8)
-    write_json("hf_quant_config.json", {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
-                                        {"quantization",
-                                         {{"quant_algo", "MXFP8"},
-                                          {"kv_cache_quant_algo", "FP8"},
-                                          {"group_size", 32},
-                                          {"exclude_modules", json::array({"lm_head"})}}}});
+  if (gen.side_file) write_json(gen.side_file, gen.side_file_json());
   write_json("generation_config.json",
              {{"do_sample", false}, {"eos_token_id", 1}, {"bos_token_id", 0}});
   out.commit();
@@ -488,6 +545,15 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
   r.shards = static_cast<int64_t>(plan.shard_names.size());
   r.bytes = plan.total_tensor_bytes;
   return r;
+}
+
+const std::vector<std::string>& synth_formats() {
+  static const std::vector<std::string> f = [] {
+    std::vector<std::string> v;
+    for (const auto& g : synth_generators()) v.push_back(g.format);
+    return v;
+  }();
+  return f;
 }
 
 }  // namespace moepack

@@ -25,10 +25,9 @@ Runner add_convert(CLI::App& app, Globals& g) {
   auto a = std::make_shared<ConvertArgs>();
   app.add_option("src", a->o.src, "Source checkpoint directory")->required();
   app.add_option("dst", a->o.dst, "Output directory (written atomically)")->required();
-  app.add_option("--backend", a->o.backend,
-                 "auto|marlin|triton-wna16|triton-int8|trtllm-mxfp8|trtllm-fp8-block")
+  app.add_option("--backend", a->o.backend, "auto|" + target_layout_names("|"))
       ->capture_default_str();
-  app.add_option("--target-arch", a->o.target_arch, "Target GPU: sm80|sm89|sm90|sm100|sm120")
+  app.add_option("--target-arch", a->o.target_arch, "Target GPU: " + target_arch_names("|"))
       ->capture_default_str();
   app.add_option("--act-dtype", a->act_dtype,
                  "Serving activation dtype bf16|fp16 (Marlin scales are stored in it)")

@@ -161,9 +161,10 @@ Runner add_inspect(CLI::App& app, Globals& g) {
   auto a = std::make_shared<InspectArgs>();
   app.add_option("dir", a->dir, "Checkpoint directory")->required();
   app.add_option("--target-arch", a->target_arch,
-                 "Target GPU for the backend oracle: sm80|sm89|sm90|sm100|sm120")
+                 "Target GPU for the backend oracle: " + target_arch_names("|"))
       ->capture_default_str();
-  app.add_option("--backend", a->backend, "Evaluate this backend instead of auto")
+  app.add_option("--backend", a->backend,
+                 "Evaluate this backend instead of auto: " + target_layout_names("|"))
       ->capture_default_str();
   app.add_option("--act-dtype", a->act_dtype, "Activation dtype bf16|fp16")->capture_default_str();
   app.add_flag("--tensors", a->tensors, "List every tensor (text mode)");

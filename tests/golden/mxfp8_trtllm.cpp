@@ -86,7 +86,7 @@ TEST_P(MxGolden, PackIsByteExactAndUnpackInverts) {
   opts.gated = case_gated(c);
   opts.prefix = "model.layers.0.mlp.experts.";
   const MoeExperts x = golden_experts(c);
-  EXPECT_TRUE(trtllm_mxfp8_unsupported_reasons(opts, x).empty());
+  EXPECT_TRUE(trtllm_mxfp8_unsupported_reasons(opts, moe_shape_of(x)).empty());
   for (int threads : {1, 3}) {
     opts.threads = threads;
     const auto params = pack_trtllm_mxfp8_moe(opts, x);

@@ -220,7 +220,7 @@ void check_ct(const std::string& c, int bits) {
   LayoutOptions o;
   o.act_dtype = DType::kF16;
   o.source_method = QuantMethod::kCtPackQuantized;
-  EXPECT_TRUE(triton_wna16_unsupported_reasons(o, x).empty());
+  EXPECT_TRUE(triton_wna16_unsupported_reasons(o, moe_shape_of(x)).empty());
   const auto out = pack_triton_wna16_moe(o, x);
   const Golden tw = load_golden("wna16", c, "triton_w13_weight_packed");
   const Golden ts = load_golden("wna16", c, "triton_w13_weight_scale");

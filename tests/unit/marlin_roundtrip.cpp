@@ -237,7 +237,7 @@ TEST(MarlinMoe, RandomLayersRoundTripAndKernelView) {
     const std::string what = "trial " + std::to_string(trial) + ": " + describe(s);
     const MoeExperts x = random_layer(rng, s);
     LayoutOptions o = options_for(s);
-    ASSERT_TRUE(marlin_unsupported_reasons(o, x).empty()) << what;
+    ASSERT_TRUE(marlin_unsupported_reasons(o, moe_shape_of(x)).empty()) << what;
     const std::vector<Tensor> params = pack_marlin_moe(o, x);
     const TensorMap m = by_name(params);
     expect_roundtrip(s, x, unpack_marlin_moe(o, m), what);
@@ -335,10 +335,10 @@ TEST(MarlinMoe, KernelViewDetectsWrongScalePermutation) {
   expect_roundtrip(s, x, unpack_marlin_moe(o, vllm), "vllm rule");
   EXPECT_LT(kernel_error(rng, o, good, x.w13, MoeProj::kW13, 0), 1e-5);
   EXPECT_GT(kernel_error(rng, o, vllm, x.w13, MoeProj::kW13, 0), 1e-2);
-  const auto dev_default = marlin_deviations_from_vllm(options_for(s), x);
+  const auto dev_default = marlin_deviations_from_vllm(options_for(s), moe_shape_of(x));
   ASSERT_EQ(dev_default.size(), 1u);
   EXPECT_NE(dev_default[0].find("w13_scales"), std::string::npos);
-  EXPECT_TRUE(marlin_deviations_from_vllm(o, x).empty());
+  EXPECT_TRUE(marlin_deviations_from_vllm(o, moe_shape_of(x)).empty());
 }
 
 TEST(MarlinMoe, KernelViewDetectsMisplacedZerosAndUnsortedGidx) {
@@ -374,7 +374,7 @@ TEST(MarlinMoe, KernelViewDetectsMisplacedZerosAndUnsortedGidx) {
   Tensor& gi = mg.at(og.prefix + "w13_g_idx");
   std::memcpy(gi.data.data(), xg.w13.g_idx.data(), gi.data.size());
   EXPECT_GT(kernel_error(rng, og, mg, xg.w13, MoeProj::kW13, 0), 1e-3);
-  const auto dev = marlin_deviations_from_vllm(og, xg);
+  const auto dev = marlin_deviations_from_vllm(og, moe_shape_of(xg));
   ASSERT_EQ(dev.size(), 2u);
   EXPECT_NE(dev[0].find("sorted g_idx"), std::string::npos);
 }
@@ -636,7 +636,8 @@ TEST(MarlinMoe, RefusesWhatTheKernelCannotTake) {
     MoeExperts x = random_layer(rng, c.spec);
     LayoutOptions o = options_for(c.spec);
     if (c.tweak) c.tweak(x, o);
-    const auto why = marlin_unsupported_reasons(o, x);
+    auto why = marlin_unsupported_reasons(o, moe_shape_of(x));
+    for (auto& r : marlin_g_idx_reasons(x)) why.push_back(r);
     EXPECT_TRUE(has_reason(why, c.expect)) << c.name << ": " << (why.empty() ? "(none)" : why[0]);
     try {
       pack_marlin_moe(o, x);
@@ -653,12 +654,13 @@ TEST(MarlinMoe, DeviationsListed) {
   LayerSpec s;
   s.bits = 8;
   const MoeExperts x = random_layer(rng, s);
-  const auto dev = marlin_deviations_from_vllm(options_for(s), x);
+  const auto dev = marlin_deviations_from_vllm(options_for(s), moe_shape_of(x));
   EXPECT_TRUE(has_reason(dev, "GPTQ int8"));
   LayerSpec ct = s;
   ct.method = QuantMethod::kCtPackQuantized;
   ct.act_order = true;
-  EXPECT_TRUE(marlin_deviations_from_vllm(options_for(ct), random_layer(rng, ct)).empty());
+  EXPECT_TRUE(
+      marlin_deviations_from_vllm(options_for(ct), moe_shape_of(random_layer(rng, ct))).empty());
 }
 
 TEST(MarlinMoe, UnpackValidatesParameters) {

@@ -381,8 +381,9 @@ TEST(Oracle, UnknownBackendIsUsageError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUsage);
     EXPECT_EQ(e.exit_code(), ExitCode::kUsage);
-    for (const auto& b : backend_names())
-      EXPECT_NE(e.message().find(b), std::string::npos) << b << " not listed: " << e.message();
+    for (const auto& t : target_layouts())
+      for (const std::string b : {t.name})
+        EXPECT_NE(e.message().find(b), std::string::npos) << b << " not listed: " << e.message();
   }
 }
 
@@ -419,30 +420,28 @@ TEST(Oracle, JsonRecordsEveryCandidate) {
   EXPECT_TRUE(choose_backend(q).to_json()["chosen"].is_null());
 }
 
-TEST(Oracle, ProbeExpertsHaveTheLayerShapes) {
+TEST(Oracle, ShapesForAQueryFollowTheCodecSpec) {
   for (const QuantParams& qp : {gptq(4, 128), gptq(8, -1, true, true), awq(64),
                                 ct_pack(4, 32, "group"), ct_w8a8(true), mxfp8(), fp8_block()}) {
     SCOPED_TRACE(quant_method_name(qp.method));
-    const MoeExperts m = probe_experts(qp, 256, 128, true);
+    const MoeShape m = moe_shape_for(qp, 3, 256, 128, true);
+    EXPECT_EQ(m.experts, 3);
     EXPECT_EQ(m.w13.n, 256);
     EXPECT_EQ(m.w13.k, 256);
     EXPECT_EQ(m.w2.n, 256);
     EXPECT_EQ(m.w2.k, 128);
-    m.w13.check_consistent("w13");
-    m.w2.check_consistent("w2");
-    // A g_idx only where it can be non-trivial: integer codes, act-order, more than one group.
-    EXPECT_EQ(m.w13.g_idx.empty(),
-              !qp.act_order || m.w13.kind != CodeKind::kUint || m.w13.groups() <= 1);
-    if (!m.w13.g_idx.empty()) {
-      EXPECT_FALSE(std::is_sorted(m.w13.g_idx.begin(), m.w13.g_idx.end()));
-      for (int32_t g : m.w13.g_idx) EXPECT_LT(g, m.w13.groups());
-    }
+    EXPECT_EQ(m.w13.quant, find_source_codec(qp.method)->spec_for(qp));
+    // Act-order only where it can be non-trivial: integer codes, more than one group.
+    EXPECT_EQ(m.w13.act_order, qp.act_order && m.w13.quant.kind == CodeKind::kUint &&
+                                   m.w13.quant.groups(m.w13.k) > 1);
     // The explicit per-projection switch overrides the checkpoint's flag.
-    const MoeExperts w2_only = probe_experts(qp, 256, 128, true, 0, 1);
-    EXPECT_TRUE(w2_only.w13.g_idx.empty());
-    const MoeExperts u = probe_experts(qp, 256, 128, false);
+    const MoeShape w2_only = moe_shape_for(qp, 1, 256, 128, true, 0, 1);
+    EXPECT_FALSE(w2_only.w13.act_order);
+    const MoeShape u = moe_shape_for(qp, 1, 256, 128, false);
     EXPECT_EQ(u.w13.n, 128);
   }
+  QuantParams none;
+  EXPECT_THROW(moe_shape_for(none, 1, 256, 128, true), Error);
 }
 
 }  // namespace

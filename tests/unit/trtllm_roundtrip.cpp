@@ -230,8 +230,8 @@ TEST(TrtllmMxfp8, RoundTripThreadsAndMatmul) {
       LayoutOptions opts;
       opts.gated = gated;
       opts.prefix = "layers.1.experts.";
-      ASSERT_TRUE(trtllm_mxfp8_unsupported_reasons(opts, x).empty());
-      EXPECT_TRUE(trtllm_mxfp8_deviations_from_vllm(opts, x).empty());
+      ASSERT_TRUE(trtllm_mxfp8_unsupported_reasons(opts, moe_shape_of(x)).empty());
+      EXPECT_TRUE(trtllm_mxfp8_deviations_from_vllm(opts, moe_shape_of(x)).empty());
       const auto p1 = pack_trtllm_mxfp8_moe(opts, x);
       opts.threads = 4;
       const auto p4 = pack_trtllm_mxfp8_moe(opts, x);
@@ -329,7 +329,7 @@ TEST(TrtllmMxfp8, RefusalReasons) {
     MoeExperts x;
     x.w13 = random_mx(1, 128, 96, &rng);
     x.w2 = random_mx(1, 96, 64, &rng);
-    const auto r = trtllm_mxfp8_unsupported_reasons(opts, x);
+    const auto r = trtllm_mxfp8_unsupported_reasons(opts, moe_shape_of(x));
     EXPECT_EQ(r.size(), 2u);
     EXPECT_TRUE(any_contains(r, "H=96"));
     EXPECT_TRUE(any_contains(r, "I=64"));
@@ -344,7 +344,7 @@ TEST(TrtllmMxfp8, RefusalReasons) {
     MoeExperts x;
     x.w13 = random_mx(1, 64, 128, &rng);
     x.w2 = random_mx(1, 128, 64, &rng);
-    const auto r = trtllm_mxfp8_unsupported_reasons(ng, x);
+    const auto r = trtllm_mxfp8_unsupported_reasons(ng, moe_shape_of(x));
     EXPECT_TRUE(any_contains(r, "w13 rows I=64"));
     EXPECT_TRUE(any_contains(r, "I=64"));
   }
@@ -355,7 +355,7 @@ TEST(TrtllmMxfp8, RefusalReasons) {
     x.w13.group_size = 128;
     x.w13.scale_dtype = DType::kF16;
     x.w13.scales.assign(static_cast<size_t>(256 * 1 * 2), 0x3c);
-    const auto r = trtllm_mxfp8_unsupported_reasons(opts, x);
+    const auto r = trtllm_mxfp8_unsupported_reasons(opts, moe_shape_of(x));
     EXPECT_TRUE(any_contains(r, "group_size 128"));
     EXPECT_TRUE(any_contains(r, "F16"));
     EXPECT_EQ(code_of([&] { pack_trtllm_mxfp8_moe(opts, x); }), ErrorCode::kUnsupported);
@@ -415,8 +415,8 @@ TEST(TrtllmFp8Block, StepsRoundTripThreadsAndMatmul) {
       x.w2 = random_block(s.E, s.H, s.I, &rng);
       LayoutOptions opts;
       opts.gated = gated;
-      ASSERT_TRUE(trtllm_fp8_block_unsupported_reasons(opts, x).empty());
-      EXPECT_TRUE(trtllm_fp8_block_deviations_from_vllm(opts, x).empty());
+      ASSERT_TRUE(trtllm_fp8_block_unsupported_reasons(opts, moe_shape_of(x)).empty());
+      EXPECT_TRUE(trtllm_fp8_block_deviations_from_vllm(opts, moe_shape_of(x)).empty());
       const auto p1 = pack_trtllm_fp8_block_moe(opts, x);
       opts.threads = 3;
       const auto p3 = pack_trtllm_fp8_block_moe(opts, x);
@@ -484,7 +484,7 @@ TEST(TrtllmFp8Block, Refusals) {
     x.w2.k = 64;
     x.w2.codes.resize(128 * 64);
     x.w2.group_size = 128;
-    const auto r = trtllm_fp8_block_unsupported_reasons(opts, x);
+    const auto r = trtllm_fp8_block_unsupported_reasons(opts, moe_shape_of(x));
     EXPECT_TRUE(any_contains(r, "I=64"));
     std::string msg;
     EXPECT_EQ(code_of([&] { pack_trtllm_fp8_block_moe(opts, x); }, &msg), ErrorCode::kUnsupported);
@@ -494,7 +494,7 @@ TEST(TrtllmFp8Block, Refusals) {
     MoeExperts x;
     x.w13 = random_mx(1, 256, 128, &rng);
     x.w2 = random_mx(1, 128, 128, &rng);
-    const auto r = trtllm_fp8_block_unsupported_reasons(opts, x);
+    const auto r = trtllm_fp8_block_unsupported_reasons(opts, moe_shape_of(x));
     EXPECT_TRUE(any_contains(r, "group_size 32"));
     EXPECT_TRUE(any_contains(r, "scale dtype U8"));
   }

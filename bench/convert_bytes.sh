@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prints the SHA-256 of every file `moepack convert` writes, for every source format x naming
+# family that `moepack synth` makes (and the bf16 ones through --quantize mxfp8), so that two
+# builds can be compared byte for byte:
+#   bench/convert_bytes.sh OLD/bin/moepack > old.txt; bench/convert_bytes.sh NEW/bin/moepack > new.txt
+#   diff old.txt new.txt
+# Usage: bench/convert_bytes.sh MOEPACK [WORKDIR]
+set -euo pipefail
+bin=$(realpath "$1")
+work=${2:-$(mktemp -d)}
+mkdir -p "$work"
+formats="gptq gptq-actorder gptq-asym awq ct-w4a16 ct-w8a16 ct-w8a8 modelopt-mxfp8 fp8-block bf16"
+for fam in qwen3 mixtral deepseek fused3d; do
+  for fmt in $formats; do
+    [ "$fam" = fused3d ] && [ "$fmt" != bf16 ] && continue
+    src="$work/src-$fmt-$fam"
+    "$bin" synth "$src" --format "$fmt" --family "$fam" --layers 2 --experts 4 \
+      --hidden 256 --inter 128 --seed 7 --force >/dev/null
+    flags=()
+    [ "$fmt" = bf16 ] && flags=(--quantize mxfp8)
+    case $fmt in modelopt-mxfp8 | fp8-block | bf16) flags+=(--target-arch sm100) ;; esac
+    variants=("default:")
+    case $fmt in
+      gptq | awq | ct-w4a16) variants+=("triton:--backend triton-wna16" "fp16:--act-dtype fp16") ;;
+      gptq-asym) variants+=("fp16:--act-dtype fp16") ;;
+    esac
+    for v in "${variants[@]}"; do
+      name=${v%%:*}
+      extra=${v#*:}
+      dst="$work/dst-$fmt-$fam-$name"
+      # shellcheck disable=SC2086
+      "$bin" convert "$src" "$dst" --force "${flags[@]}" $extra >/dev/null
+      (cd "$dst" && find . -type f | LC_ALL=C sort | xargs sha256sum) |
+        sed "s|  \./|  $fmt/$fam/$name/|"
+    done
+    rm -rf "$src" "$work"/dst-"$fmt"-"$fam"-*
+  done
+done
