@@ -55,6 +55,12 @@ struct Tensor {
 // or one layer's output parameters keyed by full name.
 using TensorMap = std::map<std::string, Tensor>;
 
+// One F16 / BF16 / F32 element at p as float (little-endian bytes). Throws kBadDtype naming
+// `what` for any other dtype. The one byte->float conversion every reader uses.
+float element_as_float(const uint8_t* p, DType d, const std::string& what = "");
+// Every element of a F16 / BF16 / F32 view as float (kBadDtype naming the view otherwise).
+std::vector<float> to_floats(const TensorView& v);
+
 // Typed copies for tests and codecs (memcpy: no aliasing concerns, little-endian hosts only).
 template <typename T>
 std::vector<T> to_vector(const TensorView& v) {

@@ -63,17 +63,15 @@ QuantTensor unpack_awq(const QuantParams& p, const TensorMap& m, int64_t n, int6
     throw Error(ErrorCode::kBadShape, "", "qweight",
                 "N=" + std::to_string(n) + " K=" + std::to_string(k) +
                     ": AWQ packs 8 columns per word, N must be a positive multiple of 8");
-  QuantTensor q;
-  q.experts = 1;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kUint;
-  q.bits = 4;
-  q.group_size = p.group_size;
-  q.symmetric = false;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kUint;
+  encoding.bits = 4;
+  encoding.group_size = p.group_size;
+  encoding.symmetric = false;
+  QuantTensor q(encoding, 1, n, k);
   const int64_t G = q.groups();
 
-  const Tensor& qw = wna16::need(m, "qweight");
+  const Tensor& qw = require_tensor(m, "qweight");
   expect_dtype(qw, "qweight", {DType::kI32, DType::kU32});
   expect_shape(qw, "qweight", {k, n / 8}, "AWQ qweight is [K, N/8]");
   std::vector<uint8_t> kn(static_cast<size_t>(k * n));
@@ -81,7 +79,7 @@ QuantTensor unpack_awq(const QuantParams& p, const TensorMap& m, int64_t n, int6
   q.codes.resize(kn.size());
   wna16::transpose_bytes(kn.data(), k, n, 1, q.codes.data());
 
-  const Tensor& qz = wna16::need(m, "qzeros");
+  const Tensor& qz = require_tensor(m, "qzeros");
   expect_dtype(qz, "qzeros", {DType::kI32, DType::kU32});
   expect_shape(qz, "qzeros", {G, n / 8}, "AWQ qzeros are [G, N/8]");
   std::vector<uint8_t> gn(static_cast<size_t>(G * n));
@@ -89,7 +87,7 @@ QuantTensor unpack_awq(const QuantParams& p, const TensorMap& m, int64_t n, int6
   q.zeros.resize(gn.size());
   wna16::transpose_bytes(gn.data(), G, n, 1, q.zeros.data());
 
-  const Tensor& sc = wna16::need(m, "scales");
+  const Tensor& sc = require_tensor(m, "scales");
   expect_dtype(sc, "scales", {DType::kF16, DType::kBF16, DType::kF32});
   expect_shape(sc, "scales", {G, n}, "AWQ scales are [G, N], G = " + std::to_string(G));
   wna16::check_finite_scales(sc.data.data(), G * n, sc.dtype, "scales");

@@ -1,6 +1,7 @@
 #include "formats/codec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -46,28 +47,44 @@ void QuantTensor::check_consistent(const std::string& what) const {
 }
 
 float scale_to_float(const uint8_t* p, DType d) {
-  switch (d) {
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return f16_to_float(h);
-    }
-    case DType::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return bf16_to_float(h);
-    }
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::kU8:
-    case DType::kF8_E8M0:
-      return e8m0_to_float(*p);
-    default:
-      throw Error(ErrorCode::kInternal, std::string("unsupported scale dtype ") + dtype_name(d));
+  if (is_scale_byte_dtype(d)) return e8m0_to_float(*p);
+  return element_as_float(p, d, "scale");
+}
+
+void convert_scale(const uint8_t* p, DType from, DType to, uint8_t* out, const std::string& what) {
+  const int ob = dtype_bits(to) / 8;
+  if (from == to || (is_scale_byte_dtype(from) && is_scale_byte_dtype(to))) {
+    std::memcpy(out, p, static_cast<size_t>(ob));
+    return;
   }
+  if (is_scale_byte_dtype(to))
+    throw Error(ErrorCode::kInternal, "", what,
+                std::string("cannot express ") + dtype_name(from) + " scales as E8M0 codes");
+  // Through float32, then round to nearest even: what torch's copy_ into the parameter does.
+  const float v = scale_to_float(p, from);
+  if (to == DType::kF32) {
+    std::memcpy(out, &v, 4);
+    return;
+  }
+  const uint16_t h = to == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+  if (to != DType::kBF16 && to != DType::kF16)
+    throw Error(ErrorCode::kInternal, "", what,
+                std::string("unsupported serving scale dtype ") + dtype_name(to));
+  const float back = to == DType::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+  if (std::isfinite(v) && !std::isfinite(back))
+    throw Error(ErrorCode::kBadValue, "", what,
+                "scale " + std::to_string(v) + " overflows " + dtype_name(to));
+  std::memcpy(out, &h, 2);
+}
+
+std::vector<uint8_t> convert_scales(const std::vector<uint8_t>& src, DType from, DType to,
+                                    const std::string& what) {
+  const int ib = dtype_bits(from) / 8, ob = dtype_bits(to) / 8;
+  const size_t count = src.size() / static_cast<size_t>(ib);
+  std::vector<uint8_t> out(count * static_cast<size_t>(ob));
+  for (size_t i = 0; i < count; ++i)
+    convert_scale(src.data() + i * ib, from, to, out.data() + i * ob, what);
+  return out;
 }
 
 void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const float* w_row, float* y,
@@ -115,8 +132,15 @@ void check_moe_structure(const LayoutOptions& opts, const MoeExperts& x) {
 
 const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what) {
   auto it = m.find(key);
-  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", key, what + " lacks '" + key + "'");
+  if (it == m.end())
+    throw Error(ErrorCode::kMissingTensor, "", key,
+                what.empty() ? "required tensor is missing" : what + " lacks '" + key + "'");
   return it->second;
+}
+
+const Tensor* find_tensor(const TensorMap& m, const std::string& key) {
+  auto it = m.find(key);
+  return it == m.end() ? nullptr : &it->second;
 }
 
 static float scale_value(const QuantTensor& q, int64_t index) {

@@ -184,6 +184,20 @@ struct LayoutOptions {
   // (GPTQ: w13_qweight/w13_scales/w13_g_idx, AWQ: + w13_qzeros, CT: w13_weight_packed/...).
   QuantMethod source_method = QuantMethod::kGptq;
   int threads = 1;  // worker threads; output bytes never depend on it
+
+  // The one way the pipeline makes them for a layer (plan, oracle, verify); tests may also set
+  // fields one by one.
+  static LayoutOptions for_layer(QuantMethod source_method, DType act_dtype, bool gated,
+                                 bool vllm_w13_scale_size_k, std::string prefix, int threads) {
+    LayoutOptions o;
+    o.source_method = source_method;
+    o.act_dtype = act_dtype;
+    o.gated = gated;
+    o.vllm_w13_scale_size_k = vllm_w13_scale_size_k;
+    o.prefix = std::move(prefix);
+    o.threads = threads;
+    return o;
+  }
 };
 
 // One output parameter as a layout writes it.
@@ -261,13 +275,23 @@ std::vector<std::string> moe_shape_problems(const LayoutOptions& opts, const Moe
 // each QuantTensor's buffer sizes.
 void check_moe_structure(const LayoutOptions& opts, const MoeExperts& x);
 // Looks up `key` in a codec's tensor map; kMissingTensor naming the key ("<what> lacks 'key'").
-const Tensor& require_tensor(const TensorMap& m, const std::string& key, const std::string& what);
+const Tensor& require_tensor(const TensorMap& m, const std::string& key,
+                             const std::string& what = "");
+// The tensor under `key`, or nullptr (optional tensors).
+const Tensor* find_tensor(const TensorMap& m, const std::string& key);
 // The 2-D shape of one Linear's tensor by suffix, for SourceCodec::logical_shape (kMissingTensor
 // / kBadShape naming the suffix otherwise).
 const Shape& linear_tensor_shape(const std::map<std::string, Shape>& by_suffix,
                                  const std::string& suffix);
 // One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.
 float scale_to_float(const uint8_t* p, DType d);
+// One scale element converted to the dtype a layout serves it in (F16, BF16, F32; E8M0 codes
+// stay codes): through float32, round to nearest even, as torch's copy_ into the parameter does.
+// The one overflow rule for every layout: a finite scale that becomes inf is refused
+// (kBadValue naming `what`), never written.
+void convert_scale(const uint8_t* p, DType from, DType to, uint8_t* out, const std::string& what);
+std::vector<uint8_t> convert_scales(const std::vector<uint8_t>& src, DType from, DType to,
+                                    const std::string& what);
 std::vector<int32_t> invert_permutation(const std::vector<int32_t>& perm);
 std::vector<int32_t> stable_argsort(const int32_t* values, int64_t count);
 

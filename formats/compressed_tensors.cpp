@@ -66,20 +66,18 @@ QuantTensor unpack_ct_pack(const QuantParams& p, const TensorMap& m, int64_t n, 
   if (p.group_size == 0 || p.group_size < -1)
     throw Error(ErrorCode::kBadValue, "", "weight_scale",
                 "group_size=" + std::to_string(p.group_size) + " (expected -1 or > 0)");
-  QuantTensor q;
-  q.experts = 1;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kUint;
-  q.bits = p.bits;
-  q.group_size = p.group_size;
-  q.symmetric = p.symmetric;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kUint;
+  encoding.bits = p.bits;
+  encoding.group_size = p.group_size;
+  encoding.symmetric = p.symmetric;
+  QuantTensor q(encoding, 1, n, k);
   const int64_t G = q.groups(), kw = ceil_div(k, pf);
   const uint32_t mask = (1u << p.bits) - 1u;
 
-  if (const Tensor* ws = wna16::maybe(m, "weight_shape")) check_weight_shape(*ws, n, k);
+  if (const Tensor* ws = find_tensor(m, "weight_shape")) check_weight_shape(*ws, n, k);
 
-  const Tensor& wp = wna16::need(m, "weight_packed");
+  const Tensor& wp = require_tensor(m, "weight_packed");
   expect_dtype(wp, "weight_packed", {DType::kI32, DType::kU32});
   expect_shape(wp, "weight_packed", {n, kw}, "pack-quantized weight is [N, ceil(K/pf)]");
   q.codes.resize(static_cast<size_t>(n * k));
@@ -91,21 +89,21 @@ QuantTensor unpack_ct_pack(const QuantParams& p, const TensorMap& m, int64_t n, 
             static_cast<uint8_t>((w >> (p.bits * f)) & mask);
     }
 
-  const Tensor& sc = wna16::need(m, "weight_scale");
+  const Tensor& sc = require_tensor(m, "weight_scale");
   expect_dtype(sc, "weight_scale", {DType::kF16, DType::kBF16, DType::kF32});
   expect_shape(sc, "weight_scale", {n, G}, "weight_scale is [N, G], G = " + std::to_string(G));
   wna16::check_finite_scales(sc.data.data(), n * G, sc.dtype, "weight_scale");
   q.scale_dtype = sc.dtype;
   q.scales = sc.data;
 
-  if (const Tensor* gi = wna16::maybe(m, "weight_g_idx")) {
+  if (const Tensor* gi = find_tensor(m, "weight_g_idx")) {
     q.g_idx = wna16::normalise_g_idx(*gi, "weight_g_idx", k, p.group_size, G);
   } else if (p.act_order) {
     throw Error(ErrorCode::kMissingTensor, "", "weight_g_idx", "actorder=group needs weight_g_idx");
   }
 
   if (!p.symmetric) {
-    const Tensor& zp = wna16::need(m, "weight_zero_point");
+    const Tensor& zp = require_tensor(m, "weight_zero_point");
     const int64_t nw = ceil_div(n, pf);
     expect_dtype(zp, "weight_zero_point", {DType::kI32, DType::kU32});
     expect_shape(zp, "weight_zero_point", {nw, G}, "zero points are [ceil(N/pf), G], packed on N");
@@ -197,7 +195,7 @@ std::vector<std::string> ct_int8_optional_suffixes(const QuantParams&) {
 }
 
 QuantTensor unpack_ct_int8(const QuantParams& p, const TensorMap& m, int64_t n, int64_t k) {
-  if (wna16::maybe(m, "input_scale") || wna16::maybe(m, "input_zero_point") || !p.dynamic_input)
+  if (find_tensor(m, "input_scale") || find_tensor(m, "input_zero_point") || !p.dynamic_input)
     throw Error(ErrorCode::kUnsupported, "", "input_scale",
                 "static input scales (W8A8 int8 MoE takes dynamic per-token activations only)");
   if (p.bits != 8)
@@ -212,21 +210,19 @@ QuantTensor unpack_ct_int8(const QuantParams& p, const TensorMap& m, int64_t n, 
   if (n <= 0 || k <= 0)
     throw Error(ErrorCode::kBadShape, "", "weight",
                 "N=" + std::to_string(n) + " K=" + std::to_string(k) + " must be positive");
-  QuantTensor q;
-  q.experts = 1;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kInt;
-  q.bits = 8;
-  q.group_size = -1;
-  q.symmetric = true;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kInt;
+  encoding.bits = 8;
+  encoding.group_size = -1;
+  encoding.symmetric = true;
+  QuantTensor q(encoding, 1, n, k);
 
-  const Tensor& w = wna16::need(m, "weight");
+  const Tensor& w = require_tensor(m, "weight");
   expect_dtype(w, "weight", {DType::kI8});
   expect_shape(w, "weight", {n, k}, "int8 weight is [N, K]");
   q.codes = w.data;
 
-  const Tensor& sc = wna16::need(m, "weight_scale");
+  const Tensor& sc = require_tensor(m, "weight_scale");
   expect_dtype(sc, "weight_scale", {DType::kF32, DType::kBF16, DType::kF16});
   if (sc.shape == Shape{n})
     expect_shape(sc, "weight_scale", {n});

@@ -71,16 +71,14 @@ QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, i
                 "shape " + shape_str(s.shape) + ", expected " + shape_str(ss));
   check_scales(s.data, "weight_scale_inv");
 
-  QuantTensor q;
-  q.experts = 1;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kFp8E4M3;
-  q.bits = 8;
-  q.group_size = kBlock;
-  q.scale_block_n = kBlock;
-  q.symmetric = true;
-  q.scale_dtype = DType::kF32;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kFp8E4M3;
+  encoding.bits = 8;
+  encoding.group_size = kBlock;
+  encoding.scale_block_n = kBlock;
+  encoding.symmetric = true;
+  encoding.scale_dtype = DType::kF32;
+  QuantTensor q(encoding, 1, n, k);
   q.codes = w.data;
   q.scales = s.data;
   q.check_consistent("fp8_block");

@@ -53,16 +53,14 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
                 "group_size=" + std::to_string(p.group_size) + " (expected -1 or > 0)");
   const int64_t G = group_count(k, p.group_size);
 
-  QuantTensor q;
-  q.experts = 1;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kUint;
-  q.bits = p.bits;
-  q.group_size = p.group_size;
-  q.symmetric = p.symmetric;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kUint;
+  encoding.bits = p.bits;
+  encoding.group_size = p.group_size;
+  encoding.symmetric = p.symmetric;
+  QuantTensor q(encoding, 1, n, k);
 
-  const Tensor& qw = wna16::need(m, "qweight");
+  const Tensor& qw = require_tensor(m, "qweight");
   expect_dtype(qw, "qweight", {DType::kI32, DType::kU32});
   expect_shape(qw, "qweight", {k / pf, n}, "GPTQ qweight is [K/pf, N]");
   q.codes.resize(static_cast<size_t>(n * k));
@@ -80,7 +78,7 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
       }
   }
 
-  const Tensor& sc = wna16::need(m, "scales");
+  const Tensor& sc = require_tensor(m, "scales");
   expect_dtype(sc, "scales", {DType::kF16, DType::kBF16, DType::kF32});
   expect_shape(sc, "scales", {G, n}, "GPTQ scales are [G, N], G = " + std::to_string(G));
   wna16::check_finite_scales(sc.data.data(), G * n, sc.dtype, "scales");
@@ -88,14 +86,14 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
   q.scales.resize(sc.data.size());
   wna16::transpose_bytes(sc.data.data(), G, n, q.scale_bytes(), q.scales.data());
 
-  if (const Tensor* gi = wna16::maybe(m, "g_idx")) {
+  if (const Tensor* gi = find_tensor(m, "g_idx")) {
     q.g_idx = wna16::normalise_g_idx(*gi, "g_idx", k, p.group_size, G);
   } else if (p.act_order) {
     throw Error(ErrorCode::kMissingTensor, "", "g_idx", "desc_act=true needs g_idx");
   }
 
   if (!p.symmetric) {
-    const Tensor& qz = wna16::need(m, "qzeros");
+    const Tensor& qz = require_tensor(m, "qzeros");
     if (n % pf != 0)
       throw Error(
           ErrorCode::kBadShape, "", "qzeros",

@@ -50,25 +50,12 @@ std::vector<int32_t> zero_point_perm(int bits, bool a8) {
   return p;
 }
 
-// One scale element converted to the activation dtype (16-bit). fp16 -> bf16 rounds to nearest
-// even exactly as torch's copy_ into a bf16 parameter does (spec §2).
+// One scale element in the activation dtype (16-bit): convert_scale's rounding and overflow
+// rule (spec §2).
 uint16_t scale_to_act(const uint8_t* p, DType from, DType act, const std::string& what) {
   uint16_t h = 0;
-  if (from == act) {
-    std::memcpy(&h, p, 2);
-    return h;
-  }
-  if (from == DType::kF16 && act == DType::kBF16) {
-    std::memcpy(&h, p, 2);
-    return f16_to_bf16(h);
-  }
-  const float v = scale_to_float(p, from);
-  const uint16_t out = act == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
-  const float back = act == DType::kBF16 ? bf16_to_float(out) : f16_to_float(out);
-  if (std::isfinite(v) && !std::isfinite(back))
-    throw Error(ErrorCode::kBadValue, "", what,
-                "scale " + std::to_string(v) + " overflows " + dtype_name(act));
-  return out;
+  convert_scale(p, from, act, reinterpret_cast<uint8_t*>(&h), what);
+  return h;
 }
 
 float act_to_float(uint16_t h, DType act) {
@@ -528,11 +515,11 @@ LayerView read_layer(const LayoutOptions& opts, const TensorMap& params) {
   for (int i = 0; i < 2; ++i) {
     ProjView& v = L.p[i];
     v.names = marlin_param_names(m, i == 0 ? MoeProj::kW13 : MoeProj::kW2);
-    v.qweight = &wna16::need(params, opts.prefix + v.names.qweight);
-    v.scales = &wna16::need(params, opts.prefix + v.names.scales);
-    v.sort = &wna16::need(params, opts.prefix + v.names.sort_indices);
-    if (!v.names.qzeros.empty()) v.qzeros = &wna16::need(params, opts.prefix + v.names.qzeros);
-    if (!v.names.g_idx.empty()) v.g_idx = &wna16::need(params, opts.prefix + v.names.g_idx);
+    v.qweight = &require_tensor(params, opts.prefix + v.names.qweight);
+    v.scales = &require_tensor(params, opts.prefix + v.names.scales);
+    v.sort = &require_tensor(params, opts.prefix + v.names.sort_indices);
+    if (!v.names.qzeros.empty()) v.qzeros = &require_tensor(params, opts.prefix + v.names.qzeros);
+    if (!v.names.g_idx.empty()) v.g_idx = &require_tensor(params, opts.prefix + v.names.g_idx);
     const std::string qn = opts.prefix + v.names.qweight;
     wna16::expect_dtype(*v.qweight, qn, {DType::kI32});
     if (v.qweight->shape.size() != 3)

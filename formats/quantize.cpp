@@ -69,14 +69,13 @@ uint64_t Rng::hash(uint64_t seed, const std::string& label) {
 }
 
 QuantTensor quantize_int(const float* w, int64_t n, int64_t k, const IntQuantSpec& spec) {
-  QuantTensor q;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kUint;
-  q.bits = spec.bits;
-  q.group_size = spec.group_size;
-  q.symmetric = spec.symmetric;
-  q.scale_dtype = spec.scale_dtype;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kUint;
+  encoding.bits = spec.bits;
+  encoding.group_size = spec.group_size;
+  encoding.symmetric = spec.symmetric;
+  encoding.scale_dtype = spec.scale_dtype;
+  QuantTensor q(encoding, 1, n, k);
   const int64_t G = q.groups(), gs = spec.group_size > 0 ? spec.group_size : k;
   const int maxq = (1 << spec.bits) - 1;
   const bool act_order = !spec.order.empty();
@@ -127,14 +126,13 @@ QuantTensor quantize_int(const float* w, int64_t n, int64_t k, const IntQuantSpe
 }
 
 QuantTensor quantize_int8_channel(const float* w, int64_t n, int64_t k, DType scale_dtype) {
-  QuantTensor q;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kInt;
-  q.bits = 8;
-  q.group_size = -1;
-  q.symmetric = true;
-  q.scale_dtype = scale_dtype;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kInt;
+  encoding.bits = 8;
+  encoding.group_size = -1;
+  encoding.symmetric = true;
+  encoding.scale_dtype = scale_dtype;
+  QuantTensor q(encoding, 1, n, k);
   q.codes.resize(static_cast<size_t>(n * k));
   q.scales.resize(static_cast<size_t>(n * q.scale_bytes()));
   for (int64_t r = 0; r < n; ++r) {
@@ -152,15 +150,14 @@ QuantTensor quantize_int8_channel(const float* w, int64_t n, int64_t k, DType sc
 
 QuantTensor quantize_fp8_block(const float* w, int64_t n, int64_t k, int64_t block_n,
                                int64_t block_k) {
-  QuantTensor q;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kFp8E4M3;
-  q.bits = 8;
-  q.group_size = block_k;
-  q.scale_block_n = block_n;
-  q.symmetric = true;
-  q.scale_dtype = DType::kF32;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kFp8E4M3;
+  encoding.bits = 8;
+  encoding.group_size = block_k;
+  encoding.scale_block_n = block_n;
+  encoding.symmetric = true;
+  encoding.scale_dtype = DType::kF32;
+  QuantTensor q(encoding, 1, n, k);
   const int64_t SR = q.scale_rows(), G = q.groups();
   q.codes.resize(static_cast<size_t>(n * k));
   q.scales.resize(static_cast<size_t>(SR * G * 4));

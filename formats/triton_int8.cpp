@@ -30,24 +30,6 @@ void projection_reasons(const ProjShape& s, const std::string& w, std::vector<st
                  " (expected F32, BF16 or F16)");
 }
 
-float scale_as_f32(const uint8_t* p, DType d) {
-  uint16_t h = 0;
-  float f = 0.0f;
-  switch (d) {
-    case DType::kF32:
-      std::memcpy(&f, p, 4);
-      return f;
-    case DType::kBF16:
-      std::memcpy(&h, p, 2);
-      return bf16_to_float(h);
-    case DType::kF16:
-      std::memcpy(&h, p, 2);
-      return f16_to_float(h);
-    default:
-      throw Error(ErrorCode::kInternal, "unexpected scale dtype");
-  }
-}
-
 }  // namespace
 
 std::vector<std::string> triton_int8_unsupported_reasons(const LayoutOptions& o,
@@ -81,7 +63,7 @@ std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& o, const MoeExpert
     Tensor s(param(o, p, "weight_scale"), DType::kF32, {q.experts, q.n, 1});
     float* sd = s.as<float>();
     for (int64_t i = 0; i < q.experts * q.n; ++i)
-      sd[i] = scale_as_f32(q.scales.data() + i * q.scale_bytes(), q.scale_dtype);
+      sd[i] = scale_to_float(q.scales.data() + i * q.scale_bytes(), q.scale_dtype);
     out.push_back(std::move(w));
     out.push_back(std::move(s));
   }
@@ -90,10 +72,8 @@ std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& o, const MoeExpert
 
 namespace {
 
-const Tensor& need(const TensorMap& m, const std::string& name, DType dt) {
-  const auto it = m.find(name);
-  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", name, "parameter missing");
-  const Tensor& t = it->second;
+const Tensor& need_rank3(const TensorMap& m, const std::string& name, DType dt) {
+  const Tensor& t = require_tensor(m, name);
   if (t.dtype != dt)
     throw Error(ErrorCode::kBadDtype, "", name,
                 std::string("expected ") + dtype_name(dt) + ", got " + dtype_name(t.dtype));
@@ -109,10 +89,10 @@ struct Params {
 };
 
 Params read_params(const LayoutOptions& o, const TensorMap& m) {
-  Params p{&need(m, param(o, MoeProj::kW13, "weight"), DType::kI8),
-           &need(m, param(o, MoeProj::kW2, "weight"), DType::kI8),
-           &need(m, param(o, MoeProj::kW13, "weight_scale"), DType::kF32),
-           &need(m, param(o, MoeProj::kW2, "weight_scale"), DType::kF32)};
+  Params p{&need_rank3(m, param(o, MoeProj::kW13, "weight"), DType::kI8),
+           &need_rank3(m, param(o, MoeProj::kW2, "weight"), DType::kI8),
+           &need_rank3(m, param(o, MoeProj::kW13, "weight_scale"), DType::kF32),
+           &need_rank3(m, param(o, MoeProj::kW2, "weight_scale"), DType::kF32)};
   const int64_t E = p.w13->shape[0], N13 = p.w13->shape[1], H = p.w13->shape[2];
   const int64_t shards = o.gated ? 2 : 1;
   const int64_t I = p.w2->shape[2];

@@ -44,26 +44,11 @@ bool g_idx_is_trivial(const QuantTensor& q) {
   return true;
 }
 
-// Canonical scale (F16 / BF16 / F32 bytes) -> the activation dtype, as torch's copy_ does
-// (through float32, round to nearest even).
-uint16_t scale_to_act(const uint8_t* p, DType from, DType act) {
+// Canonical scale -> the activation dtype: convert_scale's rounding and overflow rule.
+uint16_t scale_to_act(const uint8_t* p, DType from, DType act, const std::string& what) {
   uint16_t h = 0;
-  float f = 0.0f;
-  switch (from) {
-    case DType::kF16:
-      std::memcpy(&h, p, 2);
-      if (act == DType::kF16) return h;
-      return f16_to_bf16(h);
-    case DType::kBF16:
-      std::memcpy(&h, p, 2);
-      if (act == DType::kBF16) return h;
-      return float_to_f16(bf16_to_float(h));
-    case DType::kF32:
-      std::memcpy(&f, p, 4);
-      return act == DType::kF16 ? float_to_f16(f) : float_to_bf16(f);
-    default:
-      throw Error(ErrorCode::kInternal, "unexpected scale dtype");
-  }
+  convert_scale(p, from, act, reinterpret_cast<uint8_t*>(&h), what);
+  return h;
 }
 
 float act_to_float(uint16_t h, DType act) {
@@ -248,8 +233,8 @@ void pack_projection(const LayoutOptions& o, const QuantTensor& q, const Names& 
   const int sb = q.scale_bytes();
   for (int64_t row = 0; row < E * N; ++row)
     for (int64_t c = 0; c < Gp; ++c)
-      sd[row * Gp + c] =
-          scale_to_act(q.scales.data() + (row * G + c / f) * sb, q.scale_dtype, o.act_dtype);
+      sd[row * Gp + c] = scale_to_act(q.scales.data() + (row * G + c / f) * sb, q.scale_dtype,
+                                      o.act_dtype, nm.scales);
   out->push_back(std::move(sc));
 
   if (q.symmetric) return;
@@ -296,12 +281,6 @@ std::vector<Tensor> pack_triton_wna16_moe(const LayoutOptions& o, const MoeExper
 
 namespace {
 
-const Tensor& need(const TensorMap& m, const std::string& name) {
-  const auto it = m.find(name);
-  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", name, "parameter missing");
-  return it->second;
-}
-
 void need_rank3(const Tensor& t, DType dt) {
   if (t.shape.size() != 3)
     throw Error(ErrorCode::kBadShape, "", t.name, "expected rank 3, got " + shape_str(t.shape));
@@ -325,10 +304,10 @@ struct Geometry {
 Geometry read_geometry(const LayoutOptions& o, const TensorMap& m) {
   Geometry g;
   const Names a = names_for(o, MoeProj::kW13), b = names_for(o, MoeProj::kW2);
-  g.qw13 = &need(m, a.qweight);
-  g.qw2 = &need(m, b.qweight);
-  g.s13 = &need(m, a.scales);
-  g.s2 = &need(m, b.scales);
+  g.qw13 = &require_tensor(m, a.qweight);
+  g.qw2 = &require_tensor(m, b.qweight);
+  g.s13 = &require_tensor(m, a.scales);
+  g.s2 = &require_tensor(m, b.scales);
   need_rank3(*g.qw13, DType::kU8);
   need_rank3(*g.qw2, DType::kU8);
   need_rank3(*g.s13, o.act_dtype);
@@ -368,8 +347,8 @@ Geometry read_geometry(const LayoutOptions& o, const TensorMap& m) {
                   "zero points for only one projection");
     g.has_zp = h13;
     if (g.has_zp) {
-      g.z13 = &need(m, a.qzeros);
-      g.z2 = &need(m, b.qzeros);
+      g.z13 = &require_tensor(m, a.qzeros);
+      g.z2 = &require_tensor(m, b.qzeros);
       need_rank3(*g.z13, DType::kU8);
       need_rank3(*g.z2, DType::kU8);
       if (g.bits != 4) bad(a.qzeros, "zero points are only supported with int4");
@@ -487,16 +466,14 @@ QuantTensor unpack_projection(const LayoutOptions& o, const Geometry& g, const G
   const Tensor& qw = w13 ? *g.qw13 : *g.qw2;
   const Tensor& sc = w13 ? *g.s13 : *g.s2;
   const Tensor* zt = w13 ? g.z13 : g.z2;
-  QuantTensor q;
-  q.experts = g.experts;
-  q.n = w13 ? g.n13 : g.hidden;
-  q.k = w13 ? g.hidden : g.inter;
-  q.kind = CodeKind::kUint;
-  q.bits = g.bits;
-  q.group_size = gc.group_size;
-  q.scale_block_n = 1;
-  q.symmetric = !g.has_zp;
-  q.scale_dtype = o.act_dtype;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kUint;
+  encoding.bits = g.bits;
+  encoding.group_size = gc.group_size;
+  encoding.scale_block_n = 1;
+  encoding.symmetric = !g.has_zp;
+  encoding.scale_dtype = o.act_dtype;
+  QuantTensor q(encoding, g.experts, w13 ? g.n13 : g.hidden, w13 ? g.hidden : g.inter);
   const int64_t E = q.experts, N = q.n, K = q.k, G = q.groups(), Gp = sc.shape[2], f = gc.factor;
   const int64_t kb = qw.shape[2];
   q.codes.resize(static_cast<size_t>(E * N * K));

@@ -73,16 +73,14 @@ std::vector<int32_t> weight_rows(int64_t rows, bool swap) {
 }
 
 QuantTensor block_tensor(int64_t e, int64_t n, int64_t k) {
-  QuantTensor q;
-  q.experts = e;
-  q.n = n;
-  q.k = k;
-  q.kind = CodeKind::kFp8E4M3;
-  q.bits = 8;
-  q.group_size = kBlock;
-  q.scale_block_n = kBlock;
-  q.symmetric = true;
-  q.scale_dtype = DType::kF32;
+  QuantSpec encoding;
+  encoding.kind = CodeKind::kFp8E4M3;
+  encoding.bits = 8;
+  encoding.group_size = kBlock;
+  encoding.scale_block_n = kBlock;
+  encoding.symmetric = true;
+  encoding.scale_dtype = DType::kF32;
+  QuantTensor q(encoding, e, n, k);
   q.codes.resize(static_cast<size_t>(e * n * k));
   q.scales.resize(static_cast<size_t>(e * (n / kBlock) * (k / kBlock) * 4));
   return q;

@@ -15,16 +15,6 @@
 
 namespace moepack::wna16 {
 
-inline const Tensor& need(const TensorMap& m, const std::string& key) {
-  auto it = m.find(key);
-  if (it == m.end()) throw Error(ErrorCode::kMissingTensor, "", key, "required tensor is missing");
-  return it->second;
-}
-inline const Tensor* maybe(const TensorMap& m, const std::string& key) {
-  auto it = m.find(key);
-  return it == m.end() ? nullptr : &it->second;
-}
-
 inline void expect_dtype(const Tensor& t, const std::string& what,
                          std::initializer_list<DType> ok) {
   for (DType d : ok)

@@ -445,26 +445,7 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
 
 namespace {
 float read_float(const TensorView& v, int64_t i) {
-  switch (v.dtype) {
-    case DType::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, v.data + 2 * i, 2);
-      return bf16_to_float(h);
-    }
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, v.data + 2 * i, 2);
-      return f16_to_float(h);
-    }
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, v.data + 4 * i, 4);
-      return f;
-    }
-    default:
-      throw Error(ErrorCode::kBadDtype, "", v.name,
-                  std::string("expected BF16/F16/F32 weights, got ") + dtype_name(v.dtype));
-  }
+  return element_as_float(v.data + i * (dtype_bits(v.dtype) / 8), v.dtype, v.name);
 }
 }  // namespace
 

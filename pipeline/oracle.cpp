@@ -26,9 +26,8 @@ OracleDecision choose_backend(const OracleQuery& q) {
       [](const TargetLayout* a, const TargetLayout* b) { return a->priority < b->priority; });
   const std::vector<std::string> scheme_reasons =
       codec && codec->refusals ? codec->refusals(q.quant) : std::vector<std::string>{};
-  LayoutOptions opts = q.layout;
-  opts.gated = q.gated;
-  opts.source_method = q.quant.method;
+  const LayoutOptions opts = LayoutOptions::for_layer(q.quant.method, q.act_dtype, q.gated,
+                                                      q.vllm_w13_scale_size_k, "", 1);
   auto judge = [&](const TargetLayout& t) {
     BackendVerdict v;
     v.backend = t.name;

@@ -22,7 +22,8 @@ struct OracleQuery {
   int act_order_w13 = -1, act_order_w2 = -1;
   TargetArch arch = TargetArch::kSm90;
   std::string requested = "auto";  // "auto" or a backend name
-  LayoutOptions layout;            // act dtype etc. (prefix, gated and source_method are set here)
+  DType act_dtype = DType::kBF16;  // serving activations
+  bool vllm_w13_scale_size_k = false;
 };
 
 struct BackendVerdict {

@@ -182,8 +182,8 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     q.act_order_w2 = pl.act_order_w2 ? 1 : 0;
     q.arch = plan.arch;
     q.requested = opts.backend;
-    q.layout.act_dtype = opts.act_dtype;
-    q.layout.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
+    q.act_dtype = opts.act_dtype;
+    q.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
     pl.decision = choose_backend(q);
     if (pl.decision.chosen.empty())
       throw Error(
@@ -198,13 +198,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     plan.layout_name = plan.layout->name;
     plan.layout_version = plan.layout->layout_version;
 
-    LayoutOptions& lo = pl.layout_options;
-    lo.act_dtype = opts.act_dtype;
-    lo.gated = L.gated;
-    lo.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
-    lo.prefix = L.param_prefix;
-    lo.source_method = plan.target_quant.method;
-    lo.threads = plan.threads;
+    pl.layout_options =
+        LayoutOptions::for_layer(plan.target_quant.method, opts.act_dtype, L.gated,
+                                 opts.vllm_w13_scale_size_k, L.param_prefix, plan.threads);
+    const LayoutOptions& lo = pl.layout_options;
     pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
                              q.act_order_w13, q.act_order_w2);
     for (const auto& d : plan.layout->deviations_from_vllm(lo, pl.shape)) {

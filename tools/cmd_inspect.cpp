@@ -76,7 +76,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     std::tie(q.experts, q.hidden, q.inter, q.gated, std::ignore) = k;
     q.arch = arch;
     q.requested = a.backend;
-    q.layout.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
+    q.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
     const OracleDecision d = choose_backend(q);
     json o = d.to_json();
     o["layers"] = modules;
