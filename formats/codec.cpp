@@ -33,6 +33,16 @@ const char* quant_method_name(QuantMethod m) {
   return "unknown";
 }
 
+std::optional<QuantMethod> parse_quant_method(const std::string& name) {
+  // Every value of the underlying type, so a method added to the enum is found without a list.
+  for (int i = 0; i <= UINT8_MAX; ++i) {
+    const auto m = static_cast<QuantMethod>(i);
+    const std::string n = quant_method_name(m);
+    if (n == name && n != "unknown") return m;
+  }
+  return std::nullopt;
+}
+
 void QuantTensor::check_consistent(const std::string& what) const {
   const auto fail = [&](const std::string& m) {
     throw Error(ErrorCode::kInternal, "", what, "inconsistent QuantTensor: " + m);

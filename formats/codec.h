@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,8 @@ enum class QuantMethod : uint8_t {
   kFp8Block,         // DeepSeek-style FP8 block, weight_scale_inv F32 [N/128, K/128]
 };
 const char* quant_method_name(QuantMethod m);
+// Inverse of quant_method_name; nullopt for a name no method has.
+std::optional<QuantMethod> parse_quant_method(const std::string& name);
 
 enum class GptqFormat : uint8_t { kV1, kV2 };  // v1 stores zero-1, v2 stores zero
 
