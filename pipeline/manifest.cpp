@@ -1,10 +1,21 @@
 #include "pipeline/manifest.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/version.h"
+#include "model/checkpoint.h"
+#include "pipeline/oracle.h"
+#include "pipeline/plan.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -13,6 +24,8 @@ using nlohmann::json;
 std::string moepack_version_string() {
   return moepack_version();
 }
+
+// ---- writing ----
 
 json quant_params_json(const QuantParams& q) {
   return {{"method", quant_method_name(q.method)},
@@ -27,116 +40,521 @@ json quant_params_json(const QuantParams& q) {
           {"dynamic_input", q.dynamic_input}};
 }
 
-QuantParams quant_params_from_json(const json& j, const std::string& file) {
-  QuantParams q;
-  try {
-    const std::string m = j.at("method").get<std::string>();
-    bool found = false;
-    for (int i = 0; i <= static_cast<int>(QuantMethod::kFp8Block); ++i)
-      if (m == quant_method_name(static_cast<QuantMethod>(i))) {
-        q.method = static_cast<QuantMethod>(i);
-        found = true;
-      }
-    if (!found) throw Error(ErrorCode::kBadConfig, file, "", "unknown method " + m);
-    q.bits = j.at("bits").get<int>();
-    q.group_size = j.at("group_size").get<int64_t>();
-    q.symmetric = j.at("symmetric").get<bool>();
-    q.act_order = j.at("act_order").get<bool>();
-    q.gptq_format =
-        j.at("gptq_format").get<std::string>() == "gptq_v2" ? GptqFormat::kV2 : GptqFormat::kV1;
-    q.actorder = j.at("actorder").get<std::string>();
-    q.block_n = j.at("block").at(0).get<int64_t>();
-    q.block_k = j.at("block").at(1).get<int64_t>();
-    const std::string dtype = j.at("dtype").get<std::string>();
-    const auto parsed = parse_dtype(dtype);
-    if (!parsed) throw Error(ErrorCode::kBadConfig, file, "", "unknown dtype " + dtype);
-    q.dtype = *parsed;
-    q.dynamic_input = j.at("dynamic_input").get<bool>();
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kBadConfig, file, "",
-                std::string("malformed quant params: ") + e.what());
-  }
-  return q;
-}
-
-json build_manifest(const Plan& plan, const Checkpoint& ckpt,
-                    const std::map<std::string, std::string>& sha) {
-  json m;
-  m["manifest_version"] = kManifestVersion;
-  m["tool"] = {{"name", "moepack"}, {"version", moepack_version_string()}};
-  m["source"] = {{"name", fs::path(plan.options.src).filename().string()},
-                 {"format", plan.source_format},
-                 {"quant_params", quant_params_json(plan.source_quant)},
-                 {"quantization_config", ckpt.config().quant_raw},
-                 {"model_type", ckpt.config().model_type},
-                 {"tensor_bytes", ckpt.total_tensor_bytes()}};
-  m["target_quant_params"] = quant_params_json(plan.target_quant);
+Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
+                        const std::map<std::string, std::string>& sha) {
+  Manifest m;
+  m.tool = {"moepack", moepack_version_string()};
+  m.source.name = fs::path(plan.options.src).filename().string();
+  m.source.format = plan.source_format;
+  m.source.quant_params = plan.source_quant;
+  m.source.quantization_config = ckpt.config().quant_raw;
+  m.source.model_type = ckpt.config().model_type;
+  m.source.tensor_bytes = ckpt.total_tensor_bytes();
+  m.target_quant_params = plan.target_quant;
   if (!plan.options.quantize.empty())
-    m["quantize"] = {{"format", plan.options.quantize}, {"recipe", plan.options.mx_recipe}};
-  m["backend"] = plan.backend;
-  m["layout"] = {{"name", plan.layout_name}, {"version", plan.layout_version}};
-  m["target_arch"] = target_arch_name(plan.arch);
-  m["act_dtype"] = dtype_name(plan.options.act_dtype);
-  m["options"] = {{"vllm_w13_scale_size_k", plan.options.vllm_w13_scale_size_k}};
-  m["deviations_from_vllm"] = plan.deviations;
-  m["layers"] = json::array();
+    m.quantize = ManifestQuantize{plan.options.quantize, plan.options.mx_recipe};
+  m.backend = plan.backend;
+  m.layout = {plan.layout_name, plan.layout_version};
+  m.target_arch = target_arch_name(plan.arch);
+  m.act_dtype = plan.options.act_dtype;
+  m.options.vllm_w13_scale_size_k = plan.options.vllm_w13_scale_size_k;
+  m.deviations_from_vllm = plan.deviations;
   for (const auto& pl : plan.layers) {
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
-    json params = json::array();
+    ManifestLayer ml;
+    ml.module = L.module;
+    ml.layer = L.layer;
+    ml.family = moe_family_name(L.family);
+    ml.param_prefix = L.param_prefix;
+    ml.experts = L.num_experts;
+    ml.hidden = L.hidden;
+    ml.inter = L.inter;
+    ml.gated = L.gated;
     for (const auto& t : plan.tensors)
-      if (t.layer == pl.index) params.push_back(t.name);
-    m["layers"].push_back({{"module", L.module},
-                           {"layer", L.layer},
-                           {"family", moe_family_name(L.family)},
-                           {"param_prefix", L.param_prefix},
-                           {"experts", L.num_experts},
-                           {"hidden", L.hidden},
-                           {"inter", L.inter},
-                           {"gated", L.gated},
-                           {"params", params},
-                           {"deviations_from_vllm", pl.deviations}});
+      if (t.layer == pl.index) ml.params.push_back(t.name);
+    ml.deviations_from_vllm = pl.deviations;
+    m.layers.push_back(std::move(ml));
   }
-  m["shards"] = json::array();
   for (size_t i = 0; i < plan.shards.shard_names.size(); ++i)
-    m["shards"].push_back(
-        {{"name", plan.shards.shard_names[i]}, {"file_bytes", plan.shards.shard_file_bytes[i]}});
-  m["files"] = plan.copied_files;
-  m["tensors"] = json::object();
+    m.shards.push_back({plan.shards.shard_names[i], plan.shards.shard_file_bytes[i]});
+  m.files = plan.copied_files;
   for (const auto& t : plan.tensors) {
     auto it = sha.find(t.name);
     if (it == sha.end()) throw Error(ErrorCode::kInternal, "", t.name, "no checksum recorded");
-    m["tensors"][t.name] = {{"shard", plan.shards.shard_names[plan.shards.shard_of.at(t.name)]},
-                            {"dtype", dtype_name(t.dtype)},
-                            {"shape", t.shape},
-                            {"bytes", t.bytes},
-                            {"sha256", it->second},
-                            {"action", t.converted ? "convert" : "copy"},
-                            {"codec", t.codec},
-                            {"sources", t.sources}};
+    ManifestTensor mt;
+    mt.shard = plan.shards.shard_names[plan.shards.shard_of.at(t.name)];
+    mt.dtype = t.dtype;
+    mt.shape = t.shape;
+    mt.bytes = t.bytes;
+    mt.sha256 = it->second;
+    mt.converted = t.converted;
+    mt.codec = t.codec;
+    mt.sources = t.sources;
+    m.tensors[t.name] = std::move(mt);
   }
   return m;
 }
 
-void write_manifest(const std::string& path, const json& manifest) {
+json to_json(const ManifestLayer& l) {
+  return {{"module", l.module},   {"layer", l.layer},
+          {"family", l.family},   {"param_prefix", l.param_prefix},
+          {"experts", l.experts}, {"hidden", l.hidden},
+          {"inter", l.inter},     {"gated", l.gated},
+          {"params", l.params},   {"deviations_from_vllm", l.deviations_from_vllm}};
+}
+
+json to_json(const Manifest& m) {
+  json j;
+  j["manifest_version"] = m.manifest_version;
+  j["tool"] = {{"name", m.tool.name}, {"version", m.tool.version}};
+  j["source"] = {{"name", m.source.name},
+                 {"format", m.source.format},
+                 {"quant_params", quant_params_json(m.source.quant_params)},
+                 {"quantization_config", m.source.quantization_config},
+                 {"model_type", m.source.model_type},
+                 {"tensor_bytes", m.source.tensor_bytes}};
+  j["target_quant_params"] = quant_params_json(m.target_quant_params);
+  if (m.quantize) j["quantize"] = {{"format", m.quantize->format}, {"recipe", m.quantize->recipe}};
+  j["backend"] = m.backend;
+  j["layout"] = {{"name", m.layout.name}, {"version", m.layout.version}};
+  j["target_arch"] = m.target_arch;
+  j["act_dtype"] = dtype_name(m.act_dtype);
+  j["options"] = {{"vllm_w13_scale_size_k", m.options.vllm_w13_scale_size_k}};
+  j["deviations_from_vllm"] = m.deviations_from_vllm;
+  j["layers"] = json::array();
+  for (const auto& l : m.layers) j["layers"].push_back(to_json(l));
+  j["shards"] = json::array();
+  for (const auto& s : m.shards)
+    j["shards"].push_back({{"name", s.name}, {"file_bytes", s.file_bytes}});
+  j["files"] = m.files;
+  j["tensors"] = json::object();
+  for (const auto& [name, t] : m.tensors)
+    j["tensors"][name] = {{"shard", t.shard},   {"dtype", dtype_name(t.dtype)},
+                          {"shape", t.shape},   {"bytes", t.bytes},
+                          {"sha256", t.sha256}, {"action", t.converted ? "convert" : "copy"},
+                          {"codec", t.codec},   {"sources", t.sources}};
+  return j;
+}
+
+void write_manifest(const std::string& path, const Manifest& manifest) {
   std::ofstream f(path);
-  f << manifest.dump(2) << "\n";
+  f << to_json(manifest).dump(2) << "\n";
   if (!f) throw Error(ErrorCode::kIo, path, "", "write failed");
 }
 
-json read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "moepack.json").string();
-  std::ifstream in(path);
-  if (!in)
+// ---- reading: every field checked, every failure kBadConfig naming the field ----
+
+namespace {
+
+// A value for an error message: ASCII only (so the message is valid UTF-8 whatever the input)
+// and short.
+std::string describe(const json& j) {
+  if (j.is_object()) return "an object";
+  if (j.is_array()) return "an array";
+  std::string s = j.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+std::string json_quoted(const std::string& s) {
+  return describe(json(s));
+}
+
+// One JSON value and where it sits in the manifest ("layers[0].experts").
+class Field {
+ public:
+  Field(const json& j, std::string path, const std::string& file)
+      : j_(j), path_(std::move(path)), file_(file) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorCode::kBadConfig, file_, "",
+                (path_.empty() ? "top level" : path_) + ": " + what);
+  }
+  const json& value() const { return j_; }
+  // The member KEY of this object, named path["KEY"] (for keys that are data, like tensor names).
+  Field member(const std::string& key) const {
+    return Field(j_.at(key), path_ + "[" + describe(json(key)) + "]", file_);
+  }
+
+  void expect_object() const {
+    if (!j_.is_object()) fail("expected an object, got " + describe(j_));
+  }
+  bool has(const char* key) const {
+    expect_object();
+    return j_.contains(key);
+  }
+  Field operator[](const char* key) const {
+    expect_object();
+    const std::string p = path_.empty() ? std::string(key) : path_ + "." + key;
+    const auto it = j_.find(key);
+    if (it == j_.end()) throw Error(ErrorCode::kBadConfig, file_, "", p + ": missing");
+    return Field(*it, p, file_);
+  }
+  size_t array_size() const {
+    if (!j_.is_array()) fail("expected an array, got " + describe(j_));
+    return j_.size();
+  }
+  Field item(size_t i) const {  // i < array_size()
+    return Field(j_[i], path_ + "[" + std::to_string(i) + "]", file_);
+  }
+
+  std::string str() const {
+    if (!j_.is_string()) fail("expected a string, got " + describe(j_));
+    return j_.get<std::string>();
+  }
+  std::string nonempty_str() const {
+    std::string s = str();
+    if (s.empty()) fail("must not be empty");
+    return s;
+  }
+  bool boolean() const {
+    if (!j_.is_boolean()) fail("expected true or false, got " + describe(j_));
+    return j_.get<bool>();
+  }
+  int64_t integer(int64_t lo, int64_t hi) const {
+    if (!j_.is_number_integer()) fail("expected an integer, got " + describe(j_));
+    const bool too_big = j_.is_number_unsigned() && j_.get<uint64_t>() > static_cast<uint64_t>(hi);
+    const int64_t v = too_big ? hi : j_.get<int64_t>();
+    if (too_big || v < lo || v > hi)
+      fail((hi == INT64_MAX
+                ? "must be >= " + std::to_string(lo)
+                : "must be between " + std::to_string(lo) + " and " + std::to_string(hi)) +
+           ", got " + describe(j_));
+    return v;
+  }
+  uint64_t size() const {  // a byte count
+    if (!j_.is_number_integer()) fail("expected a non-negative integer, got " + describe(j_));
+    if (!j_.is_number_unsigned() && j_.get<int64_t>() < 0)
+      fail("must be non-negative, got " + describe(j_));
+    return j_.get<uint64_t>();
+  }
+  std::vector<std::string> strings() const {
+    std::vector<std::string> out(array_size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = item(i).str();
+    return out;
+  }
+  DType dtype() const {
+    const std::string s = str();
+    const auto d = parse_dtype(s);
+    // Only the canonical spelling: verify compares dtypes by name.
+    if (!d || dtype_name(*d) != s) fail("unknown dtype " + describe(j_));
+    return *d;
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  const std::string& file_;
+};
+
+std::string known_quant_methods() {
+  std::string out;
+  for (int i = 0; i <= UINT8_MAX; ++i) {
+    const std::string n = quant_method_name(static_cast<QuantMethod>(i));
+    if (n != "unknown") out += (out.empty() ? "" : ", ") + n;
+  }
+  return out;
+}
+
+QuantMethod parse_method_field(const Field& f) {
+  const auto m = parse_quant_method(f.str());
+  if (!m)
+    f.fail("unknown quantization method " + describe(f.value()) + " (" + known_quant_methods() +
+           ")");
+  return *m;
+}
+
+QuantParams parse_quant_params(const Field& f) {
+  f.expect_object();
+  QuantParams q;
+  q.method = parse_method_field(f["method"]);
+  q.bits = static_cast<int>(f["bits"].integer(1, 64));
+  const Field group = f["group_size"];
+  q.group_size = group.integer(-1, INT64_MAX);
+  if (q.group_size == 0) group.fail("must be -1 (one group) or positive, got 0");
+  q.symmetric = f["symmetric"].boolean();
+  q.act_order = f["act_order"].boolean();
+  const Field format = f["gptq_format"];
+  const std::string fmt = format.str();
+  if (fmt != "gptq" && fmt != "gptq_v2")
+    format.fail("expected \"gptq\" or \"gptq_v2\", got " + describe(format.value()));
+  q.gptq_format = fmt == "gptq_v2" ? GptqFormat::kV2 : GptqFormat::kV1;
+  q.actorder = f["actorder"].str();
+  const Field block = f["block"];
+  if (block.array_size() != 2)
+    block.fail("expected [block_n, block_k], got " + std::to_string(block.array_size()) +
+               " elements");
+  q.block_n = block.item(0).integer(1, INT64_MAX);
+  q.block_k = block.item(1).integer(1, INT64_MAX);
+  q.dtype = f["dtype"].dtype();
+  q.dynamic_input = f["dynamic_input"].boolean();
+  return q;
+}
+
+bool is_hex_digest(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// A shard is opened as DIR/name: a plain file name, never a path out of DIR.
+bool is_plain_file_name(const std::string& s) {
+  return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
+         s.find('\0') == std::string::npos;
+}
+
+bool is_moe_family(const std::string& s) {
+  for (int i = 0; i <= UINT8_MAX; ++i) {
+    const std::string n = moe_family_name(static_cast<MoeFamily>(i));
+    if (n == s && n != "unknown") return true;
+  }
+  return false;
+}
+
+ManifestTensor parse_tensor(const Field& f, const std::set<std::string>& shards) {
+  ManifestTensor t;
+  const Field shard = f["shard"];
+  t.shard = shard.str();
+  if (!shards.count(t.shard)) shard.fail(json_quoted(t.shard) + " is not listed in shards");
+  t.dtype = f["dtype"].dtype();
+  const Field shape = f["shape"];
+  t.shape.resize(shape.array_size());
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (size_t i = 0; i < t.shape.size(); ++i) {
+    t.shape[i] = shape.item(i).integer(0, INT64_MAX);
+    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(t.shape[i]), &numel);
+  }
+  const auto expect = overflow ? std::nullopt : dtype_bytes(t.dtype, numel);
+  if (!expect)
+    shape.fail(shape_str(t.shape) + " of " + dtype_name(t.dtype) +
+               (overflow ? ": the element count overflows" : " is not a whole byte count"));
+  const Field bytes = f["bytes"];
+  t.bytes = bytes.size();
+  if (t.bytes != *expect)
+    bytes.fail(std::to_string(t.bytes) + ", but shape " + shape_str(t.shape) + " of " +
+               dtype_name(t.dtype) + " holds " + std::to_string(*expect));
+  const Field sha = f["sha256"];
+  t.sha256 = sha.str();
+  if (!is_hex_digest(t.sha256))
+    sha.fail("expected 64 lowercase hex digits, got " + describe(sha.value()));
+  const Field action = f["action"];
+  const std::string a = action.str();
+  if (a != "convert" && a != "copy")
+    action.fail("expected \"convert\" or \"copy\", got " + describe(action.value()));
+  t.converted = a == "convert";
+  t.codec = f["codec"].str();
+  t.sources = f["sources"].strings();
+  return t;
+}
+
+ManifestLayer parse_layer(const Field& f, const std::map<std::string, ManifestTensor>& tensors) {
+  f.expect_object();
+  ManifestLayer l;
+  l.module = f["module"].nonempty_str();
+  l.layer = f["layer"].integer(-1, INT64_MAX);
+  const Field family = f["family"];
+  l.family = family.str();
+  if (!is_moe_family(l.family)) family.fail("unknown MoE family " + describe(family.value()));
+  l.param_prefix = f["param_prefix"].str();
+  l.experts = f["experts"].integer(1, INT64_MAX);
+  l.hidden = f["hidden"].integer(1, INT64_MAX);
+  l.inter = f["inter"].integer(1, INT64_MAX);
+  l.gated = f["gated"].boolean();
+  const Field params = f["params"];
+  l.params = params.strings();
+  if (l.params.empty()) params.fail("empty: a converted layer has parameters");
+  for (size_t i = 0; i < l.params.size(); ++i)
+    if (!tensors.count(l.params[i]))
+      params.item(i).fail(json_quoted(l.params[i]) + " is not in tensors");
+  l.deviations_from_vllm = f["deviations_from_vllm"].strings();
+  return l;
+}
+
+Manifest parse_fields(const Field& root) {
+  root.expect_object();
+  Manifest m;
+  {
+    const Field v = root["manifest_version"];
+    if (!v.value().is_number_integer()) v.fail("expected an integer, got " + describe(v.value()));
+    if (v.value() != kManifestVersion)
+      v.fail("unsupported version " + describe(v.value()) + " (this moepack reads " +
+             std::to_string(kManifestVersion) + ")");
+    m.manifest_version = kManifestVersion;
+  }
+  const Field tool = root["tool"];
+  m.tool.name = tool["name"].str();
+  m.tool.version = tool["version"].str();
+
+  const Field source = root["source"];
+  m.source.name = source["name"].str();
+  const Field format = source["format"];
+  parse_method_field(format);
+  m.source.format = format.str();
+  m.source.quant_params = parse_quant_params(source["quant_params"]);
+  m.source.quantization_config = source["quantization_config"].value();
+  m.source.model_type = source["model_type"].str();
+  m.source.tensor_bytes = source["tensor_bytes"].size();
+  m.target_quant_params = parse_quant_params(root["target_quant_params"]);
+  if (root.has("quantize")) {
+    const Field q = root["quantize"];
+    const Field qf = q["format"], qr = q["recipe"];
+    ManifestQuantize mq{qf.str(), qr.str()};
+    if (mq.format != "mxfp8") qf.fail("expected \"mxfp8\", got " + describe(qf.value()));
+    if (mq.recipe != "flashinfer" && mq.recipe != "modelopt")
+      qr.fail("expected \"flashinfer\" or \"modelopt\", got " + describe(qr.value()));
+    m.quantize = mq;
+  }
+
+  m.backend = root["backend"].nonempty_str();
+  const Field layout = root["layout"];
+  m.layout.name = layout["name"].nonempty_str();
+  m.layout.version = static_cast<int>(layout["version"].integer(0, INT_MAX));
+  {
+    const Field arch = root["target_arch"];
+    m.target_arch = arch.str();
+    bool known = false;
+    try {
+      known = target_arch_name(parse_target_arch(m.target_arch)) == m.target_arch;
+    } catch (const Error&) {
+    }
+    if (!known) arch.fail("unknown target arch " + describe(arch.value()));
+  }
+  {
+    const Field act = root["act_dtype"];
+    m.act_dtype = act.dtype();
+    if (m.act_dtype != DType::kBF16 && m.act_dtype != DType::kF16)
+      act.fail("expected \"BF16\" or \"F16\", got " + describe(act.value()));
+  }
+  m.options.vllm_w13_scale_size_k = root["options"]["vllm_w13_scale_size_k"].boolean();
+  m.deviations_from_vllm = root["deviations_from_vllm"].strings();
+
+  const Field shards = root["shards"];
+  std::set<std::string> shard_names;
+  for (size_t i = 0, n = shards.array_size(); i < n; ++i) {
+    const Field s = shards.item(i);
+    const Field name = s["name"];
+    ManifestShard ms{name.str(), s["file_bytes"].size()};
+    if (!is_plain_file_name(ms.name))
+      name.fail("expected a file name inside the checkpoint, got " + describe(name.value()));
+    if (!shard_names.insert(ms.name).second) name.fail(json_quoted(ms.name) + " is listed twice");
+    m.shards.push_back(std::move(ms));
+  }
+  m.files = root["files"].strings();
+
+  const Field tensors = root["tensors"];
+  tensors.expect_object();
+  for (auto it = tensors.value().begin(); it != tensors.value().end(); ++it) {
+    if (it.key().empty()) tensors.fail("a tensor has an empty name");
+    m.tensors.emplace(it.key(), parse_tensor(tensors.member(it.key()), shard_names));
+  }
+  const Field layers = root["layers"];
+  const size_t n = layers.array_size();
+  if (n == 0) layers.fail("empty: a converted checkpoint has at least one MoE layer");
+  for (size_t i = 0; i < n; ++i) m.layers.push_back(parse_layer(layers.item(i), m.tensors));
+  return m;
+}
+
+}  // namespace
+
+std::string manifest_path(const std::string& dir) {
+  return (fs::path(dir) / "moepack.json").string();
+}
+
+QuantParams quant_params_from_json(const json& j, const std::string& file) {
+  try {
+    return parse_quant_params(Field(j, "", file));
+  } catch (const json::exception& e) {  // not expected: every access is checked first
+    throw Error(ErrorCode::kBadConfig, file, "",
+                std::string("malformed quant params: ") + e.what());
+  }
+}
+
+Manifest parse_manifest(const json& j, const std::string& file) {
+  try {
+    return parse_fields(Field(j, "", file));
+  } catch (const json::exception& e) {  // not expected: every access is checked first
+    throw Error(ErrorCode::kBadConfig, file, "", std::string("malformed manifest: ") + e.what());
+  }
+}
+
+namespace {
+
+std::string errno_message(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
+
+// The whole file, refusing anything but a regular file of at most kMaxManifestBytes. Checked
+// before opening (a FIFO would block an open for reading) and again on the open descriptor
+// (the path may have been replaced in between; O_NONBLOCK keeps even that open from blocking).
+std::string read_manifest_text(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found)
     throw Error(ErrorCode::kBadConfig, path, "",
                 "no moepack.json: not a moepack-converted checkpoint");
+  if (ec) throw Error(ErrorCode::kIo, path, "", "cannot stat: " + ec.message());
+  if (st.type() != fs::file_type::regular)
+    throw Error(ErrorCode::kBadConfig, path, "",
+                st.type() == fs::file_type::directory ? "is a directory, not a file"
+                                                      : "not a regular file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(ErrorCode::kIo, path, "", "cannot open: " + errno_message(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat s;
+  if (::fstat(fd, &s) != 0)
+    throw Error(ErrorCode::kIo, path, "", "cannot stat: " + errno_message(errno));
+  if (!S_ISREG(s.st_mode)) throw Error(ErrorCode::kBadConfig, path, "", "not a regular file");
+  const auto too_large = [&](uint64_t n) {
+    return Error(ErrorCode::kBadConfig, path, "",
+                 std::to_string(n) + " bytes: larger than the " +
+                     std::to_string(kMaxManifestBytes) + " a manifest may have");
+  };
+  if (static_cast<uint64_t>(s.st_size) > kMaxManifestBytes)
+    throw too_large(static_cast<uint64_t>(s.st_size));
+  std::string text(static_cast<size_t>(s.st_size), '\0');
+  size_t got = 0;
+  for (;;) {
+    if (got == text.size()) {  // the file may have grown since fstat
+      if (text.size() > kMaxManifestBytes) throw too_large(text.size());
+      text.resize(text.size() + 4096);
+    }
+    const ssize_t r = ::read(fd, &text[got], text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw Error(ErrorCode::kIo, path, "", "read failed: " + errno_message(errno));
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  text.resize(got);
+  return text;
+}
+
+// nlohmann's parser is iterative, but copying and printing a value recurse: bound the nesting.
+// A real manifest nests about 6 deep (source.quantization_config.config_groups...).
+constexpr int kMaxManifestDepth = 64;
+
+}  // namespace
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = manifest_path(dir);
+  const std::string text = read_manifest_text(path);
+  json j;
   try {
-    json m = json::parse(in);
-    if (!m.is_object() || m.value("manifest_version", 0) != kManifestVersion)
-      throw Error(ErrorCode::kBadConfig, path, "", "unsupported manifest_version");
-    return m;
+    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxManifestDepth)
+        throw Error(
+            ErrorCode::kBadConfig, path, "",
+            "invalid JSON: nested more than " + std::to_string(kMaxManifestDepth) + " levels deep");
+      return true;
+    });
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kBadConfig, path, "", std::string("invalid JSON: ") + e.what());
   }
+  return parse_manifest(j, path);
 }
 
 }  // namespace moepack

@@ -2,28 +2,130 @@
 // source format and parameters, backend, target arch, activation dtype, deliberate deviations
 // from vLLM's loader, and per output tensor its shard, dtype, shape, sources and SHA-256.
 // Deterministic: no timestamps, no absolute paths, nothing about the machine that ran it.
+//
+// The file is untrusted input to `verify` and `inspect`: it is read in one place
+// (read_manifest / parse_manifest), which checks every field and turns any defect into
+// kBadConfig naming the file and the field ("layers[0].experts: expected an integer, got "x"").
+// Readers use the typed Manifest only. docs/manifest.md describes the format.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
-#include "pipeline/plan.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "formats/codec.h"
 
 namespace moepack {
 
+struct Plan;       // pipeline/plan.h: only build_manifest needs it
+class Checkpoint;  // model/checkpoint.h
+
 constexpr int kManifestVersion = 1;
+// Far above any real manifest (tens of MB for the largest models); bounds what a hostile
+// moepack.json can make the reader allocate.
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 
 std::string moepack_version_string();
 
-nlohmann::json build_manifest(const Plan& plan, const Checkpoint& ckpt,
-                              const std::map<std::string, std::string>& sha256_by_tensor);
-void write_manifest(const std::string& path, const nlohmann::json& manifest);
-// Reads DIR/moepack.json; throws kBadConfig naming the file when missing or malformed.
-nlohmann::json read_manifest(const std::string& dir);
+struct ManifestTool {
+  std::string name;     // "moepack"
+  std::string version;  // moepack_version_string() of the converter
+};
+
+struct ManifestSource {
+  std::string name;    // basename of SRC
+  std::string format;  // quant_method_name of the source
+  QuantParams quant_params;
+  nlohmann::json quantization_config;  // the source's, as found (null when it had none)
+  std::string model_type;
+  uint64_t tensor_bytes = 0;
+};
+
+// Present when the conversion quantised unquantised experts (--quantize).
+struct ManifestQuantize {
+  std::string format;  // "mxfp8"
+  std::string recipe;  // "flashinfer" or "modelopt"
+};
+
+struct ManifestLayout {
+  std::string name;
+  int version = 0;
+};
+
+struct ManifestOptions {
+  bool vllm_w13_scale_size_k = false;
+};
+
+struct ManifestLayer {
+  std::string module;  // "model.layers.1.mlp"
+  int64_t layer = -1;  // L of "layers.L.", -1 when the module has none
+  std::string family;  // moe_family_name: "per-expert", "mixtral", ...
+  std::string param_prefix;
+  int64_t experts = 0, hidden = 0, inter = 0;  // E, H, I (each >= 1)
+  bool gated = true;
+  std::vector<std::string> params;  // output tensor names, each a key of Manifest::tensors
+  std::vector<std::string> deviations_from_vllm;
+};
+
+struct ManifestShard {
+  std::string name;  // a plain file name inside the output directory
+  uint64_t file_bytes = 0;
+};
+
+struct ManifestTensor {
+  std::string shard;  // a ManifestShard::name
+  DType dtype = DType::kU8;
+  Shape shape;
+  uint64_t bytes = 0;      // = shape x dtype
+  std::string sha256;      // 64 lowercase hex digits
+  bool converted = false;  // "action": "convert"; false: "copy" (copied through byte for byte)
+  std::string codec;       // "gptq->marlin", "copy"
+  std::vector<std::string> sources;  // source tensor names (brace patterns for expert sets)
+};
+
+struct Manifest {
+  int manifest_version = kManifestVersion;
+  ManifestTool tool;
+  ManifestSource source;
+  QuantParams target_quant_params;  // differs from the source's with --quantize
+  std::optional<ManifestQuantize> quantize;
+  std::string backend;
+  ManifestLayout layout;
+  std::string target_arch;         // target_arch_name: "sm90", ...
+  DType act_dtype = DType::kBF16;  // BF16 or F16
+  ManifestOptions options;
+  std::vector<std::string> deviations_from_vllm;
+  std::vector<ManifestLayer> layers;  // at least one
+  std::vector<ManifestShard> shards;
+  std::vector<std::string> files;  // copied non-weight files, relative paths
+  std::map<std::string, ManifestTensor> tensors;
+};
+
+// What a conversion following PLAN records; sha256_by_tensor holds every output tensor's.
+Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
+                        const std::map<std::string, std::string>& sha256_by_tensor);
+nlohmann::json to_json(const Manifest& manifest);
+nlohmann::json to_json(const ManifestLayer& layer);  // one entry of "layers"
+void write_manifest(const std::string& path, const Manifest& manifest);
+
+// DIR/moepack.json.
+std::string manifest_path(const std::string& dir);
+// Checks every field (presence, type, range, names that must parse, cross-references: layer
+// params and tensor shards exist). Throws kBadConfig naming FILE and the field path.
+Manifest parse_manifest(const nlohmann::json& j, const std::string& file);
+// Reads and parses manifest_path(DIR). Throws kBadConfig naming the file when it is missing,
+// not a regular file, larger than kMaxManifestBytes, not JSON or malformed; kIo when it cannot
+// be read.
+Manifest read_manifest(const std::string& dir);
 
 nlohmann::json quant_params_json(const QuantParams& q);
-// Inverse of quant_params_json (for verify: the source params the conversion used).
+// Inverse of quant_params_json (for verify: the source params the conversion used). Throws
+// kBadConfig naming FILE and the field.
 QuantParams quant_params_from_json(const nlohmann::json& j, const std::string& file);
 
 }  // namespace moepack

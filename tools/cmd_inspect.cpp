@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -40,17 +41,21 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
       {"hidden_size", cfg.hidden_size},      {"moe_intermediate_size", cfg.moe_intermediate_size},
       {"num_experts", cfg.num_experts},      {"num_experts_per_tok", cfg.top_k},
       {"num_hidden_layers", cfg.num_layers}, {"hidden_act", cfg.hidden_act}};
-  const bool converted = std::filesystem::exists(std::filesystem::path(a.dir) / "moepack.json");
+  std::optional<Manifest> manifest;
+  if (std::filesystem::exists(manifest_path(a.dir))) manifest = read_manifest(a.dir);
+  const bool converted = manifest.has_value();
   if (converted) {
-    const json m = read_manifest(a.dir);
-    j["moepack"] = {{"backend", m.at("backend")},
-                    {"layout", m.at("layout")},
-                    {"target_arch", m.at("target_arch")},
-                    {"act_dtype", m.at("act_dtype")},
-                    {"source_format", m.at("source").at("format")},
-                    {"moe_layers", m.at("layers").size()},
-                    {"layers", m.at("layers")},
-                    {"deviations_from_vllm", m.at("deviations_from_vllm")}};
+    const Manifest& m = *manifest;
+    json layers = json::array();
+    for (const auto& l : m.layers) layers.push_back(to_json(l));
+    j["moepack"] = {{"backend", m.backend},
+                    {"layout", {{"name", m.layout.name}, {"version", m.layout.version}}},
+                    {"target_arch", m.target_arch},
+                    {"act_dtype", dtype_name(m.act_dtype)},
+                    {"source_format", m.source.format},
+                    {"moe_layers", m.layers.size()},
+                    {"layers", layers},
+                    {"deviations_from_vllm", m.deviations_from_vllm}};
   }
   json layers = json::array();
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::string>, std::vector<std::string>>
@@ -117,20 +122,17 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
               << (cfg.quant.act_order ? " act-order" : "");
   std::cout << "\n  tensors        " << tensors.size() << " in " << ckpt->shard_names().size()
             << " shard(s), " << human_bytes(ckpt->total_tensor_bytes()) << "\n";
-  if (converted)
-    std::cout << "  converted by moepack: backend " << j["moepack"]["backend"].get<std::string>()
-              << ", target " << j["moepack"]["target_arch"].get<std::string>() << ", activations "
-              << j["moepack"]["act_dtype"].get<std::string>() << ", from "
-              << j["moepack"]["source_format"].get<std::string>() << "\n";
   if (converted) {
+    const Manifest& m = *manifest;
+    std::cout << "  converted by moepack: backend " << m.backend << ", target " << m.target_arch
+              << ", activations " << dtype_name(m.act_dtype) << ", from " << m.source.format
+              << "\n";
     // The experts are now backend parameters (w13_*, w2_*): describe them from the manifest.
-    const auto& ml = j["moepack"]["layers"];
-    std::cout << "  converted MoE layers " << ml.size() << "\n";
-    for (const auto& l : ml)
-      std::cout << "    " << l["module"].get<std::string>() << "  E=" << l["experts"]
-                << " H=" << l["hidden"] << " I=" << l["inter"]
-                << (l["gated"].get<bool>() ? " gated" : " non-gated") << ", " << l["params"].size()
-                << " parameters (" << l["param_prefix"].get<std::string>() << "*)\n";
+    std::cout << "  converted MoE layers " << m.layers.size() << "\n";
+    for (const auto& l : m.layers)
+      std::cout << "    " << l.module << "  E=" << l.experts << " H=" << l.hidden
+                << " I=" << l.inter << (l.gated ? " gated" : " non-gated") << ", "
+                << l.params.size() << " parameters (" << l.param_prefix << "*)\n";
   }
   std::cout << "  MoE layers     " << layers.size()
             << (converted ? " (unconverted expert tensors)" : "") << "\n";

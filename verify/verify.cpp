@@ -36,10 +36,10 @@ struct Output {
   }
 };
 
-Output open_output(const std::string& dir, const json& manifest, VerifyReport& r) {
+Output open_output(const std::string& dir, const Manifest& manifest, VerifyReport& r) {
   Output o;
   std::set<std::string> listed;
-  for (const auto& s : manifest.at("shards")) listed.insert(s.at("name").get<std::string>());
+  for (const auto& s : manifest.shards) listed.insert(s.name);
   for (const auto& name : listed) {
     const std::string p = (fs::path(dir) / name).string();
     o.shards.emplace(name, SafetensorsFile::open(p));
@@ -233,9 +233,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (opts.device != "cpu") throw Error(ErrorCode::kUsage, "--device must be cpu or cuda");
   if (opts.tokens < 1) throw Error(ErrorCode::kUsage, "--tokens must be >= 1");
 
-  const json manifest = read_manifest(opts.dst);
-  const std::string mpath = (fs::path(opts.dst) / "moepack.json").string();
-  const std::string backend = manifest.at("backend").get<std::string>();
+  const Manifest manifest = read_manifest(opts.dst);
+  const std::string mpath = manifest_path(opts.dst);
+  const std::string& backend = manifest.backend;
   r.backend = backend;
   const TargetLayout* layout = find_target_layout(backend);
   if (!layout) throw Error(ErrorCode::kUnsupported, mpath, "", "unknown backend " + backend);
@@ -249,20 +249,20 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     all.name = "manifest tensors present with dtype, shape and sha256";
     all.passed = true;
     int64_t checked = 0;
-    for (auto& [name, t] : manifest.at("tensors").items()) {
+    for (const auto& [name, t] : manifest.tensors) {
       auto it = out.where.find(name);
       std::string problem;
       if (it == out.where.end()) {
         problem = "missing";
-      } else if (it->second != t.at("shard").get<std::string>()) {
-        problem = "in " + it->second + ", manifest says " + t.at("shard").get<std::string>();
+      } else if (it->second != t.shard) {
+        problem = "in " + it->second + ", manifest says " + t.shard;
       } else {
         const TensorView v = out.view(name);
-        if (dtype_name(v.dtype) != t.at("dtype").get<std::string>())
+        if (v.dtype != t.dtype)
           problem = std::string("dtype ") + dtype_name(v.dtype);
-        else if (v.shape != t.at("shape").get<Shape>())
+        else if (v.shape != t.shape)
           problem = "shape " + shape_str(v.shape);
-        else if (sha256_hex(v.data, v.nbytes) != t.at("sha256").get<std::string>())
+        else if (sha256_hex(v.data, v.nbytes) != t.sha256)
           problem = "sha256 differs";
       }
       if (!problem.empty() && all.passed) {
@@ -283,12 +283,11 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   // 2 + 3 per layer.
   std::unique_ptr<Checkpoint> src;
   if (!opts.source.empty()) src = Checkpoint::open(opts.source);
-  const QuantParams target_q = quant_params_from_json(manifest.at("target_quant_params"), mpath);
-  const bool quantized_from_dense = manifest.contains("quantize");
-  const MxRecipe recipe =
-      quantized_from_dense && manifest["quantize"].value("recipe", "flashinfer") == "modelopt"
-          ? MxRecipe::kModelOpt
-          : MxRecipe::kFlashInfer;
+  const QuantParams& target_q = manifest.target_quant_params;
+  const bool quantized_from_dense = manifest.quantize.has_value();
+  const MxRecipe recipe = quantized_from_dense && manifest.quantize->recipe == "modelopt"
+                              ? MxRecipe::kModelOpt
+                              : MxRecipe::kFlashInfer;
   const ref::RouterConfig router = ref::router_config_from_hf(cfg.text);
   const int threads = resolve_threads(opts.threads);
 
@@ -298,8 +297,8 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     ct.name = "copied tensors equal the source";
     ct.passed = true;
     int64_t n = 0;
-    for (auto& [name, t] : manifest.at("tensors").items()) {
-      if (t.at("action").get<std::string>() != "copy") continue;
+    for (const auto& [name, t] : manifest.tensors) {
+      if (t.converted) continue;
       ++n;
       if (!src->has_tensor(name)) {
         ct.passed = false;
@@ -319,19 +318,18 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   }
 
   bool rounded_note = false;
-  for (const auto& lj : manifest.at("layers")) {
-    const std::string module = lj.at("module").get<std::string>();
-    const int64_t layer_no = lj.at("layer").get<int64_t>();
+  for (const ManifestLayer& ml : manifest.layers) {
+    const std::string& module = ml.module;
+    const int64_t layer_no = ml.layer;
     LayoutOptions lo;
-    lo.act_dtype = *parse_dtype(manifest.at("act_dtype").get<std::string>());
-    lo.gated = lj.at("gated").get<bool>();
-    lo.prefix = lj.at("param_prefix").get<std::string>();
+    lo.act_dtype = manifest.act_dtype;
+    lo.gated = ml.gated;
+    lo.prefix = ml.param_prefix;
     lo.source_method = target_q.method;
-    lo.vllm_w13_scale_size_k = manifest.at("options").value("vllm_w13_scale_size_k", false);
+    lo.vllm_w13_scale_size_k = manifest.options.vllm_w13_scale_size_k;
     lo.threads = threads;
     TensorMap params;
-    for (const auto& p : lj.at("params"))
-      params.emplace(p.get<std::string>(), Tensor::from_view(out.view(p.get<std::string>())));
+    for (const auto& p : ml.params) params.emplace(p, Tensor::from_view(out.view(p)));
 
     MoeExperts decoded;
     try {
@@ -387,9 +385,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
 
     // 3. Numerical: the real router on random hidden states.
     ref::MoeSpec spec;
-    spec.experts = lj.at("experts").get<int64_t>();
-    spec.hidden = lj.at("hidden").get<int64_t>();
-    spec.intermediate = lj.at("inter").get<int64_t>();
+    spec.experts = ml.experts;
+    spec.hidden = ml.hidden;
+    spec.intermediate = ml.inter;
     spec.gated = lo.gated;
     spec.activation = ref::activation_from_hf(cfg.hidden_act);
     spec.threads = threads;

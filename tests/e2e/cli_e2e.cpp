@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/sha256.h"
@@ -208,6 +209,69 @@ TEST(Cli, NanScaleIsRefusedNamingTheTensor) {
   EXPECT_EQ(moepack("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
   EXPECT_NE(err.find(name), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+// A hostile moepack.json is an input error (exit 3) naming the file and the field, for verify
+// and inspect alike: never an internal error (70) or a crash.
+TEST(Cli, MalformedManifestGivesExit3NamingTheField) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack("synth " + src + " --format gptq" + std::string(kSmall)), 0);
+  ASSERT_EQ(moepack("convert " + src + " " + dst), 0);
+  const std::string path = dst + "/moepack.json";
+  json good;
+  {
+    std::ifstream in(path);
+    good = json::parse(in);
+  }
+  struct Case {
+    std::function<void(json&)> mutate;
+    std::string field;  // the start of the message
+  };
+  const std::vector<Case> cases = {
+      {[](json& m) { m["act_dtype"] = "Q99"; }, "act_dtype: unknown dtype \"Q99\""},
+      {[](json& m) { m["layers"][0]["experts"] = "x"; },
+       "layers[0].experts: expected an integer, got \"x\""},
+      {[](json& m) { m["layers"] = json::array(); }, "layers: empty"},
+      {[](json& m) { m.erase("backend"); }, "backend: missing"},
+      {[](json& m) { m["target_quant_params"]["method"] = "gguf"; },
+       "target_quant_params.method: unknown quantization method \"gguf\""},
+      {[](json& m) { m["tensors"].begin().value()["shape"][0] = -1; }, "tensors[\""},
+      {[](json& m) { m["shards"][0]["name"] = "../src/model.safetensors"; }, "shards[0].name"},
+      {[](json& m) { m = json::array(); }, "top level: expected an object"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    json m = good;
+    c.mutate(m);
+    std::ofstream(path) << m.dump(2) << "\n";
+    std::string out, err;
+    EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 3) << out << err;
+    EXPECT_NE(err.find(path + ": " + c.field), std::string::npos) << err;
+    EXPECT_EQ(err.find("internal error"), std::string::npos) << err;
+    const json j = run_json("verify " + dst, 3);
+    EXPECT_EQ(j["ok"], false);
+    EXPECT_EQ(j["error"]["code"], "bad_config");
+    EXPECT_EQ(j["error"]["file"], path);
+    EXPECT_EQ(j["error"]["message"].get<std::string>().rfind(c.field, 0), 0u) << j.dump();
+    err.clear();
+    EXPECT_EQ(moepack("inspect " + dst, nullptr, &err), 3) << err;
+    EXPECT_NE(err.find(path + ": " + c.field), std::string::npos) << err;
+  }
+  // Not JSON, and not a file.
+  std::ofstream(path) << "{\"manifest_version\": 1,";
+  std::string err;
+  EXPECT_EQ(moepack("verify " + dst, nullptr, &err), 3) << err;
+  EXPECT_NE(err.find(path + ": invalid JSON"), std::string::npos) << err;
+  fs::remove(path);
+  fs::create_directory(path);
+  err.clear();
+  EXPECT_EQ(moepack("verify " + dst, nullptr, &err), 3) << err;
+  EXPECT_NE(err.find(path + ": is a directory"), std::string::npos) << err;
+  fs::remove(path);
+  // The untouched manifest still verifies (the cases above failed for their defect alone).
+  std::ofstream(path) << good.dump(2) << "\n";
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
 }
 
 // Rewrites a synth checkpoint's config (and optionally its tensors) to produce variants synth
