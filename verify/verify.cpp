@@ -83,28 +83,10 @@ Output open_output(const std::string& dir, const Manifest& manifest, VerifyRepor
   return o;
 }
 
-// The source scales as the layout stores them (fp16 -> bf16 RNE etc.), so that a faithful
-// conversion compares bit for bit.
+// The source scales as the layout stores them (fp16 -> bf16 RNE etc.; formats' convert_scales,
+// the same rule pack used), so that a faithful conversion compares bit for bit.
 std::vector<uint8_t> scales_as(const QuantTensor& src, DType dt) {
-  // U8 and F8_E8M0 hold the same E8M0 codes.
-  if (src.scale_dtype == dt || (is_scale_byte_dtype(src.scale_dtype) && is_scale_byte_dtype(dt)))
-    return src.scales;
-  if (is_scale_byte_dtype(dt))
-    throw Error(ErrorCode::kInternal, std::string("cannot express ") + dtype_name(src.scale_dtype) +
-                                          " scales as E8M0 codes");
-  const int64_t count = static_cast<int64_t>(src.scales.size()) / src.scale_bytes();
-  std::vector<uint8_t> out(static_cast<size_t>(count * dtype_bits(dt) / 8));
-  for (int64_t i = 0; i < count; ++i) {
-    // Through float32, then round-to-nearest-even: what torch's copy_ into the parameter does.
-    const float v = scale_to_float(src.scales.data() + i * src.scale_bytes(), src.scale_dtype);
-    if (dt == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &v, 4);
-    } else {
-      const uint16_t h = dt == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
+  return convert_scales(src.scales, src.scale_dtype, dt, "scales");
 }
 
 std::vector<int32_t> explicit_g_idx(const QuantTensor& q) {
@@ -186,30 +168,6 @@ void compare_quant(VerifyReport& r, int64_t layer, const std::string& which, con
   if (!want.g_idx.empty() || !got.g_idx.empty())
     r.round_trip.push_back(compare_per_expert(base + "g_idx", layer, explicit_g_idx(got),
                                               explicit_g_idx(want), got.experts, 1));
-}
-
-std::vector<float> tensor_floats(const TensorView& v) {
-  std::vector<float> out(static_cast<size_t>(numel(v.shape)));
-  for (size_t i = 0; i < out.size(); ++i) {
-    uint16_t h;
-    switch (v.dtype) {
-      case DType::kBF16:
-        std::memcpy(&h, v.data + 2 * i, 2);
-        out[i] = bf16_to_float(h);
-        break;
-      case DType::kF16:
-        std::memcpy(&h, v.data + 2 * i, 2);
-        out[i] = f16_to_float(h);
-        break;
-      case DType::kF32:
-        std::memcpy(&out[i], v.data + 4 * i, 4);
-        break;
-      default:
-        throw Error(ErrorCode::kBadDtype, "", v.name,
-                    std::string("router tensor dtype ") + dtype_name(v.dtype));
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -321,13 +279,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   for (const ManifestLayer& ml : manifest.layers) {
     const std::string& module = ml.module;
     const int64_t layer_no = ml.layer;
-    LayoutOptions lo;
-    lo.act_dtype = manifest.act_dtype;
-    lo.gated = ml.gated;
-    lo.prefix = ml.param_prefix;
-    lo.source_method = target_q.method;
-    lo.vllm_w13_scale_size_k = manifest.options.vllm_w13_scale_size_k;
-    lo.threads = threads;
+    const LayoutOptions lo =
+        LayoutOptions::for_layer(target_q.method, manifest.act_dtype, ml.gated,
+                                 manifest.options.vllm_w13_scale_size_k, ml.param_prefix, threads);
     TensorMap params;
     for (const auto& p : ml.params) params.emplace(p, Tensor::from_view(out.view(p)));
 
@@ -398,12 +352,12 @@ VerifyReport run_verify(const VerifyOptions& opts) {
       rw_name = module + ".router.weight";
       rb_name = module + ".router.bias";
     }
-    const std::vector<float> router_w = tensor_floats(out.view(rw_name));
+    const std::vector<float> router_w = to_floats(out.view(rw_name));
     const std::vector<float> router_b = !rb_name.empty() && out.where.count(rb_name)
-                                            ? tensor_floats(out.view(rb_name))
+                                            ? to_floats(out.view(rb_name))
                                             : std::vector<float>{};
     const std::vector<float> corr =
-        out.where.count(cb_name) ? tensor_floats(out.view(cb_name)) : std::vector<float>{};
+        out.where.count(cb_name) ? to_floats(out.view(cb_name)) : std::vector<float>{};
     const std::vector<float> x = ref::random_hidden_states(
         opts.tokens, spec.hidden, opts.seed + static_cast<uint64_t>(layer_no));
     auto weights = [&](int64_t e, MoeProj p) {
