@@ -239,9 +239,22 @@ struct TargetLayout {
   std::vector<std::string> (*option_deviations)(const LayoutOptions&);
 };
 
+// `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.
+struct QuantizeRecipe {
+  const char* format;  // --quantize value: "mxfp8"
+  const char* recipe;  // --mx-recipe value: "flashinfer", "modelopt"
+  // The params of the quantised experts (a method some target layout takes).
+  QuantParams (*target_params)(DType model_dtype);
+  // w: float [experts, n, k] -> canonical codes and scales.
+  QuantTensor (*quantize)(const float* w, int64_t experts, int64_t n, int64_t k);
+};
+
 // The explicit registry tables (formats/registry.cpp).
 const std::vector<SourceCodec>& source_codecs();
 const std::vector<TargetLayout>& target_layouts();
+const std::vector<QuantizeRecipe>& quantize_recipes();
+// Throws kUsage listing the rows when (format, recipe) is not one.
+const QuantizeRecipe& find_quantize_recipe(const std::string& format, const std::string& recipe);
 const SourceCodec* find_source_codec(QuantMethod method);
 const TargetLayout* find_target_layout(const std::string& name);
 // The scheme label of a method: its codec's, or a label for methods no codec reads

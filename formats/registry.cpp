@@ -45,6 +45,12 @@ std::pair<int64_t, int64_t> weight_logical_shape(const QuantParams&,
   return {s[0], s[1]};
 }
 
+QuantParams mxfp8_target_params(DType model_dtype) {
+  QuantParams q = mxfp8_param_space().front();  // ModelOpt MXFP8: bits 8, blocks of 32
+  q.dtype = model_dtype;
+  return q;
+}
+
 std::vector<QuantParams> ct_mxfp8_param_space() {
   std::vector<QuantParams> v = mxfp8_param_space();
   for (auto& p : v) p.method = QuantMethod::kCtMxfp8;
@@ -161,6 +167,33 @@ const std::vector<TargetLayout>& target_layouts() {
        nullptr},
   };
   return table;
+}
+
+const std::vector<QuantizeRecipe>& quantize_recipes() {
+  static const std::vector<QuantizeRecipe> table = {
+      {"mxfp8", "flashinfer", mxfp8_target_params,
+       [](const float* w, int64_t e, int64_t n, int64_t k) {
+         return quantize_mxfp8(w, e, n, k, MxRecipe::kFlashInfer);
+       }},
+      {"mxfp8", "modelopt", mxfp8_target_params,
+       [](const float* w, int64_t e, int64_t n, int64_t k) {
+         return quantize_mxfp8(w, e, n, k, MxRecipe::kModelOpt);
+       }},
+  };
+  return table;
+}
+
+const QuantizeRecipe& find_quantize_recipe(const std::string& format, const std::string& recipe) {
+  std::string formats, recipes;
+  for (const auto& r : quantize_recipes()) {
+    if (format == r.format && recipe == r.recipe) return r;
+    if (formats.find(r.format) == std::string::npos)
+      formats += std::string(formats.empty() ? "" : ", ") + r.format;
+    if (format == r.format) recipes += std::string(recipes.empty() ? "" : ", ") + r.recipe;
+  }
+  if (recipes.empty())
+    throw Error(ErrorCode::kUsage, "unknown --quantize \"" + format + "\" (" + formats + ")");
+  throw Error(ErrorCode::kUsage, "unknown --mx-recipe \"" + recipe + "\" (" + recipes + ")");
 }
 
 const SourceCodec* find_source_codec(QuantMethod method) {

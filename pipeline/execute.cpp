@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "core/threads.h"
-#include "formats/mxfp8.h"
 #include "io/atomic_dir.h"
 #include "pipeline/manifest.h"
 
@@ -63,8 +62,8 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       if (plan.quantize_dense) {
         const DenseExperts d = load_dense_experts(ckpt, L, range);
         experts.w13 =
-            quantize_mxfp8(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden, plan.mx_recipe);
-        experts.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, plan.mx_recipe);
+            plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);
+        experts.w2 = plan.quantize_recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
       } else {
         experts = load_moe_experts(ckpt, L, threads, range);
       }

@@ -401,9 +401,15 @@ Manifest parse_fields(const Field& root) {
     const Field q = root["quantize"];
     const Field qf = q["format"], qr = q["recipe"];
     ManifestQuantize mq{qf.str(), qr.str()};
-    if (mq.format != "mxfp8") qf.fail("expected \"mxfp8\", got " + describe(qf.value()));
-    if (mq.recipe != "flashinfer" && mq.recipe != "modelopt")
-      qr.fail("expected \"flashinfer\" or \"modelopt\", got " + describe(qr.value()));
+    bool format_known = false, recipe_known = false;
+    std::string recipes;
+    for (const auto& r : quantize_recipes()) {
+      format_known |= mq.format == r.format;
+      if (mq.format == r.format) recipe_known |= mq.recipe == r.recipe;
+      recipes += std::string(recipes.empty() ? "" : ", ") + r.format + "/" + r.recipe;
+    }
+    if (!format_known) qf.fail("expected one of " + recipes + ", got " + describe(qf.value()));
+    if (!recipe_known) qr.fail("expected one of " + recipes + ", got " + describe(qr.value()));
     m.quantize = mq;
   }
 

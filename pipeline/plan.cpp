@@ -71,15 +71,6 @@ bool layer_has_act_order(const Checkpoint& ckpt, const MoeLayer& L,
   return false;
 }
 
-QuantParams mxfp8_target(const QuantParams& src) {
-  QuantParams q;
-  q.method = QuantMethod::kModeloptMxfp8;
-  q.bits = 8;
-  q.group_size = 32;
-  q.dtype = src.dtype;
-  return q;
-}
-
 // The quantization_config a --quantize mxfp8 output declares: only the experts were quantised,
 // so every other Linear is listed as ignored.
 json mxfp8_quantization_config(const Checkpoint& ckpt) {
@@ -112,18 +103,13 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   plan.source_format = quant_method_name(plan.source_quant.method);
   plan.target_quant = plan.source_quant;
   if (!opts.quantize.empty()) {
-    if (opts.quantize != "mxfp8")
-      throw Error(ErrorCode::kUsage, "unknown --quantize \"" + opts.quantize + "\" (mxfp8)");
+    plan.quantize_recipe = &find_quantize_recipe(opts.quantize, opts.mx_recipe);
     if (plan.source_quant.method != QuantMethod::kNone)
       throw Error(ErrorCode::kUsage, ckpt.dir(), "",
                   "--quantize needs an unquantized (bf16/fp16) checkpoint; this one is " +
                       plan.source_format);
-    if (opts.mx_recipe != "flashinfer" && opts.mx_recipe != "modelopt")
-      throw Error(ErrorCode::kUsage,
-                  "unknown --mx-recipe \"" + opts.mx_recipe + "\" (flashinfer, modelopt)");
-    plan.target_quant = mxfp8_target(plan.source_quant);
+    plan.target_quant = plan.quantize_recipe->target_params(plan.source_quant.dtype);
     plan.quantize_dense = true;
-    plan.mx_recipe = opts.mx_recipe == "modelopt" ? MxRecipe::kModelOpt : MxRecipe::kFlashInfer;
   } else {
     plan.source_codec = find_source_codec(plan.source_quant.method);
   }
@@ -218,10 +204,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                static_cast<int64_t>(opts.chunk_bytes / std::max<uint64_t>(1, per_expert))));
     pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
 
-    const std::string src_codec =
-        plan.quantize_dense
-            ? std::string(dtype_name(ckpt.config().dtype)) + "->mxfp8(" + opts.mx_recipe + ")"
-            : plan.source_codec->name;
+    const std::string src_codec = plan.quantize_dense
+                                      ? std::string(dtype_name(ckpt.config().dtype)) + "->" +
+                                            opts.quantize + "(" + opts.mx_recipe + ")"
+                                      : plan.source_codec->name;
     for (const ParamSpec& t : plan.layout->param_specs(lo, pl.shape)) {
       PlannedTensor pt;
       pt.name = t.name;

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "formats/mxfp8.h"
 #include "io/shard_writer.h"
 #include "model/checkpoint.h"
 #include "pipeline/oracle.h"
@@ -64,8 +63,8 @@ struct Plan {
   int layout_version = 0;
   const TargetLayout* layout = nullptr;       // the registry row of `backend`
   const SourceCodec* source_codec = nullptr;  // null when the experts are quantised here
-  bool quantize_dense = false;  // experts read as floats and quantised (--quantize mxfp8)
-  MxRecipe mx_recipe = MxRecipe::kFlashInfer;
+  bool quantize_dense = false;                // experts read as floats and quantised (--quantize)
+  const QuantizeRecipe* quantize_recipe = nullptr;  // the registry row doing it
   int threads = 1;  // resolved worker count; output bytes never depend on it
   // Top-level keys config.json gets over the source's (quantization_config for --quantize, the
   // moepack block).

@@ -32,8 +32,14 @@ Runner add_convert(CLI::App& app, Globals& g) {
   app.add_option("--act-dtype", a->act_dtype,
                  "Serving activation dtype bf16|fp16 (Marlin scales are stored in it)")
       ->capture_default_str();
-  app.add_option("--quantize", a->o.quantize, "Quantise unquantised experts first: mxfp8");
-  app.add_option("--mx-recipe", a->o.mx_recipe, "MXFP8 scale rule: flashinfer|modelopt")
+  std::string formats, recipes;
+  for (const auto& r : quantize_recipes()) {
+    if (formats.find(r.format) == std::string::npos)
+      formats += std::string(formats.empty() ? "" : "|") + r.format;
+    recipes += std::string(recipes.empty() ? "" : "|") + r.recipe;
+  }
+  app.add_option("--quantize", a->o.quantize, "Quantise unquantised experts first: " + formats);
+  app.add_option("--mx-recipe", a->o.mx_recipe, "Scale rule of --quantize: " + recipes)
       ->capture_default_str();
   app.add_flag(
       "--vllm-w13-scale-size-k", a->o.vllm_w13_scale_size_k,

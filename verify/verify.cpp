@@ -243,9 +243,10 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (!opts.source.empty()) src = Checkpoint::open(opts.source);
   const QuantParams& target_q = manifest.target_quant_params;
   const bool quantized_from_dense = manifest.quantize.has_value();
-  const MxRecipe recipe = quantized_from_dense && manifest.quantize->recipe == "modelopt"
-                              ? MxRecipe::kModelOpt
-                              : MxRecipe::kFlashInfer;
+  const QuantizeRecipe* recipe =
+      quantized_from_dense
+          ? &find_quantize_recipe(manifest.quantize->format, manifest.quantize->recipe)
+          : nullptr;
   const ref::RouterConfig router = ref::router_config_from_hf(cfg.text);
   const int threads = resolve_threads(opts.threads);
 
@@ -311,9 +312,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
         throw Error(ErrorCode::kBadConfig, opts.source, module, "source has no such MoE layer");
       if (quantized_from_dense) {
         const DenseExperts d = load_dense_experts(*src, *src_layer);
-        reference.w13 = quantize_mxfp8(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter,
-                                       d.hidden, recipe);
-        reference.w2 = quantize_mxfp8(d.w2.data(), d.experts, d.hidden, d.inter, recipe);
+        reference.w13 =
+            recipe->quantize(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden);
+        reference.w2 = recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
       } else {
         reference = load_moe_experts(*src, *src_layer, threads);
       }

@@ -269,12 +269,12 @@ std::vector<Mutation> mutations(const json& good) {
        [](json& m) {
          m["quantize"] = {{"format", "mxfp8"}, {"recipe", "x"}};
        },
-       "quantize.recipe: expected \"flashinfer\" or \"modelopt\""},
+       "quantize.recipe: expected one of mxfp8/flashinfer, mxfp8/modelopt"},
       {"quantize format",
        [](json& m) {
          m["quantize"] = {{"format", "nf4"}, {"recipe", "x"}};
        },
-       "quantize.format: expected \"mxfp8\""},
+       "quantize.format: expected one of mxfp8/flashinfer, mxfp8/modelopt"},
       {"deviations", [](json& m) { m["deviations_from_vllm"] = {1}; },
        "deviations_from_vllm[0]: expected a string"},
       {"files", [](json& m) { m["files"] = "tokenizer.json"; }, "files: expected an array"},
