@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -43,10 +44,18 @@ using test::RandomTensorOptions;
 using test::Rng;
 using test::ScaleValues;
 
+// FNV-1a of the row's name: the same seed on every platform. MOEPACK_SUITE_SEED=<n> mixes in n
+// to sample other inputs locally (failures print it with the combination).
 uint64_t seed_of(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a: the same seed on every platform
+  uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  if (const char* env = std::getenv("MOEPACK_SUITE_SEED")) h ^= std::strtoull(env, nullptr, 10);
   return h;
+}
+
+std::string seed_note() {
+  const char* env = std::getenv("MOEPACK_SUITE_SEED");
+  return env ? std::string(" MOEPACK_SUITE_SEED=") + env : std::string();
 }
 
 // "ct-pack-quantized" -> "ct_pack_quantized": gtest names take letters, digits and '_'.
@@ -194,7 +203,7 @@ TEST_P(SourceCodecRows, PackUnpackIdentityOnRandomLegalTensors) {
     for (const Extent& x : codec_extents(rng, spec)) {
       std::ostringstream trace;
       trace << row.name << " {" << describe_params(params) << "} spec {" << spec_str(spec)
-            << "} N=" << x.n << " K=" << x.k;
+            << "} N=" << x.n << " K=" << x.k << seed_note();
       SCOPED_TRACE(trace.str());
       const QuantTensor q = test::random_quant_tensor(rng, spec, 1, x.n, x.k, ro);
       if (params.act_order && spec.groups(x.k) > 1) {
@@ -426,7 +435,7 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
             std::ostringstream trace;
             trace << row.name << " <- " << codec.name << " {" << describe_params(params)
                   << "} E=" << d.experts << " H=" << d.hidden << " I=" << d.inter
-                  << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act);
+                  << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act) << seed_note();
             SCOPED_TRACE(trace.str());
             ++supported;
             const MoeExperts x = test::random_moe_experts(rng, s, ro);
