@@ -3,6 +3,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+
+#include "core/half.h"
 
 namespace moepack::test {
 namespace fs = std::filesystem;
@@ -123,6 +127,146 @@ int run_command(const std::string& cmd, std::string* out, std::string* err) {
   if (out) *out = slurp(o);
   if (err) *err = slurp(e);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+// ---- Random canonical tensors and layers --------------------------------------------------------
+
+std::pair<int, int> codec_zero_range(const QuantParams& p) {
+  const int top = (1 << p.bits) - 1;
+  if (p.method == QuantMethod::kGptq && p.gptq_format == GptqFormat::kV1)
+    return {1, std::min(top + 1, 255)};
+  return {0, top};
+}
+
+std::vector<int32_t> random_act_order_g_idx(Rng& rng, int64_t k, int64_t group_size) {
+  if (group_size <= 0 || k <= group_size) return {};
+  std::vector<int32_t> g(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) g[static_cast<size_t>(i)] = static_cast<int32_t>(i / group_size);
+  const std::vector<int32_t> trivial = g;
+  while (g == trivial) std::shuffle(g.begin(), g.end(), rng);
+  return g;
+}
+
+namespace {
+
+// One random positive finite scale of dtype d, written at p.
+void random_scale(Rng& rng, DType d, ScaleValues which, uint8_t* p) {
+  if (which == ScaleValues::kAnyPositiveFinite) {
+    // Sign bit clear, exponent below all-ones, never +0: the largest finite pattern is the bound.
+    switch (d) {
+      case DType::kF16:
+      case DType::kBF16: {
+        const uint16_t top = d == DType::kF16 ? 0x7BFF : 0x7F7F;
+        const uint16_t h = static_cast<uint16_t>(std::uniform_int_distribution<int>(1, top)(rng));
+        std::memcpy(p, &h, 2);
+        return;
+      }
+      case DType::kF32: {
+        const uint32_t u = std::uniform_int_distribution<uint32_t>(1, 0x7F7FFFFFu)(rng);
+        std::memcpy(p, &u, 4);
+        return;
+      }
+      case DType::kU8:
+      case DType::kF8_E8M0:
+        *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(0, 254)(rng));
+        return;
+      default:
+        break;
+    }
+  } else {
+    const float v = std::exp2(std::uniform_real_distribution<float>(-8.0f, 1.0f)(rng));
+    switch (d) {
+      case DType::kF16:
+      case DType::kBF16: {
+        const uint16_t h = d == DType::kF16 ? float_to_f16(v) : float_to_bf16(v);
+        std::memcpy(p, &h, 2);
+        return;
+      }
+      case DType::kF32:
+        std::memcpy(p, &v, 4);
+        return;
+      case DType::kU8:
+      case DType::kF8_E8M0:
+        *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(119, 128)(rng));
+        return;
+      default:
+        break;
+    }
+  }
+  throw std::runtime_error(std::string("random_scale: scale dtype ") + dtype_name(d));
+}
+
+}  // namespace
+
+QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts, int64_t n,
+                                int64_t k, const RandomTensorOptions& opts) {
+  QuantTensor q(spec, experts, n, k);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& c : q.codes) {
+    switch (q.kind) {
+      case CodeKind::kUint:
+        c = static_cast<uint8_t>(byte(rng) & ((1 << q.bits) - 1));
+        break;
+      case CodeKind::kInt:
+        c = static_cast<uint8_t>(byte(rng));
+        break;
+      case CodeKind::kFp8E4M3:
+        do c = static_cast<uint8_t>(byte(rng));
+        while ((c & 0x7f) == 0x7f);  // 0x7f / 0xff are e4m3fn NaN
+        break;
+    }
+  }
+  if (std::all_of(q.codes.begin(), q.codes.end(), [](uint8_t c) { return c == 0; }))
+    q.codes[0] = 1;  // 1 is legal for every kind
+  const int eb = q.scale_bytes();
+  for (size_t i = 0; i < q.scales.size(); i += static_cast<size_t>(eb))
+    random_scale(rng, q.scale_dtype, opts.scales, q.scales.data() + i);
+  if (!q.symmetric) {
+    const int hi = opts.zero_hi < 0 ? (1 << q.bits) - 1 : opts.zero_hi;
+    std::uniform_int_distribution<int> zero(opts.zero_lo, hi);
+    for (auto& z : q.zeros) z = static_cast<uint8_t>(zero(rng));
+  }
+  if (opts.act_order && q.kind == CodeKind::kUint) {
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::vector<int32_t> g = random_act_order_g_idx(rng, k, q.group_size);
+      if (g.empty()) break;
+      q.g_idx.insert(q.g_idx.end(), g.begin(), g.end());
+    }
+  }
+  q.check_consistent("random_quant_tensor");
+  return q;
+}
+
+MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts) {
+  MoeExperts x;
+  opts.act_order = s.w13.act_order;
+  x.w13 = random_quant_tensor(rng, s.w13.quant, s.experts, s.w13.n, s.w13.k, opts);
+  opts.act_order = s.w2.act_order;
+  x.w2 = random_quant_tensor(rng, s.w2.quant, s.experts, s.w2.n, s.w2.k, opts);
+  return x;
+}
+
+std::vector<LayerDims> random_layer_dims(Rng& rng, int count) {
+  std::vector<LayerDims> out;
+  std::uniform_int_distribution<int64_t> experts(1, 3), blocks(1, 4), odd(0, 2);
+  std::bernoulli_distribution odd_inter(0.25);
+  for (int i = 0; i < count; ++i) {
+    LayerDims d;
+    d.experts = experts(rng);
+    d.hidden = 128 * blocks(rng);
+    d.inter = odd_inter(rng) ? 64 * (2 * odd(rng) + 1) : 128 * blocks(rng);
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::string describe_params(const QuantParams& p) {
+  std::ostringstream s;
+  s << quant_method_name(p.method) << " bits=" << p.bits << " group=" << p.group_size
+    << (p.symmetric ? " sym" : " asym") << (p.act_order ? " act_order" : "");
+  if (p.method == QuantMethod::kGptq) s << (p.gptq_format == GptqFormat::kV1 ? " v1" : " v2");
+  s << " dtype=" << dtype_name(p.dtype);
+  return s.str();
 }
 
 }  // namespace moepack::test

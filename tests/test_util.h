@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
+#include "formats/codec.h"
 
 namespace moepack::test {
 
@@ -57,5 +59,51 @@ struct TempDir {
 
 // Runs a shell command; returns the exit code and fills stdout/stderr.
 int run_command(const std::string& cmd, std::string* out = nullptr, std::string* err = nullptr);
+
+// ---- Random canonical tensors and layers (the registry suite and its CUDA instantiation) ----
+
+using Rng = std::mt19937_64;
+
+// Which scale values random_quant_tensor draws.
+enum class ScaleValues : uint8_t {
+  kAnyPositiveFinite,  // every positive finite bit pattern of the dtype (codecs move bytes)
+  kModerate,           // magnitudes in [2^-8, 2] (E8M0 codes 119..128): products stay finite
+};
+
+struct RandomTensorOptions {
+  ScaleValues scales = ScaleValues::kModerate;
+  int zero_lo = 0, zero_hi = -1;  // asymmetric zero points drawn from [lo, hi]; -1: 2^bits - 1
+  bool act_order = false;         // a non-trivial g_idx per expert when there is > 1 group
+};
+
+// The zero points a source codec holds for these params: GPTQ v1 stores z-1 (1..2^bits, capped
+// at 255 because canonical zeros are bytes), GPTQ v2 / AWQ / compressed-tensors store z.
+std::pair<int, int> codec_zero_range(const QuantParams& p);
+
+// An act-order g_idx over k rows: the trivial k / group_size shuffled (so every group holds
+// exactly group_size rows, a last partial group its remainder), never the trivial order itself.
+// Empty when there is one group (nothing to permute).
+std::vector<int32_t> random_act_order_g_idx(Rng& rng, int64_t k, int64_t group_size);
+
+// Random legal contents for `spec` [experts, n, k]: uint codes 0..2^bits-1, int8 any byte, e4m3
+// bytes without the NaN encodings 0x7f / 0xff; positive finite scales of spec.scale_dtype (E8M0
+// codes never 0xff); zeros per opts. Codes are never all zero.
+QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts, int64_t n,
+                                int64_t k, const RandomTensorOptions& opts);
+
+// One MoE layer's experts matching `s`: each projection's act_order flag decides its g_idx (w13's
+// one g_idx per expert is shared by the gate and up rows, which read the same K = H inputs).
+MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts);
+
+// Layer extents: E in {1, 2, 3}, H a multiple of 128 in [128, 512], I a multiple of 128 in
+// [128, 512] or (one draw in four) an odd multiple of 64 (64, 192, 320), which layouts with
+// halving or 128-row tiles must refuse or handle.
+struct LayerDims {
+  int64_t experts = 1, hidden = 128, inter = 128;
+};
+std::vector<LayerDims> random_layer_dims(Rng& rng, int count);
+
+// "gptq bits=4 group=128 sym act_order v1 dtype=F16": for SCOPED_TRACE.
+std::string describe_params(const QuantParams& p);
 
 }  // namespace moepack::test

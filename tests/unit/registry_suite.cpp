@@ -1,0 +1,464 @@
+// The registry-driven suite: every row of source_codecs() and target_layouts() (formats/
+// registry.cpp) on random legal inputs drawn from the rows' own declarations -- param_space,
+// spec_for, moe_shape_for, unsupported_reasons -- with no hand list of formats. A new row is
+// tested by adding it to the table.
+//
+//   SourceCodecRows/*:  pack then unpack is the identity; logical_shape recovers (N, K); the
+//                       packed suffixes are the declared ones; refine leaves our own output alone.
+//   TargetLayoutRows/*: param_specs describe pack's output; unpack inverts pack (scales in the
+//                       layout's dtype); expert_matmul matches the canonical dequantisation;
+//                       output bytes do not depend on the thread count or on packing a slice of
+//                       the experts alone (what chunked conversion relies on).
+//
+// Fixed seeds per row (FNV-1a of its name): a failure reproduces, and SCOPED_TRACE prints the
+// combination (codec, params, E, H, I, gated, act dtype).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "core/half.h"
+#include "formats/codec.h"
+#include "tests/test_util.h"
+
+namespace moepack {
+
+// gtest prints a failing parameter through PrintTo (found by ADL): the row's name, not its bytes.
+void PrintTo(const SourceCodec& c, std::ostream* os) {
+  *os << c.name;
+}
+void PrintTo(const TargetLayout& t, std::ostream* os) {
+  *os << t.name;
+}
+
+namespace {
+
+using test::bytes_equal;
+using test::describe_params;
+using test::RandomTensorOptions;
+using test::Rng;
+using test::ScaleValues;
+
+// FNV-1a of the row's name: the same seed on every platform. MOEPACK_SUITE_SEED=<n> mixes in n
+// to sample other inputs locally (failures print it with the combination).
+uint64_t seed_of(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  if (const char* env = std::getenv("MOEPACK_SUITE_SEED")) h ^= std::strtoull(env, nullptr, 10);
+  return h;
+}
+
+std::string seed_note() {
+  const char* env = std::getenv("MOEPACK_SUITE_SEED");
+  return env ? std::string(" MOEPACK_SUITE_SEED=") + env : std::string();
+}
+
+// "ct-pack-quantized" -> "ct_pack_quantized": gtest names take letters, digits and '_'.
+std::string test_name(const char* name) {
+  std::string s = name;
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+std::string what_threw(const std::exception& e) {
+  std::string s = e.what();
+  if (const auto* err = dynamic_cast<const Error*>(&e))
+    s = std::string("[") + error_code_name(err->code()) + "] " + s;
+  return s;
+}
+
+std::string spec_str(const QuantSpec& q) {
+  std::ostringstream s;
+  s << "kind=" << static_cast<int>(q.kind) << " bits=" << q.bits << " group=" << q.group_size
+    << " scale_block_n=" << q.scale_block_n << (q.symmetric ? " sym" : " asym")
+    << " scale=" << dtype_name(q.scale_dtype);
+  return s.str();
+}
+
+// The source scales as a layout stores them: through float32, then round-to-nearest-even into
+// `to` (what torch's copy_ into the parameter does); E8M0 bytes stay bytes.
+std::vector<uint8_t> scales_as(const QuantTensor& q, DType to) {
+  if (q.scale_dtype == to || (is_scale_byte_dtype(q.scale_dtype) && is_scale_byte_dtype(to)))
+    return q.scales;
+  const int64_t count = static_cast<int64_t>(q.scales.size()) / q.scale_bytes();
+  const int ob = dtype_bits(to) / 8;
+  std::vector<uint8_t> out(static_cast<size_t>(count * ob));
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = scale_to_float(q.scales.data() + i * q.scale_bytes(), q.scale_dtype);
+    if (to == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = to == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+// got == want field by field and byte for byte. Scales compare against want's converted to got's
+// dtype; a projection with one group may read back as channelwise (-1: same weights).
+void expect_same_quant(const QuantTensor& got, const QuantTensor& want, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(got.experts, want.experts);
+  EXPECT_EQ(got.n, want.n);
+  EXPECT_EQ(got.k, want.k);
+  EXPECT_EQ(got.kind, want.kind);
+  EXPECT_EQ(got.bits, want.bits);
+  if (!(got.groups() == 1 && want.groups() == 1)) {
+    EXPECT_EQ(got.group_size, want.group_size);
+  }
+  EXPECT_EQ(got.scale_block_n, want.scale_block_n);
+  EXPECT_EQ(got.symmetric, want.symmetric);
+  EXPECT_TRUE(bytes_equal(got.codes, want.codes, 16, what + " codes"));
+  EXPECT_TRUE(bytes_equal(got.scales, scales_as(want, got.scale_dtype), 16, what + " scales"));
+  EXPECT_TRUE(bytes_equal(got.zeros, want.zeros, 16, what + " zeros"));
+  EXPECT_TRUE(bytes_equal(got.g_idx, want.g_idx, 16, what + " g_idx"));
+}
+
+// ---- source codecs ---------------------------------------------------------------------------
+
+class SourceCodecRows : public ::testing::TestWithParam<SourceCodec> {};
+
+int64_t lcm(int64_t a, int64_t b) {
+  return a / std::gcd(a, b) * b;
+}
+
+struct Extent {
+  int64_t n, k;
+};
+
+// Three shapes of multiples of 128 (K also of the group size), and two small or odd ones at the
+// finest granularity the spec allows every codec of its kind: integer codes packed 32/bits to a
+// word on N and on K (GPTQ packs both), K a multiple of the group size, N free where nothing packs
+// along it (a partial last 128-row block of FP8 block scales included).
+std::vector<Extent> codec_extents(Rng& rng, const QuantSpec& q) {
+  const int64_t gs = q.group_size > 0 ? q.group_size : 1;
+  const int64_t pf = q.kind == CodeKind::kUint ? 32 / q.bits : 1;
+  const int64_t k128 = lcm(128, gs), n_unit = pf, k_unit = lcm(pf, gs);
+  std::uniform_int_distribution<int64_t> blocks(1, 4);
+  std::vector<Extent> out;
+  for (int i = 0; i < 3; ++i) out.push_back({128 * blocks(rng), k128 * blocks(rng)});
+  std::uniform_int_distribution<int64_t> small_n(1, std::max<int64_t>(1, 100 / n_unit)),
+      small_k(1, std::max<int64_t>(1, 300 / k_unit));
+  for (int i = 0; i < 2; ++i) out.push_back({n_unit * small_n(rng), k_unit * small_k(rng)});
+  return out;
+}
+
+void check_codec_case(const SourceCodec& row, const QuantParams& params, const QuantTensor& q) {
+  // Inputs are never all zero (a layout bug that zeroes bytes must not pass as a match).
+  ASSERT_TRUE(std::any_of(q.codes.begin(), q.codes.end(), [](uint8_t c) { return c != 0; }));
+  ASSERT_TRUE(std::any_of(q.scales.begin(), q.scales.end(), [](uint8_t c) { return c != 0; }));
+
+  const TensorMap packed = row.pack(params, q);
+  const std::vector<std::string> req = row.required_suffixes(params);
+  const std::vector<std::string> opt = row.optional_suffixes(params);
+  std::set<std::string> declared(req.begin(), req.end());
+  declared.insert(opt.begin(), opt.end());
+  std::map<std::string, Shape> shapes;
+  std::map<std::string, TensorView> views;
+  for (const auto& [suffix, t] : packed) {
+    EXPECT_TRUE(declared.count(suffix)) << "pack wrote '" << suffix << "', not a declared suffix";
+    shapes[suffix] = t.shape;
+    views[suffix] = t.view();
+  }
+  for (const auto& r : req) EXPECT_TRUE(packed.count(r)) << "required suffix '" << r << "' missing";
+
+  const std::pair<int64_t, int64_t> nk = row.logical_shape(params, shapes);
+  EXPECT_EQ(nk.first, q.n) << "logical_shape N";
+  EXPECT_EQ(nk.second, q.k) << "logical_shape K";
+
+  if (row.refine) {
+    // Our own output carries what the params say: refining from it changes nothing.
+    const QuantParams r = row.refine(params, views);
+    EXPECT_EQ(describe_params(r), describe_params(params)) << "refine changed the params";
+    EXPECT_EQ(r.gptq_format, params.gptq_format);
+  }
+  if (row.refusals) {
+    EXPECT_TRUE(row.refusals(params).empty()) << "param_space holds a refusal";
+  }
+
+  const QuantTensor back = row.unpack(params, packed, q.n, q.k);
+  EXPECT_EQ(back.scale_dtype, q.scale_dtype);
+  expect_same_quant(back, q, "unpack(pack(q))");
+}
+
+TEST_P(SourceCodecRows, PackUnpackIdentityOnRandomLegalTensors) {
+  const SourceCodec& row = GetParam();
+  Rng rng(seed_of(row.name));
+  const std::vector<QuantParams> space = row.param_space();
+  ASSERT_FALSE(space.empty()) << row.name << " declares no param_space";
+  int cases = 0;
+  for (const QuantParams& params : space) {
+    const QuantSpec spec = row.spec_for(params);
+    RandomTensorOptions ro;
+    ro.scales = ScaleValues::kAnyPositiveFinite;  // codecs move bytes: every legal value
+    std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
+    ro.act_order = params.act_order;
+    for (const Extent& x : codec_extents(rng, spec)) {
+      std::ostringstream trace;
+      trace << row.name << " {" << describe_params(params) << "} spec {" << spec_str(spec)
+            << "} N=" << x.n << " K=" << x.k << seed_note();
+      SCOPED_TRACE(trace.str());
+      const QuantTensor q = test::random_quant_tensor(rng, spec, 1, x.n, x.k, ro);
+      if (params.act_order && spec.groups(x.k) > 1) {
+        ASSERT_FALSE(q.g_idx.empty()) << "act-order case without a g_idx";
+      }
+      try {
+        check_codec_case(row, params, q);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "threw " << what_threw(e);
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 5);
+}
+
+std::string codec_test_name(const ::testing::TestParamInfo<SourceCodec>& p) {
+  return test_name(p.param.name);
+}
+INSTANTIATE_TEST_SUITE_P(Registry, SourceCodecRows, ::testing::ValuesIn(source_codecs()),
+                         codec_test_name);
+
+// ---- target layouts --------------------------------------------------------------------------
+
+class TargetLayoutRows : public ::testing::TestWithParam<TargetLayout> {};
+
+std::vector<ParamSpec> specs_of(const std::vector<Tensor>& ts) {
+  std::vector<ParamSpec> out;
+  for (const auto& t : ts) out.push_back({t.name, t.dtype, t.shape});
+  return out;
+}
+
+std::string specs_str(const std::vector<ParamSpec>& v) {
+  std::string s;
+  for (const auto& p : v)
+    s += "\n  " + p.name + " " + dtype_name(p.dtype) + " " + shape_str(p.shape);
+  return s;
+}
+
+TensorMap by_name(const std::vector<Tensor>& ts) {
+  TensorMap m;
+  for (const auto& t : ts) m[t.name] = t;
+  return m;
+}
+
+// Experts [a, b) of q alone.
+QuantTensor slice_experts(const QuantTensor& q, int64_t a, int64_t b) {
+  QuantTensor s = q;
+  s.experts = b - a;
+  const auto cut = [&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if (v.empty()) return V{};
+    const size_t per = v.size() / static_cast<size_t>(q.experts);
+    return V(v.begin() + static_cast<std::ptrdiff_t>(a * per),
+             v.begin() + static_cast<std::ptrdiff_t>(b * per));
+  };
+  s.codes = cut(q.codes);
+  s.scales = cut(q.scales);
+  s.zeros = cut(q.zeros);
+  s.g_idx = cut(q.g_idx);
+  s.check_consistent("slice");
+  return s;
+}
+
+void expect_same_params(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                        const std::string& what) {
+  ASSERT_EQ(specs_of(got), specs_of(want))
+      << what << specs_str(specs_of(got)) << "\nvs" << specs_str(specs_of(want));
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(bytes_equal(got[i].data, want[i].data, 16, what + ": " + got[i].name));
+}
+
+// max |y - ref| / max |ref| with ref = x . W^T in double from the canonical dequantisation.
+double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x, int64_t m,
+                    const std::vector<float>& y) {
+  const std::vector<float> w = dequantize_expert(q, e);
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < q.n; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < q.k; ++k)
+        acc += static_cast<double>(x[static_cast<size_t>(r * q.k + k)]) *
+               w[static_cast<size_t>(n * q.k + k)];
+      num = std::max(num, std::abs(acc - y[static_cast<size_t>(r * q.n + n)]));
+      den = std::max(den, std::abs(acc));
+    }
+  return den == 0 ? num : num / den;
+}
+
+// Both sides read identical quantised values (the decoded experts are pack's input, bit for bit),
+// so the only difference is float32 accumulation order over K <= 512 products against the double
+// reference: measured worst 2.0e-6 over every row of this suite. 1e-5 leaves a 5x margin; flipping
+// one byte of the packed weights moves the error to 1e-5 .. 1e-1 (572 of 612 such flips failed in
+// a trial run: a flip in a low code bit can stay under it), and a wrong tile, row or scale
+// permutation gives errors of order 1.
+constexpr double kMatmulTolerance = 1e-5;
+
+void check_layout_case(Rng& rng, const TargetLayout& row, const LayoutOptions& o, const MoeShape& s,
+                       const MoeExperts& x, double* worst_error) {
+  const auto nonzero = [](const std::vector<uint8_t>& v) {
+    return std::any_of(v.begin(), v.end(), [](uint8_t c) { return c != 0; });
+  };
+  ASSERT_TRUE(nonzero(x.w13.codes) && nonzero(x.w2.codes) && nonzero(x.w13.scales) &&
+              nonzero(x.w2.scales))
+      << "all-zero input";
+  // The generator matches the shape the layout decided on.
+  const MoeShape got_shape = moe_shape_of(x);
+  for (const auto& [a, b] : {std::make_pair(got_shape.w13, s.w13), {got_shape.w2, s.w2}}) {
+    ASSERT_EQ(a.quant, b.quant);
+    ASSERT_EQ(a.n, b.n);
+    ASSERT_EQ(a.k, b.k);
+    ASSERT_EQ(a.act_order, b.act_order);
+  }
+
+  // param_specs describes pack's output exactly.
+  const std::vector<Tensor> packed = row.pack(o, x);
+  const std::vector<ParamSpec> declared = row.param_specs(o, s);
+  EXPECT_EQ(declared, specs_of(packed))
+      << "param_specs:" << specs_str(declared) << "\npack:" << specs_str(specs_of(packed));
+
+  // unpack inverts pack.
+  const TensorMap params = by_name(packed);
+  ASSERT_EQ(params.size(), packed.size()) << "pack wrote two parameters of one name";
+  const MoeExperts back = row.unpack(o, params);
+  for (const QuantTensor* t : {&back.w13, &back.w2}) {
+    const QuantTensor& src = t == &back.w13 ? x.w13 : x.w2;
+    const bool same_bytes =
+        is_scale_byte_dtype(t->scale_dtype) == is_scale_byte_dtype(src.scale_dtype);
+    EXPECT_TRUE(same_bytes && (t->scale_dtype == src.scale_dtype || t->scale_dtype == o.act_dtype ||
+                               t->scale_dtype == DType::kF32))
+        << "unpacked scale dtype " << dtype_name(t->scale_dtype) << " from "
+        << dtype_name(src.scale_dtype) << " with activations " << dtype_name(o.act_dtype);
+  }
+  expect_same_quant(back.w13, x.w13, "unpack(pack(x)).w13");
+  expect_same_quant(back.w2, x.w2, "unpack(pack(x)).w2");
+
+  // The kernel's-eye matmul against the canonical dequantisation of what unpack decoded.
+  const int64_t m = 3;
+  std::uniform_int_distribution<int64_t> pick(0, s.experts - 1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
+    const QuantTensor& q = proj == MoeProj::kW13 ? back.w13 : back.w2;
+    const int64_t e = pick(rng);
+    std::vector<float> xa(static_cast<size_t>(m * q.k)), y(static_cast<size_t>(m * q.n));
+    for (auto& v : xa) v = u(rng);
+    row.expert_matmul(o, params, proj, e, xa.data(), m, y.data());
+    const double err = matmul_error(q, e, xa, m, y);
+    *worst_error = std::max(*worst_error, err);
+    EXPECT_LE(err, kMatmulTolerance) << (proj == MoeProj::kW13 ? "w13" : "w2") << " expert " << e;
+  }
+
+  // Output bytes never depend on the thread count.
+  for (int threads : {2, 3}) {
+    LayoutOptions ot = o;
+    ot.threads = threads;
+    expect_same_params(row.pack(ot, x), packed, "threads=" + std::to_string(threads));
+  }
+
+  // Packing experts [a, b) alone gives the [a, b) slice of every parameter.
+  std::uniform_int_distribution<int64_t> first(0, s.experts - 1);
+  const int64_t a = first(rng);
+  const int64_t b = std::uniform_int_distribution<int64_t>(a + 1, s.experts)(rng);
+  SCOPED_TRACE("experts [" + std::to_string(a) + ", " + std::to_string(b) + ")");
+  MoeExperts xs;
+  xs.w13 = slice_experts(x.w13, a, b);
+  xs.w2 = slice_experts(x.w2, a, b);
+  MoeShape ss = s;
+  ss.experts = b - a;
+  const std::vector<Tensor> part = row.pack(o, xs);
+  EXPECT_EQ(row.param_specs(o, ss), specs_of(part)) << "param_specs of the slice";
+  ASSERT_EQ(part.size(), packed.size());
+  for (size_t i = 0; i < part.size(); ++i) {
+    const Tensor &p = part[i], &f = packed[i];
+    ASSERT_EQ(p.name, f.name);
+    ASSERT_EQ(p.dtype, f.dtype) << p.name;
+    ASSERT_FALSE(f.shape.empty()) << f.name << " has no leading expert dimension";
+    ASSERT_EQ(f.shape[0], s.experts) << f.name << " leading dimension is not the experts";
+    Shape want_shape = f.shape;
+    want_shape[0] = b - a;
+    ASSERT_EQ(p.shape, want_shape) << p.name;
+    const size_t per = f.data.size() / static_cast<size_t>(s.experts);
+    const std::vector<uint8_t> want(f.data.begin() + static_cast<std::ptrdiff_t>(a * per),
+                                    f.data.begin() + static_cast<std::ptrdiff_t>(b * per));
+    EXPECT_TRUE(bytes_equal(p.data, want, 16, "slice of " + p.name));
+  }
+}
+
+bool takes_scheme(const TargetLayout& row, const char* scheme) {
+  return std::find(row.schemes.begin(), row.schemes.end(), scheme) != row.schemes.end();
+}
+
+TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
+  const TargetLayout& row = GetParam();
+  Rng rng(seed_of(row.name));
+  int supported = 0, skipped = 0, codecs = 0;
+  double worst = 0.0;
+  for (const SourceCodec& codec : source_codecs()) {
+    if (!takes_scheme(row, codec.scheme)) continue;
+    ++codecs;
+    for (const QuantParams& params : codec.param_space()) {
+      RandomTensorOptions ro;
+      ro.scales = ScaleValues::kModerate;
+      std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
+      // GPTQ zeros where the layouts' kernels read what the checkpoint means: vLLM's GPTQ loaders
+      // add 1 to the stored zero in uint8, so triton-wna16 refuses a (v2) zero of 0 from the
+      // bytes -- which shape-only planning cannot see -- and writes vLLM's own wrapped nibbles for
+      // a (v1) zero of 16, which its kernel reads as 0 (docs/triton_wna16.md "Zero points";
+      // tests/unit/triton_roundtrip.cpp has that case). Codec-level ranges are covered above.
+      if (params.method == QuantMethod::kGptq) {
+        ro.zero_lo = std::max(ro.zero_lo, 1);
+        ro.zero_hi = std::min(ro.zero_hi, (1 << params.bits) - 1);
+      }
+      // A small param space gets several layers per option set, so every row sees a few.
+      const int draws = std::max<int>(1, 6 / static_cast<int>(codec.param_space().size()));
+      for (int draw = 0; draw < draws; ++draw)
+        for (DType act : {DType::kBF16, DType::kF16})
+          for (bool gated : {true, false}) {
+            const test::LayerDims d = test::random_layer_dims(rng, 1).front();
+            const MoeShape s = moe_shape_for(params, d.experts, d.hidden, d.inter, gated);
+            LayoutOptions o;
+            o.act_dtype = act;
+            o.gated = gated;
+            o.source_method = params.method;
+            o.prefix = "model.layers.0.mlp.experts.";
+            if (!row.unsupported_reasons(o, s).empty()) {
+              ++skipped;
+              continue;
+            }
+            std::ostringstream trace;
+            trace << row.name << " <- " << codec.name << " {" << describe_params(params)
+                  << "} E=" << d.experts << " H=" << d.hidden << " I=" << d.inter
+                  << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act) << seed_note();
+            SCOPED_TRACE(trace.str());
+            ++supported;
+            const MoeExperts x = test::random_moe_experts(rng, s, ro);
+            try {
+              check_layout_case(rng, row, o, s, x, &worst);
+            } catch (const std::exception& e) {
+              ADD_FAILURE() << "threw " << what_threw(e);
+            }
+          }
+    }
+  }
+  EXPECT_GE(codecs, 1) << row.name << " takes no registered codec's scheme";
+  EXPECT_GE(supported, 4) << row.name << ": only " << supported << " supported combinations ("
+                          << skipped << " skipped)";
+  std::cout << "[ " << row.name << " ] " << supported << " supported, " << skipped
+            << " skipped; worst matmul error " << worst << "\n";
+}
+
+std::string layout_test_name(const ::testing::TestParamInfo<TargetLayout>& p) {
+  return test_name(p.param.name);
+}
+INSTANTIATE_TEST_SUITE_P(Registry, TargetLayoutRows, ::testing::ValuesIn(target_layouts()),
+                         layout_test_name);
+
+}  // namespace
+}  // namespace moepack
