@@ -137,7 +137,7 @@ QuantSpec awq_spec_for(const QuantParams& p) {
 }
 
 std::pair<int64_t, int64_t> awq_logical_shape(const QuantParams& p,
-                                              const std::map<std::string, Shape>& by_suffix) {
+                                              const std::map<std::string, TensorView>& by_suffix) {
   const Shape& s = linear_tensor_shape(by_suffix, "qweight");  // [K, N/pf]
   return {s[1] * (32 / p.bits), s[0]};
 }

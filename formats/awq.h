@@ -25,7 +25,7 @@ constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 QuantSpec awq_spec_for(const QuantParams& p);
 std::pair<int64_t, int64_t> awq_logical_shape(const QuantParams& p,
-                                              const std::map<std::string, Shape>& by_suffix);
+                                              const std::map<std::string, TensorView>& by_suffix);
 std::vector<QuantParams> awq_param_space();
 
 }  // namespace moepack

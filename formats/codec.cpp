@@ -198,15 +198,15 @@ std::vector<int32_t> stable_argsort(const int32_t* values, int64_t count) {
   return idx;
 }
 
-const Shape& linear_tensor_shape(const std::map<std::string, Shape>& by_suffix,
+const Shape& linear_tensor_shape(const std::map<std::string, TensorView>& by_suffix,
                                  const std::string& suffix) {
   auto it = by_suffix.find(suffix);
   if (it == by_suffix.end())
     throw Error(ErrorCode::kMissingTensor, "", suffix, "linear has no '" + suffix + "' tensor");
-  if (it->second.size() != 2)
+  if (it->second.shape.size() != 2)
     throw Error(ErrorCode::kBadShape, "", suffix,
-                "expected a 2-D tensor, got " + shape_str(it->second));
-  return it->second;
+                "expected a 2-D tensor, got " + shape_str(it->second.shape));
+  return it->second.shape;
 }
 
 }  // namespace moepack

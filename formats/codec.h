@@ -151,10 +151,11 @@ struct SourceCodec {
   const char* description;
   // The canonical encoding of the experts a checkpoint with these params holds.
   QuantSpec (*spec_for)(const QuantParams&);
-  // Logical (N, K) of one Linear from its tensors' shapes by suffix. Throws kMissingTensor /
-  // kBadShape naming the suffix.
+  // Logical (N, K) of one Linear from its tensors by suffix: their shapes, and the values of
+  // small shape-metadata tensors where a format stores them (compressed-tensors weight_shape).
+  // Throws kMissingTensor / kBadShape naming the suffix.
   std::pair<int64_t, int64_t> (*logical_shape)(const QuantParams&,
-                                               const std::map<std::string, Shape>& by_suffix);
+                                               const std::map<std::string, TensorView>& by_suffix);
   // Optional (nullptr): params corrected from the first Linear's tensors (e.g. GPTQ v1/v2 zero
   // convention detected from stored qzeros).
   QuantParams (*refine)(const QuantParams&, const std::map<std::string, TensorView>& by_suffix);
@@ -294,7 +295,7 @@ const Tensor& require_tensor(const TensorMap& m, const std::string& key,
 const Tensor* find_tensor(const TensorMap& m, const std::string& key);
 // The 2-D shape of one Linear's tensor by suffix, for SourceCodec::logical_shape (kMissingTensor
 // / kBadShape naming the suffix otherwise).
-const Shape& linear_tensor_shape(const std::map<std::string, Shape>& by_suffix,
+const Shape& linear_tensor_shape(const std::map<std::string, TensorView>& by_suffix,
                                  const std::string& suffix);
 // One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.
 float scale_to_float(const uint8_t* p, DType d);

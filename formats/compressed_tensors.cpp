@@ -264,10 +264,34 @@ QuantSpec ct_pack_spec_for(const QuantParams& p) {
   return s;
 }
 
-std::pair<int64_t, int64_t> ct_pack_logical_shape(const QuantParams& p,
-                                                  const std::map<std::string, Shape>& by_suffix) {
-  const Shape& s = linear_tensor_shape(by_suffix, "weight_packed");  // [N, K/pf]
-  return {s[0], s[1] * (32 / p.bits)};
+std::pair<int64_t, int64_t> ct_pack_logical_shape(
+    const QuantParams& p, const std::map<std::string, TensorView>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "weight_packed");  // [N, ceil(K/pf)]
+  const int64_t pf = 32 / p.bits;
+  auto ws = by_suffix.find("weight_shape");
+  if (ws == by_suffix.end()) return {s[0], s[1] * pf};
+  // weight_shape holds the true (N, K): K need not be a multiple of the pack factor.
+  const TensorView& v = ws->second;
+  if ((v.dtype != DType::kI64 && v.dtype != DType::kI32) || v.shape != Shape{2} ||
+      v.nbytes != static_cast<uint64_t>(2 * dtype_bits(v.dtype) / 8))
+    throw Error(ErrorCode::kBadShape, "", "weight_shape",
+                std::string("expected I64/I32 [2] (N, K), got ") + dtype_name(v.dtype) + " " +
+                    shape_str(v.shape));
+  int64_t nk[2];
+  for (int i = 0; i < 2; ++i) {
+    if (v.dtype == DType::kI64) {
+      std::memcpy(&nk[i], v.data + 8 * i, 8);
+    } else {
+      int32_t x;
+      std::memcpy(&x, v.data + 4 * i, 4);
+      nk[i] = x;
+    }
+  }
+  if (nk[0] != s[0] || nk[1] <= 0 || ceil_div(nk[1], pf) != s[1])
+    throw Error(ErrorCode::kBadShape, "", "weight_shape",
+                "says (" + std::to_string(nk[0]) + ", " + std::to_string(nk[1]) +
+                    "), weight_packed is " + shape_str(s));
+  return {nk[0], nk[1]};
 }
 
 std::vector<QuantParams> ct_pack_param_space() {

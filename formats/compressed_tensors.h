@@ -28,8 +28,8 @@ QuantTensor unpack_ct_int8(const QuantParams& p, const TensorMap& by_suffix, int
 TensorMap pack_ct_int8(const QuantParams& p, const QuantTensor& q);
 
 QuantSpec ct_pack_spec_for(const QuantParams& p);
-std::pair<int64_t, int64_t> ct_pack_logical_shape(const QuantParams& p,
-                                                  const std::map<std::string, Shape>& by_suffix);
+std::pair<int64_t, int64_t> ct_pack_logical_shape(
+    const QuantParams& p, const std::map<std::string, TensorView>& by_suffix);
 std::vector<QuantParams> ct_pack_param_space();
 
 QuantSpec ct_int8_spec_for(const QuantParams& p);

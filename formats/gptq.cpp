@@ -219,7 +219,7 @@ QuantSpec gptq_spec_for(const QuantParams& p) {
 }
 
 std::pair<int64_t, int64_t> gptq_logical_shape(const QuantParams& p,
-                                               const std::map<std::string, Shape>& by_suffix) {
+                                               const std::map<std::string, TensorView>& by_suffix) {
   const Shape& s = linear_tensor_shape(by_suffix, "qweight");  // [K/pf, N]
   return {s[1], s[0] * gptq_pack_factor(p.bits)};
 }

@@ -29,7 +29,7 @@ GptqFormat detect_gptq_zero_format(const TensorView& qzeros, int bits, bool symm
 
 QuantSpec gptq_spec_for(const QuantParams& p);
 std::pair<int64_t, int64_t> gptq_logical_shape(const QuantParams& p,
-                                               const std::map<std::string, Shape>& by_suffix);
+                                               const std::map<std::string, TensorView>& by_suffix);
 // Symmetric checkpoints: the v1/v2 zero convention read from the stored qzeros.
 QuantParams gptq_refine(const QuantParams& p, const std::map<std::string, TensorView>& by_suffix);
 std::vector<QuantParams> gptq_param_space();

@@ -39,8 +39,8 @@ const std::vector<QuantMethodRow>& quant_method_rows() {
   return rows;
 }
 
-std::pair<int64_t, int64_t> weight_logical_shape(const QuantParams&,
-                                                 const std::map<std::string, Shape>& by_suffix) {
+std::pair<int64_t, int64_t> weight_logical_shape(
+    const QuantParams&, const std::map<std::string, TensorView>& by_suffix) {
   const Shape& s = linear_tensor_shape(by_suffix, "weight");  // [N, K]
   return {s[0], s[1]};
 }

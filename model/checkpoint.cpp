@@ -292,12 +292,12 @@ void Checkpoint::discover_moe() {
 
 std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantParams& q,
                                          const std::map<std::string, std::string>& by_suffix) {
-  std::map<std::string, Shape> shapes;
-  for (const auto& [suffix, name] : by_suffix) shapes[suffix] = ckpt.view(name).shape;
+  std::map<std::string, TensorView> views;
+  for (const auto& [suffix, name] : by_suffix) views[suffix] = ckpt.view(name);
   const SourceCodec* codec = find_source_codec(q.method);
   try {
-    if (codec) return codec->logical_shape(q, shapes);
-    const Shape& s = linear_tensor_shape(shapes, "weight");  // unquantized: weight [N, K]
+    if (codec) return codec->logical_shape(q, views);
+    const Shape& s = linear_tensor_shape(views, "weight");  // unquantized: weight [N, K]
     return {s[0], s[1]};
   } catch (const Error& e) {
     // Name the real tensor and its shard instead of the suffix.

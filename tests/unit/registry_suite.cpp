@@ -169,7 +169,7 @@ void check_codec_case(const SourceCodec& row, const QuantParams& params, const Q
   }
   for (const auto& r : req) EXPECT_TRUE(packed.count(r)) << "required suffix '" << r << "' missing";
 
-  const std::pair<int64_t, int64_t> nk = row.logical_shape(params, shapes);
+  const std::pair<int64_t, int64_t> nk = row.logical_shape(params, views);
   EXPECT_EQ(nk.first, q.n) << "logical_shape N";
   EXPECT_EQ(nk.second, q.k) << "logical_shape K";
 
