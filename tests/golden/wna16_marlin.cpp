@@ -153,6 +153,7 @@ void expect_dequant(const std::string& c, const QuantTensor& q, const std::vecto
 class GptqRepack : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GptqRepack, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const int bits = has(c, "int8") ? 8 : 4;
   const bool a8 = has(c, "_a8"), act_order = has(c, "actorder");
@@ -208,6 +209,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, GptqRepack,
 class AwqRepack : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AwqRepack, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const Golden qweight = load_golden(kDir, c, "qweight"), qzeros = load_golden(kDir, c, "qzeros");
   const Golden scales = load_golden(kDir, c, "scales");
@@ -254,6 +256,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, AwqRepack,
                          ::testing::Values("awq_repack_int4_float16", "awq_repack_int4_bfloat16"));
 
 TEST(ScalesChannelwise, SinglePermutation) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const Golden s = load_golden(kDir, "scales_channelwise", "scales");
   ASSERT_EQ(s.dtype, "bf16bits");
   std::vector<uint8_t> v = s.bytes;
@@ -305,6 +308,7 @@ void expect_layer(const std::string& c, const LayoutOptions& opts, const MoeExpe
 class MoeGptq : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MoeGptq, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const int bits = has(c, "int8") ? 8 : 4, pf = 32 / bits;
   const bool act_order = has(c, "actorder");
@@ -345,6 +349,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, MoeGptq,
                                            "moe_gptq_int8", "moe_gptq_int8_actorder"));
 
 TEST(MoeAwq, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = "moe_awq_int4";
   MoeExperts x;
   for (const char* proj : {"w13", "w2"}) {
@@ -380,6 +385,7 @@ TEST(MoeAwq, MatchesVllm) {
 class MoeCt : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MoeCt, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const int bits = has(c, "int8") ? 8 : 4, pf = 32 / bits;
   MoeExperts x;
