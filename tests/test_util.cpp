@@ -29,6 +29,29 @@ std::string moepack_bin() {
   return MOEPACK_TEST_BIN;
 }
 
+bool have_golden(const std::string& folder) {
+  std::error_code ec;
+  return fs::is_directory(shared_dir() + "/golden/" + folder, ec);
+}
+
+std::string golden_missing_message(const std::string& folder) {
+  return "golden fixtures not found at " + shared_dir() + "/golden/" + folder +
+         ": configure with -DMOEPACK_SHARED_DIR=/path/to/shared (or set MOEPACK_SHARED_DIR in "
+         "the environment) to run them";
+}
+
+std::vector<std::string> golden_cases_if_present(const std::string& folder) {
+  // Runs while tests are listed, outside any test: never throw here. A present but unreadable
+  // manifest yields no cases, and the suite's manifest test (which reads it inside a test) fails.
+  std::error_code ec;
+  if (!fs::is_regular_file(shared_dir() + "/golden/" + folder + "/manifest.json", ec)) return {};
+  try {
+    return golden_cases(folder);
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
 static nlohmann::json read_manifest(const std::string& folder) {
   const std::string path = shared_dir() + "/golden/" + folder + "/manifest.json";
   std::ifstream in(path);

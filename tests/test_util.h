@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -17,6 +18,16 @@ namespace moepack::test {
 std::string shared_dir();   // ../shared (MOEPACK_SHARED_DIR at configure time)
 std::string source_dir();   // the repository root
 std::string moepack_bin();  // build/bin/moepack
+
+// Whether shared/golden/<folder> exists. A clone without ../shared has no fixtures: its golden
+// tests skip (MOEPACK_SKIP_WITHOUT_GOLDEN); with the folder present every case runs and a missing
+// file fails the test.
+bool have_golden(const std::string& folder);
+// "golden fixtures not found at <path>: configure with -DMOEPACK_SHARED_DIR=... to run them".
+std::string golden_missing_message(const std::string& folder);
+// Case names of a golden folder for test discovery: golden_cases(folder), or empty when its
+// manifest is absent or unreadable (listing tests never throws; see the .cpp).
+std::vector<std::string> golden_cases_if_present(const std::string& folder);
 
 // A golden fixture tensor: raw bytes + manifest dtype string + shape.
 struct Golden {
@@ -107,3 +118,10 @@ std::vector<LayerDims> random_layer_dims(Rng& rng, int count);
 std::string describe_params(const QuantParams& p);
 
 }  // namespace moepack::test
+
+// First statement of every test that reads shared/golden/<folder>.
+#define MOEPACK_SKIP_WITHOUT_GOLDEN(folder)                            \
+  do {                                                                 \
+    if (!::moepack::test::have_golden(folder))                         \
+      GTEST_SKIP() << ::moepack::test::golden_missing_message(folder); \
+  } while (0)

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <iostream>
+#include <iomanip>
+#include <ostream>
 #include <string>
 
+#include "core/half.h"
 #include "formats/awq.h"
 #include "formats/compressed_tensors.h"
 #include "formats/gptq.h"
@@ -116,36 +118,46 @@ void check_matmul(const LayoutOptions& opts, const TensorMap& params, const Quan
   }
 }
 
-// dequant_f32 [K, N] against our dequantize_expert [N, K], exact. The f16bits fixtures'
-// dequant_f32 were generated with the fp16 scale *bit patterns* read as integers (e.g. scale
-// 0.01507 = 0x23B7 gives (15 - 8) * 9143 = 64001); the bf16 ones use the real values. For those,
-// the codes, zeros and g_idx are still checked exactly by rebuilding the fixture's formula with
-// the raw bits, and the finding is printed (reported upstream of this test).
+// dequant_f32 [K, N] (W[k, n] = (q - z) * s[g_idx[k], n] with the scale's fp16 / bf16 *value*)
+// against (a) our dequantize_expert [N, K] and (b) that formula evaluated here from the decoded
+// codes, zeros and g_idx. Both exact: every product fits a float32 mantissa.
+struct DequantMismatch {
+  int64_t count = 0, k = -1, n = -1;
+  float got = 0, want = 0;
+  void add(int64_t kk, int64_t nn, float g, float w) {
+    if (count++ == 0) k = kk, n = nn, got = g, want = w;
+  }
+};
+
+std::ostream& operator<<(std::ostream& os, const DequantMismatch& m) {
+  if (m.count == 0) return os << "none";
+  return os << m.count << " values, first at [k=" << m.k << ", n=" << m.n << "]: got "
+            << std::setprecision(9) << m.got << ", fixture " << m.want;
+}
+
 void expect_dequant(const std::string& c, const QuantTensor& q, const std::vector<float>& ref) {
+  ASSERT_TRUE(q.scale_dtype == DType::kF16 || q.scale_dtype == DType::kBF16) << c;
   const std::vector<float> w = dequantize_expert(q, 0);
   ASSERT_EQ(ref.size(), w.size()) << c;
   const int64_t K = q.k, N = q.n, G = q.groups();
-  int64_t bad = 0, bad_bits = 0;
+  DequantMismatch codec, formula;
   for (int64_t k = 0; k < K; ++k)
     for (int64_t n = 0; n < N; ++n) {
       const float want = ref[static_cast<size_t>(k * N + n)];
-      bad += std::memcmp(&w[static_cast<size_t>(n * K + k)], &want, 4) != 0;
+      const float got = w[static_cast<size_t>(n * K + k)];
+      if (std::memcmp(&got, &want, 4) != 0) codec.add(k, n, got, want);
       const int64_t g = q.g_idx.empty() ? (q.group_size > 0 ? k / q.group_size : 0)
                                         : q.g_idx[static_cast<size_t>(k)];
       uint16_t bits;
       std::memcpy(&bits, q.scales.data() + (n * G + g) * 2, 2);
+      const float s = q.scale_dtype == DType::kF16 ? f16_to_float(bits) : bf16_to_float(bits);
       const float z = q.symmetric ? static_cast<float>(1 << (q.bits - 1))
                                   : static_cast<float>(q.zeros[static_cast<size_t>(n * G + g)]);
-      const float raw = (static_cast<float>(q.codes[static_cast<size_t>(n * K + k)]) - z) *
-                        static_cast<float>(bits);
-      bad_bits += std::memcmp(&raw, &want, 4) != 0;
+      const float v = (static_cast<float>(q.codes[static_cast<size_t>(n * K + k)]) - z) * s;
+      if (std::memcmp(&v, &want, 4) != 0) formula.add(k, n, v, want);
     }
-  if (bad != 0 && bad_bits == 0 && q.scale_dtype == DType::kF16) {
-    std::cerr << "NOTE " << c << ": fixture dequant_f32 uses fp16 scale bit patterns as values; "
-              << "codes/zeros/g_idx verified against that formula\n";
-    return;
-  }
-  EXPECT_EQ(bad, 0) << c << " dequant (" << bad_bits << " differ from the raw-bits formula)";
+  EXPECT_EQ(codec.count, 0) << c << ": dequantize_expert vs dequant_f32: " << codec;
+  EXPECT_EQ(formula.count, 0) << c << ": (q - z) * scale value vs dequant_f32: " << formula;
 }
 
 // ---- single-matrix repacks ------------------------------------------------------------------
@@ -153,6 +165,7 @@ void expect_dequant(const std::string& c, const QuantTensor& q, const std::vecto
 class GptqRepack : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GptqRepack, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const int bits = has(c, "int8") ? 8 : 4;
   const bool a8 = has(c, "_a8"), act_order = has(c, "actorder");
@@ -208,6 +221,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, GptqRepack,
 class AwqRepack : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AwqRepack, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const Golden qweight = load_golden(kDir, c, "qweight"), qzeros = load_golden(kDir, c, "qzeros");
   const Golden scales = load_golden(kDir, c, "scales");
@@ -254,6 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, AwqRepack,
                          ::testing::Values("awq_repack_int4_float16", "awq_repack_int4_bfloat16"));
 
 TEST(ScalesChannelwise, SinglePermutation) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const Golden s = load_golden(kDir, "scales_channelwise", "scales");
   ASSERT_EQ(s.dtype, "bf16bits");
   std::vector<uint8_t> v = s.bytes;
@@ -305,6 +320,7 @@ void expect_layer(const std::string& c, const LayoutOptions& opts, const MoeExpe
 class MoeGptq : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MoeGptq, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const int bits = has(c, "int8") ? 8 : 4, pf = 32 / bits;
   const bool act_order = has(c, "actorder");
@@ -345,6 +361,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, MoeGptq,
                                            "moe_gptq_int8", "moe_gptq_int8_actorder"));
 
 TEST(MoeAwq, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = "moe_awq_int4";
   MoeExperts x;
   for (const char* proj : {"w13", "w2"}) {
@@ -380,6 +397,7 @@ TEST(MoeAwq, MatchesVllm) {
 class MoeCt : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MoeCt, MatchesVllm) {
+  MOEPACK_SKIP_WITHOUT_GOLDEN(kDir);
   const std::string c = GetParam();
   const int bits = has(c, "int8") ? 8 : 4, pf = 32 / bits;
   MoeExperts x;
