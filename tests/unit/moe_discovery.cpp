@@ -625,7 +625,9 @@ std::vector<LinearFormat> linear_formats() {
                [=](Builder& b, const std::string& p, int64_t n, int64_t k) {
                  b.add(Tensor(p + "weight_packed", DType::kI32, {n, k / 8}));
                  b.add(Tensor(p + "weight_scale", DType::kBF16, {n, k / g}));
-                 b.add(Tensor(p + "weight_shape", DType::kI32, {2}));
+                 // compressed-tensors stores the true (N, K); the logical shape comes from it.
+                 b.add(make_tensor<int32_t>(p + "weight_shape", DType::kI32, {2},
+                                            {static_cast<int32_t>(n), static_cast<int32_t>(k)}));
                },
                {"weight_packed", "weight_scale", "weight_shape"}});
   f.push_back(

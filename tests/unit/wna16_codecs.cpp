@@ -369,5 +369,35 @@ TEST(CtInt8, RoundTripAndStaticInputRefused) {
                "static input scale");
 }
 
+TEST(CtPack, LogicalShapeReadsWeightShapeForKNotAMultipleOfThePackFactor) {
+  QuantParams p;
+  p.method = QuantMethod::kCtPackQuantized;
+  p.bits = 4;
+  p.group_size = -1;
+  p.dtype = DType::kBF16;
+  QuantTensor q(ct_pack_spec_for(p), 1, 8, 12);  // K = 12: weight_packed holds ceil(12 / 8) words
+  for (size_t i = 0; i < q.codes.size(); ++i) q.codes[i] = static_cast<uint8_t>(1 + i % 15);
+  for (int64_t n = 0; n < 8; ++n) {
+    const uint16_t h = float_to_bf16(0.01f * static_cast<float>(n + 1));
+    std::memcpy(q.scales.data() + 2 * n, &h, 2);
+  }
+  TensorMap m = pack_ct_pack(p, q);
+  std::map<std::string, TensorView> views;
+  for (const auto& [suffix, t] : m) views[suffix] = t.view();
+  EXPECT_EQ(ct_pack_logical_shape(p, views), std::make_pair(int64_t{8}, int64_t{12}));
+  const QuantTensor back = unpack_ct_pack(p, m, 8, 12);
+  EXPECT_EQ(back.codes, q.codes);
+  // A weight_shape that contradicts weight_packed is a malformed checkpoint, named.
+  m["weight_shape"] = make_tensor<int32_t>("weight_shape", DType::kI32, {2}, {8, 20});
+  views["weight_shape"] = m["weight_shape"].view();
+  try {
+    ct_pack_logical_shape(p, views);
+    FAIL() << "expected kBadShape";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBadShape);
+    EXPECT_EQ(e.tensor(), "weight_shape");
+  }
+}
+
 }  // namespace
 }  // namespace moepack
