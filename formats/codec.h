@@ -159,6 +159,9 @@ struct SourceCodec {
   // Optional (nullptr): params corrected from the first Linear's tensors (e.g. GPTQ v1/v2 zero
   // convention detected from stored qzeros).
   QuantParams (*refine)(const QuantParams&, const std::map<std::string, TensorView>& by_suffix);
+  // Optional (nullptr: never): whether one Linear's tensors carry a non-trivial act-order g_idx
+  // (not k / group_size). Codecs drop trivial ones, so the layout's output shapes depend on it.
+  bool (*has_act_order)(const QuantParams&, const std::map<std::string, TensorView>& by_suffix);
   // Optional (nullptr): why no target can serve checkpoints with these params at all.
   std::vector<std::string> (*refusals)(const QuantParams&);
   // Tensor suffixes one Linear has on disk, e.g. {"qweight","qzeros","scales","g_idx"}; the

@@ -338,4 +338,9 @@ std::vector<QuantParams> ct_int8_param_space() {
   return {p};
 }
 
+bool ct_pack_has_act_order(const QuantParams& p,
+                           const std::map<std::string, TensorView>& by_suffix) {
+  return wna16::has_nontrivial_g_idx(p, by_suffix, "weight_g_idx");
+}
+
 }  // namespace moepack

@@ -36,4 +36,7 @@ QuantSpec ct_int8_spec_for(const QuantParams& p);
 std::vector<std::string> ct_int8_refusals(const QuantParams& p);
 std::vector<QuantParams> ct_int8_param_space();
 
+bool ct_pack_has_act_order(const QuantParams& p,
+                           const std::map<std::string, TensorView>& by_suffix);
+
 }  // namespace moepack

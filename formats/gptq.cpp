@@ -253,4 +253,8 @@ std::vector<QuantParams> gptq_param_space() {
   return out;
 }
 
+bool gptq_has_act_order(const QuantParams& p, const std::map<std::string, TensorView>& by_suffix) {
+  return wna16::has_nontrivial_g_idx(p, by_suffix, "g_idx");
+}
+
 }  // namespace moepack

@@ -34,4 +34,6 @@ std::pair<int64_t, int64_t> gptq_logical_shape(const QuantParams& p,
 QuantParams gptq_refine(const QuantParams& p, const std::map<std::string, TensorView>& by_suffix);
 std::vector<QuantParams> gptq_param_space();
 
+bool gptq_has_act_order(const QuantParams& p, const std::map<std::string, TensorView>& by_suffix);
+
 }  // namespace moepack

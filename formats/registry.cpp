@@ -60,33 +60,34 @@ std::vector<QuantParams> ct_mxfp8_param_space() {
 }  // namespace
 
 const std::vector<SourceCodec>& source_codecs() {
-  // {name, method, scheme, description, spec_for, logical_shape, refine, refusals,
+  // {name, method, scheme, description, spec_for, logical_shape, refine, has_act_order, refusals,
   //  required_suffixes, optional_suffixes, unpack, pack, param_space}
   static const std::vector<SourceCodec> table = {
       {"gptq", QuantMethod::kGptq, "wna16",
        "gptq (4/8-bit, sym; asym for triton-wna16; desc_act; gptq and gptq_v2)", gptq_spec_for,
-       gptq_logical_shape, gptq_refine, nullptr, gptq_required_suffixes, gptq_optional_suffixes,
-       unpack_gptq, pack_gptq, gptq_param_space},
+       gptq_logical_shape, gptq_refine, gptq_has_act_order, nullptr, gptq_required_suffixes,
+       gptq_optional_suffixes, unpack_gptq, pack_gptq, gptq_param_space},
       {"awq", QuantMethod::kAwq, "wna16", "awq (4-bit gemm with zero points)", awq_spec_for,
-       awq_logical_shape, nullptr, nullptr, awq_required_suffixes, awq_optional_suffixes,
+       awq_logical_shape, nullptr, nullptr, nullptr, awq_required_suffixes, awq_optional_suffixes,
        unpack_awq, pack_awq, awq_param_space},
       {"ct-pack-quantized", QuantMethod::kCtPackQuantized, "wna16",
        "compressed-tensors pack-quantized (W4A16/W8A16, group/channel, actorder)", ct_pack_spec_for,
-       ct_pack_logical_shape, nullptr, nullptr, ct_pack_required_suffixes,
+       ct_pack_logical_shape, nullptr, ct_pack_has_act_order, nullptr, ct_pack_required_suffixes,
        ct_pack_optional_suffixes, unpack_ct_pack, pack_ct_pack, ct_pack_param_space},
       {"ct-int-quantized", QuantMethod::kCtIntQuantized, "w8a8-int8",
        "compressed-tensors int-quantized (W8A8 int8, channel, dynamic tokens)", ct_int8_spec_for,
-       weight_logical_shape, nullptr, ct_int8_refusals, ct_int8_required_suffixes,
+       weight_logical_shape, nullptr, nullptr, ct_int8_refusals, ct_int8_required_suffixes,
        ct_int8_optional_suffixes, unpack_ct_int8, pack_ct_int8, ct_int8_param_space},
       {"ct-mxfp8", QuantMethod::kCtMxfp8, "mxfp8", "compressed-tensors mxfp8-quantized",
-       mxfp8_spec_for, weight_logical_shape, nullptr, nullptr, mxfp8_required_suffixes,
+       mxfp8_spec_for, weight_logical_shape, nullptr, nullptr, nullptr, mxfp8_required_suffixes,
        mxfp8_optional_suffixes, unpack_mxfp8, pack_mxfp8, ct_mxfp8_param_space},
       {"modelopt-mxfp8", QuantMethod::kModeloptMxfp8, "mxfp8", "modelopt MXFP8", mxfp8_spec_for,
-       weight_logical_shape, nullptr, nullptr, mxfp8_required_suffixes, mxfp8_optional_suffixes,
-       unpack_mxfp8, pack_mxfp8, mxfp8_param_space},
+       weight_logical_shape, nullptr, nullptr, nullptr, mxfp8_required_suffixes,
+       mxfp8_optional_suffixes, unpack_mxfp8, pack_mxfp8, mxfp8_param_space},
       {"fp8-block", QuantMethod::kFp8Block, "fp8-block", "fp8 block (weight_block_size [128, 128])",
-       fp8_block_spec_for, weight_logical_shape, nullptr, nullptr, fp8_block_required_suffixes,
-       fp8_block_optional_suffixes, unpack_fp8_block, pack_fp8_block, fp8_block_param_space},
+       fp8_block_spec_for, weight_logical_shape, nullptr, nullptr, nullptr,
+       fp8_block_required_suffixes, fp8_block_optional_suffixes, unpack_fp8_block, pack_fp8_block,
+       fp8_block_param_space},
   };
   return table;
 }

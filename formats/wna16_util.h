@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,23 @@ inline std::vector<int32_t> normalise_g_idx(const Tensor& t, const std::string& 
   }
   if (trivial) g.clear();
   return g;
+}
+
+// Whether the g_idx tensor under `suffix` (if any) is a real act-order: not k / group_size.
+// A tensor that is not I32 counts as one, so that the codec's unpack reports it.
+inline bool has_nontrivial_g_idx(const QuantParams& q,
+                                 const std::map<std::string, TensorView>& by_suffix,
+                                 const std::string& suffix) {
+  if (!q.act_order) return false;
+  auto it = by_suffix.find(suffix);
+  if (it == by_suffix.end()) return false;
+  const TensorView& v = it->second;
+  if (v.dtype != DType::kI32) return true;
+  const int64_t k = static_cast<int64_t>(v.nbytes / 4);
+  for (int64_t i = 0; i < k; ++i)
+    if (static_cast<int32_t>(load_u32(v.data + 4 * i)) != trivial_group(i, q.group_size))
+      return true;
+  return false;
 }
 
 inline Tensor i32_tensor(const std::string& name, Shape shape, const std::vector<uint32_t>& words) {

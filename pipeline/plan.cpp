@@ -48,26 +48,18 @@ std::vector<std::string> source_patterns(const MoeLayer& L, bool w13) {
   return {L.param_prefix + experts + "." + braces(proj_set) + "." + braces(suffix_set)};
 }
 
-// Whether any expert's projection in `projs` has a g_idx that is not the trivial k / group_size
-// (codecs drop trivial ones, so the layout's output shapes depend on it).
+// Whether any expert's projection in `projs` carries a non-trivial act-order g_idx (the source
+// codec row says how its tensors store one).
 bool layer_has_act_order(const Checkpoint& ckpt, const MoeLayer& L,
                          std::initializer_list<int> projs) {
-  const QuantParams& q = ckpt.quant();
-  if (!q.act_order || L.experts.empty()) return false;
+  const SourceCodec* codec = find_source_codec(ckpt.quant().method);
+  if (!codec || !codec->has_act_order || L.experts.empty()) return false;
   for (const auto& ex : L.experts)
-    for (int p : projs)
-      for (const char* suffix : {"g_idx", "weight_g_idx"}) {
-        auto it = ex[p].find(suffix);
-        if (it == ex[p].end()) continue;
-        const TensorView v = ckpt.view(it->second);
-        if (v.dtype != DType::kI32) return true;  // let the codec report it
-        const int64_t k = numel(v.shape);
-        for (int64_t i = 0; i < k; ++i) {
-          int32_t g;
-          std::memcpy(&g, v.data + 4 * i, 4);
-          if (g != (q.group_size > 0 ? i / q.group_size : 0)) return true;
-        }
-      }
+    for (int p : projs) {
+      std::map<std::string, TensorView> views;
+      for (const auto& [suffix, name] : ex[p]) views[suffix] = ckpt.view(name);
+      if (codec->has_act_order(ckpt.quant(), views)) return true;
+    }
   return false;
 }
 
