@@ -9,7 +9,9 @@ set -euo pipefail
 bin=$(realpath "$1")
 work=${2:-$(mktemp -d)}
 mkdir -p "$work"
-formats="gptq gptq-actorder gptq-asym awq ct-w4a16 ct-w8a16 ct-w8a8 modelopt-mxfp8 fp8-block bf16"
+# Every --format synth makes, as its --help lists them ("--format TEXT REQUIRED bf16|gptq|...").
+formats=$("$bin" synth --help | awk '$1 == "--format" { print $NF; exit }' | tr '|' ' ')
+[ -n "$formats" ] || { echo "could not read the synth formats from $bin synth --help" >&2; exit 1; }
 for fam in qwen3 mixtral deepseek fused3d; do
   for fmt in $formats; do
     [ "$fam" = fused3d ] && [ "$fmt" != bf16 ] && continue
@@ -19,10 +21,12 @@ for fam in qwen3 mixtral deepseek fused3d; do
     flags=()
     [ "$fmt" = bf16 ] && flags=(--quantize mxfp8)
     case $fmt in modelopt-mxfp8 | fp8-block | bf16) flags+=(--target-arch sm100) ;; esac
-    variants=("default:")
+    # Every conversion also in chunks of experts and several shards: same bytes per tensor.
+    variants=("default:" "chunked:--chunk-size 100KB --max-shard-size 300KB")
     case $fmt in
       gptq | awq | ct-w4a16) variants+=("triton:--backend triton-wna16" "fp16:--act-dtype fp16") ;;
       gptq-asym) variants+=("fp16:--act-dtype fp16") ;;
+      gptq-actorder) variants+=("vllm-scale:--vllm-w13-scale-size-k") ;;
     esac
     for v in "${variants[@]}"; do
       name=${v%%:*}
