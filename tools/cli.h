@@ -1,5 +1,6 @@
 // The moepack CLI: parsing and reporting only (STYLE.md §11). Each subcommand file registers its
-// options on a CLI11 subcommand and returns a callback that does the work through lib/.
+// options on a CLI11 subcommand and returns a callback that does the work through the pipeline,
+// verify and synth tiers.
 #pragma once
 
 #include <CLI/CLI.hpp>
