@@ -173,8 +173,9 @@ void check_codec_case(const SourceCodec& row, const QuantParams& params, const Q
   EXPECT_EQ(nk.first, q.n) << "logical_shape N";
   EXPECT_EQ(nk.second, q.k) << "logical_shape K";
   // has_act_order sees exactly the non-trivial g_idx the planner must size the layout for.
-  if (row.has_act_order)
+  if (row.has_act_order) {
     EXPECT_EQ(row.has_act_order(params, views), !q.g_idx.empty()) << "has_act_order";
+  }
 
   if (row.refine) {
     // Our own output carries what the params say: refining from it changes nothing.
