@@ -66,12 +66,7 @@ QuantTensor unpack_ct_pack(const QuantParams& p, const TensorMap& m, int64_t n, 
   if (p.group_size == 0 || p.group_size < -1)
     throw Error(ErrorCode::kBadValue, "", "weight_scale",
                 "group_size=" + std::to_string(p.group_size) + " (expected -1 or > 0)");
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kUint;
-  encoding.bits = p.bits;
-  encoding.group_size = p.group_size;
-  encoding.symmetric = p.symmetric;
-  QuantTensor q(encoding, 1, n, k);
+  QuantTensor q(ct_pack_spec_for(p), 1, n, k);
   const int64_t G = q.groups(), kw = ceil_div(k, pf);
   const uint32_t mask = (1u << p.bits) - 1u;
 

@@ -71,14 +71,7 @@ QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, i
                 "shape " + shape_str(s.shape) + ", expected " + shape_str(ss));
   check_scales(s.data, "weight_scale_inv");
 
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kFp8E4M3;
-  encoding.bits = 8;
-  encoding.group_size = kBlock;
-  encoding.scale_block_n = kBlock;
-  encoding.symmetric = true;
-  encoding.scale_dtype = DType::kF32;
-  QuantTensor q(encoding, 1, n, k);
+  QuantTensor q(fp8_block_spec(kBlock, kBlock), 1, n, k);
   q.codes = w.data;
   q.scales = s.data;
   q.check_consistent("fp8_block");
@@ -110,11 +103,15 @@ TensorMap pack_fp8_block(const QuantParams& p, const QuantTensor& q) {
 }
 
 QuantSpec fp8_block_spec_for(const QuantParams& p) {
+  return fp8_block_spec(p.block_n, p.block_k);
+}
+
+QuantSpec fp8_block_spec(int64_t block_n, int64_t block_k) {
   QuantSpec s;
   s.kind = CodeKind::kFp8E4M3;
   s.bits = 8;
-  s.group_size = p.block_k;
-  s.scale_block_n = p.block_n;
+  s.group_size = block_k;
+  s.scale_block_n = block_n;
   s.scale_dtype = DType::kF32;
   return s;
 }

@@ -14,6 +14,8 @@ QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, i
 TensorMap pack_fp8_block(const QuantParams& p, const QuantTensor& q);
 
 QuantSpec fp8_block_spec_for(const QuantParams& p);
+// Float8 e4m3 codes with F32 scales per [block_n, block_k] block.
+QuantSpec fp8_block_spec(int64_t block_n, int64_t block_k);
 std::vector<QuantParams> fp8_block_param_space();
 
 }  // namespace moepack

@@ -53,12 +53,7 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
                 "group_size=" + std::to_string(p.group_size) + " (expected -1 or > 0)");
   const int64_t G = group_count(k, p.group_size);
 
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kUint;
-  encoding.bits = p.bits;
-  encoding.group_size = p.group_size;
-  encoding.symmetric = p.symmetric;
-  QuantTensor q(encoding, 1, n, k);
+  QuantTensor q(gptq_spec_for(p), 1, n, k);
 
   const Tensor& qw = require_tensor(m, "qweight");
   expect_dtype(qw, "qweight", {DType::kI32, DType::kU32});

@@ -58,14 +58,7 @@ QuantTensor unpack_mxfp8(const QuantParams&, const TensorMap& by_suffix, int64_t
                   "E8M0 code 255 (NaN) at row " + std::to_string(i / (k / kMxBlock)) + ", block " +
                       std::to_string(i % (k / kMxBlock)));
 
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kFp8E4M3;
-  encoding.bits = 8;
-  encoding.group_size = kMxBlock;
-  encoding.scale_block_n = 1;
-  encoding.symmetric = true;
-  encoding.scale_dtype = DType::kU8;
-  QuantTensor q(encoding, 1, n, k);
+  QuantTensor q(mxfp8_spec_for(QuantParams{}), 1, n, k);
   q.codes = w.data;
   q.scales = s.data;
   q.check_consistent("mxfp8");
@@ -101,14 +94,7 @@ TensorMap pack_mxfp8(const QuantParams&, const QuantTensor& q) {
 }
 
 QuantTensor make_mxfp8_tensor(int64_t experts, int64_t n, int64_t k) {
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kFp8E4M3;
-  encoding.bits = 8;
-  encoding.group_size = kMxBlock;
-  encoding.scale_block_n = 1;
-  encoding.symmetric = true;
-  encoding.scale_dtype = DType::kU8;
-  QuantTensor q(encoding, experts, n, k);
+  QuantTensor q(mxfp8_spec_for(QuantParams{}), experts, n, k);
   q.codes.resize(static_cast<size_t>(experts * n * k));
   q.scales.resize(static_cast<size_t>(experts * n * (k / kMxBlock)));
   return q;

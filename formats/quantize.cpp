@@ -6,6 +6,7 @@
 
 #include "core/half.h"
 #include "formats/fp8.h"
+#include "formats/fp8_block.h"
 
 namespace moepack {
 
@@ -150,14 +151,7 @@ QuantTensor quantize_int8_channel(const float* w, int64_t n, int64_t k, DType sc
 
 QuantTensor quantize_fp8_block(const float* w, int64_t n, int64_t k, int64_t block_n,
                                int64_t block_k) {
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kFp8E4M3;
-  encoding.bits = 8;
-  encoding.group_size = block_k;
-  encoding.scale_block_n = block_n;
-  encoding.symmetric = true;
-  encoding.scale_dtype = DType::kF32;
-  QuantTensor q(encoding, 1, n, k);
+  QuantTensor q(fp8_block_spec(block_n, block_k), 1, n, k);
   const int64_t SR = q.scale_rows(), G = q.groups();
   q.codes.resize(static_cast<size_t>(n * k));
   q.scales.resize(static_cast<size_t>(SR * G * 4));

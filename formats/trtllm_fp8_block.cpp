@@ -8,6 +8,7 @@
 
 #include "core/threads.h"
 #include "formats/fp8.h"
+#include "formats/fp8_block.h"
 #include "formats/trtllm_mxfp8.h"
 
 namespace moepack {
@@ -73,14 +74,7 @@ std::vector<int32_t> weight_rows(int64_t rows, bool swap) {
 }
 
 QuantTensor block_tensor(int64_t e, int64_t n, int64_t k) {
-  QuantSpec encoding;
-  encoding.kind = CodeKind::kFp8E4M3;
-  encoding.bits = 8;
-  encoding.group_size = kBlock;
-  encoding.scale_block_n = kBlock;
-  encoding.symmetric = true;
-  encoding.scale_dtype = DType::kF32;
-  QuantTensor q(encoding, e, n, k);
+  QuantTensor q(fp8_block_spec(kBlock, kBlock), e, n, k);
   q.codes.resize(static_cast<size_t>(e * n * k));
   q.scales.resize(static_cast<size_t>(e * (n / kBlock) * (k / kBlock) * 4));
   return q;

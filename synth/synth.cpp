@@ -195,13 +195,32 @@ QuantTensor quantize_fp8_block_linear(const SynthOptions&, const QuantParams& p,
 // adds one row; docs/architecture.md).
 struct SynthGenerator {
   const char* format;
-  QuantParams (*params)(const SynthOptions&);  // method kNone: written unquantized
+  QuantMethod method;  // kNone: written unquantized
+  int bits;            // default; --bits overrides unless `fixed`
+  int64_t group_size;  // default; --group-size overrides unless `fixed`
+  bool fixed;          // the format has one bit width and group size
+  bool act_order, symmetric;
   json (*quant_config)(const SynthOptions&, const QuantParams&);
   const char* side_file;  // e.g. hf_quant_config.json, or nullptr
   json (*side_file_json)();
   QuantTensor (*quantize)(const SynthOptions&, const QuantParams&, const float* w, int64_t n,
                           int64_t k, const std::string& order_label);
 };
+
+// The params a generator row writes, with the flags applied.
+QuantParams generator_params(const SynthGenerator& g, const SynthOptions& o) {
+  QuantParams p;
+  p.dtype = o.dtype;
+  if (g.method == QuantMethod::kNone) return p;
+  p = base_params(o, g.method, g.bits, g.group_size);
+  if (g.fixed) {
+    p.bits = g.bits;
+    p.group_size = g.group_size;
+  }
+  p.act_order = g.act_order;
+  p.symmetric = g.symmetric;
+  return p;
+}
 
 json modelopt_side_file() {
   return {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
@@ -212,69 +231,35 @@ json modelopt_side_file() {
             {"exclude_modules", json::array({"lm_head"})}}}};
 }
 
+json ct_pack_config(const SynthOptions&, const QuantParams& p) {
+  return ct_config(p, false);
+}
+json ct_int_config(const SynthOptions&, const QuantParams& p) {
+  return ct_config(p, true);
+}
+
 const std::vector<SynthGenerator>& synth_generators() {
-  using O = const SynthOptions&;
+  using M = QuantMethod;
+  // {format, method, bits, group_size, fixed, act_order, symmetric, quant_config, side_file,
+  //  side_file_json, quantize}
   static const std::vector<SynthGenerator> rows = {
-      {"bf16",
-       [](O o) {
-         QuantParams p;  // unquantized: method kNone
-         p.dtype = o.dtype;
-         return p;
-       },
-       nullptr, nullptr, nullptr, nullptr},
-      {"gptq", [](O o) { return base_params(o, QuantMethod::kGptq, 4, 128); }, gptq_config, nullptr,
-       nullptr, quantize_gptq},
-      {"gptq-actorder",
-       [](O o) {
-         QuantParams p = base_params(o, QuantMethod::kGptq, 4, 128);
-         p.act_order = true;
-         return p;
-       },
-       gptq_config, nullptr, nullptr, quantize_gptq},
-      {"gptq-asym",
-       [](O o) {
-         QuantParams p = base_params(o, QuantMethod::kGptq, 4, 128);
-         p.symmetric = false;
-         return p;
-       },
-       gptq_config, nullptr, nullptr, quantize_gptq},
-      {"awq",
-       [](O o) {
-         QuantParams p = base_params(o, QuantMethod::kAwq, 4, 128);
-         p.symmetric = false;
-         return p;
-       },
-       awq_config, nullptr, nullptr, quantize_wna16},
-      {"ct-w4a16", [](O o) { return base_params(o, QuantMethod::kCtPackQuantized, 4, 128); },
-       [](O, const QuantParams& p) { return ct_config(p, false); }, nullptr, nullptr,
+      {"bf16", M::kNone, 16, -1, true, false, true, nullptr, nullptr, nullptr, nullptr},
+      {"gptq", M::kGptq, 4, 128, false, false, true, gptq_config, nullptr, nullptr, quantize_gptq},
+      {"gptq-actorder", M::kGptq, 4, 128, false, true, true, gptq_config, nullptr, nullptr,
+       quantize_gptq},
+      {"gptq-asym", M::kGptq, 4, 128, false, false, false, gptq_config, nullptr, nullptr,
+       quantize_gptq},
+      {"awq", M::kAwq, 4, 128, false, false, false, awq_config, nullptr, nullptr, quantize_wna16},
+      {"ct-w4a16", M::kCtPackQuantized, 4, 128, false, false, true, ct_pack_config, nullptr,
+       nullptr, quantize_wna16},
+      {"ct-w8a16", M::kCtPackQuantized, 8, -1, false, false, true, ct_pack_config, nullptr, nullptr,
        quantize_wna16},
-      {"ct-w8a16", [](O o) { return base_params(o, QuantMethod::kCtPackQuantized, 8, -1); },
-       [](O, const QuantParams& p) { return ct_config(p, false); }, nullptr, nullptr,
-       quantize_wna16},
-      {"ct-w8a8",
-       [](O o) {
-         QuantParams p = base_params(o, QuantMethod::kCtIntQuantized, 8, -1);
-         p.bits = 8;
-         p.group_size = -1;
-         return p;
-       },
-       [](O, const QuantParams& p) { return ct_config(p, true); }, nullptr, nullptr, quantize_w8a8},
-      {"modelopt-mxfp8",
-       [](O o) {
-         QuantParams p = base_params(o, QuantMethod::kModeloptMxfp8, 8, 32);
-         p.bits = 8;
-         p.group_size = 32;
-         return p;
-       },
-       modelopt_mxfp8_config, "hf_quant_config.json", modelopt_side_file, quantize_mxfp8_linear},
-      {"fp8-block",
-       [](O o) {
-         QuantParams p = base_params(o, QuantMethod::kFp8Block, 8, 128);
-         p.bits = 8;
-         p.group_size = 128;
-         return p;
-       },
-       fp8_block_config, nullptr, nullptr, quantize_fp8_block_linear},
+      {"ct-w8a8", M::kCtIntQuantized, 8, -1, true, false, true, ct_int_config, nullptr, nullptr,
+       quantize_w8a8},
+      {"modelopt-mxfp8", M::kModeloptMxfp8, 8, 32, true, false, true, modelopt_mxfp8_config,
+       "hf_quant_config.json", modelopt_side_file, quantize_mxfp8_linear},
+      {"fp8-block", M::kFp8Block, 8, 128, true, false, true, fp8_block_config, nullptr, nullptr,
+       quantize_fp8_block_linear},
   };
   return rows;
 }
@@ -316,7 +301,7 @@ void fill_dense(const Item& it, uint64_t seed, std::vector<uint8_t>* bytes) {
 
 SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
   const SynthGenerator& gen = synth_generator(o.format);
-  const QuantParams p = gen.params(o);
+  const QuantParams p = generator_params(gen, o);
   const bool quantized = p.method != QuantMethod::kNone;
   if (std::find(synth_families().begin(), synth_families().end(), o.family) ==
       synth_families().end())
