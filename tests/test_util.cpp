@@ -292,4 +292,34 @@ std::string describe_params(const QuantParams& p) {
   return s.str();
 }
 
+Error expect_error(const std::function<void()>& fn, ErrorCode code) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << error_code_name(e.code()) << ": " << e.what();
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", got " << e.what();
+    return Error(ErrorCode::kInternal, "wrong exception type");
+  }
+  ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", nothing was thrown";
+  return Error(ErrorCode::kInternal, "no exception");
+}
+
+double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x, int64_t m,
+                    const std::vector<float>& y) {
+  const std::vector<float> w = dequantize_expert(q, e);
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t n = 0; n < q.n; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < q.k; ++k)
+        acc += static_cast<double>(x[static_cast<size_t>(r * q.k + k)]) *
+               w[static_cast<size_t>(n * q.k + k)];
+      num = std::max(num, std::abs(acc - y[static_cast<size_t>(r * q.n + n)]));
+      den = std::max(den, std::abs(acc));
+    }
+  return den == 0 ? num : num / den;
+}
+
 }  // namespace moepack::test

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <utility>
@@ -116,6 +117,14 @@ std::vector<LayerDims> random_layer_dims(Rng& rng, int count);
 
 // "gptq bits=4 group=128 sym act_order v1 dtype=F16": for SCOPED_TRACE.
 std::string describe_params(const QuantParams& p);
+
+// Runs fn, which must throw moepack::Error with `code` (a test failure otherwise); returns it.
+Error expect_error(const std::function<void()>& fn, ErrorCode code);
+
+// max |y - ref| / max |ref| over y[m, q.n] against ref = x[m, q.k] . W^T, W the canonical
+// dequantisation of expert e, accumulated in double.
+double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x, int64_t m,
+                    const std::vector<float>& y);
 
 }  // namespace moepack::test
 

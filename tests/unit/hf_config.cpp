@@ -17,6 +17,8 @@
 namespace moepack {
 namespace {
 
+using test::expect_error;
+
 using nlohmann::json;
 using test::TempDir;
 
@@ -44,21 +46,6 @@ QuantParams norm(const json& qc, DType dtype = DType::kBF16) {
 }
 
 // Runs `fn`, expects a moepack::Error with `code`; returns it for further checks.
-Error expect_error(const std::function<void()>& fn, ErrorCode code) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << error_code_name(e.code()) << ": " << e.what();
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected moepack::Error " << error_code_name(code)
-                  << ", got another exception: " << e.what();
-    return Error(ErrorCode::kInternal, "wrong exception type");
-  }
-  ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", nothing was thrown";
-  return Error(ErrorCode::kInternal, "no exception");
-}
-
 bool contains(const std::string& s, const std::string& sub) {
   return s.find(sub) != std::string::npos;
 }

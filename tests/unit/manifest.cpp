@@ -24,27 +24,14 @@
 namespace moepack {
 namespace {
 
+using test::expect_error;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// Runs fn, which must throw moepack::Error with `code`; returns it.
-Error expect_error(const std::function<void()>& fn, ErrorCode code) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << error_code_name(e.code()) << ": " << e.what();
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", got " << e.what();
-    return Error(ErrorCode::kInternal, "wrong exception type");
-  }
-  ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", nothing was thrown";
-  return Error(ErrorCode::kInternal, "no exception");
 }
 
 TEST(Manifest, QuantParamsRoundTripEveryMethod) {

@@ -21,6 +21,8 @@
 namespace moepack {
 namespace {
 
+using test::matmul_error;
+
 using Rng = std::mt19937_64;
 
 uint16_t encode_scale(float v, DType d) {
@@ -133,23 +135,6 @@ std::vector<uint8_t> converted_scales(const QuantTensor& q, DType to) {
     std::memcpy(out.data() + i * 2, &h, 2);
   }
   return out;
-}
-
-// y = x . W^T in double from the canonical dequantisation, and the normalised error of y_test.
-double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x, int64_t m,
-                    const std::vector<float>& y) {
-  const std::vector<float> w = dequantize_expert(q, e);
-  double num = 0, den = 0;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t n = 0; n < q.n; ++n) {
-      double acc = 0;
-      for (int64_t k = 0; k < q.k; ++k)
-        acc += static_cast<double>(x[static_cast<size_t>(r * q.k + k)]) *
-               w[static_cast<size_t>(n * q.k + k)];
-      num = std::max(num, std::abs(acc - y[static_cast<size_t>(r * q.n + n)]));
-      den = std::max(den, std::abs(acc));
-    }
-  return den == 0 ? num : num / den;
 }
 
 std::vector<float> random_x(Rng& rng, int64_t m, int64_t k) {

@@ -23,6 +23,8 @@
 namespace moepack {
 namespace {
 
+using test::expect_error;
+
 using nlohmann::json;
 using test::TempDir;
 
@@ -97,20 +99,6 @@ struct Builder {
     f << idx.dump(2);
   }
 };
-
-Error expect_error(const std::function<void()>& fn, ErrorCode code) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << error_code_name(e.code()) << ": " << e.what();
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", got " << e.what();
-    return Error(ErrorCode::kInternal, "wrong exception type");
-  }
-  ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", nothing was thrown";
-  return Error(ErrorCode::kInternal, "no exception");
-}
 
 constexpr int64_t kH = 64, kI = 32, kE = 4;
 

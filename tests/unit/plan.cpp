@@ -26,6 +26,8 @@
 namespace moepack {
 namespace {
 
+using test::expect_error;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::TempDir;
@@ -100,20 +102,6 @@ ConvertOptions convert_options(const std::string& src, const std::string& dst) {
   c.target_arch = "sm90";
   c.threads = 1;
   return c;
-}
-
-Error expect_error(const std::function<void()>& fn, ErrorCode code) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << error_code_name(e.code()) << ": " << e.what();
-    return e;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", got " << e.what();
-    return Error(ErrorCode::kInternal, "wrong exception type");
-  }
-  ADD_FAILURE() << "expected moepack::Error " << error_code_name(code) << ", nothing was thrown";
-  return Error(ErrorCode::kInternal, "no exception");
 }
 
 class PlanGptq : public ::testing::Test {

@@ -38,6 +38,8 @@ void PrintTo(const TargetLayout& t, std::ostream* os) {
 
 namespace {
 
+using test::matmul_error;
+
 using test::bytes_equal;
 using test::describe_params;
 using test::RandomTensorOptions;
@@ -278,23 +280,6 @@ void expect_same_params(const std::vector<Tensor>& got, const std::vector<Tensor
       << what << specs_str(specs_of(got)) << "\nvs" << specs_str(specs_of(want));
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_TRUE(bytes_equal(got[i].data, want[i].data, 16, what + ": " + got[i].name));
-}
-
-// max |y - ref| / max |ref| with ref = x . W^T in double from the canonical dequantisation.
-double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x, int64_t m,
-                    const std::vector<float>& y) {
-  const std::vector<float> w = dequantize_expert(q, e);
-  double num = 0, den = 0;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t n = 0; n < q.n; ++n) {
-      double acc = 0;
-      for (int64_t k = 0; k < q.k; ++k)
-        acc += static_cast<double>(x[static_cast<size_t>(r * q.k + k)]) *
-               w[static_cast<size_t>(n * q.k + k)];
-      num = std::max(num, std::abs(acc - y[static_cast<size_t>(r * q.n + n)]));
-      den = std::max(den, std::abs(acc));
-    }
-  return den == 0 ? num : num / den;
 }
 
 // Both sides read identical quantised values (the decoded experts are pack's input, bit for bit),
