@@ -25,13 +25,6 @@ MoeShape moe_shape_of(const MoeExperts& x) {
   return s;
 }
 
-[[noreturn]] void throw_unsupported(const std::string& layout, const std::string& tensor,
-                                    const std::vector<std::string>& reasons) {
-  std::string msg;
-  for (const auto& r : reasons) msg += (msg.empty() ? "" : "; ") + r;
-  throw Error(ErrorCode::kUnsupported, "", tensor, layout + ": " + msg);
-}
-
 void QuantTensor::check_consistent(const std::string& what) const {
   const auto fail = [&](const std::string& m) {
     throw Error(ErrorCode::kInternal, "", what, "inconsistent QuantTensor: " + m);

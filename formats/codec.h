@@ -273,9 +273,6 @@ MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, in
 // "marlin, triton-wna16, ..." in registry order, and the supported source formats as prose.
 std::string target_layout_names(const std::string& separator = ", ");
 std::string supported_formats_text();
-// Joins a layout's reasons into one kUnsupported error naming `tensor` (pack's refusal).
-[[noreturn]] void throw_unsupported(const std::string& layout, const std::string& tensor,
-                                    const std::vector<std::string>& reasons);
 
 // Generic helpers shared by codecs.
 // y[i, n] = x[i, :] . w_row for i < m (x [m, k] and y [m, ldy] row-major): the output column of

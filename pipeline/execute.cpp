@@ -59,7 +59,7 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
       range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
       MoeExperts experts;
-      if (plan.quantize_dense) {
+      if (plan.quantize_recipe) {
         const DenseExperts d = load_dense_experts(ckpt, L, range);
         experts.w13 =
             plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);

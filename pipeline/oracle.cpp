@@ -28,6 +28,10 @@ OracleDecision choose_backend(const OracleQuery& q) {
       codec && codec->refusals ? codec->refusals(q.quant) : std::vector<std::string>{};
   const LayoutOptions opts = LayoutOptions::for_layer(q.quant.method, q.act_dtype, q.gated,
                                                       q.vllm_w13_scale_size_k, "", 1);
+  // The layer as every candidate judges it (only candidates exist when a codec reads the method).
+  const MoeShape shape = codec ? moe_shape_for(q.quant, std::max<int64_t>(1, q.experts), q.hidden,
+                                               q.inter, q.gated, q.act_order_w13, q.act_order_w2)
+                               : MoeShape{};
   auto judge = [&](const TargetLayout& t) {
     BackendVerdict v;
     v.backend = t.name;
@@ -47,8 +51,6 @@ OracleDecision choose_backend(const OracleQuery& q) {
       v.reasons.push_back(std::string("backend ") + t.name + " does not take " + d.scheme +
                           " experts (" + quant_method_name(q.quant.method) + ")");
     } else {
-      const MoeShape shape = moe_shape_for(q.quant, std::max<int64_t>(1, q.experts), q.hidden,
-                                           q.inter, q.gated, q.act_order_w13, q.act_order_w2);
       for (auto& r : t.unsupported_reasons(opts, shape)) v.reasons.push_back(r);
     }
     v.supported = v.reasons.empty();

@@ -80,12 +80,6 @@ json mxfp8_quantization_config(const Checkpoint& ckpt) {
 
 }  // namespace
 
-const LayoutOptions& layout_options_for(const Plan& plan, const MoeLayer& layer) {
-  for (const auto& pl : plan.layers)
-    if (pl.param_prefix == layer.param_prefix) return pl.layout_options;
-  throw Error(ErrorCode::kInternal, "", layer.param_prefix, "layer is not in the plan");
-}
-
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan;
   plan.options = opts;
@@ -101,7 +95,6 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                   "--quantize needs an unquantized (bf16/fp16) checkpoint; this one is " +
                       plan.source_format);
     plan.target_quant = plan.quantize_recipe->target_params(plan.source_quant.dtype);
-    plan.quantize_dense = true;
   } else {
     plan.source_codec = find_source_codec(plan.source_quant.method);
   }
@@ -189,14 +182,14 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     // Experts per chunk from the memory budget: canonical bytes (one code per byte), or a float
     // per weight when quantising.
     const uint64_t per_expert = static_cast<uint64_t>((pl.shape.w13.n + L.inter) * L.hidden) *
-                                (plan.quantize_dense ? 4 : 1);
+                                (plan.quantize_recipe ? 4 : 1);
     pl.experts_per_chunk = std::max<int64_t>(
         1, std::min<int64_t>(
                L.num_experts,
                static_cast<int64_t>(opts.chunk_bytes / std::max<uint64_t>(1, per_expert))));
     pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
 
-    const std::string src_codec = plan.quantize_dense
+    const std::string src_codec = plan.quantize_recipe
                                       ? std::string(dtype_name(ckpt.config().dtype)) + "->" +
                                             opts.quantize + "(" + opts.mx_recipe + ")"
                                       : plan.source_codec->name;
@@ -221,7 +214,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       deviations.insert(d);
   plan.deviations.assign(deviations.begin(), deviations.end());
 
-  if (plan.quantize_dense)
+  if (plan.quantize_recipe)
     plan.config_patch["quantization_config"] = mxfp8_quantization_config(ckpt);
   plan.config_patch["moepack"] = {{"version", std::string(moepack_version())},
                                   {"manifest", "moepack.json"},

@@ -61,10 +61,10 @@ struct Plan {
   std::string backend;        // chosen for every MoE layer
   std::string layout_name;
   int layout_version = 0;
-  const TargetLayout* layout = nullptr;       // the registry row of `backend`
-  const SourceCodec* source_codec = nullptr;  // null when the experts are quantised here
-  bool quantize_dense = false;                // experts read as floats and quantised (--quantize)
-  const QuantizeRecipe* quantize_recipe = nullptr;  // the registry row doing it
+  const TargetLayout* layout = nullptr;             // the registry row of `backend`
+  const SourceCodec* source_codec = nullptr;        // null when the experts are quantised here
+  const QuantizeRecipe* quantize_recipe = nullptr;  // --quantize: experts read as floats, quantised
+                                                    // by this row  // the registry row doing it
   int threads = 1;  // resolved worker count; output bytes never depend on it
   // Top-level keys config.json gets over the source's (quantization_config for --quantize, the
   // moepack block).
@@ -83,8 +83,5 @@ struct Plan {
 
 // Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
-
-// The layout options a plan uses for one MoE layer (PlannedLayer::layout_options).
-const LayoutOptions& layout_options_for(const Plan& plan, const MoeLayer& layer);
 
 }  // namespace moepack

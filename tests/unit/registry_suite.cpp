@@ -84,7 +84,8 @@ std::string spec_str(const QuantSpec& q) {
 }
 
 // The source scales as a layout stores them: through float32, then round-to-nearest-even into
-// `to` (what torch's copy_ into the parameter does); E8M0 bytes stay bytes.
+// `to` (what torch's copy_ into the parameter does); E8M0 bytes stay bytes. Written apart from
+// formats' convert_scales on purpose: it is the oracle the layouts' scales are checked against.
 std::vector<uint8_t> scales_as(const QuantTensor& q, DType to) {
   if (q.scale_dtype == to || (is_scale_byte_dtype(q.scale_dtype) && is_scale_byte_dtype(to)))
     return q.scales;
