@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -15,23 +16,27 @@ namespace moepack {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress) {
-  const auto t0 = std::chrono::steady_clock::now();
-  ConvertResult r;
-  auto lap = [&r, last = t0](const char* stage) mutable {
+void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
+                           const std::vector<size_t>& tensors, const ProgressFn& progress,
+                           std::map<std::string, double>& stage_seconds) {
+  auto lap = [&stage_seconds, last = std::chrono::steady_clock::now()](const char* stage) mutable {
     const auto now = std::chrono::steady_clock::now();
-    r.stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
+    stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
     last = now;
   };
   const int threads = plan.threads;
-  AtomicOutputDir out(plan.options.dst, plan.options.force, {plan.options.src});
-  ShardedWriter writer(out.path(), plan.shards);
   const TargetLayout* layout = plan.layout;
+  std::set<int64_t> layers_wanted;
+  std::vector<const PlannedTensor*> copies;
+  for (size_t i : tensors) {
+    const PlannedTensor& t = plan.tensors.at(i);
+    if (t.converted)
+      layers_wanted.insert(t.layer);
+    else
+      copies.push_back(&t);
+  }
 
   // Copy-through tensors, straight from the mapped source.
-  std::vector<const PlannedTensor*> copies;
-  for (const auto& t : plan.tensors)
-    if (!t.converted) copies.push_back(&t);
   parallel_for(static_cast<int64_t>(copies.size()), threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const TensorView v = ckpt.view(copies[static_cast<size_t>(i)]->name);
@@ -44,8 +49,10 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
 
   // MoE layers one at a time, each in the plan's chunks of experts: memory is bounded by one
   // chunk, not the model.
+  int64_t layers_done = 0;
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     const PlannedLayer& pl = plan.layers[i];
+    if (!layers_wanted.count(pl.index)) continue;
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
     std::vector<const PlannedTensor*> planned;
     for (const auto& t : plan.tensors)
@@ -95,14 +102,14 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
       });
       lap("write");
     }
-    if (progress)
-      progress("layers", static_cast<int64_t>(i + 1), static_cast<int64_t>(plan.layers.size()));
+    if (progress) progress("layers", ++layers_done, static_cast<int64_t>(layers_wanted.size()));
   }
-  writer.finish();
+}
 
-  // Other files, then config.json with a moepack block, then the manifest.
+void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir) {
+  // Other files, then config.json with a moepack block.
   for (const auto& rel : plan.copied_files) {
-    const fs::path dst = fs::path(out.path()) / rel;
+    const fs::path dst = fs::path(dir) / rel;
     fs::create_directories(dst.parent_path());
     std::error_code ec;
     fs::copy_file(fs::path(ckpt.dir()) / rel, dst, fs::copy_options::overwrite_existing, ec);
@@ -113,19 +120,33 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
   json cfg = ckpt.config().raw;
   for (const auto& [key, value] : plan.config_patch.items()) cfg[key] = value;
   {
-    const std::string p = out.path() + "/config.json";
+    const std::string p = dir + "/config.json";
     std::ofstream f(p);
     f << cfg.dump(2) << "\n";
     if (!f) throw Error(ErrorCode::kIo, p, "", "write failed");
   }
+}
+
+ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ConvertResult r;
+  AtomicOutputDir out(plan.options.dst, plan.options.force, {plan.options.src});
+  ShardedWriter writer(out.path(), plan.shards);
+  std::vector<size_t> all(plan.tensors.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  write_planned_tensors(plan, ckpt, writer, all, progress, r.stage_seconds);
+  const auto t_finish = std::chrono::steady_clock::now();
+  writer.finish();
+  write_config_and_files(plan, ckpt, out.path());
   write_manifest(out.path() + "/moepack.json", build_manifest(plan, ckpt, writer.checksums()));
   out.commit();
 
-  lap("finish");
+  const auto t1 = std::chrono::steady_clock::now();
+  r.stage_seconds["finish"] += std::chrono::duration<double>(t1 - t_finish).count();
   r.dst = plan.options.dst;
   r.bytes_written = plan.total_bytes();
   r.tensors = static_cast<int64_t>(plan.tensors.size());
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = std::chrono::duration<double>(t1 - t0).count();
   return r;
 }
 

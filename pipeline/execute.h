@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "pipeline/plan.h"
 
@@ -26,5 +27,15 @@ struct ConvertResult {
 // partial output behind.
 ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
                            const ProgressFn& progress = {});
+
+// The steps execute_plan is made of, shared with the shard-parallel path (pipeline/parts.h).
+// Writes the planned tensors with these indices into plan.tensors (copy-through ones from the
+// mapped source, converted ones by whole MoE layers, chunk by chunk) through `writer`, which
+// must hold exactly them; wall time per stage is added to stage_seconds.
+void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
+                           const std::vector<size_t>& tensors, const ProgressFn& progress,
+                           std::map<std::string, double>& stage_seconds);
+// The source's other files, then config.json (the source's with plan.config_patch set), into DIR.
+void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir);
 
 }  // namespace moepack

@@ -20,6 +20,7 @@ Runner add_inspect(CLI::App& app, Globals& g);
 Runner add_convert(CLI::App& app, Globals& g);
 Runner add_verify(CLI::App& app, Globals& g);
 Runner add_synth(CLI::App& app, Globals& g);
+Runner add_merge(CLI::App& app, Globals& g);
 
 // Progress lines go to stderr, and only when stderr is a terminal.
 bool stderr_is_terminal();

@@ -1,12 +1,14 @@
 // moepack convert SRC DST [--backend auto|...] [--target-arch sm90] [--act-dtype bf16|fp16]
 //                 [--quantize mxfp8 [--mx-recipe flashinfer|modelopt]] [--threads N]
-//                 [--max-shard-size 5GB] [--force] [--dry-run] [--json]
+//                 [--max-shard-size 5GB] [--force] [--dry-run] [--json] [--shard I/N]
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
+#include "pipeline/parts.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {
@@ -15,9 +17,10 @@ namespace {
 struct ConvertArgs {
   ConvertOptions o;
   std::string act_dtype = "bf16";
-  std::string shard = "5GB";
+  std::string max_shard = "5GB";
   std::string chunk = "1GiB";
   bool dry_run = false;
+  std::string shard;  // "I/N": convert only unit I of N into DST.parts/I-of-N (pipeline/parts.h)
 };
 }  // namespace
 
@@ -48,7 +51,7 @@ Runner add_convert(CLI::App& app, Globals& g) {
   app.add_option("--threads", a->o.threads,
                  "Worker threads (0: all cores); output bytes do not depend on it")
       ->capture_default_str();
-  app.add_option("--max-shard-size", a->shard, "Shard size limit (e.g. 5GB, 500MB)")
+  app.add_option("--max-shard-size", a->max_shard, "Shard size limit (e.g. 5GB, 500MB)")
       ->capture_default_str();
   app.add_option("--chunk-size", a->chunk,
                  "Experts of a layer converted at once, as canonical bytes (bounds memory for very "
@@ -56,6 +59,10 @@ Runner add_convert(CLI::App& app, Globals& g) {
       ->capture_default_str();
   app.add_flag("--force", a->o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a->dry_run, "Print the plan and write nothing");
+  app.add_option("--shard", a->shard,
+                 "Convert only work unit I of N (0-based) into DST.parts/I-of-N, skipped when "
+                 "already complete; `moepack merge DST` assembles the parts. With --dry-run: the "
+                 "units and their bytes");
   return [a, &g] {
     if (a->act_dtype == "bf16")
       a->o.act_dtype = DType::kBF16;
@@ -63,18 +70,38 @@ Runner add_convert(CLI::App& app, Globals& g) {
       a->o.act_dtype = DType::kF16;
     else
       throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
-    a->o.max_shard_bytes = parse_size(a->shard);
+    a->o.max_shard_bytes = parse_size(a->max_shard);
     a->o.chunk_bytes = parse_size(a->chunk);
+    std::optional<ShardSpec> spec;
+    if (!a->shard.empty()) spec = parse_shard_spec(a->shard);
     const auto ckpt = Checkpoint::open(a->o.src);
     const Plan plan = make_plan(*ckpt, a->o);
+    std::vector<WorkUnit> units;
+    if (spec) units = split_plan(plan, spec->count);
     if (a->dry_run) {
       if (g.json) {
         auto j = plan.to_json();
         j["ok"] = true;
         j["dry_run"] = true;
+        if (spec) {
+          j["shard"] = {{"index", spec->index},
+                        {"count", spec->count},
+                        {"parts_dir", parts_dir(a->o.dst)},
+                        {"plan_digest", plan_digest(plan, *ckpt)}};
+          j["units"] = units_json(plan, units);
+        }
         print_json(j);
       } else {
-        std::cout << plan.to_text() << "dry run: nothing written\n";
+        std::cout << plan.to_text();
+        if (spec) {
+          std::cout << "  work units      " << spec->count << " (into " << parts_dir(a->o.dst)
+                    << "/)\n";
+          for (const auto& u : units)
+            std::cout << "    " << part_dir_name(u.index, spec->count) << "  " << u.tensors.size()
+                      << " tensors, " << u.modules.size() << " MoE layers, " << u.bytes << " bytes"
+                      << (u.index == spec->index ? "  <- --shard" : "") << "\n";
+        }
+        std::cout << "dry run: nothing written\n";
       }
       return 0;
     }
@@ -86,6 +113,27 @@ Runner add_convert(CLI::App& app, Globals& g) {
                      static_cast<long long>(total));
         if (done == total) std::fprintf(stderr, "\n");
       };
+    if (spec) {
+      const PartResult p = execute_part(plan, *ckpt, *spec, progress);
+      if (g.json)
+        print_json({{"ok", true},
+                    {"part", p.dir},
+                    {"unit", spec->index},
+                    {"units", spec->count},
+                    {"skipped", p.skipped},
+                    {"tensors", p.unit.tensors.size()},
+                    {"tensor_bytes", p.unit.bytes},
+                    {"layers", p.unit.modules},
+                    {"seconds", p.convert.seconds},
+                    {"stage_seconds", p.convert.stage_seconds}});
+      else if (p.skipped)
+        std::cout << "part " << p.dir << " is already complete for this plan: skipped\n";
+      else
+        std::cout << "wrote part " << p.dir << ": " << p.unit.modules.size() << " MoE layers, "
+                  << p.unit.tensors.size() << " tensors, " << human_bytes(p.unit.bytes) << ", "
+                  << p.convert.seconds << " s\n";
+      return 0;
+    }
     const ConvertResult r = execute_plan(plan, *ckpt, progress);
     if (g.json)
       print_json({{"ok", true},

@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
       cli::add_inspect);
   add("convert", "Write a backend-ready checkpoint (safetensors + index + config + moepack.json)",
       cli::add_convert);
+  add("merge",
+      "Assemble the parts of `convert --shard I/N` into the output a single convert writes",
+      cli::add_merge);
   add("verify",
       "Prove a converted checkpoint right: integrity, exact round-trip, fused MoE vs reference",
       cli::add_verify);

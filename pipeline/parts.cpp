@@ -1,0 +1,532 @@
+// Shard-parallel conversion and merge (pipeline/parts.h, docs/scale-out.md).
+#include "pipeline/parts.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "core/threads.h"
+#include "io/atomic_dir.h"
+#include "pipeline/manifest.h"
+
+namespace moepack {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kPartFormatVersion = 1;
+constexpr const char* kPartTensorsFile = "part.safetensors";
+constexpr const char* kPartJsonFile = "part.json";
+// part.json lists one entry per output tensor of a unit: far below this for any real model.
+constexpr uint64_t kMaxPartJsonBytes = uint64_t{256} << 20;
+
+// A parts/ entry name "i-of-n" -> (i, n); false for anything else.
+bool parse_part_name(const std::string& name, int64_t* index, int64_t* count) {
+  const size_t sep = name.find("-of-");
+  if (sep == std::string::npos || sep == 0 || sep + 4 >= name.size()) return false;
+  auto number = [](const std::string& s, int64_t* out) {
+    if (s.empty() || s.size() > 9) return false;
+    for (char c : s)
+      if (c < '0' || c > '9') return false;
+    *out = std::stoll(s);
+    return true;
+  };
+  return number(name.substr(0, sep), index) && number(name.substr(sep + 4), count);
+}
+
+// The shard layout of one part: its tensors in plan order, in one file without a size limit.
+ShardPlan part_shard_plan(const Plan& plan, const WorkUnit& unit) {
+  std::vector<SafetensorsEntry> entries;
+  for (size_t i : unit.tensors) {
+    const PlannedTensor& t = plan.tensors[i];
+    entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+  }
+  ShardPlan sp = plan_shards(entries, 0);
+  sp.shard_names = {kPartTensorsFile};
+  return sp;
+}
+
+json source_identity(const Checkpoint& ckpt) {
+  json shards = json::array();
+  for (const auto& name : ckpt.shard_names()) {
+    const SafetensorsFile& f = ckpt.shard(name);
+    json tensors = json::array();
+    for (const auto& e : f.entries())
+      tensors.push_back({e.name, dtype_name(e.dtype), e.shape, e.begin, e.end});
+    shards.push_back({{"name", name},
+                      {"file_bytes", f.file_size()},
+                      {"metadata", f.metadata()},
+                      {"tensors", tensors}});
+  }
+  json files = json::array();
+  for (const auto& rel : ckpt.other_files()) {
+    std::error_code ec;
+    const auto size = fs::file_size(fs::path(ckpt.dir()) / rel, ec);
+    files.push_back({{"name", rel}, {"bytes", ec ? -1 : static_cast<int64_t>(size)}});
+  }
+  return {{"config", ckpt.config().raw}, {"shards", shards}, {"files", files}};
+}
+
+// ---- part.json ----
+
+struct PartRecord {
+  std::string dir, file;  // the part directory and its part.json
+  int64_t unit = -1, units = 0;
+  std::string digest, source;
+  json options;
+  std::vector<std::pair<std::string, std::string>> tensors;  // name, sha256, in file order
+};
+
+[[noreturn]] void bad_part(const std::string& file, const std::string& message) {
+  throw Error(ErrorCode::kBadConfig, file, "", message);
+}
+
+const json& field(const json& j, const char* key, const std::string& file) {
+  if (!j.is_object() || !j.contains(key))
+    bad_part(file, std::string("missing field \"") + key + "\"");
+  return j.at(key);
+}
+std::string string_field(const json& j, const char* key, const std::string& file) {
+  const json& v = field(j, key, file);
+  if (!v.is_string()) bad_part(file, std::string("field \"") + key + "\" is not a string");
+  return v.get<std::string>();
+}
+int64_t int_field(const json& j, const char* key, const std::string& file) {
+  const json& v = field(j, key, file);
+  if (!v.is_number_integer())
+    bad_part(file, std::string("field \"") + key + "\" is not an integer");
+  return v.get<int64_t>();
+}
+
+PartRecord read_part_json(const std::string& dir) {
+  PartRecord r;
+  r.dir = dir;
+  r.file = dir + "/" + kPartJsonFile;
+  struct stat st {};
+  if (::lstat(r.file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    bad_part(r.file, "missing or not a regular file (the part is incomplete)");
+  if (static_cast<uint64_t>(st.st_size) > kMaxPartJsonBytes)
+    bad_part(r.file, "larger than " + std::to_string(kMaxPartJsonBytes) + " bytes");
+  std::ifstream f(r.file, std::ios::binary);
+  if (!f) throw Error(ErrorCode::kIo, r.file, "", "cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) bad_part(r.file, "not valid JSON");
+  if (int_field(j, "moepack_part", r.file) != kPartFormatVersion)
+    bad_part(r.file, "unknown part format version");
+  r.unit = int_field(j, "unit", r.file);
+  r.units = int_field(j, "units", r.file);
+  r.digest = string_field(j, "plan_digest", r.file);
+  r.source = string_field(j, "source", r.file);
+  r.options = field(j, "options", r.file);
+  const json& tensors = field(j, "tensors", r.file);
+  if (!tensors.is_array()) bad_part(r.file, "field \"tensors\" is not an array");
+  for (const auto& t : tensors) {
+    const std::string name = string_field(t, "name", r.file);
+    const std::string sha = string_field(t, "sha256", r.file);
+    if (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw Error(ErrorCode::kBadConfig, r.file, name, "sha256 is not 64 lowercase hex digits");
+    r.tensors.emplace_back(name, sha);
+  }
+  return r;
+}
+
+void write_part_json(const std::string& path, const Plan& plan, const std::string& digest,
+                     const ShardSpec& spec, const WorkUnit& unit,
+                     const std::map<std::string, std::string>& sha) {
+  json tensors = json::array();
+  for (size_t i : unit.tensors) {
+    const PlannedTensor& t = plan.tensors[i];
+    tensors.push_back({{"name", t.name}, {"bytes", t.bytes}, {"sha256", sha.at(t.name)}});
+  }
+  const json j = {{"moepack_part", kPartFormatVersion},
+                  {"tool", {{"name", "moepack"}, {"version", moepack_version_string()}}},
+                  {"plan_digest", digest},
+                  {"source", fs::absolute(plan.options.src).lexically_normal().string()},
+                  {"options", part_options_json(plan.options)},
+                  {"unit", spec.index},
+                  {"units", spec.count},
+                  {"tensor_bytes", unit.bytes},
+                  {"layers", unit.modules},
+                  {"tensors", tensors}};
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) throw Error(ErrorCode::kIo, path, "", "write failed");
+}
+
+// Whether DIR is a complete part of this plan and unit (cheap: part.json and file sizes; merge
+// checks the bytes).
+bool part_is_complete(const std::string& dir, const std::string& digest, const ShardSpec& spec,
+                      const ShardPlan& layout) {
+  try {
+    const PartRecord r = read_part_json(dir);
+    std::error_code ec;
+    const auto size = fs::file_size(dir + "/" + kPartTensorsFile, ec);
+    return r.digest == digest && r.unit == spec.index && r.units == spec.count && !ec &&
+           size == layout.shard_file_bytes.at(0) && r.tensors.size() == layout.shard_of.size();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+}  // namespace
+
+ShardSpec parse_shard_spec(const std::string& text) {
+  const size_t slash = text.find('/');
+  auto number = [&](const std::string& s, int64_t* out) {
+    if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    *out = std::stoll(s);
+    return true;
+  };
+  ShardSpec spec;
+  if (slash == std::string::npos || !number(text.substr(0, slash), &spec.index) ||
+      !number(text.substr(slash + 1), &spec.count) || spec.count < 1 || spec.count > kMaxShards ||
+      spec.index >= spec.count)
+    throw Error(ErrorCode::kUsage, "--shard \"" + text + "\": expected I/N with 0 <= I < N <= " +
+                                       std::to_string(kMaxShards) + " (e.g. 0/4)");
+  return spec;
+}
+
+std::vector<WorkUnit> split_plan(const Plan& plan, int64_t count) {
+  if (count < 1 || count > kMaxShards)
+    throw Error(ErrorCode::kUsage, "number of shards must be in [1, " + std::to_string(kMaxShards) +
+                                       "], got " + std::to_string(count));
+  struct Item {
+    uint64_t bytes = 0;
+    size_t first = 0;  // plan order of the item's first tensor (ties)
+    std::vector<size_t> tensors;
+    int64_t layer = -1;  // index into plan.layers for a MoE layer item
+  };
+  std::vector<Item> items;
+  std::map<int64_t, size_t> item_of_layer;  // PlannedTensor::layer -> items index
+  std::map<int64_t, size_t> planned_layer;  // PlannedTensor::layer -> plan.layers index
+  for (size_t li = 0; li < plan.layers.size(); ++li) planned_layer[plan.layers[li].index] = li;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const PlannedTensor& t = plan.tensors[i];
+    size_t k;
+    if (t.converted) {
+      auto it = item_of_layer.find(t.layer);
+      if (it == item_of_layer.end()) {
+        it = item_of_layer.emplace(t.layer, items.size()).first;
+        items.emplace_back();
+        items.back().first = i;
+        items.back().layer = static_cast<int64_t>(planned_layer.at(t.layer));
+      }
+      k = it->second;
+    } else {
+      k = items.size();
+      items.emplace_back();
+      items.back().first = i;
+    }
+    items[k].bytes += t.bytes;
+    items[k].tensors.push_back(i);
+  }
+  std::vector<size_t> order(items.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (items[a].bytes != items[b].bytes) return items[a].bytes > items[b].bytes;
+    return items[a].first < items[b].first;
+  });
+  std::vector<WorkUnit> units(static_cast<size_t>(count));
+  for (size_t u = 0; u < units.size(); ++u) units[u].index = static_cast<int64_t>(u);
+  for (size_t k : order) {
+    size_t best = 0;
+    for (size_t u = 1; u < units.size(); ++u)
+      if (units[u].bytes < units[best].bytes) best = u;
+    WorkUnit& w = units[best];
+    w.bytes += items[k].bytes;
+    w.tensors.insert(w.tensors.end(), items[k].tensors.begin(), items[k].tensors.end());
+    if (items[k].layer >= 0) w.layers.push_back(static_cast<size_t>(items[k].layer));
+  }
+  for (auto& w : units) {
+    std::sort(w.tensors.begin(), w.tensors.end());
+    std::sort(w.layers.begin(), w.layers.end());
+    for (size_t li : w.layers) w.modules.push_back(plan.layers[li].module);
+  }
+  return units;
+}
+
+json units_json(const Plan& plan, const std::vector<WorkUnit>& units) {
+  json out = json::array();
+  for (const auto& w : units) {
+    uint64_t converted = 0;
+    for (size_t i : w.tensors)
+      if (plan.tensors[i].converted) converted += plan.tensors[i].bytes;
+    out.push_back({{"unit", w.index},
+                   {"part", part_dir_name(w.index, static_cast<int64_t>(units.size()))},
+                   {"tensor_bytes", w.bytes},
+                   {"converted_bytes", converted},
+                   {"copied_bytes", w.bytes - converted},
+                   {"tensors", w.tensors.size()},
+                   {"layers", w.modules}});
+  }
+  return out;
+}
+
+std::string plan_digest(const Plan& plan, const Checkpoint& ckpt) {
+  std::map<std::string, std::string> no_checksums;
+  for (const auto& t : plan.tensors) no_checksums[t.name] = std::string(64, '0');
+  json cfg = ckpt.config().raw;
+  for (const auto& [key, value] : plan.config_patch.items()) cfg[key] = value;
+  const json identity = {{"manifest", to_json(build_manifest(plan, ckpt, no_checksums))},
+                         {"config", cfg},
+                         {"source", source_identity(ckpt)}};
+  const std::string text = identity.dump();
+  return sha256_hex(text.data(), text.size());
+}
+
+json part_options_json(const ConvertOptions& o) {
+  return {{"backend", o.backend},
+          {"target_arch", o.target_arch},
+          {"act_dtype", dtype_name(o.act_dtype)},
+          {"quantize", o.quantize},
+          {"mx_recipe", o.mx_recipe},
+          {"vllm_w13_scale_size_k", o.vllm_w13_scale_size_k},
+          {"max_shard_bytes", o.max_shard_bytes}};
+}
+
+ConvertOptions part_options_from_json(const json& j, const std::string& file) {
+  if (!j.is_object()) bad_part(file, "field \"options\" is not an object");
+  ConvertOptions o;
+  o.backend = string_field(j, "backend", file);
+  o.target_arch = string_field(j, "target_arch", file);
+  const std::string act = string_field(j, "act_dtype", file);
+  if (act == dtype_name(DType::kBF16))
+    o.act_dtype = DType::kBF16;
+  else if (act == dtype_name(DType::kF16))
+    o.act_dtype = DType::kF16;
+  else
+    bad_part(file, "options.act_dtype \"" + act + "\" is not bf16 or fp16");
+  o.quantize = string_field(j, "quantize", file);
+  o.mx_recipe = string_field(j, "mx_recipe", file);
+  const json& v = field(j, "vllm_w13_scale_size_k", file);
+  if (!v.is_boolean()) bad_part(file, "options.vllm_w13_scale_size_k is not a boolean");
+  o.vllm_w13_scale_size_k = v.get<bool>();
+  const json& m = field(j, "max_shard_bytes", file);
+  if (!m.is_number_unsigned()) bad_part(file, "options.max_shard_bytes is not an unsigned integer");
+  o.max_shard_bytes = m.get<uint64_t>();
+  return o;
+}
+
+std::string parts_dir(const std::string& dst) {
+  fs::path p = fs::path(dst).lexically_normal();
+  while (!p.has_filename() && p.has_relative_path()) p = p.parent_path();
+  return p.string() + ".parts";
+}
+
+std::string part_dir_name(int64_t index, int64_t count) {
+  return std::to_string(index) + "-of-" + std::to_string(count);
+}
+
+PartResult execute_part(const Plan& plan, const Checkpoint& ckpt, const ShardSpec& spec,
+                        const ProgressFn& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PartResult r;
+  const std::vector<WorkUnit> units = split_plan(plan, spec.count);
+  r.unit = units.at(static_cast<size_t>(spec.index));
+  r.dir = parts_dir(plan.options.dst) + "/" + part_dir_name(spec.index, spec.count);
+  const std::string digest = plan_digest(plan, ckpt);
+  const ShardPlan layout = part_shard_plan(plan, r.unit);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(r.dir, ec))) {
+    if (part_is_complete(r.dir, digest, spec, layout)) {
+      r.skipped = true;
+      r.convert.dst = r.dir;
+      return r;
+    }
+    if (!plan.options.force)
+      throw Error(ErrorCode::kOutputExists, r.dir, "",
+                  "a part exists here from another plan (source, flags or moepack version) or is "
+                  "unreadable; use --force to replace it");
+  }
+  AtomicOutputDir out(r.dir, plan.options.force, {plan.options.src});
+  ShardedWriter writer(out.path(), layout);
+  write_planned_tensors(plan, ckpt, writer, r.unit.tensors, progress, r.convert.stage_seconds);
+  const auto t_finish = std::chrono::steady_clock::now();
+  writer.finish();
+  write_part_json(out.path() + "/" + kPartJsonFile, plan, digest, spec, r.unit, writer.checksums());
+  out.commit();
+  const auto t1 = std::chrono::steady_clock::now();
+  r.convert.stage_seconds["finish"] += std::chrono::duration<double>(t1 - t_finish).count();
+  r.convert.dst = r.dir;
+  r.convert.bytes_written = r.unit.bytes;
+  r.convert.tensors = static_cast<int64_t>(r.unit.tensors.size());
+  r.convert.seconds = std::chrono::duration<double>(t1 - t0).count();
+  return r;
+}
+
+MergeResult merge_parts(const MergeOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MergeResult res;
+  res.dst = opts.dst;
+  const std::string root = parts_dir(opts.dst);
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(root, ec)))
+    throw Error(ErrorCode::kBadConfig, root, "",
+                "no parts directory: run `moepack convert SRC " + opts.dst +
+                    " --shard I/N` for every I first");
+
+  // Which parts are there, of which split; unfinished temporaries of killed tasks are noted.
+  std::map<int64_t, std::map<int64_t, std::string>> by_count;  // n -> i -> entry name
+  std::set<std::string> unfinished;                            // "i-of-n" with a temp dir
+  std::vector<std::string> stray;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t tmp = name.find(".moepack-");
+    int64_t i = 0, n = 0;
+    if (tmp != std::string::npos) {
+      unfinished.insert(name.substr(0, tmp));
+    } else if (parse_part_name(name, &i, &n)) {
+      if (name != part_dir_name(i, n) || n < 1 || i >= n) {
+        stray.push_back(name);
+        continue;
+      }
+      by_count[n][i] = name;
+    } else {
+      stray.push_back(name);
+    }
+  }
+  if (ec) throw Error(ErrorCode::kIo, root, "", "cannot list: " + ec.message());
+  if (!stray.empty())
+    throw Error(ErrorCode::kBadConfig, root, "",
+                "not parts of a moepack split (a duplicated or renamed part?): " + join(stray));
+  if (by_count.empty())
+    throw Error(
+        ErrorCode::kBadConfig, root, "",
+        "no parts" + (unfinished.empty() ? std::string()
+                                         : ", only unfinished ones (killed tasks?): " +
+                                               join({unfinished.begin(), unfinished.end()})));
+  if (by_count.size() > 1) {
+    std::vector<std::string> splits;
+    for (const auto& [n, parts] : by_count)
+      splits.push_back(std::to_string(parts.size()) + " part(s) of a " + std::to_string(n) +
+                       "-way split (" + parts.begin()->second + ", ...)");
+    throw Error(
+        ErrorCode::kBadConfig, root, "",
+        "parts from different splits: " + join(splits) + "; remove the ones that do not belong");
+  }
+  const int64_t n = by_count.begin()->first;
+  const auto& present = by_count.begin()->second;
+  {
+    std::vector<std::string> missing;
+    for (int64_t i = 0; i < n; ++i)
+      if (!present.count(i)) {
+        const std::string name = part_dir_name(i, n);
+        missing.push_back(name + (unfinished.count(name) ? " (only an unfinished temporary: its "
+                                                           "task was killed or is still running)"
+                                                         : ""));
+      }
+    if (!missing.empty())
+      throw Error(ErrorCode::kBadConfig, root, "",
+                  "missing part(s): " + join(missing) + "; run `moepack convert SRC " + opts.dst +
+                      " --shard I/" + std::to_string(n) + "` for each");
+  }
+
+  std::vector<PartRecord> records;
+  for (const auto& [i, name] : present) {
+    PartRecord r = read_part_json(root + "/" + name);
+    if (r.unit != i || r.units != n)
+      bad_part(r.file, "describes part " + part_dir_name(r.unit, r.units) + ", not " + name +
+                           " (a copied or duplicated part?)");
+    records.push_back(std::move(r));
+  }
+  for (const auto& r : records)
+    if (r.options != records.front().options)
+      bad_part(r.file, "converted with other flags than " + records.front().file + " (" +
+                           r.options.dump() + " vs " + records.front().options.dump() + ")");
+
+  // The plan the source and the recorded flags give now.
+  res.source = opts.source.empty() ? records.front().source : opts.source;
+  ConvertOptions co = part_options_from_json(records.front().options, records.front().file);
+  co.src = res.source;
+  co.dst = opts.dst;
+  co.force = opts.force;
+  co.threads = opts.threads;
+  const auto ckpt = Checkpoint::open(res.source);
+  const Plan plan = make_plan(*ckpt, co);
+  const std::string digest = plan_digest(plan, *ckpt);
+  for (const auto& r : records)
+    if (r.digest != digest)
+      bad_part(r.file, "from another plan: its digest " + r.digest.substr(0, 16) +
+                           "... differs from " + digest.substr(0, 16) + "... of " + res.source +
+                           " with the recorded flags (source, flags or moepack version changed)");
+
+  // Each part holds exactly its unit's tensors, as planned.
+  const std::vector<WorkUnit> units = split_plan(plan, n);
+  std::vector<SafetensorsFile> files;
+  struct Task {
+    size_t part;
+    const PlannedTensor* tensor;
+    std::string sha;
+  };
+  std::vector<Task> tasks;
+  for (size_t k = 0; k < records.size(); ++k) {
+    const PartRecord& r = records[k];
+    const WorkUnit& unit = units[k];
+    files.push_back(SafetensorsFile::open(r.dir + "/" + kPartTensorsFile));
+    const SafetensorsFile& f = files.back();
+    if (f.entries().size() != unit.tensors.size() || r.tensors.size() != unit.tensors.size())
+      bad_part(f.path(), "holds " + std::to_string(f.entries().size()) + " tensors (part.json " +
+                             std::to_string(r.tensors.size()) + "), the plan gives this unit " +
+                             std::to_string(unit.tensors.size()));
+    for (size_t j = 0; j < unit.tensors.size(); ++j) {
+      const PlannedTensor& t = plan.tensors[unit.tensors[j]];
+      const SafetensorsEntry* e = f.find(t.name);
+      if (!e || e->dtype != t.dtype || e->shape != t.shape || r.tensors[j].first != t.name)
+        throw Error(ErrorCode::kBadConfig, f.path(), t.name,
+                    "missing or not as planned (" + std::string(dtype_name(t.dtype)) + " " +
+                        shape_str(t.shape) + ")");
+      tasks.push_back({k, &t, r.tensors[j].second});
+    }
+  }
+
+  AtomicOutputDir out(opts.dst, opts.force, {res.source, root});
+  ShardedWriter writer(out.path(), plan.shards);
+  parallel_for(static_cast<int64_t>(tasks.size()), plan.threads, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const Task& t = tasks[static_cast<size_t>(i)];
+      const TensorView v = files[t.part].view(t.tensor->name);
+      writer.write(t.tensor->name, v.data, v.nbytes);
+    }
+  });
+  const auto sha = writer.checksums();
+  for (const Task& t : tasks)
+    if (sha.at(t.tensor->name) != t.sha)
+      throw Error(ErrorCode::kBadValue, files[t.part].path(), t.tensor->name,
+                  "bytes differ from the SHA-256 recorded in part.json: the part is corrupted; "
+                  "delete " +
+                      records[t.part].dir + " and run its task again");
+  writer.finish();
+  write_config_and_files(plan, *ckpt, out.path());
+  write_manifest(out.path() + "/moepack.json", build_manifest(plan, *ckpt, sha));
+  out.commit();
+  files.clear();
+  if (opts.remove_parts) fs::remove_all(root, ec);
+
+  res.parts = n;
+  res.bytes_written = plan.total_bytes();
+  res.tensors = static_cast<int64_t>(plan.tensors.size());
+  res.shards = static_cast<int64_t>(plan.shards.shard_names.size());
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace moepack

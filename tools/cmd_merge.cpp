@@ -1,0 +1,39 @@
+// moepack merge DST [--source SRC] [--force] [--remove-parts] [--threads N] [--json]
+#include <iostream>
+
+#include "core/error.h"
+#include "pipeline/parts.h"
+#include "tools/cli.h"
+
+namespace moepack::cli {
+
+Runner add_merge(CLI::App& app, Globals& g) {
+  auto o = std::make_shared<MergeOptions>();
+  app.add_option("dst", o->dst,
+                 "Output directory of the sharded conversion (the parts are in DST.parts/)")
+      ->required();
+  app.add_option("--source", o->source,
+                 "Source checkpoint, where it is not at the path the parts recorded");
+  app.add_flag("--force", o->force, "Replace an existing output directory");
+  app.add_flag("--remove-parts", o->remove_parts, "Delete DST.parts/ once the output is in place");
+  app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  return [o, &g] {
+    const MergeResult r = merge_parts(*o);
+    if (g.json)
+      print_json({{"ok", true},
+                  {"dst", r.dst},
+                  {"source", r.source},
+                  {"parts", r.parts},
+                  {"tensors", r.tensors},
+                  {"tensor_bytes", r.bytes_written},
+                  {"shards", r.shards},
+                  {"seconds", r.seconds}});
+    else
+      std::cout << "merged " << r.parts << " part(s) into " << r.dst << ": " << r.tensors
+                << " tensors, " << human_bytes(r.bytes_written) << " in " << r.shards
+                << " shard(s), " << r.seconds << " s\n";
+    return 0;
+  };
+}
+
+}  // namespace moepack::cli
