@@ -50,8 +50,9 @@ nlohmann::json units_json(const Plan& plan, const std::vector<WorkUnit>& units);
 // SHA-256 (hex) of everything that decides the output bytes: the manifest the plan would write
 // (tool and layout versions, flags, layers, tensors, shards, files), the patched config.json,
 // and the source's identity (config, every shard's name, size and tensor table, other files'
-// names and sizes). Tensor data is not read: a source edited in place with identical headers and
-// sizes is not noticed (docs/scale-out.md).
+// names and sizes, and a digest of the first and last 64 KiB of every shard's data). The rest of
+// the tensor data is not read: a source edited in place only in the middle of a shard, keeping
+// headers and sizes, is not noticed (docs/scale-out.md).
 std::string plan_digest(const Plan& plan, const Checkpoint& ckpt);
 
 // The convert flags that decide the output bytes, as recorded in part.json and read back by

@@ -1,0 +1,384 @@
+// Shard-parallel conversion (pipeline/parts.h): for random synthesised checkpoints and
+// n in {1, 2, 3, 7}, the parts of `convert --shard i/n` plus `merge` are byte-identical to a
+// single convert; the split is a pure function of the plan; re-running a part is idempotent; and
+// every fault (a part missing, corrupted, from another plan or split, duplicated, or left
+// half-written by a killed task) fails merge with exit 3 naming it, leaving no output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "pipeline/execute.h"
+#include "pipeline/parts.h"
+#include "synth/synth.h"
+#include "tests/test_util.h"
+
+namespace moepack {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::moepack_bin;
+using test::run_command;
+using test::TempDir;
+
+int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  return run_command(moepack_bin() + " " + args, out, err);
+}
+
+std::vector<uint8_t> read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// Every file of `want` exists in `got` with the same bytes, and `got` has no other file.
+void expect_same_tree(const fs::path& got, const fs::path& want) {
+  std::set<std::string> got_files, want_files;
+  for (const auto& e : fs::recursive_directory_iterator(got))
+    if (e.is_regular_file()) got_files.insert(fs::relative(e.path(), got).string());
+  for (const auto& e : fs::recursive_directory_iterator(want))
+    if (e.is_regular_file()) want_files.insert(fs::relative(e.path(), want).string());
+  EXPECT_EQ(got_files, want_files);
+  for (const auto& f : want_files) {
+    if (!got_files.count(f)) continue;
+    const auto a = read_bytes(got / f), b = read_bytes(want / f);
+    EXPECT_TRUE(test::bytes_equal(a, b, 64, f));
+  }
+}
+
+// Nothing named after DST besides DST.parts: no output, no temporary, no moved-aside one.
+void expect_nothing_published(const std::string& dst) {
+  EXPECT_FALSE(fs::exists(dst)) << dst;
+  const fs::path parent = fs::path(dst).parent_path();
+  const std::string base = fs::path(dst).filename().string();
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(base, 0) == 0 && name != base + ".parts")
+      ADD_FAILURE() << "left behind: " << e.path();
+  }
+}
+
+struct Case {
+  std::string format, family, arch, quantize;
+  SynthOptions synth;
+  uint64_t max_shard_bytes;
+};
+
+Case random_case(std::mt19937_64& rng) {
+  const std::vector<std::string> formats = synth_formats();
+  Case c;
+  c.format = formats[rng() % formats.size()];
+  const std::vector<std::string> families = {"qwen3", "mixtral", "deepseek"};
+  c.family = families[rng() % families.size()];
+  if (c.format == "bf16" && rng() % 2) c.family = "fused3d";
+  c.arch = c.format == "modelopt-mxfp8" || c.format == "fp8-block" || c.format == "bf16" ? "sm100"
+                                                                                         : "sm90";
+  if (c.format == "bf16") c.quantize = "mxfp8";
+  c.synth.format = c.format;
+  c.synth.family = c.family;
+  c.synth.layers = 1 + static_cast<int64_t>(rng() % 4);
+  c.synth.experts = 2 + static_cast<int64_t>(rng() % 4);  // >= top_k (2)
+  c.synth.hidden = 128 * (1 + static_cast<int64_t>(rng() % 2));
+  c.synth.inter = 128 * (1 + static_cast<int64_t>(rng() % 2));
+  c.synth.vocab = 64 + 64 * static_cast<int64_t>(rng() % 4);
+  c.synth.seed = rng();
+  c.synth.threads = 1;
+  const uint64_t shard_sizes[] = {0, 100000, 300000, 5000000000ull};
+  c.max_shard_bytes = shard_sizes[rng() % 4];
+  return c;
+}
+
+ConvertOptions options_for(const Case& c, const std::string& src, const std::string& dst) {
+  ConvertOptions o;
+  o.src = src;
+  o.dst = dst;
+  o.target_arch = c.arch;
+  o.quantize = c.quantize;
+  o.max_shard_bytes = c.max_shard_bytes;
+  o.threads = 1;
+  return o;
+}
+
+// The property: parts + merge == convert, for n in {1, 2, 3, 7}, over random checkpoints of
+// every synth format and family; each part run with its own thread count and chunk size (which
+// must not matter). MOEPACK_SUITE_SEED samples other checkpoints.
+TEST(ScaleOut, PartsPlusMergeEqualConvert) {
+  const char* seed_env = std::getenv("MOEPACK_SUITE_SEED");
+  std::mt19937_64 rng(seed_env ? std::stoull(seed_env) : 15);
+  for (int trial = 0; trial < 8; ++trial) {
+    const Case c = random_case(rng);
+    SCOPED_TRACE(c.format + " " + c.family + " layers=" + std::to_string(c.synth.layers) +
+                 " experts=" + std::to_string(c.synth.experts) +
+                 " max_shard=" + std::to_string(c.max_shard_bytes));
+    TempDir tmp;
+    const std::string src = tmp / "src", ref = tmp / "ref";
+    synth_checkpoint(src, c.synth);
+    const auto ckpt = Checkpoint::open(src);
+    execute_plan(make_plan(*ckpt, options_for(c, src, ref)), *ckpt);
+    for (int64_t n : {1, 2, 3, 7}) {
+      SCOPED_TRACE("n=" + std::to_string(n));
+      const std::string dst = tmp / ("out" + std::to_string(n));
+      const Plan whole = make_plan(*ckpt, options_for(c, src, dst));
+      const auto units = split_plan(whole, n);
+      // Every planned tensor in exactly one unit; the byte balance of greedy largest-first.
+      std::vector<int> owner(whole.tensors.size(), 0);
+      uint64_t total = 0, largest_item = 0, largest_unit = 0;
+      for (const auto& u : units) {
+        for (size_t i : u.tensors) ++owner[i];
+        total += u.bytes;
+        largest_unit = std::max(largest_unit, u.bytes);
+      }
+      for (const auto& t : whole.tensors)
+        if (!t.converted) largest_item = std::max(largest_item, t.bytes);
+      for (const auto& l : whole.layers) {
+        uint64_t b = 0;
+        for (const auto& t : whole.tensors) b += t.layer == l.index ? t.bytes : 0;
+        largest_item = std::max(largest_item, b);
+      }
+      EXPECT_EQ(total, whole.total_bytes());
+      for (size_t i = 0; i < owner.size(); ++i) EXPECT_EQ(owner[i], 1) << whole.tensors[i].name;
+      EXPECT_LE(largest_unit, total / static_cast<uint64_t>(n) + largest_item);
+
+      for (int64_t i = n - 1; i >= 0; --i) {  // any order
+        ConvertOptions o = options_for(c, src, dst);
+        o.threads = 1 + static_cast<int>(i % 3);
+        o.chunk_bytes = i % 2 ? 1 : o.chunk_bytes;  // one expert at a time in odd units
+        const PartResult p = execute_part(make_plan(*ckpt, o), *ckpt, {i, n});
+        EXPECT_FALSE(p.skipped);
+      }
+      MergeOptions m;
+      m.dst = dst;
+      m.threads = 2;
+      m.remove_parts = true;
+      const MergeResult r = merge_parts(m);
+      EXPECT_EQ(r.parts, n);
+      expect_same_tree(dst, ref);
+      EXPECT_FALSE(fs::exists(parts_dir(dst)));
+    }
+  }
+}
+
+TEST(ScaleOut, ShardSpecParsing) {
+  EXPECT_EQ(parse_shard_spec("0/1").count, 1);
+  EXPECT_EQ(parse_shard_spec("6/7").index, 6);
+  for (const char* bad :
+       {"", "1", "1/1", "3/2", "-1/2", "a/b", "0/0", "0/", "/2", "0/2/3", "0/100001", " 0/2"})
+    test::expect_error([&] { parse_shard_spec(bad); }, ErrorCode::kUsage);
+}
+
+// ---- through the CLI: dry-run units, idempotency, fault cases and their exit codes ----
+
+class ScaleOutCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src_ = tmp_ / "src";
+    dst_ = tmp_ / "out";
+    ref_ = tmp_ / "ref";
+    ASSERT_EQ(moepack("synth " + src_ +
+                      " --format gptq --family qwen3 --layers 4 --experts 4 --hidden 256 --inter "
+                      "128 --seed 3"),
+              0);
+    ASSERT_EQ(moepack("convert " + src_ + " " + ref_ + kFlags), 0);
+  }
+  int part(int64_t i, const std::string& extra = "", std::string* err = nullptr) {
+    return moepack(
+        "convert " + src_ + " " + dst_ + kFlags + " --shard " + std::to_string(i) + "/3" + extra,
+        nullptr, err);
+  }
+  void all_parts() {
+    for (int64_t i = 0; i < 3; ++i) ASSERT_EQ(part(i), 0);
+  }
+  // merge must fail with exit 3, say each of `words`, and publish nothing.
+  void expect_merge_fails(const std::vector<std::string>& words) {
+    std::string out, err;
+    EXPECT_EQ(moepack("merge " + dst_ + " --json", &out, &err), 3) << err;
+    for (const auto& w : words) EXPECT_NE(err.find(w), std::string::npos) << w << " in: " << err;
+    const json j = json::parse(out, nullptr, false);
+    EXPECT_EQ(j.value("exit_code", 0), 3) << out;
+    expect_nothing_published(dst_);
+  }
+  const std::string kFlags = " --max-shard-size 200KB --threads 1";
+  TempDir tmp_;
+  std::string src_, dst_, ref_;
+};
+
+TEST_F(ScaleOutCli, DryRunShowsUnitsDeterministically) {
+  std::string a, b;
+  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --dry-run --json", &a),
+            0);
+  ASSERT_EQ(moepack("convert " + src_ + " " + (tmp_ / "elsewhere") +
+                        " --max-shard-size 200KB --threads 2 --chunk-size 1 --shard 2/3 "
+                        "--dry-run --json",
+                    &b),
+            0);
+  const json ja = json::parse(a), jb = json::parse(b);
+  ASSERT_EQ(ja["units"].size(), 3u);
+  EXPECT_EQ(ja["units"], jb["units"]);  // same split whatever the machine-side flags
+  EXPECT_EQ(ja["shard"]["plan_digest"], jb["shard"]["plan_digest"]);
+  uint64_t sum = 0;
+  for (const auto& u : ja["units"]) sum += u["tensor_bytes"].get<uint64_t>();
+  EXPECT_EQ(sum, ja["totals"]["tensor_bytes"].get<uint64_t>());
+  EXPECT_EQ(ja["shard"]["index"], 1);
+  EXPECT_FALSE(fs::exists(parts_dir(dst_)));  // a dry run writes nothing
+  std::string text;
+  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 0/3 --dry-run", &text), 0);
+  EXPECT_NE(text.find("0-of-3"), std::string::npos) << text;
+  EXPECT_NE(text.find("2-of-3"), std::string::npos) << text;
+}
+
+TEST_F(ScaleOutCli, RerunIsIdempotentAndMergeMatchesConvert) {
+  all_parts();
+  const fs::path p1 = fs::path(parts_dir(dst_)) / "1-of-3" / "part.safetensors";
+  const auto before = fs::last_write_time(p1);
+  std::string out;
+  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --json", &out), 0);
+  EXPECT_TRUE(json::parse(out)["skipped"].get<bool>()) << out;
+  EXPECT_EQ(fs::last_write_time(p1), before);
+  ASSERT_EQ(moepack("merge " + dst_), 0);
+  expect_same_tree(dst_, ref_);
+  EXPECT_TRUE(fs::exists(parts_dir(dst_)));             // kept without --remove-parts
+  EXPECT_EQ(moepack("merge " + dst_), 2);               // output exists
+  EXPECT_EQ(moepack("merge " + dst_ + " --force"), 0);  // replaced, same bytes
+  expect_same_tree(dst_, ref_);
+  EXPECT_EQ(moepack("verify " + dst_ + " --source " + src_ + " --tokens 4"), 0);
+}
+
+TEST_F(ScaleOutCli, MissingPart) {
+  ASSERT_EQ(part(0), 0);
+  ASSERT_EQ(part(2), 0);
+  expect_merge_fails({"missing part", "1-of-3", "--shard I/3"});
+}
+
+TEST_F(ScaleOutCli, NoPartsAtAll) {
+  expect_merge_fails({"no parts directory"});
+}
+
+// A task killed mid-write leaves only its temporary (the atomic rename never happened): merge
+// names the part and says so; running the task again completes it.
+TEST_F(ScaleOutCli, HalfWrittenByKilledTask) {
+  all_parts();
+  const fs::path root = parts_dir(dst_);
+  fs::rename(root / "2-of-3", root / "2-of-3.moepack-tmp-4242-00000000beef");
+  fs::resize_file(root / "2-of-3.moepack-tmp-4242-00000000beef" / "part.safetensors", 100);
+  fs::remove(root / "2-of-3.moepack-tmp-4242-00000000beef" / "part.json");
+  expect_merge_fails({"2-of-3", "unfinished"});
+  ASSERT_EQ(part(2), 0);
+  fs::remove_all(root / "2-of-3.moepack-tmp-4242-00000000beef");
+  ASSERT_EQ(moepack("merge " + dst_), 0);
+  expect_same_tree(dst_, ref_);
+}
+
+// A part whose directory is there but whose part.json is missing (not written by moepack's
+// atomic path: copied by hand, or damaged) is incomplete.
+TEST_F(ScaleOutCli, PartWithoutPartJson) {
+  all_parts();
+  fs::remove(fs::path(parts_dir(dst_)) / "0-of-3" / "part.json");
+  expect_merge_fails({"0-of-3", "part.json", "incomplete"});
+  // Re-running the task refuses the damaged part without --force, replaces it with it.
+  EXPECT_EQ(part(0), 2);
+  ASSERT_EQ(part(0, " --force"), 0);
+  ASSERT_EQ(moepack("merge " + dst_), 0);
+  expect_same_tree(dst_, ref_);
+}
+
+TEST_F(ScaleOutCli, CorruptedPartBytes) {
+  all_parts();
+  const fs::path f = fs::path(parts_dir(dst_)) / "1-of-3" / "part.safetensors";
+  std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+  s.seekg(-1, std::ios::end);
+  char c = 0;
+  s.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  s.seekp(-1, std::ios::end);
+  s.write(&c, 1);
+  s.close();
+  expect_merge_fails({"1-of-3", "SHA-256", "corrupted"});
+}
+
+TEST_F(ScaleOutCli, TruncatedPartFile) {
+  all_parts();
+  const fs::path f = fs::path(parts_dir(dst_)) / "0-of-3" / "part.safetensors";
+  fs::resize_file(f, fs::file_size(f) - 3);
+  expect_merge_fails({"0-of-3"});
+}
+
+TEST_F(ScaleOutCli, GarbagePartJson) {
+  all_parts();
+  std::ofstream(fs::path(parts_dir(dst_)) / "2-of-3" / "part.json") << "{\"moepack_part\": 1, ";
+  expect_merge_fails({"2-of-3", "part.json", "not valid JSON"});
+}
+
+// Same flags, another source (another seed: same headers and sizes, other weights).
+TEST_F(ScaleOutCli, PartFromAnotherSource) {
+  const std::string other = tmp_ / "other";
+  ASSERT_EQ(moepack("synth " + other +
+                    " --format gptq --family qwen3 --layers 4 --experts 4 --hidden 256 --inter "
+                    "128 --seed 4"),
+            0);
+  ASSERT_EQ(part(0), 0);
+  ASSERT_EQ(part(2), 0);
+  ASSERT_EQ(moepack("convert " + other + " " + dst_ + kFlags + " --shard 1/3"), 0);
+  expect_merge_fails({"1-of-3", "another plan"});
+  // Nor can --source make the foreign part pass: it names the ones that disagree.
+  std::string err;
+  EXPECT_EQ(moepack("merge " + dst_ + " --source " + other, nullptr, &err), 3);
+  EXPECT_NE(err.find("another plan"), std::string::npos) << err;
+  expect_nothing_published(dst_);
+}
+
+// Same source, other flags.
+TEST_F(ScaleOutCli, PartWithOtherFlags) {
+  ASSERT_EQ(part(0), 0);
+  ASSERT_EQ(part(1, " --act-dtype fp16"), 0);
+  ASSERT_EQ(part(2), 0);
+  expect_merge_fails({"1-of-3", "other flags"});
+  // A task re-run with other flags than its existing part refuses to overwrite it.
+  std::string err;
+  EXPECT_EQ(part(1, "", &err), 2);
+  EXPECT_NE(err.find("another plan"), std::string::npos) << err;
+  ASSERT_EQ(part(1, " --force"), 0);
+  ASSERT_EQ(moepack("merge " + dst_), 0);
+  expect_same_tree(dst_, ref_);
+}
+
+TEST_F(ScaleOutCli, PartsOfAnotherSplit) {
+  all_parts();
+  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 0/2"), 0);
+  expect_merge_fails({"different splits", "0-of-2", "0-of-3"});
+}
+
+TEST_F(ScaleOutCli, DuplicatedPart) {
+  all_parts();
+  const fs::path root = parts_dir(dst_);
+  fs::copy(root / "1-of-3", root / "1-of-3 (copy)");
+  expect_merge_fails({"1-of-3 (copy)"});
+  fs::remove_all(root / "1-of-3 (copy)");
+  // Unit 0's files in unit 2's place.
+  fs::remove_all(root / "2-of-3");
+  fs::copy(root / "0-of-3", root / "2-of-3");
+  expect_merge_fails({"2-of-3", "describes part 0-of-3"});
+}
+
+TEST_F(ScaleOutCli, SourceChangedSincePartsWereMade) {
+  all_parts();
+  std::ofstream(fs::path(src_) / "config.json", std::ios::app) << "\n";  // same JSON, other bytes
+  ASSERT_EQ(moepack("merge " + dst_), 0);  // identity is the parsed config: still the same plan
+  expect_same_tree(dst_, ref_);
+  fs::remove_all(dst_);
+  // Another tokenizer-side file changes the output.
+  std::ofstream(fs::path(src_) / "generation_config.json") << "{\"changed\": true}\n";
+  expect_merge_fails({"another plan"});
+}
+
+TEST_F(ScaleOutCli, BadShardFlag) {
+  for (const char* bad : {"3/3", "x", "1/0", "-1/3"}) {
+    std::string err;
+    EXPECT_EQ(moepack("convert " + src_ + " " + dst_ + " --shard " + bad, nullptr, &err), 2) << bad;
+  }
+  EXPECT_FALSE(fs::exists(parts_dir(dst_)));
+}
+
+}  // namespace
+}  // namespace moepack
