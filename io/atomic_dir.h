@@ -2,12 +2,27 @@
 // which commit() fsyncs and renames into place. A conversion that fails (throws) before commit
 // leaves neither partial output nor the temp dir behind, and an output never aliases an input.
 //
-//   <parent>/<name>.moepack-tmp-<pid>-<rand>/   written by the conversion   (path())
+//   <parent>/<name>.moepack-tmp-<owner tag>/   written by the conversion   (path())
 //        -- commit(): fsync files + dirs --
-//   <parent>/<name>                 (old one, with force: renamed to <name>.moepack-old-...,
-//                                    removed after the new one is in place)
+//   <parent>/<name>                 (old one, with force: renamed to <name>.moepack-old-<owner
+//                                    tag>, removed after the new one is in place)
+//
+// No leftovers (docs/leftovers.md):
+// - Every live AtomicOutputDir is also in a fixed process-wide table that a signal handler may
+//   read: abandon_pending_outputs() removes the temporaries (and rolls back a half-done replace)
+//   with async-signal-safe calls only. tools/main.cpp calls it from its handlers.
+// - The owner tag names the process that made the sibling:
+//     <machine>-<boot>-<pid>-<start>-<rand>
+//   machine = 16 hex digits of FNV-1a over the host name and the PID namespace, boot = the first
+//   8 hex digits of /proc/sys/kernel/random/boot_id, pid, start = the process start time
+//   (field 22 of /proc/<pid>/stat, clock ticks since boot), rand = 12 hex digits. The
+//   constructor removes siblings of the same final path whose owner is provably gone (same
+//   machine, and another boot, or no process with that pid and start time), and never touches
+//   one whose owner may be alive or that another machine made.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +44,9 @@ class AtomicOutputDir {
   const std::string& path() const { return temp_; }  // where to write
   const std::string& final_path() const { return final_; }
   bool committed() const { return committed_; }
+  // Stale siblings the constructor removed (or, for an interrupted replace whose final path was
+  // missing, moved back into place): full paths.
+  const std::vector<std::string>& stale_removed() const { return stale_removed_; }
 
   // fsyncs every file and directory in the temp dir, moves it to the final path (replacing an
   // existing one when force was given; refusing one that appeared meanwhile otherwise), fsyncs
@@ -39,7 +57,36 @@ class AtomicOutputDir {
   std::string final_, temp_, parent_;
   bool force_ = false;
   bool committed_ = false;
+  int slot_ = -1;  // in the signal-time table, -1 when it was full
+  std::vector<std::string> stale_removed_;
 };
+
+// Who made a temporary sibling (see the owner tag above).
+struct OutputOwner {
+  std::string machine;  // 16 hex digits
+  std::string boot;     // 8 hex digits, "00000000" when unknown
+  int64_t pid = 0;
+  uint64_t start = 0;  // clock ticks after boot
+};
+// This process.
+const OutputOwner& this_process_owner();
+// "<machine>-<boot>-<pid>-<start>-<12 hex digits>" for this process.
+std::string new_owner_tag();
+// The owner of TAG (the part after ".moepack-tmp-" / ".moepack-old-"), nullopt unless it is
+// exactly the format above.
+std::optional<OutputOwner> parse_owner_tag(const std::string& tag);
+enum class OwnerState : uint8_t {
+  kAlive,    // this very process, or a process with that pid and start time exists
+  kGone,     // same machine, and it rebooted since, or that process no longer exists
+  kUnknown,  // another machine or PID namespace, or this one cannot tell: never touched
+};
+OwnerState owner_state(const OutputOwner& owner);
+
+// Removes (or rolls back) every AtomicOutputDir of this process that is not committed: temp
+// dirs are removed; a replace interrupted between its two renames moves the old output back;
+// one interrupted after them removes the old output. Async-signal-safe (no allocation, no locks:
+// open/getdents64/unlinkat/rename on fixed buffers), for signal handlers; best effort.
+void abandon_pending_outputs() noexcept;
 
 // Opens `path` read-only and fsyncs it (works for regular files and directories). Throws kIo.
 void fsync_file(const std::string& path);

@@ -1,6 +1,7 @@
 // moepack: ahead-of-time conversion of quantized MoE checkpoints into backend-ready layouts.
 // Exit codes (README.md): 0 ok, 1 verification failed, 2 usage, 3 invalid input,
 // 4 unsupported, 5 I/O, 70 internal error.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/version.h"
+#include "io/atomic_dir.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {
@@ -34,11 +36,51 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
+namespace {
+
+// A signal that would end the process first removes its unfinished outputs (temporary siblings,
+// a half-done replace rolled back; io/atomic_dir.h), then ends it by the same signal with the
+// default action, so the exit status is 128 + the signal number in a shell and a parent sees
+// WIFSIGNALED (a shell loop stops on Ctrl-C). SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGABRT are best
+// effort: the handler runs on an alternate stack, so even a stack overflow gets there.
+extern "C" void remove_outputs_and_die(int sig) {
+  moepack::abandon_pending_outputs();
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);  // pending until the handler returns (the signal is blocked in it), then fatal
+}
+
+void remove_outputs_on_fatal_signals() {
+  static char alt_stack[1 << 16];
+  stack_t ss{};
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof alt_stack;
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_handler = remove_outputs_and_die;
+  sigemptyset(&sa.sa_mask);
+  const int signals[] = {SIGINT,  SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ,
+                         SIGSEGV, SIGBUS,  SIGFPE, SIGILL,  SIGABRT};
+  for (int sig : signals) sigaddset(&sa.sa_mask, sig);  // one handler at a time
+  sa.sa_flags = SA_ONSTACK;
+  for (int sig : signals) {
+    struct sigaction old {};
+    // A signal ignored by the parent (nohup, `trap '' INT`) stays ignored.
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaction(sig, &sa, nullptr);
+  }
+}
+
+}  // namespace
+
 }  // namespace moepack::cli
 
 int main(int argc, char** argv) {
   using namespace moepack;
   keep_freed_memory_for_reuse();
+  cli::remove_outputs_on_fatal_signals();
   CLI::App app{
       "moepack: convert quantized MoE checkpoints into backend-ready layouts ahead of time"};
   app.set_version_flag("--version", std::string("moepack ") + moepack_version());

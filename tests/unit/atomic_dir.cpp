@@ -3,9 +3,12 @@
 #include "io/atomic_dir.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "tests/test_util.h"
@@ -197,6 +200,141 @@ TEST(AtomicOutputDir, FsyncFile) {
     EXPECT_EQ(e.code(), ErrorCode::kIo);
     EXPECT_EQ(e.file(), tmp / "missing");
   }
+}
+
+// ---- owners of temporaries ----
+
+std::string tag_of(const OutputOwner& o, const std::string& rand = "0123456789ab") {
+  return o.machine + "-" + o.boot + "-" + std::to_string(o.pid) + "-" + std::to_string(o.start) +
+         "-" + rand;
+}
+
+// The pid of a child that has exited and been reaped: no process has it (barring reuse).
+int64_t dead_pid() {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return pid;
+}
+
+TEST(OutputOwner, TagRoundTripsAndThisProcessIsAlive) {
+  const OutputOwner& me = this_process_owner();
+  EXPECT_EQ(me.pid, static_cast<int64_t>(getpid()));
+  EXPECT_GT(me.start, 0u);
+  const std::string tag = new_owner_tag();
+  const auto parsed = parse_owner_tag(tag);
+  ASSERT_TRUE(parsed.has_value()) << tag;
+  EXPECT_EQ(parsed->machine, me.machine);
+  EXPECT_EQ(parsed->boot, me.boot);
+  EXPECT_EQ(parsed->pid, me.pid);
+  EXPECT_EQ(parsed->start, me.start);
+  EXPECT_EQ(owner_state(*parsed), OwnerState::kAlive);
+}
+
+TEST(OutputOwner, MalformedTagsAreNotOwners) {
+  const std::string m = this_process_owner().machine, b = this_process_owner().boot;
+  for (const std::string& tag :
+       {std::string("12-0123456789ab"), std::string(""), m + "-" + b + "-1-2",
+        m + "-" + b + "-01-2-0123456789ab", m + "-" + b + "-1-2-0123456789AB",
+        m + "-" + b + "-1-2-0123456789ab-x", m + "-" + b + "--1-2-0123456789ab",
+        m + "-" + b + "-0-2-0123456789ab", m + "-" + b + "-99999999999-2-0123456789ab",
+        m.substr(1) + "-" + b + "-1-2-0123456789ab"})
+    EXPECT_FALSE(parse_owner_tag(tag).has_value()) << tag;
+}
+
+TEST(OutputOwner, GoneOnlyWhenProvablyGone) {
+  OutputOwner o = this_process_owner();
+  EXPECT_EQ(owner_state(o), OwnerState::kAlive);
+  o.start += 1;  // this pid, another start time: the pid was reused
+  EXPECT_EQ(owner_state(o), OwnerState::kGone);
+  o = this_process_owner();
+  o.pid = dead_pid();
+  EXPECT_EQ(owner_state(o), OwnerState::kGone);
+  o = this_process_owner();
+  o.pid = getppid();  // another live process: alive with its own start time, gone with another
+  std::ifstream stat("/proc/" + std::to_string(o.pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {}), field;
+  std::istringstream rest(text.substr(text.rfind(')') + 1));
+  for (int i = 3; i <= 22; ++i) rest >> field;
+  o.start = std::stoull(field);
+  EXPECT_EQ(owner_state(o), OwnerState::kAlive);
+  o.start += 1;
+  EXPECT_EQ(owner_state(o), OwnerState::kGone);
+  o = this_process_owner();
+  o.boot = o.boot == "00000000" ? "00000001" : "00000000";  // another boot of this machine
+  EXPECT_EQ(owner_state(o), OwnerState::kGone);
+  o = this_process_owner();
+  o.machine = std::string(16, o.machine[0] == 'f' ? 'e' : 'f');  // another host or PID namespace
+  o.pid = dead_pid();
+  EXPECT_EQ(owner_state(o), OwnerState::kUnknown);
+}
+
+TEST(AtomicOutputDir, RemovesStaleTemporariesAndKeepsLiveOnes) {
+  TempDir tmp;
+  const std::string out = tmp / "model";
+  OutputOwner gone = this_process_owner(), other = this_process_owner();
+  gone.pid = dead_pid();
+  other.machine = std::string(16, other.machine[0] == 'f' ? 'e' : 'f');
+  other.pid = gone.pid;
+  const std::string stale = out + ".moepack-tmp-" + tag_of(gone);
+  const std::string live = out + ".moepack-tmp-" + tag_of(this_process_owner());
+  const std::string foreign = out + ".moepack-tmp-" + tag_of(other);
+  const std::string legacy = out + ".moepack-tmp-" + std::to_string(gone.pid) + "-0123456789ab";
+  const std::string unrelated = tmp / ("other.moepack-tmp-" + tag_of(gone));
+  for (const auto& d : {stale, live, foreign, legacy, unrelated}) {
+    fs::create_directories(d + "/sub");
+    write_text(d + "/sub/shard", "bytes");
+  }
+  {
+    AtomicOutputDir dir(out, false, {});
+    EXPECT_EQ(dir.stale_removed(), std::vector<std::string>{stale});
+    dir.commit();
+  }
+  EXPECT_FALSE(fs::exists(stale));
+  for (const auto& d : {live, foreign, legacy, unrelated}) EXPECT_TRUE(fs::exists(d)) << d;
+  EXPECT_TRUE(fs::is_directory(out));
+}
+
+// A replace interrupted between its two renames (final moved aside, new one not yet in place)
+// is rolled back by the next run: the old output returns to the final path.
+TEST(AtomicOutputDir, InterruptedReplaceIsRolledBack) {
+  TempDir tmp;
+  const std::string out = tmp / "model";
+  OutputOwner gone = this_process_owner();
+  gone.pid = dead_pid();
+  const std::string old = out + ".moepack-old-" + tag_of(gone);
+  fs::create_directories(old);
+  write_text(old + "/f", "old");
+  expect_error(ErrorCode::kOutputExists, [&] { AtomicOutputDir dir(out, false, {}); });
+  EXPECT_EQ(read_text(out + "/f"), "old");
+  EXPECT_FALSE(fs::exists(old));
+  // Interrupted after both renames: the final path holds the new output, the old one goes.
+  fs::create_directories(old);
+  write_text(old + "/f", "older");
+  { AtomicOutputDir dir(out, true, {}); }
+  EXPECT_EQ(listing(tmp.path), std::vector<std::string>{"model"});
+  EXPECT_EQ(read_text(out + "/f"), "old");
+}
+
+// What a signal handler calls: every uncommitted output of the process is removed. Run in a
+// child so that the table of this test process stays untouched.
+TEST(AtomicOutputDir, AbandonPendingOutputsRemovesTemporaries) {
+  TempDir tmp;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    AtomicOutputDir a(tmp / "a", false, {});
+    AtomicOutputDir b(tmp / "b", false, {});
+    fs::create_directories(a.path() + "/x/y");
+    write_text(a.path() + "/x/y/f", "data");
+    write_text(b.path() + "/g", "data");
+    abandon_pending_outputs();
+    _exit(fs::exists(a.path()) || fs::exists(b.path()) ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(listing(tmp.path), std::vector<std::string>{});
 }
 
 }  // namespace
