@@ -362,6 +362,15 @@ HfConfig load_hf_config(const std::string& dir) {
       }
     }
   }
+  if (qc && qc->is_object() && qc->value("quant_method", json()) == json("moepack")) {
+    c.moepack_quant = *qc;
+    const json* nested =
+        qc->contains("source_quantization_config") ? &(*qc)["source_quantization_config"] : nullptr;
+    if (!nested)
+      throw Error(ErrorCode::kBadConfig, c.quant_file, "quantization_config",
+                  "quant_method \"moepack\" without source_quantization_config");
+    qc = nested->is_null() ? nullptr : nested;
+  }
   if (qc) {
     c.quant_raw = *qc;
     c.quant = normalize_quant_config(*qc, c.quant_file, c.dtype);

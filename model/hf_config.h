@@ -29,6 +29,9 @@ struct HfConfig {
   QuantParams quant;
   nlohmann::json quant_raw;  // the quantization_config object (or {} for unquantized)
   std::string quant_file;    // "config.json", "hf_quant_config.json", "quantize_config.json", ""
+  // A moepack output's quantization_config (quant_method "moepack"; null otherwise). `quant`
+  // and `quant_raw` then describe its nested source_quantization_config: what the weights carry.
+  nlohmann::json moepack_quant;
 };
 
 // Reads DIR/config.json and the quantization side files. Throws kBadConfig (naming the file and

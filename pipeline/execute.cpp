@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "core/threads.h"
 #include "io/atomic_dir.h"
 #include "pipeline/manifest.h"
@@ -106,8 +107,9 @@ void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWrit
   }
 }
 
-void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir) {
-  // Other files, then config.json with a moepack block.
+void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir,
+                            const std::map<std::string, std::string>& checksums) {
+  // Other files, then config.json with a moepack block, then the manifest.
   for (const auto& rel : plan.copied_files) {
     const fs::path dst = fs::path(dir) / rel;
     fs::create_directories(dst.parent_path());
@@ -117,12 +119,22 @@ void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std:
       throw Error(ErrorCode::kIo, (fs::path(ckpt.dir()) / rel).string(), "",
                   "copy failed: " + ec.message());
   }
+  // The manifest's bytes first: config.json's quantization_config carries their digest, so a
+  // server can tell that the config and the manifest belong together.
+  const std::string manifest = manifest_text(build_manifest(plan, ckpt, checksums));
   json cfg = ckpt.config().raw;
   for (const auto& [key, value] : plan.config_patch.items()) cfg[key] = value;
-  {
-    const std::string p = dir + "/config.json";
+  cfg["quantization_config"]["manifest_sha256"] = sha256_hex(manifest.data(), manifest.size());
+  // A multimodal config's text_config may carry the source's block too; it now lives nested in
+  // ours, and no reader may find the stale one.
+  if (cfg.contains("text_config") && cfg["text_config"].is_object())
+    cfg["text_config"].erase("quantization_config");
+  for (const auto& [name, text] :
+       {std::pair<const char*, std::string>{"config.json", cfg.dump(2) + "\n"},
+        {"moepack.json", manifest}}) {
+    const std::string p = dir + "/" + name;
     std::ofstream f(p);
-    f << cfg.dump(2) << "\n";
+    f << text;
     if (!f) throw Error(ErrorCode::kIo, p, "", "write failed");
   }
 }
@@ -137,8 +149,7 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
   write_planned_tensors(plan, ckpt, writer, all, progress, r.stage_seconds);
   const auto t_finish = std::chrono::steady_clock::now();
   writer.finish();
-  write_config_and_files(plan, ckpt, out.path());
-  write_manifest(out.path() + "/moepack.json", build_manifest(plan, ckpt, writer.checksums()));
+  write_config_and_files(plan, ckpt, out.path(), writer.checksums());
   out.commit();
 
   const auto t1 = std::chrono::steady_clock::now();

@@ -35,7 +35,10 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
 void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
                            const std::vector<size_t>& tensors, const ProgressFn& progress,
                            std::map<std::string, double>& stage_seconds);
-// The source's other files, then config.json (the source's with plan.config_patch set), into DIR.
-void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir);
+// The source's other files, config.json (the source's with plan.config_patch set and the
+// manifest's SHA-256 in quantization_config) and moepack.json (tensor SHA-256s from
+// `checksums`), into DIR.
+void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir,
+                            const std::map<std::string, std::string>& checksums);
 
 }  // namespace moepack

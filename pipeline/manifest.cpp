@@ -136,9 +136,13 @@ json to_json(const Manifest& m) {
   return j;
 }
 
+std::string manifest_text(const Manifest& manifest) {
+  return to_json(manifest).dump(2) + "\n";
+}
+
 void write_manifest(const std::string& path, const Manifest& manifest) {
   std::ofstream f(path);
-  f << to_json(manifest).dump(2) << "\n";
+  f << manifest_text(manifest);
   if (!f) throw Error(ErrorCode::kIo, path, "", "write failed");
 }
 

@@ -111,6 +111,9 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
                         const std::map<std::string, std::string>& sha256_by_tensor);
 nlohmann::json to_json(const Manifest& manifest);
 nlohmann::json to_json(const ManifestLayer& layer);  // one entry of "layers"
+// The exact bytes write_manifest writes (the digest in config.json's quantization_config is
+// the SHA-256 of these).
+std::string manifest_text(const Manifest& manifest);
 void write_manifest(const std::string& path, const Manifest& manifest);
 
 // DIR/moepack.json.

@@ -531,8 +531,7 @@ MergeResult merge_parts(const MergeOptions& opts) {
                   "delete " +
                       records[t.part].dir + " and run its task again");
   writer.finish();
-  write_config_and_files(plan, *ckpt, out.path());
-  write_manifest(out.path() + "/moepack.json", build_manifest(plan, *ckpt, sha));
+  write_config_and_files(plan, *ckpt, out.path(), sha);
   out.commit();
   files.clear();
   if (opts.remove_parts) fs::remove_all(root, ec);

@@ -78,6 +78,35 @@ json mxfp8_quantization_config(const Checkpoint& ckpt) {
           {"producer", {{"name", "moepack"}, {"version", std::string(moepack_version())}}}};
 }
 
+// The vLLM release line whose parameter names and shapes the layouts write; the plugin serves
+// only artifacts written for its own line.
+constexpr const char* kMoepackVllmTarget = "0.33";
+
+// The quantization_config a converted checkpoint declares. quant_method "moepack" is one no
+// stock engine knows, so stock vLLM stops with "Unknown quantization method" instead of creating
+// checkpoint-format parameters, dropping the kernel-format tensors it does not recognise and
+// repacking uninitialised memory. The moepack-vllm plugin (integrations/vllm) claims exactly
+// this block. The quantization the weights carry (the source's block, or the one --quantize
+// wrote) is nested whole so the plugin can build the source method for the Linears that were
+// copied through. manifest_sha256 is filled in by execute_plan once the manifest's bytes exist.
+json moepack_quantization_config(const Plan& plan, const json& weights_quantization_config) {
+  json source = weights_quantization_config;
+  if (source.is_object() && source.empty()) source = nullptr;  // unquantized source
+  return {{"quant_method", "moepack"},
+          {"moepack_version", std::string(moepack_version())},
+          {"source_format", plan.source_format},
+          {"source_quantization_config", source},
+          {"backend", plan.backend},
+          {"layout", plan.layout_name},
+          {"layout_version", plan.layout_version},
+          {"target_arch", target_arch_name(plan.arch)},
+          {"act_dtype", dtype_name(plan.options.act_dtype)},
+          {"vllm_target", kMoepackVllmTarget},
+          {"tensor_parallel_size", 1},
+          {"manifest", "moepack.json"},
+          {"manifest_sha256", nullptr}};
+}
+
 }  // namespace
 
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
@@ -101,6 +130,9 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   if (opts.act_dtype != DType::kBF16 && opts.act_dtype != DType::kF16)
     throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
   if (opts.chunk_bytes == 0) throw Error(ErrorCode::kUsage, "--chunk-size must be positive");
+  if (!ckpt.config().moepack_quant.is_null())
+    throw Error(ErrorCode::kUnsupported, ckpt.dir() + "/config.json", "quantization_config",
+                "already a moepack output (quant_method \"moepack\"); convert its source instead");
   const auto& layers = ckpt.moe_layers();
   if (layers.empty())
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
@@ -214,8 +246,8 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       deviations.insert(d);
   plan.deviations.assign(deviations.begin(), deviations.end());
 
-  if (plan.quantize_recipe)
-    plan.config_patch["quantization_config"] = mxfp8_quantization_config(ckpt);
+  plan.config_patch["quantization_config"] = moepack_quantization_config(
+      plan, plan.quantize_recipe ? mxfp8_quantization_config(ckpt) : ckpt.config().quant_raw);
   plan.config_patch["moepack"] = {{"version", std::string(moepack_version())},
                                   {"manifest", "moepack.json"},
                                   {"backend", plan.backend},

@@ -17,8 +17,10 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/sha256.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "model/hf_config.h"
 #include "pipeline/execute.h"
 #include "synth/synth.h"
 #include "tests/test_util.h"
@@ -256,7 +258,31 @@ TEST_F(PlanGptq, ExecuteWritesExactlyThePlan) {
   EXPECT_EQ(slurp(dst + "/generation_config.json"), slurp(src_ + "/generation_config.json"));
   const json cfg = json::parse(slurp(dst + "/config.json"));
   EXPECT_EQ(cfg["moepack"]["backend"], "marlin");
-  EXPECT_EQ(cfg["quantization_config"], ckpt_->config().raw["quantization_config"]);
+  // Refuse by default: a quant_method no stock engine knows, the source's block nested whole,
+  // and the digest of the manifest written beside it.
+  const json& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "moepack");
+  EXPECT_EQ(qc["source_quantization_config"], ckpt_->config().raw["quantization_config"]);
+  EXPECT_EQ(qc["source_format"], "gptq");
+  EXPECT_EQ(qc["backend"], "marlin");
+  EXPECT_EQ(qc["layout"], "marlin");
+  EXPECT_EQ(qc["layout_version"], 1);
+  EXPECT_EQ(qc["target_arch"], "sm90");
+  EXPECT_EQ(qc["vllm_target"], "0.33");
+  EXPECT_EQ(qc["tensor_parallel_size"], 1);
+  EXPECT_EQ(qc["manifest"], "moepack.json");
+  const std::string manifest_bytes = slurp(dst + "/moepack.json");
+  EXPECT_EQ(qc["manifest_sha256"], sha256_hex(manifest_bytes.data(), manifest_bytes.size()));
+  // moepack reads its own output's config back through the nested block, and refuses to
+  // convert it again.
+  const HfConfig back = load_hf_config(dst);
+  EXPECT_EQ(back.quant_raw, ckpt_->config().raw["quantization_config"]);
+  EXPECT_EQ(back.quant.method, QuantMethod::kGptq);
+  EXPECT_FALSE(back.moepack_quant.is_null());
+  const Error again =
+      expect_error([&] { make_plan(*Checkpoint::open(dst), convert_options(dst, tmp_ / "again")); },
+                   ErrorCode::kUnsupported);
+  EXPECT_NE(again.message().find("already a moepack output"), std::string::npos) << again.what();
   const json m = json::parse(slurp(dst + "/moepack.json"));
   EXPECT_EQ(m["backend"], "marlin");
   EXPECT_EQ(m["tensors"].size(), plan.tensors.size());
@@ -440,7 +466,8 @@ TEST(PlanMxfp8, QuantizeBf16ToTrtllmMxfp8) {
   EXPECT_EQ(out.tensor_bytes, plan.total_bytes());
   EXPECT_EQ(out.entries.size(), plan.tensors.size());
   const json cfg = json::parse(slurp(opts.dst + "/config.json"));
-  EXPECT_EQ(cfg["quantization_config"]["quant_algo"], "MXFP8");
+  EXPECT_EQ(cfg["quantization_config"]["quant_method"], "moepack");
+  EXPECT_EQ(cfg["quantization_config"]["source_quantization_config"]["quant_algo"], "MXFP8");
 
   // Without --quantize an unquantized checkpoint has no backend, and the message says why.
   ConvertOptions plain = convert_options(src, tmp / "plain");
