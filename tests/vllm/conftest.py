@@ -1,0 +1,61 @@
+"""Fixtures: tiny source checkpoints made by `moepack synth` and converted by `moepack convert`
+(the binary under test: $MOEPACK_BIN, default build/bin/moepack)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MOEPACK = os.environ.get("MOEPACK_BIN", str(ROOT / "build" / "bin" / "moepack"))
+
+
+def moepack(*args: str) -> None:
+    subprocess.run([MOEPACK, *args, "--threads", "1"], check=True, stdout=subprocess.DEVNULL)
+
+
+class Artifacts:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cache: dict[tuple, tuple[Path, Path]] = {}
+
+    def get(self, fmt: str, family: str = "qwen3", *convert_flags: str, **synth) -> tuple[Path, Path]:
+        """(source, converted) for a synth format/family and convert flags (cached)."""
+        key = (fmt, family, convert_flags, tuple(sorted(synth.items())))
+        if key not in self.cache:
+            name = f"{len(self.cache)}-{fmt}-{family}"
+            src, dst = self.root / f"{name}-src", self.root / f"{name}-out"
+            args = ["synth", str(src), "--format", fmt, "--family", family, "--layers", "2",
+                    "--experts", "4", "--hidden", "256", "--inter", "128", "--vocab", "256"]
+            for k, v in synth.items():
+                args += [f"--{k.replace('_', '-')}", str(v)]
+            moepack(*args)
+            moepack("convert", str(src), str(dst), *convert_flags)
+            self.cache[key] = (src, dst)
+        return self.cache[key]
+
+    def edited_copy(self, dst: Path, name: str) -> Path:
+        out = self.root / name
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(dst, out)
+        return out
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory) -> Artifacts:
+    if not os.access(MOEPACK, os.X_OK):
+        pytest.skip(f"no moepack binary at {MOEPACK} (set MOEPACK_BIN)")
+    return Artifacts(tmp_path_factory.mktemp("artifacts"))
+
+
+def edit_config(d: Path, **quant_fields) -> None:
+    p = d / "config.json"
+    cfg = json.loads(p.read_text())
+    cfg["quantization_config"].update(quant_fields)
+    p.write_text(json.dumps(cfg, indent=2))
