@@ -59,3 +59,13 @@ def edit_config(d: Path, **quant_fields) -> None:
     cfg = json.loads(p.read_text())
     cfg["quantization_config"].update(quant_fields)
     p.write_text(json.dumps(cfg, indent=2))
+
+
+@pytest.fixture(scope="session")
+def plugin():
+    """Registers moepack-vllm in this process, as vLLM's plugin loader would (VLLM_PLUGINS=none
+    keeps vLLM from loading it by itself, so the stock tests that run first see stock vLLM)."""
+    import moepack_vllm
+
+    moepack_vllm.register()
+    return moepack_vllm

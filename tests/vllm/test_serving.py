@@ -36,15 +36,7 @@ def test_stock_vllm_refuses_forced_quantization(artifacts):
         h.engine_config(str(dst), quantization="gptq")
 
 
-# ---- with the plugin ----
-
-@pytest.fixture(scope="module")
-def plugin():
-    import moepack_vllm
-
-    moepack_vllm.register()
-    return moepack_vllm
-
+# ---- with the plugin (the `plugin` fixture registers it; this file runs before the others) ----
 
 def test_entry_point_declared():
     eps = importlib.metadata.entry_points(group="vllm.general_plugins")
