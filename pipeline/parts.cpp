@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -164,7 +165,14 @@ void write_part_json(const std::string& path, const Plan& plan, const std::strin
   json tensors = json::array();
   for (size_t i : unit.tensors) {
     const PlannedTensor& t = plan.tensors[i];
-    tensors.push_back({{"name", t.name}, {"bytes", t.bytes}, {"sha256", sha.at(t.name)}});
+    tensors.push_back({{"name", t.name},
+                       {"shard", plan.shards.shard_names[plan.shards.shard_of.at(t.name)]},
+                       {"dtype", dtype_name(t.dtype)},
+                       {"shape", t.shape},
+                       {"bytes", t.bytes},
+                       {"action", t.converted ? "convert" : "copy"},
+                       {"codec", t.codec},
+                       {"sha256", sha.at(t.name)}});
   }
   const json j = {{"moepack_part", kPartFormatVersion},
                   {"tool", {{"name", "moepack"}, {"version", moepack_version_string()}}},
@@ -402,14 +410,23 @@ MergeResult merge_parts(const MergeOptions& opts) {
 
   // Which parts are there, of which split; unfinished temporaries of killed tasks are noted.
   std::map<int64_t, std::map<int64_t, std::string>> by_count;  // n -> i -> entry name
-  std::set<std::string> unfinished;                            // "i-of-n" with a temp dir
+  std::map<std::string, std::string> unfinished;  // "i-of-n" -> what its temporary says
   std::vector<std::string> stray;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const size_t tmp = name.find(".moepack-");
     int64_t i = 0, n = 0;
     if (tmp != std::string::npos) {
-      unfinished.insert(name.substr(0, tmp));
+      // The owner tag (io/atomic_dir.h) tells a task still running from a killed one.
+      const size_t tag = name.find('-', tmp + 9);
+      const auto owner =
+          tag == std::string::npos ? std::nullopt : parse_owner_tag(name.substr(tag + 1));
+      const OwnerState state = owner ? owner_state(*owner) : OwnerState::kUnknown;
+      std::string& note = unfinished[name.substr(0, tmp)];
+      if (note.empty() || state == OwnerState::kAlive)
+        note = state == OwnerState::kAlive  ? "its task is still running"
+               : state == OwnerState::kGone ? "its task was killed; run it again"
+                                            : "its task was killed or is still running elsewhere";
     } else if (parse_part_name(name, &i, &n)) {
       if (name != part_dir_name(i, n) || n < 1 || i >= n) {
         stray.push_back(name);
@@ -424,12 +441,13 @@ MergeResult merge_parts(const MergeOptions& opts) {
   if (!stray.empty())
     throw Error(ErrorCode::kBadConfig, root, "",
                 "not parts of a moepack split (a duplicated or renamed part?): " + join(stray));
-  if (by_count.empty())
-    throw Error(
-        ErrorCode::kBadConfig, root, "",
-        "no parts" + (unfinished.empty() ? std::string()
-                                         : ", only unfinished ones (killed tasks?): " +
-                                               join({unfinished.begin(), unfinished.end()})));
+  if (by_count.empty()) {
+    std::vector<std::string> names;
+    for (const auto& [name, note] : unfinished) names.push_back(name + " (" + note + ")");
+    throw Error(ErrorCode::kBadConfig, root, "",
+                "no parts" + (names.empty() ? std::string()
+                                            : ", only unfinished temporaries: " + join(names)));
+  }
   if (by_count.size() > 1) {
     std::vector<std::string> splits;
     for (const auto& [n, parts] : by_count)
@@ -446,9 +464,10 @@ MergeResult merge_parts(const MergeOptions& opts) {
     for (int64_t i = 0; i < n; ++i)
       if (!present.count(i)) {
         const std::string name = part_dir_name(i, n);
-        missing.push_back(name + (unfinished.count(name) ? " (only an unfinished temporary: its "
-                                                           "task was killed or is still running)"
-                                                         : ""));
+        const auto u = unfinished.find(name);
+        missing.push_back(name + (u == unfinished.end()
+                                      ? std::string()
+                                      : " (only an unfinished temporary: " + u->second + ")"));
       }
     if (!missing.empty())
       throw Error(ErrorCode::kBadConfig, root, "",

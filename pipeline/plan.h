@@ -16,6 +16,9 @@
 
 namespace moepack {
 
+// A field that changes the output bytes must also be recorded for `merge` in part_options_json /
+// part_options_from_json (pipeline/parts.cpp): merge re-plans from the recorded flags, and a
+// forgotten one makes every part look foreign (exit 3), never a silently different output.
 struct ConvertOptions {
   std::string src, dst;
   std::string backend = "auto";

@@ -4,6 +4,9 @@
 // every fault (a part missing, corrupted, from another plan or split, duplicated, or left
 // half-written by a killed task) fails merge with exit 3 naming it, leaving no output.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -378,6 +381,54 @@ TEST_F(ScaleOutCli, BadShardFlag) {
     EXPECT_EQ(moepack("convert " + src_ + " " + dst_ + " --shard " + bad, nullptr, &err), 2) << bad;
   }
   EXPECT_FALSE(fs::exists(parts_dir(dst_)));
+}
+
+// A task killed for real (SIGKILL: no handler runs) while it writes its part: merge names the
+// part and says its task was killed (the temporary's owner tag names a process that is gone);
+// running the task again removes the stale temporary and completes the part.
+TEST(ScaleOutKill, TaskKilledWhileWriting) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "out", ref = tmp / "ref";
+  ASSERT_EQ(moepack("synth " + src +
+                    " --format gptq --family qwen3 --layers 3 --experts 16 --hidden 1024 "
+                    "--inter 512 --seed 9"),
+            0);
+  ASSERT_EQ(moepack("convert " + src + " " + ref + " --threads 1"), 0);
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --threads 1 --shard 0/2"), 0);
+  const fs::path root = parts_dir(dst);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string bin = moepack_bin();
+    ::execl(bin.c_str(), bin.c_str(), "convert", src.c_str(), dst.c_str(), "--threads", "1",
+            "--chunk-size", "1", "--shard", "1/2", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait (bounded) for the task's temporary to appear, then kill it.
+  bool seen = false;
+  for (int i = 0; i < 60000 && !seen; ++i) {
+    std::error_code ec;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().rfind("1-of-2.moepack-tmp-", 0) == 0) seen = true;
+    if (!seen) ::usleep(1000);
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFSIGNALED(status) || fs::exists(root / "1-of-2"))
+    GTEST_SKIP() << "the task finished before it could be killed";
+  ASSERT_TRUE(seen);
+  std::string err;
+  EXPECT_EQ(moepack("merge " + dst, nullptr, &err), 3);
+  EXPECT_NE(err.find("1-of-2 (only an unfinished temporary: its task was killed"),
+            std::string::npos)
+      << err;
+  expect_nothing_published(dst);
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --threads 1 --shard 1/2"), 0);
+  for (const auto& e : fs::directory_iterator(root))
+    EXPECT_EQ(e.path().filename().string().find(".moepack-"), std::string::npos) << e.path();
+  ASSERT_EQ(moepack("merge " + dst), 0);
+  expect_same_tree(dst, ref);
 }
 
 }  // namespace
