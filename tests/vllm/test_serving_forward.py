@@ -21,91 +21,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import vllm_harness as h
+from layouts import marlin_weight, source_linear
 
 RIGHT_TOL = 2e-2  # bf16 activations and intermediates: ~4e-3 expected
 WRONG_MIN = 0.2
-
-# ---- the Marlin layout as the kernel reads it (docs/marlin.md) ----
-
-_tile_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def tile_coords(bits: int):
-    """(dk, dn) [T, pf]: the k and n inside a 16x64 tile of field f of word r."""
-    if bits not in _tile_cache:
-        pf = 32 // bits
-        T = 1024 // pf
-        dk = torch.zeros(T, pf, dtype=torch.long)
-        dn = torch.zeros(T, pf, dtype=torch.long)
-        for r in range(T):
-            if bits == 4:
-                t, j, hh = r // 4, r % 4, 0
-            else:
-                t, j, hh = (r // 2) // 4, (r // 2) % 4, r % 2
-            b, c = 2 * (t % 4), 16 * j + t // 4
-            for f in range(pf):
-                if bits == 4:
-                    dk[r, f] = b + (0, 8, 0, 8, 1, 9, 1, 9)[f]
-                    dn[r, f] = c + (0, 0, 8, 8, 0, 0, 8, 8)[f]
-                else:
-                    dk[r, f] = b + (0, 8, 1, 9)[f]
-                    dn[r, f] = c + 8 * hh
-        _tile_cache[bits] = (dk, dn)
-    return _tile_cache[bits]
-
-
-def marlin_codes(qw: torch.Tensor, bits: int, K: int, N: int) -> torch.Tensor:
-    """One expert's int32 [K/16, N*16/pf] tiles -> codes [K, N]."""
-    pf, T = 32 // bits, 1024 // (32 // bits)
-    words = qw.to(torch.int64).view(K // 16, N // 64, T) & 0xFFFFFFFF
-    dk, dn = tile_coords(bits)
-    Q = torch.zeros(K, N, dtype=torch.int64)
-    kt = torch.arange(K // 16).view(-1, 1, 1)
-    nt = torch.arange(N // 64).view(1, -1, 1)
-    for f in range(pf):
-        vals = (words >> (bits * f)) & ((1 << bits) - 1)
-        Q[16 * kt + dk[:, f].view(1, 1, -1), 64 * nt + dn[:, f].view(1, 1, -1)] = vals
-    return Q
-
-
-def unpermute_scales(s: torch.Tensor) -> torch.Tensor:
-    """One expert's [G, N] scales as stored -> [G, N] in logical order (kernel rule: grouped
-    8x8 transpose when G > 1, else the single 32-permutation)."""
-    G, N = s.shape
-    flat = s.reshape(-1)
-    if G > 1:
-        return flat.view(-1, 8, 8).transpose(1, 2).reshape(G, N)
-    S = (0, 1, 8, 9, 16, 17, 24, 25)
-    out = torch.empty_like(flat)
-    chunks = flat.view(-1, 32)
-    o = out.view(-1, 32)
-    for i in range(4):
-        for m in range(8):
-            o[:, 2 * i + S[m]] = chunks[:, 8 * i + m]
-    return out.view(G, N)
-
-
-def marlin_zeros(z: torch.Tensor, N: int) -> torch.Tensor:
-    """AWQ int4 zeros int32 [G, N/8] -> [G, N]: word c field p holds n = 64(c/8) + c%8 + 8P[p]."""
-    P = (0, 2, 4, 6, 1, 3, 5, 7)
-    G = z.shape[0]
-    w = z.to(torch.int64) & 0xFFFFFFFF
-    out = torch.zeros(G, N, dtype=torch.int64)
-    c = torch.arange(N // 8)
-    for p in range(8):
-        out[:, 64 * (c // 8) + c % 8 + 8 * P[p]] = (w >> (4 * p)) & 0xF
-    return out
-
-
-def marlin_weight(qw, scales, zeros, bits, K, N) -> torch.Tensor:
-    """W [K, N] in fp32 as the kernel computes it."""
-    Q = marlin_codes(qw, bits, K, N)
-    s = unpermute_scales(scales.float())
-    G = s.shape[0]
-    g = torch.arange(K) // (K // G)
-    z = marlin_zeros(zeros, N)[g] if zeros is not None else (1 << (bits - 1))
-    return (Q - z).float() * s[g]
-
 
 # ---- CPU stand-ins for the CUDA-only ops ----
 
@@ -172,47 +91,6 @@ class StandIns:
     def moe_sum(self, input, output, topk_ids=None, expert_map=None):
         output.copy_(
             input.view(output.shape[0], -1, output.shape[-1]).float().sum(1).to(output.dtype))
-
-
-# ---- the source checkpoint, decoded (fp32 reference) ----
-
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-
-
-def unpack_rows(w: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 [R, C] packed along R (low bits first) -> [R*pf, C]."""
-    pf = 32 // bits
-    w = w.to(torch.int64) & 0xFFFFFFFF
-    parts = [(w >> (bits * i)) & ((1 << bits) - 1) for i in range(pf)]
-    return torch.stack(parts, 1).reshape(w.shape[0] * pf, w.shape[1])
-
-
-def source_linear(t: dict, name: str, fmt: str, bits: int) -> torch.Tensor:
-    """Dequantised W [K, N] (y = x W) of one source Linear."""
-    if fmt == "gptq":
-        Q = unpack_rows(t[name + ".qweight"], bits)
-        s = t[name + ".scales"].float()
-        g = torch.arange(Q.shape[0]) // (Q.shape[0] // s.shape[0])
-        return (Q - (1 << (bits - 1))).float() * s[g]
-    if fmt == "awq":
-        qw, qz = t[name + ".qweight"], t[name + ".qzeros"]
-
-        def cols(w):
-            w = w.to(torch.int64) & 0xFFFFFFFF
-            out = torch.zeros(w.shape[0], w.shape[1] * 8, dtype=torch.int64)
-            for p in range(8):
-                out[:, AWQ_ORDER[p]::8] = (w >> (4 * p)) & 0xF
-            return out
-
-        Q, Z = cols(qw), cols(qz)
-        s = t[name + ".scales"].float()
-        g = torch.arange(Q.shape[0]) // (Q.shape[0] // s.shape[0])
-        return (Q - Z[g]).float() * s[g]
-    # compressed-tensors pack-quantized: weight_packed [N, K/pf], weight_scale [N, G]
-    Q = unpack_rows(t[name + ".weight_packed"].t().contiguous(), bits).t()  # [N, K]
-    s = t[name + ".weight_scale"].float()
-    g = torch.arange(Q.shape[1]) // (Q.shape[1] // s.shape[1])
-    return ((Q - (1 << (bits - 1))).float() * s[:, g]).t()
 
 
 def reference(src, layer_prefix, fmt, bits, x, topk_ids, topk_weights, names):
