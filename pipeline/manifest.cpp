@@ -463,6 +463,34 @@ Manifest parse_fields(const Field& root) {
   const size_t n = layers.array_size();
   if (n == 0) layers.fail("empty: a converted checkpoint has at least one MoE layer");
   for (size_t i = 0; i < n; ++i) m.layers.push_back(parse_layer(layers.item(i), m.tensors));
+
+  // Layers and converted tensors describe each other exactly: each converted tensor is a
+  // parameter of one layer, led by that layer's expert count; each layer appears once.
+  std::map<std::string, size_t> layer_of_module, layer_of_param;
+  for (size_t i = 0; i < n; ++i) {
+    const ManifestLayer& l = m.layers[i];
+    const Field item = layers.item(i);
+    if (!layer_of_module.emplace(l.module, i).second)
+      item["module"].fail(json_quoted(l.module) + " is also layers[" +
+                          std::to_string(layer_of_module[l.module]) + "]");
+    for (size_t k = 0; k < l.params.size(); ++k) {
+      const Field param = item["params"].item(k);
+      const ManifestTensor& t = m.tensors.at(l.params[k]);
+      if (!t.converted)
+        param.fail(json_quoted(l.params[k]) + " is a copied tensor (\"action\": \"copy\")");
+      if (!layer_of_param.emplace(l.params[k], i).second)
+        param.fail(json_quoted(l.params[k]) + " is also a parameter of layers[" +
+                   std::to_string(layer_of_param[l.params[k]]) + "]");
+      if (t.shape.empty() || t.shape[0] != l.experts)
+        tensors.member(l.params[k])["shape"].fail(shape_str(t.shape) + " does not lead with the " +
+                                                  std::to_string(l.experts) +
+                                                  " experts of layers[" + std::to_string(i) + "]");
+    }
+  }
+  for (const auto& [name, t] : m.tensors)
+    if (t.converted && !layer_of_param.count(name))
+      tensors.member(name)["action"].fail("\"convert\", but no layer lists " + json_quoted(name) +
+                                          " in its params");
   return m;
 }
 

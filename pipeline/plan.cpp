@@ -1,6 +1,7 @@
 #include "pipeline/plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -109,6 +110,13 @@ json moepack_quantization_config(const Plan& plan, const json& weights_quantizat
 
 }  // namespace
 
+int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_per_expert) {
+  const uint64_t fit = chunk_bytes / std::max<uint64_t>(1, bytes_per_expert);
+  return std::max<int64_t>(1,
+                           std::min<int64_t>(experts, static_cast<int64_t>(std::min<uint64_t>(
+                                                          fit, static_cast<uint64_t>(INT64_MAX)))));
+}
+
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan;
   plan.options = opts;
@@ -215,10 +223,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     // per weight when quantising.
     const uint64_t per_expert = static_cast<uint64_t>((pl.shape.w13.n + L.inter) * L.hidden) *
                                 (plan.quantize_recipe ? 4 : 1);
-    pl.experts_per_chunk = std::max<int64_t>(
-        1, std::min<int64_t>(
-               L.num_experts,
-               static_cast<int64_t>(opts.chunk_bytes / std::max<uint64_t>(1, per_expert))));
+    pl.experts_per_chunk = experts_per_chunk(opts.chunk_bytes, L.num_experts, per_expert);
     pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
 
     const std::string src_codec = plan.quantize_recipe

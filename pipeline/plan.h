@@ -84,6 +84,11 @@ struct Plan {
   std::string to_text() const;
 };
 
+// Experts of one layer handled at once within a budget of `chunk_bytes` canonical bytes (at
+// least 1, at most `experts`). convert (PlannedLayer::experts_per_chunk) and verify share it, so
+// verify holds what convert holds.
+int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_per_expert);
+
 // Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
 

@@ -1,9 +1,10 @@
 // moepack verify DST [--source SRC] [--tokens 64] [--seed 0] [--tolerance 1e-3]
-//                [--device cpu|cuda] [--report FILE.html] [--json]
+//                [--device cpu|cuda] [--chunk-size 1GiB] [--report FILE.html] [--json]
 #include <fstream>
 #include <iostream>
 
 #include "core/error.h"
+#include "io/shard_writer.h"
 #include "tools/cli.h"
 #include "verify/verify.h"
 
@@ -12,6 +13,7 @@ namespace moepack::cli {
 Runner add_verify(CLI::App& app, Globals& g) {
   auto o = std::make_shared<VerifyOptions>();
   auto report = std::make_shared<std::string>();
+  auto chunk = std::make_shared<std::string>("1GiB");
   app.add_option("dst", o->dst, "Converted checkpoint directory")->required();
   app.add_option("--source", o->source,
                  "Source checkpoint: enables the exact round-trip check and the source reference");
@@ -22,8 +24,13 @@ Runner add_verify(CLI::App& app, Globals& g) {
       ->capture_default_str();
   app.add_option("--device", o->device, "cpu|cuda")->capture_default_str();
   app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  app.add_option("--chunk-size", *chunk,
+                 "Experts of a layer checked at once, as canonical bytes (as convert's: bounds "
+                 "memory for very large layers; the verdict does not depend on it)")
+      ->capture_default_str();
   app.add_option("--report", *report, "Write a self-contained HTML report");
-  return [o, report, &g] {
+  return [o, report, chunk, &g] {
+    o->chunk_bytes = parse_size(*chunk);
     const VerifyReport r = run_verify(*o);
     if (!report->empty()) {
       std::ofstream f(*report);

@@ -154,15 +154,18 @@ std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,
   return logits;
 }
 
-MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float* x,
-                        const ExpertWeightsFn& weights) {
-  spec.validate();
+namespace {
+
+using Slots = std::vector<std::vector<int64_t>>;
+
+// Fills o->slot_out for the slots of experts [first, last) from the reference in double.
+void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& slots,
+                     const float* x, const ExpertWeightsFn& weights, int64_t first, int64_t last,
+                     MoeOutput* o) {
   const int64_t H = spec.hidden, I = spec.intermediate, N = spec.w13_rows();
-  const auto slots = slots_per_expert(routing, spec.experts);
-  MoeOutput o = make_output(spec, routing);
-  parallel_for(spec.experts, spec.threads, [&](int64_t e0, int64_t e1) {
+  parallel_for(last - first, spec.threads, [&](int64_t b, int64_t end) {
     MatD xe, h, a, y;
-    for (int64_t e = e0; e < e1; ++e) {
+    for (int64_t e = first + b; e < first + end; ++e) {
       const auto& es = slots[static_cast<size_t>(e)];
       const int64_t m = static_cast<int64_t>(es.size());
       if (m == 0) continue;
@@ -185,22 +188,18 @@ MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float
       }
       for (int64_t r = 0; r < m; ++r)
         std::copy(y.row(r).data(), y.row(r).data() + H,
-                  o.slot_out.data() + es[static_cast<size_t>(r)] * H);
+                  o->slot_out.data() + es[static_cast<size_t>(r)] * H);
     }
   });
-  combine_slots(routing, &o);
-  return o;
 }
 
-MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, const float* x,
-                                const ExpertMatmulFn& matmul) {
-  spec.validate();
+// Fills o->slot_out for the slots of experts [first, last) through the backend's matmul.
+void backend_slots(const MoeSpec& spec, const Routing& routing, const Slots& slots, const float* x,
+                   const ExpertMatmulFn& matmul, int64_t first, int64_t last, MoeOutput* o) {
   const int64_t H = spec.hidden, I = spec.intermediate, N = spec.w13_rows();
-  const auto slots = slots_per_expert(routing, spec.experts);
-  MoeOutput o = make_output(spec, routing);
-  parallel_for(spec.experts, spec.threads, [&](int64_t e0, int64_t e1) {
+  parallel_for(last - first, spec.threads, [&](int64_t b, int64_t end) {
     std::vector<float> xe, h, a, y;
-    for (int64_t e = e0; e < e1; ++e) {
+    for (int64_t e = first + b; e < first + end; ++e) {
       const auto& es = slots[static_cast<size_t>(e)];
       const int64_t m = static_cast<int64_t>(es.size());
       if (m == 0) continue;
@@ -217,12 +216,49 @@ MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, con
       y.assign(static_cast<size_t>(m * H), std::nanf(""));
       matmul(static_cast<int>(e), MoeProj::kW2, a.data(), m, y.data());
       for (int64_t r = 0; r < m; ++r) {
-        double* dst = o.slot_out.data() + es[static_cast<size_t>(r)] * H;
+        double* dst = o->slot_out.data() + es[static_cast<size_t>(r)] * H;
         for (int64_t c = 0; c < H; ++c)
           dst[c] = static_cast<double>(y[static_cast<size_t>(r * H + c)]);
       }
     }
   });
+}
+
+void check_router_shapes(const MoeSpec& spec, const RouterConfig& router,
+                         const std::vector<float>& router_weight,
+                         const std::vector<float>& router_bias) {
+  if (router.num_experts != spec.experts)
+    throw Error(ErrorCode::kBadShape, "", "router.weight",
+                "router has " + std::to_string(router.num_experts) + " experts, layer has " +
+                    std::to_string(spec.experts));
+  if (static_cast<int64_t>(router_weight.size()) != spec.experts * spec.hidden)
+    throw Error(ErrorCode::kBadShape, "", "router.weight",
+                "router weight holds " + std::to_string(router_weight.size()) + " values, want [" +
+                    std::to_string(spec.experts) + ", " + std::to_string(spec.hidden) + "]");
+  if (!router_bias.empty() && static_cast<int64_t>(router_bias.size()) != spec.experts)
+    throw Error(ErrorCode::kBadShape, "", "router.bias",
+                "router bias holds " + std::to_string(router_bias.size()) + " values, want " +
+                    std::to_string(spec.experts));
+}
+
+}  // namespace
+
+MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float* x,
+                        const ExpertWeightsFn& weights) {
+  spec.validate();
+  MoeOutput o = make_output(spec, routing);
+  reference_slots(spec, routing, slots_per_expert(routing, spec.experts), x, weights, 0,
+                  spec.experts, &o);
+  combine_slots(routing, &o);
+  return o;
+}
+
+MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, const float* x,
+                                const ExpertMatmulFn& matmul) {
+  spec.validate();
+  MoeOutput o = make_output(spec, routing);
+  backend_slots(spec, routing, slots_per_expert(routing, spec.experts), x, matmul, 0, spec.experts,
+                &o);
   combine_slots(routing, &o);
   return o;
 }
@@ -283,33 +319,50 @@ MoeComparison compare_moe(const MoeOutput& ref, const MoeOutput& got, const Rout
   return c;
 }
 
+ChunkedMoeLayerCheck::ChunkedMoeLayerCheck(const MoeSpec& spec, const RouterConfig& router,
+                                           const float* x, int64_t tokens,
+                                           const std::vector<float>& router_weight,
+                                           const std::vector<float>& router_bias,
+                                           const std::vector<float>& correction_bias)
+    : spec_(spec), x_(x) {
+  spec_.validate();
+  check_router_shapes(spec_, router, router_weight, router_bias);
+  const std::vector<float> logits =
+      router_logits(x, tokens, spec_.hidden, router_weight.data(), spec_.experts,
+                    router_bias.empty() ? nullptr : router_bias.data());
+  routing_ = route(logits, correction_bias, router);
+  slots_ = slots_per_expert(routing_, spec_.experts);
+  ref_ = make_output(spec_, routing_);
+  got_ = make_output(spec_, routing_);
+}
+
+void ChunkedMoeLayerCheck::evaluate(int64_t first, int64_t last, const ExpertWeightsFn& weights,
+                                    const ExpertMatmulFn& matmul) {
+  if (first < 0 || last > spec_.experts || first > last)
+    throw Error(ErrorCode::kInternal, "", "experts",
+                "expert range [" + std::to_string(first) + ", " + std::to_string(last) +
+                    ") outside the layer's " + std::to_string(spec_.experts));
+  reference_slots(spec_, routing_, slots_, x_, weights, first, last, &ref_);
+  backend_slots(spec_, routing_, slots_, x_, matmul, first, last, &got_);
+}
+
+MoeLayerCheck ChunkedMoeLayerCheck::finish() {
+  combine_slots(routing_, &ref_);
+  combine_slots(routing_, &got_);
+  MoeLayerCheck check;
+  check.comparison = compare_moe(ref_, got_, routing_, spec_.experts);
+  check.routing = std::move(routing_);
+  return check;
+}
+
 MoeLayerCheck check_moe_layer(const MoeSpec& spec, const RouterConfig& router, const float* x,
                               int64_t tokens, const std::vector<float>& router_weight,
                               const std::vector<float>& router_bias,
                               const std::vector<float>& correction_bias,
                               const ExpertWeightsFn& weights, const ExpertMatmulFn& matmul) {
-  spec.validate();
-  if (router.num_experts != spec.experts)
-    throw Error(ErrorCode::kBadShape, "", "router.weight",
-                "router has " + std::to_string(router.num_experts) + " experts, layer has " +
-                    std::to_string(spec.experts));
-  if (static_cast<int64_t>(router_weight.size()) != spec.experts * spec.hidden)
-    throw Error(ErrorCode::kBadShape, "", "router.weight",
-                "router weight holds " + std::to_string(router_weight.size()) + " values, want [" +
-                    std::to_string(spec.experts) + ", " + std::to_string(spec.hidden) + "]");
-  if (!router_bias.empty() && static_cast<int64_t>(router_bias.size()) != spec.experts)
-    throw Error(ErrorCode::kBadShape, "", "router.bias",
-                "router bias holds " + std::to_string(router_bias.size()) + " values, want " +
-                    std::to_string(spec.experts));
-  MoeLayerCheck check;
-  const std::vector<float> logits =
-      router_logits(x, tokens, spec.hidden, router_weight.data(), spec.experts,
-                    router_bias.empty() ? nullptr : router_bias.data());
-  check.routing = route(logits, correction_bias, router);
-  const MoeOutput ref = moe_reference(spec, check.routing, x, weights);
-  const MoeOutput got = moe_via_expert_matmul(spec, check.routing, x, matmul);
-  check.comparison = compare_moe(ref, got, check.routing, spec.experts);
-  return check;
+  ChunkedMoeLayerCheck check(spec, router, x, tokens, router_weight, router_bias, correction_bias);
+  check.evaluate(0, spec.experts, weights, matmul);
+  return check.finish();
 }
 
 std::vector<float> random_hidden_states(int64_t tokens, int64_t hidden, uint64_t seed) {

@@ -109,6 +109,31 @@ MoeLayerCheck check_moe_layer(const MoeSpec& spec, const RouterConfig& router, c
                               const std::vector<float>& correction_bias,
                               const ExpertWeightsFn& weights, const ExpertMatmulFn& matmul);
 
+// check_moe_layer a range of experts at a time, so that a caller can hold one chunk of a layer's
+// experts in memory (verify: decode, compare and evaluate a chunk, then drop it). Routing is
+// computed once; each evaluate() fills the slots of its experts on both sides; finish() combines
+// and compares. The result equals check_moe_layer's for any split of [0, E) into ranges (each
+// expert evaluated exactly once); experts never evaluated contribute zero outputs.
+class ChunkedMoeLayerCheck {
+ public:
+  // Throws kBadShape when the router does not match the spec (as check_moe_layer).
+  ChunkedMoeLayerCheck(const MoeSpec& spec, const RouterConfig& router, const float* x,
+                       int64_t tokens, const std::vector<float>& router_weight,
+                       const std::vector<float>& router_bias,
+                       const std::vector<float>& correction_bias);
+  // Experts [first, last): the callbacks receive layer-wide expert ids.
+  void evaluate(int64_t first, int64_t last, const ExpertWeightsFn& weights,
+                const ExpertMatmulFn& matmul);
+  MoeLayerCheck finish();  // once
+
+ private:
+  MoeSpec spec_;
+  const float* x_;
+  Routing routing_;
+  std::vector<std::vector<int64_t>> slots_;
+  MoeOutput ref_, got_;
+};
+
 // Random hidden states [tokens, hidden], i.i.d. normal(0, 1), fixed by `seed`: std::mt19937_64
 // (its output sequence is fixed by the standard), 53-bit uniform doubles, Box-Muller (both
 // outputs of each pair used) -- not std::normal_distribution, whose output is

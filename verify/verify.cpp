@@ -1,5 +1,6 @@
 #include "verify/verify.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "kernels/moepack_cuda.h"
 #include "model/checkpoint.h"
 #include "pipeline/manifest.h"
+#include "pipeline/plan.h"
 #include "verify/moe_reference.h"
 #include "verify/router.h"
 
@@ -36,51 +38,201 @@ struct Output {
   }
 };
 
+// The index as JSON, or a description of why it is not usable. Never blocks (a FIFO or device is
+// refused before opening) and never reads more than a manifest may hold.
+std::optional<json> read_index(const std::string& path, std::string* problem) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (st.type() != fs::file_type::regular) {
+    *problem = "model.safetensors.index.json is not a regular file";
+    return std::nullopt;
+  }
+  if (fs::file_size(path, ec) > kMaxManifestBytes || ec) {
+    *problem = "model.safetensors.index.json is larger than " + std::to_string(kMaxManifestBytes);
+    return std::nullopt;
+  }
+  std::ifstream in(path);
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object()) {
+    *problem = "index is not valid JSON with a weight_map object";
+    return std::nullopt;
+  }
+  return j;
+}
+
 Output open_output(const std::string& dir, const Manifest& manifest, VerifyReport& r) {
   Output o;
   std::set<std::string> listed;
   for (const auto& s : manifest.shards) listed.insert(s.name);
+  {
+    // Every shard is the size the manifest says, and no safetensors file is unlisted (a loader
+    // without the index reads every *.safetensors of the directory).
+    IntegrityCheck sc;
+    sc.name = "shard files as listed";
+    sc.passed = true;
+    for (const auto& s : manifest.shards) {
+      std::error_code ec;
+      const std::string p = (fs::path(dir) / s.name).string();
+      const uint64_t size = fs::file_size(p, ec);
+      if (ec) {
+        sc.passed = false;
+        sc.detail = s.name + ": " + ec.message();
+        break;
+      }
+      if (size != s.file_bytes) {
+        sc.passed = false;
+        sc.detail = s.name + " is " + std::to_string(size) + " bytes, manifest says " +
+                    std::to_string(s.file_bytes);
+        break;
+      }
+    }
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; sc.passed && !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      if (it->path().extension() == ".safetensors" && !listed.count(n)) {
+        sc.passed = false;
+        sc.detail = n + " is not a shard of the manifest";
+      }
+    }
+    if (sc.passed) sc.detail = std::to_string(manifest.shards.size()) + " shards";
+    r.integrity.push_back(sc);
+  }
   for (const auto& name : listed) {
     const std::string p = (fs::path(dir) / name).string();
+    std::error_code ec;
+    if (!fs::exists(p, ec)) continue;  // reported above; its tensors are reported missing below
     o.shards.emplace(name, SafetensorsFile::open(p));
     for (const auto& e : o.shards.at(name).entries()) o.where[e.name] = name;
   }
   const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
   IntegrityCheck ic;
   ic.name = "index matches shards";
+  std::error_code ec;
   if (listed.size() > 1) {
-    std::ifstream in(index);
-    if (!in) {
-      ic.detail = "sharded output without model.safetensors.index.json";
+    std::string problem;
+    const std::optional<json> idx = read_index(index, &problem);
+    uint64_t total = 0;
+    for (const auto& [n, f] : o.shards)
+      for (const auto& e : f.entries()) total += e.end - e.begin;
+    if (!idx) {
+      ic.detail =
+          fs::exists(index, ec) ? problem : "sharded output without model.safetensors.index.json";
     } else {
-      const json idx = json::parse(in, nullptr, false);
-      uint64_t total = 0;
-      for (const auto& [n, f] : o.shards)
-        for (const auto& e : f.entries()) total += e.end - e.begin;
-      if (idx.is_discarded() || !idx.contains("weight_map")) {
-        ic.detail = "index is not valid JSON with a weight_map";
-      } else if (idx["weight_map"].size() != o.where.size()) {
-        ic.detail = "index lists " + std::to_string(idx["weight_map"].size()) +
-                    " tensors, shards hold " + std::to_string(o.where.size());
-      } else if (idx.value("/metadata/total_size"_json_pointer, uint64_t{0}) != total) {
+      const json& wm = (*idx)["weight_map"];
+      const json* ts = nullptr;
+      if (idx->contains("metadata") && (*idx)["metadata"].is_object() &&
+          (*idx)["metadata"].contains("total_size"))
+        ts = &(*idx)["metadata"]["total_size"];
+      if (wm.size() != o.where.size()) {
+        ic.detail = "index lists " + std::to_string(wm.size()) + " tensors, shards hold " +
+                    std::to_string(o.where.size());
+      } else if (!ts || !ts->is_number_unsigned() || ts->get<uint64_t>() != total) {
         ic.detail = "metadata.total_size differs from the shards' tensor bytes";
       } else {
         ic.passed = true;
-        for (auto& [t, f] : idx["weight_map"].items())
-          if (!o.where.count(t) || o.where[t] != f.get<std::string>()) {
+        for (auto& [t, f] : wm.items())
+          if (!f.is_string() || !o.where.count(t) || o.where[t] != f.get<std::string>()) {
             ic.passed = false;
-            ic.detail =
-                "tensor " + t + " is mapped to " + f.get<std::string>() + " but lives elsewhere";
+            ic.detail = "tensor " + t + " is mapped to " +
+                        (f.is_string() ? f.get<std::string>() : f.dump()) + " but lives elsewhere";
             break;
           }
       }
     }
   } else {
-    ic.passed = !fs::exists(index);
+    ic.passed = !fs::exists(index, ec);
     if (!ic.passed) ic.detail = "single-file output has a stray index";
   }
   r.integrity.push_back(ic);
   return o;
+}
+
+// Whether two files have the same bytes (read in blocks; never blocks on a non-regular file).
+bool same_file_bytes(const std::string& a, const std::string& b, std::string* problem) {
+  std::error_code ec;
+  for (const std::string* p : {&a, &b})
+    if (fs::symlink_status(*p, ec).type() != fs::file_type::regular) {
+      *problem = *p + " is not a regular file";
+      return false;
+    }
+  if (fs::file_size(a, ec) != fs::file_size(b, ec)) {
+    *problem = "sizes differ";
+    return false;
+  }
+  std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+  std::vector<char> ba(1 << 16), bb(1 << 16);
+  while (fa && fb) {
+    fa.read(ba.data(), static_cast<std::streamsize>(ba.size()));
+    fb.read(bb.data(), static_cast<std::streamsize>(bb.size()));
+    if (fa.gcount() != fb.gcount() ||
+        std::memcmp(ba.data(), bb.data(), static_cast<size_t>(fa.gcount())) != 0) {
+      *problem = "bytes differ";
+      return false;
+    }
+  }
+  return true;
+}
+
+// The manifest against the source: every MoE layer with its experts and sizes, every tensor
+// that is not a routed expert copied, every carried-over file. A manifest that does not describe
+// a conversion of this source is a bad input (kBadConfig naming the manifest field), checked
+// before any tensor is compared.
+void check_manifest_covers_source(const Manifest& m, const std::string& mpath,
+                                  const Checkpoint& src) {
+  auto bad = [&](const std::string& what) { throw Error(ErrorCode::kBadConfig, mpath, "", what); };
+  auto at = [](size_t i) { return "layers[" + std::to_string(i) + "]"; };
+  std::map<std::string, size_t> listed;
+  for (size_t i = 0; i < m.layers.size(); ++i) listed[m.layers[i].module] = i;
+  for (const MoeLayer& L : src.moe_layers())
+    if (!listed.count(L.module))
+      bad("layers: the source's MoE layer " + L.module + " (" + std::to_string(L.num_experts) +
+          " experts) is not listed: it was not verified");
+  std::map<std::string, const MoeLayer*> by_module;
+  for (const MoeLayer& L : src.moe_layers()) by_module[L.module] = &L;
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const ManifestLayer& ml = m.layers[i];
+    auto it = by_module.find(ml.module);
+    if (it == by_module.end())
+      bad(at(i) + ".module: \"" + ml.module + "\" is not an MoE layer of the source " + src.dir());
+    const MoeLayer& L = *it->second;
+    auto same = [&](const char* field, int64_t got, int64_t want) {
+      if (got != want)
+        bad(at(i) + "." + field + ": " + std::to_string(got) + ", but the source's " + L.module +
+            " has " + std::to_string(want));
+    };
+    same("experts", ml.experts, L.num_experts);
+    same("hidden", ml.hidden, L.hidden);
+    same("inter", ml.inter, L.inter);
+    same("layer", ml.layer, L.layer);
+    if (ml.gated != L.gated)
+      bad(at(i) + ".gated: " + (ml.gated ? "true" : "false") + ", but the source's " + L.module +
+          " is " + (L.gated ? "gated" : "not gated"));
+    if (ml.family != moe_family_name(L.family))
+      bad(at(i) + ".family: \"" + ml.family + "\", but the source's " + L.module + " is \"" +
+          moe_family_name(L.family) + "\"");
+    if (ml.param_prefix != L.param_prefix)
+      bad(at(i) + ".param_prefix: \"" + ml.param_prefix + "\", but the source's is \"" +
+          L.param_prefix + "\"");
+  }
+  for (const std::string& name : src.other_tensors()) {
+    auto it = m.tensors.find(name);
+    if (it == m.tensors.end())
+      bad("tensors: the source tensor " + name + " is neither converted nor copied");
+    if (it->second.converted)
+      bad("tensors[\"" + name + "\"].action: \"convert\", but " + name +
+          " is not a routed expert tensor of the source (it is copied through)");
+  }
+  if (m.source.tensor_bytes != src.total_tensor_bytes())
+    bad("source.tensor_bytes: " + std::to_string(m.source.tensor_bytes) +
+        ", but the source holds " + std::to_string(src.total_tensor_bytes()));
+  const std::set<std::string> want(src.other_files().begin(), src.other_files().end());
+  const std::set<std::string> got(m.files.begin(), m.files.end());
+  for (const auto& f : want)
+    if (!got.count(f)) bad("files: the source's " + f + " is not listed");
+  for (size_t i = 0; i < m.files.size(); ++i)
+    if (!want.count(m.files[i]))
+      bad("files[" + std::to_string(i) + "]: \"" + m.files[i] + "\" is not a file of the source");
 }
 
 // The source scales as the layout stores them (fp16 -> bf16 RNE etc.; formats' convert_scales,
@@ -99,10 +251,11 @@ std::vector<int32_t> explicit_g_idx(const QuantTensor& q) {
   return g;
 }
 
+// One chunk of experts, [first_expert, first_expert + experts) of the layer.
 template <typename T>
 RoundTripCheck compare_per_expert(const std::string& name, int64_t layer, const std::vector<T>& got,
                                   const std::vector<T>& want, int64_t experts,
-                                  int64_t elem_per_unit) {
+                                  int64_t elem_per_unit, int64_t first_expert) {
   RoundTripCheck c;
   c.name = name;
   if (got.size() != want.size()) {
@@ -123,7 +276,7 @@ RoundTripCheck compare_per_expert(const std::string& name, int64_t layer, const 
       if (++c.mismatches == 1) {
         RoundTripMismatch m;
         m.layer = layer;
-        m.expert = per_expert ? static_cast<int64_t>(i) / per_expert : -1;
+        m.expert = per_expert ? first_expert + static_cast<int64_t>(i) / per_expert : -1;
         m.tensor = name;
         m.index = (per_expert ? static_cast<int64_t>(i) % per_expert : static_cast<int64_t>(i)) /
                   elem_per_unit;
@@ -139,8 +292,9 @@ RoundTripCheck compare_per_expert(const std::string& name, int64_t layer, const 
   return c;
 }
 
-void compare_quant(VerifyReport& r, int64_t layer, const std::string& which, const QuantTensor& got,
-                   const QuantTensor& want) {
+std::vector<RoundTripCheck> compare_quant(int64_t layer, const std::string& which,
+                                          const QuantTensor& got, const QuantTensor& want,
+                                          int64_t first_expert) {
   const std::string base = "layer " + std::to_string(layer) + " " + which + " ";
   if (got.n != want.n || got.k != want.k || got.experts != want.experts) {
     RoundTripCheck c;
@@ -154,20 +308,94 @@ void compare_quant(VerifyReport& r, int64_t layer, const std::string& which, con
     m.want = "[" + std::to_string(want.experts) + ", " + std::to_string(want.n) + ", " +
              std::to_string(want.k) + "]";
     c.first_mismatch = m;
-    r.round_trip.push_back(c);
-    return;
+    return {c};
   }
-  r.round_trip.push_back(
-      compare_per_expert(base + "codes", layer, got.codes, want.codes, got.experts, 1));
+  std::vector<RoundTripCheck> out;
+  out.push_back(compare_per_expert(base + "codes", layer, got.codes, want.codes, got.experts, 1,
+                                   first_expert));
   const auto want_scales = scales_as(want, got.scale_dtype);
-  r.round_trip.push_back(compare_per_expert(base + "scales", layer, got.scales, want_scales,
-                                            got.experts, got.scale_bytes()));
+  out.push_back(compare_per_expert(base + "scales", layer, got.scales, want_scales, got.experts,
+                                   got.scale_bytes(), first_expert));
   if (!want.symmetric || !got.symmetric)
-    r.round_trip.push_back(
-        compare_per_expert(base + "zeros", layer, got.zeros, want.zeros, got.experts, 1));
+    out.push_back(compare_per_expert(base + "zeros", layer, got.zeros, want.zeros, got.experts, 1,
+                                     first_expert));
   if (!want.g_idx.empty() || !got.g_idx.empty())
-    r.round_trip.push_back(compare_per_expert(base + "g_idx", layer, explicit_g_idx(got),
-                                              explicit_g_idx(want), got.experts, 1));
+    out.push_back(compare_per_expert(base + "g_idx", layer, explicit_g_idx(got),
+                                     explicit_g_idx(want), got.experts, 1, first_expert));
+  return out;
+}
+
+// A layer's round-trip checks summed over its chunks of experts (first mismatch: the first
+// chunk's that has one).
+class LayerRoundTrip {
+ public:
+  void add(const std::vector<RoundTripCheck>& checks) {
+    for (const RoundTripCheck& c : checks) {
+      auto it = std::find_if(checks_.begin(), checks_.end(),
+                             [&](const RoundTripCheck& k) { return k.name == c.name; });
+      if (it == checks_.end()) {
+        checks_.push_back(c);
+        continue;
+      }
+      it->compared += c.compared;
+      it->mismatches += c.mismatches;
+      if (!it->first_mismatch) it->first_mismatch = c.first_mismatch;
+    }
+  }
+  void report(VerifyReport& r) {
+    for (RoundTripCheck& c : checks_) {
+      c.passed = c.mismatches == 0;
+      r.round_trip.push_back(std::move(c));
+    }
+    checks_.clear();
+  }
+
+ private:
+  std::vector<RoundTripCheck> checks_;
+};
+
+// A layer whose converted tensors could not be decoded or evaluated: a failed round-trip check
+// naming the layer and the reason, and a failed (non-finite) numerical result.
+void report_broken_layer(VerifyReport& r, int64_t layer, const std::string& backend, int64_t tokens,
+                         int top_k, int64_t experts, const std::string& stage, const Error& e) {
+  RoundTripCheck c;
+  c.name = "layer " + std::to_string(layer) + " " + stage;
+  c.mismatches = 1;
+  RoundTripMismatch m;
+  m.layer = layer;
+  m.tensor = e.tensor();
+  m.got = e.message();
+  c.first_mismatch = m;
+  r.round_trip.push_back(c);
+  LayerResult l;
+  l.layer = layer;
+  l.backend = backend;
+  l.tokens = tokens;
+  l.top_k = top_k;
+  l.max_abs_err = l.norm_err = std::numeric_limits<double>::infinity();
+  l.passed = false;
+  l.expert_max_abs_err.assign(static_cast<size_t>(std::max<int64_t>(0, experts)), 0.0);
+  l.expert_tokens.assign(static_cast<size_t>(std::max<int64_t>(0, experts)), 0);
+  r.layers.push_back(l);
+}
+
+// Experts [first, last) of each parameter (every layout parameter leads with the expert
+// dimension), copied out of the mapped shard: only one chunk is ever in memory.
+TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int64_t first,
+                      int64_t last) {
+  TensorMap out;
+  for (const TensorView& v : views) {
+    Tensor t;
+    t.name = v.name;
+    t.dtype = v.dtype;
+    t.shape = v.shape;
+    t.shape[0] = last - first;
+    const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
+    t.data.assign(v.data + per * static_cast<uint64_t>(first),
+                  v.data + per * static_cast<uint64_t>(last));
+    out.emplace(t.name, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace
@@ -196,7 +424,18 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   const std::string& backend = manifest.backend;
   r.backend = backend;
   const TargetLayout* layout = find_target_layout(backend);
-  if (!layout) throw Error(ErrorCode::kUnsupported, mpath, "", "unknown backend " + backend);
+  if (!layout)
+    throw Error(ErrorCode::kBadConfig, mpath, "",
+                "backend: unknown backend \"" + backend + "\" (" + target_layout_names() + ")");
+  if (manifest.layout.name != layout->name)
+    throw Error(ErrorCode::kBadConfig, mpath, "",
+                "layout.name: \"" + manifest.layout.name + "\", but backend " + backend +
+                    " writes layout \"" + layout->name + "\"");
+  if (manifest.layout.version != layout->layout_version)
+    throw Error(ErrorCode::kUnsupported, mpath, "",
+                "layout.version: " + std::to_string(manifest.layout.version) + " of " + backend +
+                    ", this moepack reads version " + std::to_string(layout->layout_version) +
+                    " (convert again with this moepack)");
   const HfConfig cfg = load_hf_config(opts.dst);
   r.model = cfg.architecture.empty() ? cfg.model_type : cfg.architecture;
 
@@ -240,7 +479,10 @@ VerifyReport run_verify(const VerifyOptions& opts) {
 
   // 2 + 3 per layer.
   std::unique_ptr<Checkpoint> src;
-  if (!opts.source.empty()) src = Checkpoint::open(opts.source);
+  if (!opts.source.empty()) {
+    src = Checkpoint::open(opts.source);
+    check_manifest_covers_source(manifest, mpath, *src);
+  }
   const QuantParams& target_q = manifest.target_quant_params;
   const bool quantized_from_dense = manifest.quantize.has_value();
   const QuantizeRecipe* recipe =
@@ -249,6 +491,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
           : nullptr;
   const ref::RouterConfig router = ref::router_config_from_hf(cfg.text);
   const int threads = resolve_threads(opts.threads);
+  const ref::Activation activation = ref::activation_from_hf(cfg.hidden_act);
 
   if (src) {
     // Copy-through tensors are the source's bytes.
@@ -264,6 +507,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
         ct.detail = name + " not in the source";
         break;
       }
+      if (!out.where.count(name)) continue;  // reported missing by the integrity check
       const TensorView a = src->view(name), b = out.view(name);
       if (a.nbytes != b.nbytes || a.dtype != b.dtype || a.shape != b.shape ||
           std::memcmp(a.data, b.data, a.nbytes) != 0) {
@@ -275,100 +519,163 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     if (ct.passed) ct.detail = std::to_string(n) + " tensors";
     r.integrity.push_back(ct);
   }
+  {
+    // Carried-over files are present (and, with the source, its bytes).
+    IntegrityCheck fc;
+    fc.name = "carried-over files present" + std::string(src ? " and equal the source" : "");
+    fc.passed = true;
+    for (const std::string& f : manifest.files) {
+      const std::string p = (fs::path(opts.dst) / f).string();
+      std::error_code ec;
+      std::string problem;
+      if (fs::symlink_status(p, ec).type() != fs::file_type::regular)
+        problem = "missing or not a regular file";
+      else if (src && !same_file_bytes(p, (fs::path(src->dir()) / f).string(), &problem))
+        problem = "differs from the source: " + problem;
+      if (!problem.empty()) {
+        fc.passed = false;
+        fc.detail = f + ": " + problem;
+        break;
+      }
+    }
+    if (fc.passed) fc.detail = std::to_string(manifest.files.size()) + " files";
+    r.integrity.push_back(fc);
+  }
 
   bool rounded_note = false;
   for (const ManifestLayer& ml : manifest.layers) {
     const std::string& module = ml.module;
     const int64_t layer_no = ml.layer;
+    const int64_t E = ml.experts;
     const LayoutOptions lo =
         LayoutOptions::for_layer(target_q.method, manifest.act_dtype, ml.gated,
                                  manifest.options.vllm_w13_scale_size_k, ml.param_prefix, threads);
-    TensorMap params;
-    for (const auto& p : ml.params) params.emplace(p, Tensor::from_view(out.view(p)));
-
-    MoeExperts decoded;
-    try {
-      decoded = layout->unpack(lo, params);
-    } catch (const Error& e) {
-      RoundTripCheck c;
-      c.name = "layer " + std::to_string(layer_no) + " decode";
-      c.mismatches = 1;
-      RoundTripMismatch m;
-      m.layer = layer_no;
-      m.tensor = e.tensor();
-      m.got = e.message();
-      c.first_mismatch = m;
-      r.round_trip.push_back(c);
-      continue;
-    }
-    // The reference experts: the source's (re-quantised when the conversion quantised), or the
-    // decoded layout when no source was given.
-    MoeExperts reference = decoded;
     const MoeLayer* src_layer = nullptr;
-    if (src) {
+    if (src)
       for (const auto& L : src->moe_layers())
         if (L.module == module) src_layer = &L;
-      if (!src_layer)
-        throw Error(ErrorCode::kBadConfig, opts.source, module, "source has no such MoE layer");
-      if (quantized_from_dense) {
-        const DenseExperts d = load_dense_experts(*src, *src_layer);
-        reference.w13 =
-            recipe->quantize(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden);
-        reference.w2 = recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
-      } else {
-        reference = load_moe_experts(*src, *src_layer, threads);
-      }
-      compare_quant(r, layer_no, "w13", decoded.w13, reference.w13);
-      compare_quant(r, layer_no, "w2", decoded.w2, reference.w2);
-      // The served model computes with scales in the layout's dtype (vLLM's loader rounds an
-      // fp16 checkpoint's scales to bf16 for bf16 serving); the reference does the same, so
-      // the tolerance measures layout faithfulness, not that rounding.
-      for (auto* pair : {&reference.w13, &reference.w2}) {
-        const QuantTensor& d = pair == &reference.w13 ? decoded.w13 : decoded.w2;
-        if (pair->scale_dtype != d.scale_dtype) {
-          if (!rounded_note) {
-            r.notes.push_back(std::string("source scales ") + dtype_name(pair->scale_dtype) +
-                              " are served as " + dtype_name(d.scale_dtype) +
-                              "; the reference uses the same rounding");
-            rounded_note = true;
-          }
-          pair->scales = scales_as(*pair, d.scale_dtype);
-          pair->scale_dtype = d.scale_dtype;
-        }
-      }
-    }
+    auto broken = [&](const std::string& stage, const Error& e) {
+      report_broken_layer(r, layer_no, backend, opts.tokens, router.top_k, E, stage, e);
+    };
 
-    // 3. Numerical: the real router on random hidden states.
+    // The converted parameters and the router, as DST holds them: anything wrong with them is
+    // this layer failing (exit 1), never an input error.
+    std::vector<TensorView> views;
+    std::unique_ptr<ref::ChunkedMoeLayerCheck> numeric;
+    std::vector<float> x;
     ref::MoeSpec spec;
-    spec.experts = ml.experts;
+    spec.experts = E;
     spec.hidden = ml.hidden;
     spec.intermediate = ml.inter;
     spec.gated = lo.gated;
-    spec.activation = ref::activation_from_hf(cfg.hidden_act);
+    spec.activation = activation;
     spec.threads = threads;
-    const std::string router_prefix = module + ".gate.";
-    std::string rw_name = router_prefix + "weight", rb_name,
-                cb_name = router_prefix + "e_score_correction_bias";
-    if (!out.where.count(rw_name)) {
-      rw_name = module + ".router.weight";
-      rb_name = module + ".router.bias";
+    try {
+      for (const auto& p : ml.params) {
+        const TensorView v = out.view(p);
+        if (v.shape.empty() || v.shape[0] != E)
+          throw Error(ErrorCode::kBadShape, "", p,
+                      "shape " + shape_str(v.shape) + " does not lead with the layer's " +
+                          std::to_string(E) + " experts");
+        views.push_back(v);
+      }
+      const std::string router_prefix = module + ".gate.";
+      std::string rw_name = router_prefix + "weight", rb_name,
+                  cb_name = router_prefix + "e_score_correction_bias";
+      if (!out.where.count(rw_name)) {
+        rw_name = module + ".router.weight";
+        rb_name = module + ".router.bias";
+      }
+      const std::vector<float> router_w = to_floats(out.view(rw_name));
+      const std::vector<float> router_b = !rb_name.empty() && out.where.count(rb_name)
+                                              ? to_floats(out.view(rb_name))
+                                              : std::vector<float>{};
+      const std::vector<float> corr =
+          out.where.count(cb_name) ? to_floats(out.view(cb_name)) : std::vector<float>{};
+      x = ref::random_hidden_states(opts.tokens, spec.hidden,
+                                    opts.seed + static_cast<uint64_t>(layer_no));
+      numeric = std::make_unique<ref::ChunkedMoeLayerCheck>(spec, router, x.data(), opts.tokens,
+                                                            router_w, router_b, corr);
+    } catch (const Error& e) {
+      broken("parameters", e);
+      continue;
     }
-    const std::vector<float> router_w = to_floats(out.view(rw_name));
-    const std::vector<float> router_b = !rb_name.empty() && out.where.count(rb_name)
-                                            ? to_floats(out.view(rb_name))
-                                            : std::vector<float>{};
-    const std::vector<float> corr =
-        out.where.count(cb_name) ? to_floats(out.view(cb_name)) : std::vector<float>{};
-    const std::vector<float> x = ref::random_hidden_states(
-        opts.tokens, spec.hidden, opts.seed + static_cast<uint64_t>(layer_no));
-    auto weights = [&](int64_t e, MoeProj p) {
-      return dequantize_expert(p == MoeProj::kW13 ? reference.w13 : reference.w2, e);
-    };
-    auto matmul = [&](int e, MoeProj p, const float* xs, int64_t m, float* y) {
-      layout->expert_matmul(lo, params, p, e, xs, m, y);
-    };
-    const ref::MoeLayerCheck check = ref::check_moe_layer(
-        spec, router, x.data(), opts.tokens, router_w, router_b, corr, weights, matmul);
+
+    // Expert chunks by convert's --chunk-size rule: the packed chunk, its decoding and the
+    // source's chunk are all that is held (the mapped shards are read, not copied). With a
+    // source verify holds two canonical forms where convert holds one, so it takes half the
+    // experts convert takes: its peak stays within convert's for the same --chunk-size.
+    const uint64_t per_expert =
+        static_cast<uint64_t>((spec.w13_rows() + ml.inter) * ml.hidden) * (recipe ? 4 : 1);
+    const int64_t convert_chunk = experts_per_chunk(opts.chunk_bytes, E, per_expert);
+    const int64_t chunk = src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
+    LayerRoundTrip round_trip;
+    bool ok = true;
+    for (int64_t e0 = 0; ok && e0 < E; e0 += chunk) {
+      const int64_t e1 = std::min(E, e0 + chunk);
+      const TensorMap params = param_chunk(views, E, e0, e1);
+      MoeExperts decoded;
+      try {
+        decoded = layout->unpack(lo, params);
+      } catch (const Error& e) {
+        broken("decode (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")", e);
+        ok = false;
+        break;
+      }
+      // The reference experts: the source's (re-quantised when the conversion quantised), or
+      // the decoded layout when no source was given.
+      MoeExperts source_chunk;
+      const MoeExperts* reference = &decoded;
+      if (src_layer) {
+        ExpertRange range;
+        range.begin = e0;
+        range.end = e1;
+        if (quantized_from_dense) {
+          const DenseExperts d = load_dense_experts(*src, *src_layer, range);
+          source_chunk.w13 =
+              recipe->quantize(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden);
+          source_chunk.w2 = recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
+        } else {
+          source_chunk = load_moe_experts(*src, *src_layer, threads, range);
+        }
+        round_trip.add(compare_quant(layer_no, "w13", decoded.w13, source_chunk.w13, e0));
+        round_trip.add(compare_quant(layer_no, "w2", decoded.w2, source_chunk.w2, e0));
+        // The served model computes with scales in the layout's dtype (vLLM's loader rounds an
+        // fp16 checkpoint's scales to bf16 for bf16 serving); the reference does the same, so
+        // the tolerance measures layout faithfulness, not that rounding.
+        for (auto* pair : {&source_chunk.w13, &source_chunk.w2}) {
+          const QuantTensor& d = pair == &source_chunk.w13 ? decoded.w13 : decoded.w2;
+          if (pair->scale_dtype != d.scale_dtype) {
+            if (!rounded_note) {
+              r.notes.push_back(std::string("source scales ") + dtype_name(pair->scale_dtype) +
+                                " are served as " + dtype_name(d.scale_dtype) +
+                                "; the reference uses the same rounding");
+              rounded_note = true;
+            }
+            pair->scales = scales_as(*pair, d.scale_dtype);
+            pair->scale_dtype = d.scale_dtype;
+          }
+        }
+        reference = &source_chunk;
+      }
+      // 3. Numerical, this chunk's experts: the real router on random hidden states.
+      auto weights = [&](int64_t e, MoeProj p) {
+        return dequantize_expert(p == MoeProj::kW13 ? reference->w13 : reference->w2, e - e0);
+      };
+      auto matmul = [&](int e, MoeProj p, const float* xs, int64_t m, float* y) {
+        layout->expert_matmul(lo, params, p, e - static_cast<int>(e0), xs, m, y);
+      };
+      try {
+        numeric->evaluate(e0, e1, weights, matmul);
+      } catch (const Error& e) {
+        broken("evaluation (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")",
+               e);
+        ok = false;
+      }
+    }
+    round_trip.report(r);
+    if (!ok) continue;
+    const ref::MoeLayerCheck check = numeric->finish();
     r.layers.push_back(make_layer_result(layer_no, backend, opts.tokens, router.top_k,
                                          check.comparison, opts.tolerance));
   }

@@ -17,6 +17,9 @@ struct VerifyOptions {
   double tolerance = kDefaultVerifyTolerance;
   std::string device = "cpu";
   int threads = 0;
+  // Experts of a layer checked at once, as canonical bytes: the rule and default of convert's
+  // --chunk-size, so verify's memory is bounded like convert's (one chunk, not one layer).
+  uint64_t chunk_bytes = 1ull << 30;
 };
 
 // Runs every check and returns the report (report.passed says the verdict). Throws Error for
