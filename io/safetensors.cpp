@@ -380,8 +380,14 @@ SafetensorsFile::~SafetensorsFile() {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(ErrorCode::kIo, path, "", "cannot open: " + errno_text(errno));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused as not a regular file
+  // below); it changes nothing for a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(err == ELOOP ? ErrorCode::kBadConfig : ErrorCode::kIo, path, "",
+                (err == ELOOP ? "symlink loop: " : "cannot open: ") + errno_text(err));
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
@@ -390,7 +396,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(ErrorCode::kIo, path, "", "not a regular file");
+    throw Error(ErrorCode::kIo, path, "",
+                S_ISDIR(st.st_mode) ? "is a directory, not a file" : "not a regular file");
   }
   f.size_ = static_cast<uint64_t>(st.st_size);
   if (f.size_ < 8) {

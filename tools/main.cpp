@@ -20,7 +20,9 @@ bool stderr_is_terminal() {
 }
 
 void print_json(const nlohmann::json& j) {
-  std::cout << j.dump(2) << std::endl;
+  // replace: an error message may quote invalid UTF-8 from a hostile file (a JSON parse error's
+  // "last read" bytes); printing it must not throw.
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
 std::string human_bytes(uint64_t b) {
