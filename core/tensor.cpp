@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/half.h"
 
@@ -7,7 +8,11 @@ namespace moepack {
 
 int64_t numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (d < 0)
+      throw Error(ErrorCode::kBadShape, "", "", "negative extent in shape " + shape_str(shape));
+    n = checked_mul(n, d, "shape " + shape_str(shape));
+  }
   return n;
 }
 

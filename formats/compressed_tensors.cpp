@@ -18,7 +18,7 @@ int ct_pack_factor(int bits, const char* what) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);  // never forms a + b - 1 (weight_shape is untrusted)
 }
 
 void check_weight_shape(const Tensor& t, int64_t n, int64_t k) {
@@ -93,6 +93,9 @@ QuantTensor unpack_ct_pack(const QuantParams& p, const TensorMap& m, int64_t n, 
 
   if (const Tensor* gi = find_tensor(m, "weight_g_idx")) {
     q.g_idx = wna16::normalise_g_idx(*gi, "weight_g_idx", k, p.group_size, G);
+    if (!p.act_order && !q.g_idx.empty())  // as in GPTQ: a permutation the config does not declare
+      throw Error(ErrorCode::kBadValue, "", "weight_g_idx",
+                  "a permuted (act-order) weight_g_idx, but the weights' actorder is not group");
   } else if (p.act_order) {
     throw Error(ErrorCode::kMissingTensor, "", "weight_g_idx", "actorder=group needs weight_g_idx");
   }

@@ -20,7 +20,7 @@ int gptq_pack_factor(int bits) {
 }
 
 int64_t group_count(int64_t k, int64_t group_size) {
-  return group_size > 0 ? (k + group_size - 1) / group_size : 1;
+  return group_size > 0 ? k / group_size + (k % group_size != 0 ? 1 : 0) : 1;
 }
 
 }  // namespace
@@ -75,7 +75,9 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
 
   const Tensor& sc = require_tensor(m, "scales");
   expect_dtype(sc, "scales", {DType::kF16, DType::kBF16, DType::kF32});
-  expect_shape(sc, "scales", {G, n}, "GPTQ scales are [G, N], G = " + std::to_string(G));
+  expect_shape(sc, "scales", {G, n},
+               "GPTQ scales are [G, N], G = " + std::to_string(G) + " for K = " +
+                   std::to_string(k) + " and group_size " + std::to_string(p.group_size));
   wna16::check_finite_scales(sc.data.data(), G * n, sc.dtype, "scales");
   q.scale_dtype = sc.dtype;
   q.scales.resize(sc.data.size());
@@ -83,6 +85,11 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
 
   if (const Tensor* gi = find_tensor(m, "g_idx")) {
     q.g_idx = wna16::normalise_g_idx(*gi, "g_idx", k, p.group_size, G);
+    // Config and tensors must agree: vLLM ignores g_idx under desc_act=false, so a permuted one
+    // would be served as if it were trivial (wrong weights).
+    if (!p.act_order && !q.g_idx.empty())
+      throw Error(ErrorCode::kBadValue, "", "g_idx",
+                  "a permuted (act-order) g_idx, but quantization_config.desc_act is false");
   } else if (p.act_order) {
     throw Error(ErrorCode::kMissingTensor, "", "g_idx", "desc_act=true needs g_idx");
   }

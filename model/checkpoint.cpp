@@ -1,6 +1,7 @@
 #include "model/checkpoint.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -8,6 +9,8 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/threads.h"
+#include "io/json_file.h"
+#include "io/safetensors_index.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -29,7 +32,7 @@ const char* moe_family_name(MoeFamily f) {
 
 namespace {
 
-const char* kIndexName = "model.safetensors.index.json";
+const char* const kIndexName = kSafetensorsIndexName;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -41,13 +44,13 @@ int64_t layer_number(const std::string& module) {
   if (pos == std::string::npos) return -1;
   size_t i = pos + 7;
   int64_t v = 0;
-  bool any = false;
+  int digits = 0;
   while (i < module.size() && std::isdigit(static_cast<unsigned char>(module[i]))) {
+    if (++digits > 9) return -1;  // no real model has a billion layers; never overflow
     v = v * 10 + (module[i] - '0');
     ++i;
-    any = true;
   }
-  return any ? v : -1;
+  return digits ? v : -1;
 }
 
 int proj_of(const std::string& name) {
@@ -62,35 +65,27 @@ int proj_of(const std::string& name) {
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   auto c = std::unique_ptr<Checkpoint>(new Checkpoint());
   c->dir_ = dir;
-  if (!fs::is_directory(dir)) throw Error(ErrorCode::kIo, dir, "", "not a directory");
+  {
+    std::error_code ec;
+    const fs::file_status st = fs::status(dir, ec);
+    if (ec && ec.value() == ELOOP)
+      throw Error(ErrorCode::kBadConfig, dir, "", "symlink loop (" + ec.message() + ")");
+    if (st.type() != fs::file_type::directory)
+      throw Error(ErrorCode::kIo, dir, "",
+                  ec && st.type() != fs::file_type::not_found ? "cannot stat: " + ec.message()
+                                                              : "not a directory");
+  }
   c->config_ = load_hf_config(dir);
 
   const std::string index_path = (fs::path(dir) / kIndexName).string();
   std::map<std::string, std::string> index_map;
-  if (fs::exists(index_path)) {
+  if (regular_file_or_missing(index_path) == PathKind::kRegular) {
     c->indexed_ = true;
-    json idx;
-    try {
-      std::ifstream in(index_path);
-      idx = json::parse(in);
-    } catch (const json::exception& e) {
-      throw Error(ErrorCode::kBadConfig, index_path, "", std::string("invalid JSON: ") + e.what());
-    }
-    if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
-      throw Error(ErrorCode::kBadConfig, index_path, "", "missing weight_map object");
-    std::set<std::string> shards;
-    for (auto& [tensor, shard] : idx["weight_map"].items()) {
-      if (!shard.is_string())
-        throw Error(ErrorCode::kBadConfig, index_path, tensor, "weight_map value is not a string");
-      const std::string s = shard.get<std::string>();
-      if (s.find('/') != std::string::npos || s == ".." || s.empty())
-        throw Error(ErrorCode::kBadConfig, index_path, tensor,
-                    "shard name \"" + s + "\" is not a plain file name");
-      index_map[tensor] = s;
-      shards.insert(s);
-    }
-    c->shard_names_.assign(shards.begin(), shards.end());
-  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    const SafetensorsIndex idx = read_safetensors_index(index_path);
+    index_map = idx.weight_map;
+    c->shard_names_ = idx.shard_names;
+  } else if (regular_file_or_missing((fs::path(dir) / "model.safetensors").string()) ==
+             PathKind::kRegular) {
     c->shard_names_ = {"model.safetensors"};
   } else {
     throw Error(ErrorCode::kMissingTensor, dir, "",
@@ -99,16 +94,10 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 
   for (const auto& s : c->shard_names_) {
     const std::string p = (fs::path(dir) / s).string();
-    if (!fs::exists(p))
-      throw Error(ErrorCode::kIo, p, "", "shard listed in the index does not exist");
-    c->shards_.emplace(s, SafetensorsFile::open(p));
-    for (const auto& e : c->shards_.at(s).entries()) {
-      auto [it, inserted] = c->where_.emplace(e.name, s);
-      if (!inserted)
-        throw Error(ErrorCode::kDuplicateTensor, p, e.name,
-                    "tensor also present in shard " + it->second);
-      c->tensor_order_.push_back(e.name);
-    }
+    if (regular_file_or_missing(p) == PathKind::kMissing)
+      throw Error(ErrorCode::kIo, p, "",
+                  "shard listed in " + std::string(kIndexName) + " does not exist");
+    c->add_shard(s, SafetensorsFile::open(p));
   }
   for (const auto& [tensor, shard] : index_map) {
     auto it = c->where_.find(tensor);
@@ -121,21 +110,59 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   }
 
   // Files to carry over: everything that is not a weight shard, the index or config.json.
-  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator();
-       ++it) {
-    const auto rel = fs::relative(it->path(), dir).string();
-    if (it->is_directory()) {
+  // Symlinks to directories are not followed (no loops); a symlink loop is named, a dangling
+  // symlink, FIFO, socket or device is not a file to carry.
+  std::error_code ec;
+  auto it = fs::recursive_directory_iterator(dir, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const auto rel = it->path().lexically_relative(dir).string();
+    std::error_code sec;
+    const fs::file_status st = it->status(sec);
+    if (sec && sec.value() == ELOOP)
+      throw Error(ErrorCode::kBadConfig, it->path().string(), "",
+                  "symlink loop (" + sec.message() + ")");
+    if (st.type() == fs::file_type::directory) {
       if (!rel.empty() && rel[0] == '.') it.disable_recursion_pending();
       continue;
     }
-    if (!it->is_regular_file()) continue;
-    if (rel[0] == '.' || ends_with(rel, ".safetensors") || rel == kIndexName ||
+    if (st.type() != fs::file_type::regular) continue;
+    if (rel.empty() || rel[0] == '.' || ends_with(rel, ".safetensors") || rel == kIndexName ||
         rel == "config.json")
       continue;
     c->other_files_.push_back(rel);
   }
+  if (ec)
+    throw Error(ec.value() == ELOOP ? ErrorCode::kBadConfig : ErrorCode::kIo, dir, "",
+                "cannot list the checkpoint directory: " + ec.message());
   std::sort(c->other_files_.begin(), c->other_files_.end());
 
+  c->discover_moe();
+  return c;
+}
+
+void Checkpoint::add_shard(const std::string& name, SafetensorsFile file) {
+  const std::string p = (fs::path(dir_) / name).string();
+  auto [sit, fresh] = shards_.emplace(name, std::move(file));
+  if (!fresh) throw Error(ErrorCode::kDuplicateTensor, p, "", "shard listed twice");
+  for (const auto& e : sit->second.entries()) {
+    auto [it, inserted] = where_.emplace(e.name, name);
+    if (!inserted)
+      throw Error(ErrorCode::kDuplicateTensor, p, e.name,
+                  "tensor also present in shard " + it->second);
+    tensor_order_.push_back(e.name);
+  }
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::from_shards(
+    const std::string& dir, HfConfig config,
+    std::vector<std::pair<std::string, SafetensorsFile>> shards) {
+  auto c = std::unique_ptr<Checkpoint>(new Checkpoint());
+  c->dir_ = dir;
+  c->config_ = std::move(config);
+  for (auto& [name, file] : shards) {
+    c->shard_names_.push_back(name);
+    c->add_shard(name, std::move(file));
+  }
   c->discover_moe();
   return c;
 }
@@ -163,55 +190,139 @@ uint64_t Checkpoint::total_tensor_bytes() const {
   return total;
 }
 
+namespace {
+
+// A canonical non-negative decimal of at most 9 digits ("0", "17"; never "01", "+1", "1a" or a
+// 20-digit number): an expert or layer id. -1 when `s` is not one.
+int64_t canonical_id(const std::string& s) {
+  if (s.empty() || s.size() > 9 || (s.size() > 1 && s[0] == '0')) return -1;
+  int64_t v = 0;
+  for (char ch : s) {
+    if (ch < '0' || ch > '9') return -1;
+    v = v * 10 + (ch - '0');
+  }
+  return v;
+}
+
+const char* kExpertNameForms =
+    "expected <module>.experts.<id>.<gate_proj|up_proj|down_proj|w1|w3|w2>.<tensor> with <id> a "
+    "canonical decimal (0, 1, ... without leading zeros), or <module>.experts.<gate_up_proj|"
+    "down_proj>[_blocks|_scales|_bias] for fused experts";
+
+// The router the experts are routed by: a [E, H] weight (and [E] biases) when the checkpoint has
+// one under a known name. A router of another shape loads in no serving engine.
+void check_router(const Checkpoint& ckpt, const MoeLayer& L) {
+  for (const char* router : {".gate", ".router"}) {
+    const std::string w = L.module + router + ".weight";
+    if (ckpt.has_tensor(w)) {
+      const TensorView v = ckpt.view(w);
+      const Shape want = {L.num_experts, L.hidden};
+      if (v.shape != want)
+        throw Error(ErrorCode::kBadShape, (fs::path(ckpt.dir()) / ckpt.shard_of(w)).string(), w,
+                    "router weight is " + shape_str(v.shape) +
+                        ", expected [E=" + std::to_string(L.num_experts) +
+                        ", H=" + std::to_string(L.hidden) + "] for the experts of " + L.module);
+    }
+    for (const char* bias : {".bias", ".e_score_correction_bias"}) {
+      const std::string b = L.module + router + bias;
+      if (!ckpt.has_tensor(b)) continue;
+      const TensorView v = ckpt.view(b);
+      if (v.shape != Shape{L.num_experts})
+        throw Error(ErrorCode::kBadShape, (fs::path(ckpt.dir()) / ckpt.shard_of(b)).string(), b,
+                    "router bias is " + shape_str(v.shape) + ", expected [E=" +
+                        std::to_string(L.num_experts) + "] for the experts of " + L.module);
+    }
+  }
+}
+
+}  // namespace
+
 void Checkpoint::discover_moe() {
   std::map<std::string, MoeLayer> by_module;
   std::map<std::string, std::map<int64_t, std::array<std::map<std::string, std::string>, 3>>>
       per_expert;
+  std::map<std::string, std::string> first_of_module;  // module -> its first expert tensor
   std::set<std::string> expert_tensors;
+  auto file_of = [&](const std::string& tensor) {
+    return (fs::path(dir_) / shard_of(tensor)).string();
+  };
+  auto bad_name = [&](const std::string& name, const std::string& why) {
+    throw Error(ErrorCode::kBadConfig, file_of(name), name, why + "; " + kExpertNameForms);
+  };
+  // One naming family per layer: the first expert tensor of a module fixes it.
+  auto check_family = [&](const std::string& module, MoeFamily family, const std::string& name) {
+    auto [first, fresh] = first_of_module.emplace(module, name);
+    MoeLayer& L = by_module[module];
+    if (fresh) {
+      L.module = module;
+      L.layer = layer_number(module);
+      L.param_prefix = module + ".experts.";
+      L.family = family;
+    } else if (L.family != family) {
+      throw Error(ErrorCode::kBadConfig, file_of(name), name,
+                  std::string("mixes naming families in one MoE layer: this tensor is ") +
+                      moe_family_name(family) + ", " + first->second + " is " +
+                      moe_family_name(L.family));
+    }
+  };
   for (const auto& name : tensor_order_) {
     const auto pos = name.find(".experts.");
     if (pos == std::string::npos) continue;
     const std::string module = name.substr(0, pos);
     const std::string rest = name.substr(pos + 9);
-    MoeLayer& L = by_module[module];
-    L.module = module;
-    L.layer = layer_number(module);
-    L.param_prefix = module + ".experts.";
+    MoeFamily family = MoeFamily::kPerExpert;
     if (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest[0]))) {
       const auto dot = rest.find('.');
-      if (dot == std::string::npos) continue;
-      const int64_t e = std::stoll(rest.substr(0, dot));
+      const std::string id_text = rest.substr(0, dot);
+      const int64_t e = canonical_id(id_text);
+      if (e < 0) bad_name(name, "expert id \"" + id_text + "\" is not a canonical decimal");
+      if (dot == std::string::npos) bad_name(name, "no projection after the expert id");
       const std::string tail = rest.substr(dot + 1);
       const auto dot2 = tail.find('.');
       const std::string proj_name = tail.substr(0, dot2);
       const int p = proj_of(proj_name);
-      if (p < 0 || dot2 == std::string::npos) continue;
+      if (p < 0) bad_name(name, "unknown expert projection \"" + proj_name + "\"");
+      if (dot2 == std::string::npos || dot2 + 1 == tail.size())
+        bad_name(name, "no tensor name after the projection");
       const std::string suffix = tail.substr(dot2 + 1);
-      per_expert[module][e][p][suffix] = name;
-      L.family = proj_name[0] == 'w' ? MoeFamily::kMixtral : MoeFamily::kPerExpert;
+      family = proj_name[0] == 'w' ? MoeFamily::kMixtral : MoeFamily::kPerExpert;
+      check_family(module, family, name);
+      auto& slot = per_expert[module][e][p];
+      auto [it, inserted] = slot.emplace(suffix, name);
+      if (!inserted)  // unreachable with one naming family and unique names; kept as a guard
+        throw Error(ErrorCode::kDuplicateTensor, file_of(name), name,
+                    "expert " + std::to_string(e) + " " + proj_name + "." + suffix +
+                        " is also given by " + it->second);
+    } else if ((rest.rfind("w13_", 0) == 0 || rest.rfind("w2_", 0) == 0) &&
+               rest.find('.') == std::string::npos) {
+      continue;  // a vLLM FusedMoE parameter (a moepack output): not a source expert tensor
     } else {
       // Fused 3-D experts: gate_up_proj[_blocks|_scales|_bias], down_proj[...]
       std::string base = rest, suffix;
-      for (const char* s : {"_blocks", "_scales", "_bias"})
-        if (ends_with(rest, s)) {
-          suffix = s + 1;
-          base = rest.substr(0, rest.size() - std::string(s).size());
+      for (const char* sfx : {"_blocks", "_scales", "_bias"})
+        if (ends_with(rest, sfx)) {
+          suffix = sfx + 1;
+          base = rest.substr(0, rest.size() - std::string(sfx).size());
         }
+      family = config_.model_type == "gpt_oss" ? MoeFamily::kGptOss : MoeFamily::kFused3d;
+      if (base != "gate_up_proj" && base != "down_proj")
+        bad_name(name, "unknown expert tensor \"" + rest + "\"");
+      check_family(module, family, name);
+      MoeLayer& L = by_module[module];
       if (base == "gate_up_proj")
         L.fused_gate_up[suffix] = name;
-      else if (base == "down_proj")
-        L.fused_down[suffix] = name;
       else
-        continue;
-      L.family = config_.model_type == "gpt_oss" ? MoeFamily::kGptOss : MoeFamily::kFused3d;
+        L.fused_down[suffix] = name;
     }
+    MoeLayer& L = by_module[module];
     L.source_tensors.push_back(name);
     expert_tensors.insert(name);
   }
 
+  const std::string config_path = (fs::path(dir_) / "config.json").string();
   for (auto& [module, L] : by_module) {
     if (L.source_tensors.empty()) continue;
-    const std::string& shard_file = (fs::path(dir_) / shard_of(L.source_tensors.front())).string();
+    const std::string& shard_file = file_of(L.source_tensors.front());
     if (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss) {
       if (!L.fused_gate_up.count("") || !L.fused_down.count("")) {
         if (L.family == MoeFamily::kGptOss)
@@ -234,13 +345,53 @@ void Checkpoint::discover_moe() {
         throw Error(ErrorCode::kBadShape, shard_file, dn.name,
                     "down_proj " + shape_str(dn.shape) + " does not match gate_up_proj " +
                         shape_str(gu.shape) + " ([E, H, 2I] and [E, I, H])");
+      if (config_.num_experts_key.size() && config_.num_experts != L.num_experts)
+        throw Error(ErrorCode::kBadConfig, config_path, gu.name,
+                    config_.num_experts_key + " is " + std::to_string(config_.num_experts) +
+                        " but " + gu.name + " holds " + std::to_string(L.num_experts) +
+                        " experts " + shape_str(gu.shape));
     } else {
       auto& ex = per_expert[module];
       L.num_experts = static_cast<int64_t>(ex.size());
-      if (ex.rbegin()->first != L.num_experts - 1)
-        throw Error(ErrorCode::kMissingTensor, shard_file, L.param_prefix,
-                    "expert ids are not contiguous from 0 (found " + std::to_string(ex.size()) +
-                        " experts, highest id " + std::to_string(ex.rbegin()->first) + ")");
+      auto any_tensor = [&](int64_t e) {  // a tensor of expert e, for messages
+        for (const auto& m : ex.at(e))
+          if (!m.empty()) return m.begin()->second;
+        return std::string();
+      };
+      // Gaps: name the tensors on both sides of the first missing id.
+      int64_t expect = 0;
+      for (const auto& [e, projs] : ex) {
+        if (e != expect) {
+          const std::string after = any_tensor(e);
+          if (expect == 0)
+            throw Error(
+                ErrorCode::kMissingTensor, file_of(after), after,
+                "expert ids do not start at 0: expert 0 is missing (first found: " + after + ")");
+          const std::string before = any_tensor(expect - 1);
+          throw Error(ErrorCode::kMissingTensor, file_of(after), after,
+                      "expert ids are not contiguous: expert " + std::to_string(expect) +
+                          " is missing between " + before + " and " + after);
+        }
+        ++expect;
+      }
+      if (config_.num_experts_key.size() && config_.num_experts != L.num_experts) {
+        const int64_t want = config_.num_experts;
+        if (L.num_experts > want) {
+          const std::string extra = any_tensor(want);
+          throw Error(ErrorCode::kBadConfig, file_of(extra), extra,
+                      "expert " + std::to_string(want) + " is beyond " + config_path + " " +
+                          config_.num_experts_key + " = " + std::to_string(want) + " (" +
+                          std::to_string(L.num_experts) + " experts found, the last " +
+                          any_tensor(L.num_experts - 1) + ")");
+        }
+        const std::string last = any_tensor(L.num_experts - 1);
+        throw Error(ErrorCode::kMissingTensor, file_of(last),
+                    L.param_prefix + std::to_string(L.num_experts),
+                    config_path + " " + config_.num_experts_key + " = " + std::to_string(want) +
+                        " but only experts 0.." + std::to_string(L.num_experts - 1) +
+                        " are present (the last found: " + last + "); expert " +
+                        std::to_string(L.num_experts) + " is missing");
+      }
       // Gated when any expert has a gate: one without it is then a missing tensor, not a
       // reason to drop every other expert's gate.
       bool has_gate = false;
@@ -252,8 +403,8 @@ void Checkpoint::discover_moe() {
           if (projs[p].empty() || projs[p] != ex.begin()->second[p]) {
             const bool missing = projs[p].empty();
             std::set<std::string> want, have;
-            for (auto& [s, n] : ex.begin()->second[p]) want.insert(s);
-            for (auto& [s, n] : projs[p]) have.insert(s);
+            for (auto& [sfx, n] : ex.begin()->second[p]) want.insert(sfx);
+            for (auto& [sfx, n] : projs[p]) have.insert(sfx);
             if (missing || want != have)
               throw Error(ErrorCode::kMissingTensor, shard_file,
                           L.param_prefix + std::to_string(e) + "." +
@@ -274,12 +425,50 @@ void Checkpoint::discover_moe() {
         throw Error(ErrorCode::kBadShape, shard_file, L.experts[0][kDown].begin()->second,
                     "down projection is [" + std::to_string(n2) + ", " + std::to_string(k2) +
                         "], expected [H=" + std::to_string(L.hidden) +
-                        ", I=" + std::to_string(L.inter) + "]");
+                        ", I=" + std::to_string(L.inter) + "] (logical shapes read as " +
+                        quant_method_name(config_.quant.method) +
+                        " bits=" + std::to_string(config_.quant.bits) + " from " +
+                        (config_.quant_file.empty() ? "config.json" : config_.quant_file) + ")");
+      // Every expert's Linears have expert 0's logical shapes (shape metadata only, no bytes).
+      for (size_t e = 1; e < L.experts.size(); ++e)
+        for (int p = 0; p < 3; ++p) {
+          if (p == kGate && !has_gate) continue;
+          const auto nk = linear_shape(*this, config_.quant, L.experts[e][p]);
+          const std::pair<int64_t, int64_t> want =
+              p == kDown ? std::pair<int64_t, int64_t>{L.hidden, L.inter}
+                         : std::pair<int64_t, int64_t>{L.inter, L.hidden};
+          if (nk != want) {
+            const std::string& t = L.experts[e][p].begin()->second;
+            throw Error(ErrorCode::kBadShape, file_of(t), t.substr(0, t.rfind('.')),
+                        "expert " + std::to_string(e) + " is [" + std::to_string(nk.first) + ", " +
+                            std::to_string(nk.second) + "] where expert 0 is [" +
+                            std::to_string(want.first) + ", " + std::to_string(want.second) + "]");
+          }
+        }
     }
+    const std::string& first = L.source_tensors.front();
+    if (L.num_experts <= 0 || L.hidden <= 0 || L.inter <= 0)
+      throw Error(ErrorCode::kBadShape, shard_file, first,
+                  "experts of " + L.module + " have E=" + std::to_string(L.num_experts) +
+                      " H=" + std::to_string(L.hidden) + " I=" + std::to_string(L.inter) +
+                      ": every extent must be positive");
     if (config_.hidden_size && config_.hidden_size != L.hidden)
-      throw Error(ErrorCode::kBadShape, shard_file, L.source_tensors.front(),
-                  "experts have hidden size " + std::to_string(L.hidden) +
-                      " but config.json says hidden_size " + std::to_string(config_.hidden_size));
+      throw Error(ErrorCode::kBadConfig, config_path, first,
+                  config_.hidden_size_key + " is " + std::to_string(config_.hidden_size) +
+                      " but the experts of " + L.module + " have hidden size " +
+                      std::to_string(L.hidden) + " (" + first + ")");
+    if (config_.moe_intermediate_size && config_.moe_intermediate_size != L.inter)
+      throw Error(ErrorCode::kBadConfig, config_path, first,
+                  config_.moe_intermediate_size_key + " is " +
+                      std::to_string(config_.moe_intermediate_size) + " but the experts of " +
+                      L.module + " have intermediate size " + std::to_string(L.inter) + " (" +
+                      first + ")");
+    if (!config_.top_k_key.empty() && (config_.top_k < 1 || config_.top_k > L.num_experts))
+      throw Error(ErrorCode::kBadConfig, config_path, L.param_prefix,
+                  config_.top_k_key + " is " + std::to_string(config_.top_k) + ": must be in [1, " +
+                      std::to_string(L.num_experts) + "], the " + std::to_string(L.num_experts) +
+                      " experts of " + L.module);
+    check_router(*this, L);
     if (!config_.gated) L.gated = false;
     layers_.push_back(std::move(L));
   }

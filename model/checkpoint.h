@@ -47,6 +47,11 @@ class Checkpoint {
   // Opens DIR: config (+ side files), index or model.safetensors, every shard validated,
   // MoE discovery. Throws Error naming file/tensor.
   static std::unique_ptr<Checkpoint> open(const std::string& dir);
+  // The same over shards already in memory (SafetensorsFile::from_bytes; tests and fuzzing):
+  // `config` as parsed, the shards' tensors, then MoE discovery. `dir` labels errors.
+  static std::unique_ptr<Checkpoint> from_shards(
+      const std::string& dir, HfConfig config,
+      std::vector<std::pair<std::string, SafetensorsFile>> shards);
 
   const std::string& dir() const { return dir_; }
   const HfConfig& config() const { return config_; }
@@ -68,6 +73,7 @@ class Checkpoint {
   const std::vector<std::string>& other_files() const { return other_files_; }
 
  private:
+  void add_shard(const std::string& name, SafetensorsFile file);  // its tensors, deduplicated
   void discover_moe();
   std::string dir_;
   HfConfig config_;

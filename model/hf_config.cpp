@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/json_file.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -12,21 +13,39 @@ using nlohmann::json;
 
 namespace {
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::kIo, path, "", "cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kBadConfig, path, "", std::string("invalid JSON: ") + e.what());
-  }
-}
-
 int64_t get_int(const json& j, const char* key, int64_t fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   if (!it->is_number_integer()) return fallback;
   return it->get<int64_t>();
+}
+
+// The largest size or count moepack takes from a config: 2^40 (a 2^40-wide dimension is already
+// far past any real model; products of two such stay inside int64).
+constexpr int64_t kMaxConfigDim = int64_t{1} << 40;
+
+// A size or count field of the model config: absent or null gives 0; anything else must be an
+// integer in [0, 2^40] (a string, a float, a negative or a 20-digit number is a malformed config,
+// never a silently ignored or wrapped value). `key_out` receives the key's name when present.
+int64_t get_dim(const json& j, const char* key, const std::string& file, const std::string& where,
+                std::string* key_out = nullptr) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return 0;
+  const std::string field = where + key;
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxConfigDim)) ||
+      (!it->is_number_unsigned() && (it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxConfigDim)))
+    throw Error(ErrorCode::kBadConfig, file, "",
+                field + ": expected an integer in [0, 2^40], got " + it->dump());
+  if (key_out) *key_out = field;
+  return it->get<int64_t>();
+}
+
+// An integer in [1, 2^40] (block sizes, group sizes).
+bool is_positive_dim(const json& v) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) return v.get<uint64_t>() >= 1 && v.get<uint64_t>() <= 1ull << 40;
+  return v.get<int64_t>() >= 1 && v.get<int64_t>() <= kMaxConfigDim;
 }
 
 std::string get_str(const json& j, const char* key, const std::string& fallback = "") {
@@ -56,15 +75,24 @@ bool get_bool(const json& j, const char* key, bool fallback, const std::string& 
 int require_bits(const json& j, const char* key, const std::string& file) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) bad(file, key, "missing or not an integer");
-  return it->get<int>();
+  // Range-checked before narrowing: 2^32 + 4 must not read as 4.
+  if (it->is_number_unsigned() ? it->get<uint64_t>() > 64
+                               : (it->get<int64_t>() < 0 || it->get<int64_t>() > 64))
+    bad(file, key, "expected a bit count in [0, 64], got " + it->dump());
+  return static_cast<int>(it->get<int64_t>());
 }
 
 int64_t group_size_of(const json& j, const char* key, const std::string& file) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return -1;
   if (!it->is_number_integer()) bad(file, key, "not an integer");
+  // Range-checked as unsigned first: 2^64 - 1 must not read as -1, and no group size may make
+  // (k + group_size - 1) or a group count overflow.
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxConfigDim))
+    bad(file, key, "must be -1 or in [1, 2^40], got " + it->dump());
   const int64_t g = it->get<int64_t>();
-  if (g == 0 || g < -1) bad(file, key, "must be -1 or positive, got " + std::to_string(g));
+  if (g == 0 || g < -1 || g > kMaxConfigDim)
+    bad(file, key, "must be -1 or in [1, 2^40], got " + it->dump());
   return g;
 }
 
@@ -185,9 +213,8 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
       p.bits = 8;
       auto bs = w.find("block_structure");
       if (bs != w.end() && !bs->is_null()) {
-        if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
-            !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 ||
-            (*bs)[1].get<int64_t>() <= 0)
+        if (!bs->is_array() || bs->size() != 2 || !is_positive_dim((*bs)[0]) ||
+            !is_positive_dim((*bs)[1]))
           bad(file, "weights.block_structure", "expected [block_n, block_k] of positive integers");
         p.block_n = (*bs)[0].get<int64_t>();
         p.block_k = (*bs)[1].get<int64_t>();
@@ -224,7 +251,7 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
   if (up.find("MXFP8") != std::string::npos) {
     p.method = QuantMethod::kModeloptMxfp8;
     p.bits = 8;
-    p.group_size = get_int(*body, "group_size", 32);
+    p.group_size = get_int(*body, "group_size", 32);  // any other value is refused below
     if (p.group_size != 32) bad(file, "group_size", "MXFP8 uses blocks of 32");
     return p;
   }
@@ -249,8 +276,8 @@ QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) 
                 "fp8 checkpoints without weight_block_size (per-tensor FP8) are not supported; "
                 "supported: " +
                     supported_formats_text());
-  if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
-      !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 || (*bs)[1].get<int64_t>() <= 0)
+  if (!bs->is_array() || bs->size() != 2 || !is_positive_dim((*bs)[0]) ||
+      !is_positive_dim((*bs)[1]))
     bad(file, "weight_block_size", "expected [block_n, block_k] of positive integers");
   p.method = QuantMethod::kFp8Block;
   p.block_n = (*bs)[0].get<int64_t>();
@@ -314,27 +341,39 @@ QuantParams normalize_quant_config(const json& qc, const std::string& file, DTyp
 }
 
 HfConfig load_hf_config(const std::string& dir) {
-  HfConfig c;
   const std::string path = (fs::path(dir) / "config.json").string();
-  if (!fs::exists(path)) throw Error(ErrorCode::kBadConfig, path, "", "config.json not found");
-  c.raw = read_json_file(path);
+  if (regular_file_or_missing(path) == PathKind::kMissing)
+    throw Error(ErrorCode::kBadConfig, path, "", "config.json not found");
+  return hf_config_from_json(read_json_file(path), path, dir);
+}
+
+HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const std::string& dir) {
+  HfConfig c;
+  c.raw = std::move(raw);
   if (!c.raw.is_object()) throw Error(ErrorCode::kBadConfig, path, "", "not a JSON object");
   c.text = c.raw;
-  if (c.raw.contains("text_config") && c.raw["text_config"].is_object())
-    c.text = c.raw["text_config"];
+  const bool from_text_config = c.raw.contains("text_config") && c.raw["text_config"].is_object();
+  if (from_text_config) c.text = c.raw["text_config"];
   c.model_type = get_str(c.text, "model_type", get_str(c.raw, "model_type"));
   if (c.raw.contains("architectures") && c.raw["architectures"].is_array() &&
       !c.raw["architectures"].empty() && c.raw["architectures"][0].is_string())
     c.architecture = c.raw["architectures"][0].get<std::string>();
-  c.hidden_size = get_int(c.text, "hidden_size", 0);
-  c.num_layers = get_int(c.text, "num_hidden_layers", 0);
-  c.moe_intermediate_size = get_int(c.text, "moe_intermediate_size", 0);
-  if (c.moe_intermediate_size == 0)
-    c.moe_intermediate_size = get_int(c.text, "intermediate_size", 0);
-  c.num_experts = get_int(c.text, "num_experts", 0);
-  if (c.num_experts == 0) c.num_experts = get_int(c.text, "num_local_experts", 0);
-  if (c.num_experts == 0) c.num_experts = get_int(c.text, "n_routed_experts", 0);
-  c.top_k = get_int(c.text, "num_experts_per_tok", get_int(c.text, "experts_per_token", 0));
+  const std::string where = from_text_config ? "text_config." : "";
+  c.hidden_size = get_dim(c.text, "hidden_size", path, where, &c.hidden_size_key);
+  c.num_layers = get_dim(c.text, "num_hidden_layers", path, where);
+  // A per-layer list (Hunyuan) is not one size to check the experts against.
+  const bool per_layer_inter =
+      c.text.contains("moe_intermediate_size") && c.text["moe_intermediate_size"].is_array();
+  if (!per_layer_inter)
+    c.moe_intermediate_size =
+        get_dim(c.text, "moe_intermediate_size", path, where, &c.moe_intermediate_size_key);
+  if (c.moe_intermediate_size == 0 && !per_layer_inter)
+    c.moe_intermediate_size =
+        get_dim(c.text, "intermediate_size", path, where, &c.moe_intermediate_size_key);
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"})
+    if (c.num_experts == 0) c.num_experts = get_dim(c.text, key, path, where, &c.num_experts_key);
+  for (const char* key : {"num_experts_per_tok", "experts_per_token"})
+    if (c.top_k_key.empty()) c.top_k = get_dim(c.text, key, path, where, &c.top_k_key);
   c.hidden_act = get_str(c.text, "hidden_act", get_str(c.text, "hidden_activation", "silu"));
   c.gated = !(c.hidden_act == "relu2" || c.hidden_act == "relu_squared");
   std::string dt = get_str(c.text, "torch_dtype", get_str(c.raw, "torch_dtype"));
@@ -351,10 +390,10 @@ HfConfig load_hf_config(const std::string& dir) {
     side = c.text["quantization_config"];
     qc = &side;
     c.quant_file = path;
-  } else {
+  } else if (!dir.empty()) {
     for (const char* name : {"hf_quant_config.json", "quantize_config.json"}) {
       const std::string p = (fs::path(dir) / name).string();
-      if (fs::exists(p)) {
+      if (regular_file_or_missing(p) == PathKind::kRegular) {
         side = read_json_file(p);
         qc = &side;
         c.quant_file = p;

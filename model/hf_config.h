@@ -21,6 +21,9 @@ struct HfConfig {
   int64_t num_experts = 0;
   int64_t top_k = 0;
   int64_t num_layers = 0;
+  // The config key each of the four came from ("num_local_experts", "text_config.hidden_size"),
+  // or "" when the config does not say: errors about a disagreement with the tensors name it.
+  std::string hidden_size_key, moe_intermediate_size_key, num_experts_key, top_k_key;
   std::string hidden_act = "silu";
   bool gated = true;           // silu/swiglu gated MLP; false for relu2-style activations
   DType dtype = DType::kBF16;  // torch_dtype / dtype
@@ -34,10 +37,14 @@ struct HfConfig {
   nlohmann::json moepack_quant;
 };
 
-// Reads DIR/config.json and the quantization side files. Throws kBadConfig (naming the file and
-// the key) for malformed configs and kUnsupported (listing the supported formats) for unknown
-// quantization methods.
+// Reads DIR/config.json and the quantization side files (regular files only, size and nesting
+// bounded: io/json_file.h). Throws kBadConfig (naming the file and the key) for malformed configs
+// (a size or count that is not an integer in [0, 2^40] included) and kUnsupported (listing the
+// supported formats) for unknown quantization methods.
 HfConfig load_hf_config(const std::string& dir);
+// The same from an already parsed config.json named `path` (tests, fuzzing); the side files are
+// looked up in `dir`, none when it is "".
+HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const std::string& dir);
 
 // Normalises one quantization_config object. `file` names where it came from (for errors).
 QuantParams normalize_quant_config(const nlohmann::json& qc, const std::string& file,

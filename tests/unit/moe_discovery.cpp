@@ -866,8 +866,9 @@ TEST(MoeDiscoveryErrors, HiddenSizeDisagreesWithConfig) {
   b.config["hidden_size"] = 2 * kH;
   add_experts(b, "model.layers.0.mlp.experts.", "gate_proj", "up_proj", "down_proj");
   b.write(dir.path);
-  const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kBadShape);
-  EXPECT_TRUE(contains(e.message(), "hidden_size")) << e.what();
+  const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kBadConfig);
+  EXPECT_TRUE(contains(e.message(), "hidden_size is 128")) << e.what();
+  EXPECT_EQ(e.file(), dir.path + "/config.json");
 }
 
 TEST(MoeDiscoveryErrors, NoWeights) {

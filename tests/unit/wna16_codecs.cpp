@@ -181,11 +181,13 @@ TEST(Gptq, GidxTrivialIsDroppedAndValidated) {
   EXPECT_TRUE(unpack_gptq(p, t, 8, 16).g_idx.empty());
   std::swap(g[0], g[15]);
   t["g_idx"] = make_tensor("g_idx", DType::kI32, {16}, g);
+  // A permutation the config does not declare (desc_act false) is a contradiction, not ignored.
+  expect_error([&] { unpack_gptq(p, t, 8, 16); }, ErrorCode::kBadValue, "g_idx", "desc_act");
+  p.act_order = true;
   EXPECT_EQ(unpack_gptq(p, t, 8, 16).g_idx, g);
   g[3] = 2;
   t["g_idx"] = make_tensor("g_idx", DType::kI32, {16}, g);
   expect_error([&] { unpack_gptq(p, t, 8, 16); }, ErrorCode::kBadValue, "g_idx", "g_idx range");
-  p.act_order = true;
   t.erase("g_idx");
   expect_error([&] { unpack_gptq(p, t, 8, 16); }, ErrorCode::kMissingTensor, "g_idx", "g_idx");
 }
