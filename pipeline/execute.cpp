@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "core/error.h"
@@ -17,6 +18,85 @@ namespace moepack {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+// The layer's planned output parameters.
+std::vector<const PlannedTensor*> planned_params(const Plan& plan, const PlannedLayer& pl) {
+  std::vector<const PlannedTensor*> planned;
+  for (const auto& t : plan.tensors)
+    if (t.layer == pl.index) planned.push_back(&t);
+  return planned;
+}
+
+}  // namespace
+
+std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
+                                  int64_t e0, int64_t e1,
+                                  const std::function<void(const char*)>& lap) {
+  const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
+  const std::vector<const PlannedTensor*> planned = planned_params(plan, pl);
+  ExpertRange range;
+  range.begin = e0;
+  range.end = e1;
+  range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
+  range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
+  MoeExperts experts;
+  if (plan.quantize_recipe) {
+    const DenseExperts d = load_dense_experts(ckpt, L, range);
+    experts.w13 = plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);
+    experts.w2 = plan.quantize_recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
+  } else {
+    experts = load_moe_experts(ckpt, L, plan.threads, range);
+  }
+  if (lap) lap("load");
+  std::vector<Tensor> params = plan.layout->pack(pl.layout_options, experts);
+  experts = MoeExperts();  // release the canonical form before writing
+  if (lap) lap("pack");
+  if (params.size() != planned.size())
+    throw Error(ErrorCode::kInternal, "", L.param_prefix,
+                "layout produced a different parameter set than planned");
+  for (const Tensor& t : params) {
+    const PlannedTensor* want = nullptr;
+    for (const PlannedTensor* p : planned)
+      if (p->name == t.name) want = p;
+    Shape chunk_shape = want ? want->shape : Shape{};
+    if (!chunk_shape.empty()) chunk_shape[0] = e1 - e0;
+    if (!want || want->dtype != t.dtype || chunk_shape != t.shape)
+      throw Error(ErrorCode::kInternal, "", t.name,
+                  "layout output differs from the plan (" + shape_str(t.shape) + ")");
+  }
+  return params;
+}
+
+void validate_plan(const Plan& plan, const Checkpoint& ckpt) {
+  for (const PlannedLayer& pl : plan.layers) {
+    const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
+    for (int64_t e0 = 0; e0 < L.num_experts; e0 += pl.experts_per_chunk)
+      convert_chunk(plan, ckpt, pl, e0, std::min(L.num_experts, e0 + pl.experts_per_chunk), {});
+  }
+}
+
+void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes) {
+  const bool dense = ckpt.quant().method == QuantMethod::kNone;
+  for (const MoeLayer& L : ckpt.moe_layers()) {
+    // The plan's chunk rule: canonical bytes per expert (a float each when dense).
+    const uint64_t per_expert =
+        static_cast<uint64_t>((L.gated ? 3 : 2) * L.inter * L.hidden) * (dense ? 4 : 1);
+    const int64_t chunk = std::max<int64_t>(
+        1, std::min<int64_t>(L.num_experts, static_cast<int64_t>(
+                                                chunk_bytes / std::max<uint64_t>(1, per_expert))));
+    for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
+      ExpertRange range;
+      range.begin = e0;
+      range.end = std::min(L.num_experts, e0 + chunk);
+      if (dense)
+        load_dense_experts(ckpt, L, range);
+      else
+        load_moe_experts(ckpt, L, threads, range);
+    }
+  }
+}
+
 void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
                            const std::vector<size_t>& tensors, const ProgressFn& progress,
                            std::map<std::string, double>& stage_seconds) {
@@ -26,7 +106,6 @@ void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWrit
     last = now;
   };
   const int threads = plan.threads;
-  const TargetLayout* layout = plan.layout;
   std::set<int64_t> layers_wanted;
   std::vector<const PlannedTensor*> copies;
   for (size_t i : tensors) {
@@ -55,43 +134,16 @@ void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWrit
     const PlannedLayer& pl = plan.layers[i];
     if (!layers_wanted.count(pl.index)) continue;
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
-    std::vector<const PlannedTensor*> planned;
-    for (const auto& t : plan.tensors)
-      if (t.layer == pl.index) planned.push_back(&t);
+    const std::vector<const PlannedTensor*> planned = planned_params(plan, pl);
     const int64_t chunk = pl.experts_per_chunk;
     for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
       const int64_t e1 = std::min(L.num_experts, e0 + chunk);
-      ExpertRange range;
-      range.begin = e0;
-      range.end = e1;
-      range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
-      range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
-      MoeExperts experts;
-      if (plan.quantize_recipe) {
-        const DenseExperts d = load_dense_experts(ckpt, L, range);
-        experts.w13 =
-            plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);
-        experts.w2 = plan.quantize_recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
-      } else {
-        experts = load_moe_experts(ckpt, L, threads, range);
-      }
-      lap("load");
-      const std::vector<Tensor> params = layout->pack(pl.layout_options, experts);
-      experts = MoeExperts();  // release the canonical form before writing
-      lap("pack");
-      if (params.size() != planned.size())
-        throw Error(ErrorCode::kInternal, "", L.param_prefix,
-                    "layout produced a different parameter set than planned");
+      const std::vector<Tensor> params = convert_chunk(plan, ckpt, pl, e0, e1, std::ref(lap));
       std::vector<std::pair<const Tensor*, uint64_t>> parts;  // tensor, byte offset in the output
       for (const Tensor& t : params) {
         const PlannedTensor* want = nullptr;
         for (const PlannedTensor* p : planned)
           if (p->name == t.name) want = p;
-        Shape chunk_shape = want ? want->shape : Shape{};
-        if (!chunk_shape.empty()) chunk_shape[0] = e1 - e0;
-        if (!want || want->dtype != t.dtype || chunk_shape != t.shape)
-          throw Error(ErrorCode::kInternal, "", t.name,
-                      "layout output differs from the plan (" + shape_str(t.shape) + ")");
         parts.emplace_back(
             &t, want->bytes / static_cast<uint64_t>(L.num_experts) * static_cast<uint64_t>(e0));
       }

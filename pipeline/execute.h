@@ -23,6 +23,24 @@ struct ConvertResult {
   std::map<std::string, double> stage_seconds;
 };
 
+// One chunk [e0, e1) of a planned layer, loaded through the source codec (or quantised) and
+// packed into the layout, each parameter checked against the plan (kInternal when it differs):
+// everything convert does to those experts except writing. `lap(stage)` is called after "load"
+// and "pack" when given.
+std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
+                                  int64_t e0, int64_t e1,
+                                  const std::function<void(const char*)>& lap = {});
+
+// Runs convert_chunk over every chunk of every planned layer and discards the bytes: refuses
+// (throws the same Error) exactly what execute_plan would refuse while reading the source.
+// `inspect` validates with it.
+void validate_plan(const Plan& plan, const Checkpoint& ckpt);
+
+// Reads every MoE layer's experts through the source codec (or as dense floats for unquantized
+// checkpoints), chunk by chunk, and discards them: the input checks of convert without a target
+// (for when no backend takes the checkpoint on the target inspected).
+void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes = 1ull << 30);
+
 // Writes the planned checkpoint atomically (temp sibling, fsync, rename). Never leaves a
 // partial output behind.
 ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,

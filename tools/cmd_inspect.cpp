@@ -6,7 +6,9 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/threads.h"
 #include "model/checkpoint.h"
+#include "pipeline/execute.h"
 #include "pipeline/manifest.h"
 #include "pipeline/oracle.h"
 #include "tools/cli.h"
@@ -21,6 +23,7 @@ struct InspectArgs {
   std::string backend = "auto";
   std::string act_dtype = "bf16";
   bool tensors = false;
+  bool no_validate = false;
 };
 
 int run_inspect(const InspectArgs& a, const Globals& g) {
@@ -93,6 +96,33 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
   }
   j["oracle"] = {
       {"target_arch", target_arch_name(arch)}, {"requested", a.backend}, {"kinds", oracle}};
+  // inspect refuses what convert refuses: the plan convert would make for this target, and every
+  // expert read and packed as convert would (nothing written). Without a backend on the target,
+  // the experts are still read through the source codec. A converted checkpoint is verify's job.
+  std::string validation = "not validated (--no-validate)";
+  if (converted) {
+    validation = "not validated here: converted by moepack (run moepack verify)";
+  } else if (!a.no_validate && !ckpt->moe_layers().empty()) {
+    bool every_kind_has_backend = cfg.quant.method != QuantMethod::kNone;
+    for (const auto& o : oracle)
+      every_kind_has_backend &= !o["chosen"].is_null() && !o["chosen"].get<std::string>().empty();
+    if (every_kind_has_backend) {
+      ConvertOptions opts;
+      opts.src = a.dir;
+      opts.target_arch = a.target_arch;
+      opts.backend = a.backend;
+      opts.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
+      const Plan plan = make_plan(*ckpt, opts);
+      validate_plan(plan, *ckpt);
+      validation = "validated: every expert read and packed for " + plan.backend;
+    } else {
+      validate_source(*ckpt, resolve_threads(0));
+      validation = "validated: every expert read through the source codec";
+    }
+  } else if (!a.no_validate) {
+    validation = "validated: no MoE layers";
+  }
+  j["validation"] = validation;
   json tensors = json::array();
   for (const auto& name : ckpt->tensor_names()) {
     const TensorView v = ckpt->view(name);
@@ -120,6 +150,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     std::cout << "  bits=" << cfg.quant.bits << " group_size=" << cfg.quant.group_size
               << (cfg.quant.symmetric ? " sym" : " asym")
               << (cfg.quant.act_order ? " act-order" : "");
+  std::cout << "\n  validation     " << validation;
   std::cout << "\n  tensors        " << tensors.size() << " in " << ckpt->shard_names().size()
             << " shard(s), " << human_bytes(ckpt->total_tensor_bytes()) << "\n";
   if (converted) {
@@ -170,6 +201,9 @@ Runner add_inspect(CLI::App& app, Globals& g) {
       ->capture_default_str();
   app.add_option("--act-dtype", a->act_dtype, "Activation dtype bf16|fp16")->capture_default_str();
   app.add_flag("--tensors", a->tensors, "List every tensor (text mode)");
+  app.add_flag("--no-validate", a->no_validate,
+               "List the checkpoint without reading every expert as convert would (inspect "
+               "otherwise refuses, with convert's exit code, what convert would refuse)");
   return [a, &g] { return run_inspect(*a, g); };
 }
 
