@@ -475,6 +475,21 @@ void Checkpoint::discover_moe() {
   std::sort(layers_.begin(), layers_.end(), [](const MoeLayer& a, const MoeLayer& b) {
     return a.layer != b.layer ? a.layer < b.layer : a.module < b.module;
   });
+  // One MoE block per decoder layer: "layers.3.mlp.experts.*" next to
+  // "layers.3.block_sparse_moe.experts.*" are two naming families for one layer's experts.
+  for (size_t i = 1; i < layers_.size(); ++i) {
+    const MoeLayer &a = layers_[i - 1], &b = layers_[i];
+    const auto decoder_layer = [](const std::string& m) {
+      const auto pos = m.rfind("layers.");
+      const auto end = pos == std::string::npos ? pos : m.find('.', pos + 7);
+      return end == std::string::npos ? m : m.substr(0, end);
+    };
+    if (a.layer >= 0 && a.layer == b.layer && decoder_layer(a.module) == decoder_layer(b.module))
+      throw Error(ErrorCode::kBadConfig, file_of(b.source_tensors.front()),
+                  b.source_tensors.front(),
+                  "mixes naming families in one decoder layer: experts under " + a.module + " (" +
+                      a.source_tensors.front() + ") and under " + b.module);
+  }
   for (const auto& name : tensor_order_)
     if (!expert_tensors.count(name)) others_.push_back(name);
 }
