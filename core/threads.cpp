@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <exception>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -21,23 +20,24 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int6
     fn(0, n);
     return;
   }
-  std::exception_ptr first;
-  std::mutex mu;
+  // One slot per chunk: the error rethrown is the one of the lowest chunk, so a failing input
+  // is named the same way whatever the thread count or the timing.
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(workers));
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(workers));
   for (int64_t w = 0; w < workers; ++w) {
     const int64_t begin = n * w / workers, end = n * (w + 1) / workers;
-    pool.emplace_back([&, begin, end] {
+    pool.emplace_back([&, w, begin, end] {
       try {
         fn(begin, end);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
+        errors[static_cast<size_t>(w)] = std::current_exception();
       }
     });
   }
   for (auto& t : pool) t.join();
-  if (first) std::rethrow_exception(first);
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace moepack

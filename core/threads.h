@@ -12,7 +12,9 @@ namespace moepack {
 int resolve_threads(int requested);
 
 // Calls fn(begin, end) on contiguous chunks covering [0, n) using up to `threads` threads.
-// Exceptions thrown by fn are rethrown (the first one) after all threads joined.
+// After all threads joined, the exception of the lowest chunk that threw is rethrown (chunks
+// are in index order, so a caller that stops at its first failing index reports the lowest
+// failing index, whatever the thread count).
 void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace moepack

@@ -40,6 +40,7 @@ enum class QuantMethod : uint8_t {
   kModeloptMxfp8,    // ModelOpt MXFP8, weight F8_E4M3 [N, K], weight_scale U8 [N, K/32]
   kModeloptFp8,      // ModelOpt FP8 per-tensor (recognised, not converted)
   kFp8Block,         // DeepSeek-style FP8 block, weight_scale_inv F32 [N/128, K/128]
+  kCtFp8Block,       // compressed-tensors FP8_BLOCK, weight_scale BF16/F16 [N/128, K/128]
 };
 // The method's name in manifests and messages ("gptq", "compressed-tensors-pack-quantized").
 const char* quant_method_name(QuantMethod m);
@@ -91,8 +92,7 @@ struct QuantTensor : QuantSpec {
   int64_t n = 0, k = 0;
   std::vector<uint8_t> codes;   // [E, N, K] one code per byte
   std::vector<uint8_t> scales;  // [E, ceil(N/scale_block_n), G] raw little-endian scale_dtype
-  std::vector<uint8_t> zeros;   // [E, N, G] real zero points (asymmetric only), may exceed
-                                // 2^bits-1 by one for GPTQ v1 (stored 2^bits-1 means 2^bits)
+  std::vector<uint8_t> zeros;   // [E, N, G] real zero points 0..2^bits-1 (asymmetric only)
   std::vector<int32_t> g_idx;   // [E, K] group of each input row, or empty
 
   QuantTensor() = default;

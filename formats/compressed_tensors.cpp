@@ -100,7 +100,29 @@ QuantTensor unpack_ct_pack(const QuantParams& p, const TensorMap& m, int64_t n, 
     throw Error(ErrorCode::kMissingTensor, "", "weight_g_idx", "actorder=group needs weight_g_idx");
   }
 
-  if (!p.symmetric) {
+  if (p.symmetric) {
+    // compressed-tensors writes no zero point for a symmetric scheme. One that holds anything
+    // but the symmetric zero means the config's scheme is not the one these tensors were
+    // written with (e.g. a config group resolved to the wrong module): never read it as
+    // symmetric and drop it.
+    if (const Tensor* zp = find_tensor(m, "weight_zero_point")) {
+      const uint32_t packed_zero = 1u << (p.bits - 1);  // signed 0 after the pack offset
+      bool trivial = true;
+      if (zp->dtype == DType::kI32 || zp->dtype == DType::kU32) {
+        for (size_t i = 0; i + 4 <= zp->data.size() && trivial; i += 4) {
+          const uint32_t w = wna16::load_u32(zp->data.data() + i);
+          if (w == 0) continue;
+          for (int f = 0; f < pf; ++f) trivial &= ((w >> (p.bits * f)) & mask) == packed_zero;
+        }
+      } else {
+        for (uint8_t b : zp->data) trivial &= b == 0;
+      }
+      if (!trivial)
+        throw Error(ErrorCode::kBadValue, "", "weight_zero_point",
+                    "non-zero zero points next to a symmetric scheme: the quantization_config "
+                    "scheme (symmetric: true) contradicts the tensors");
+    }
+  } else {
     const Tensor& zp = require_tensor(m, "weight_zero_point");
     const int64_t nw = ceil_div(n, pf);
     expect_dtype(zp, "weight_zero_point", {DType::kI32, DType::kU32});

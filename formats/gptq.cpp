@@ -25,6 +25,12 @@ int64_t group_count(int64_t k, int64_t group_size) {
 
 }  // namespace
 
+uint32_t gptq_v1_word_offset(int bits) {
+  uint32_t one_per_field = 0;
+  for (int f = 0; f < 32 / bits; ++f) one_per_field |= 1u << (bits * f);
+  return one_per_field;  // 0x11111111 for 4 bits, 0x01010101 for 8, 0x55555555 for 2
+}
+
 std::vector<std::string> gptq_required_suffixes(const QuantParams& p) {
   std::vector<std::string> s = {"qweight", "scales"};
   if (!p.symmetric) s.push_back("qzeros");
@@ -103,19 +109,16 @@ QuantTensor unpack_gptq(const QuantParams& p, const TensorMap& m, int64_t n, int
     expect_dtype(qz, "qzeros", {DType::kI32, DType::kU32});
     expect_shape(qz, "qzeros", {G, n / pf}, "GPTQ qzeros are [G, N/pf]");
     q.zeros.resize(static_cast<size_t>(n * G));
-    const int add = p.gptq_format == GptqFormat::kV1 ? 1 : 0;
+    const bool v1 = p.gptq_format == GptqFormat::kV1;
     for (int64_t g = 0; g < G; ++g)
       for (int64_t c = 0; c < n / pf; ++c) {
-        const uint32_t w = wna16::load_u32(qz.data.data() + (g * (n / pf) + c) * 4);
-        for (int f = 0; f < pf; ++f) {
-          const uint32_t z = ((w >> (p.bits * f)) & mask) + static_cast<uint32_t>(add);
-          if (z > 255)
-            throw Error(ErrorCode::kUnsupported, "", "qzeros",
-                        "8-bit GPTQ v1 stored zero 255 means 256, which no int8 kernel takes "
-                        "(group " +
-                            std::to_string(g) + ", column " + std::to_string(c * pf + f) + ")");
-          q.zeros[static_cast<size_t>((c * pf + f) * G + g)] = static_cast<uint8_t>(z);
-        }
+        uint32_t w = wna16::load_u32(qz.data.data() + (g * (n / pf) + c) * 4);
+        // v1 words are v2 words minus one per field, subtracted as one int32 (GPTQModel), so
+        // a zero of 0 borrows from the next field: add the word back, never field by field.
+        if (v1) w += gptq_v1_word_offset(p.bits);
+        for (int f = 0; f < pf; ++f)
+          q.zeros[static_cast<size_t>((c * pf + f) * G + g)] =
+              static_cast<uint8_t>((w >> (p.bits * f)) & mask);
       }
   }
   q.check_consistent("gptq");
@@ -161,22 +164,24 @@ TensorMap pack_gptq(const QuantParams& p, const QuantTensor& q) {
   out["scales"] = std::move(sc);
 
   // qzeros: the real zeros when asymmetric, else the conventional constant of the format.
+  // v1 subtracts one per field as one int32 word, like GPTQModel's v2 -> v1 conversion, so a
+  // zero of 0 borrows from the next field and unpack's word addition gives it back.
   Tensor qz("qzeros", DType::kI32, {G, n / pf});
   const bool v1 = p.gptq_format == GptqFormat::kV1;
   for (int64_t g = 0; g < G; ++g)
     for (int64_t c = 0; c < n / pf; ++c) {
       uint32_t w = 0;
       for (int f = 0; f < pf; ++f) {
-        int64_t z =
+        const int64_t z =
             q.symmetric ? (1 << (q.bits - 1)) : q.zeros[static_cast<size_t>((c * pf + f) * G + g)];
-        if (v1) --z;
         if (z < 0 || z > mask)
           throw Error(ErrorCode::kBadValue, "", "qzeros",
-                      "zero point " + std::to_string(v1 ? z + 1 : z) + " of column " +
-                          std::to_string(c * pf + f) + " cannot be stored in GPTQ " +
-                          (v1 ? "v1 (stores z-1)" : "v2"));
+                      "zero point " + std::to_string(z) + " of column " +
+                          std::to_string(c * pf + f) + " does not fit in " +
+                          std::to_string(q.bits) + " bits");
         w |= static_cast<uint32_t>(z) << (q.bits * f);
       }
+      if (v1) w -= gptq_v1_word_offset(q.bits);
       wna16::store_u32(qz.data.data() + (g * (n / pf) + c) * 4, w);
     }
   out["qzeros"] = std::move(qz);

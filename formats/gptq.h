@@ -8,13 +8,20 @@
 //
 // Mirrors AutoGPTQ's QuantLinear.pack and vLLM's gptq_pack (quant_utils.py); dequantisation
 // W[k, n] = (q - z) * s[g_idx[k], n] with z = 2^(bits-1) when symmetric (uint4b8 / uint8b128).
-// Zero points: v1 ("gptq") stores z - 1, v2 ("gptq_v2") stores z. Canonical zeros are real:
-// v1 stored 2^bits - 1 becomes 2^bits (AutoGPTQ adds the 1 in int arithmetic).
+// Zero points: v2 ("gptq_v2") stores z; v1 ("gptq") stores the v2 word minus one per field,
+// subtracted as one int32 (GPTQModel's convert_gptq_v2_to_v1_format: qzeros -= 0x11111111), so a
+// zero of 0 borrows from the next field. unpack adds the word back; for words without a zero of 0
+// (every AutoGPTQ file) that is the same as adding 1 per field. Canonical zeros are the real
+// zeros, 0..2^bits-1.
 #pragma once
 
 #include "formats/codec.h"
 
 namespace moepack {
+
+// One per field of a 32-bit word: what v1 qzeros words hold less than v2 ones (0x11111111 at 4
+// bits).
+uint32_t gptq_v1_word_offset(int bits);
 
 std::vector<std::string> gptq_required_suffixes(const QuantParams& p);
 std::vector<std::string> gptq_optional_suffixes(const QuantParams& p);

@@ -35,6 +35,7 @@ const std::vector<QuantMethodRow>& quant_method_rows() {
       {QuantMethod::kModeloptMxfp8, "modelopt-mxfp8", nullptr},
       {QuantMethod::kModeloptFp8, "modelopt-fp8", "fp8-per-tensor"},
       {QuantMethod::kFp8Block, "fp8-block", nullptr},
+      {QuantMethod::kCtFp8Block, "compressed-tensors-fp8-block", nullptr},
   };
   return rows;
 }
@@ -88,6 +89,11 @@ const std::vector<SourceCodec>& source_codecs() {
        fp8_block_spec_for, weight_logical_shape, nullptr, nullptr, nullptr,
        fp8_block_required_suffixes, fp8_block_optional_suffixes, unpack_fp8_block, pack_fp8_block,
        fp8_block_param_space},
+      {"ct-fp8-block", QuantMethod::kCtFp8Block, "fp8-block",
+       "compressed-tensors float-quantized FP8_BLOCK (block [128, 128], dynamic activations)",
+       ct_fp8_block_spec_for, weight_logical_shape, nullptr, nullptr, ct_fp8_block_refusals,
+       ct_fp8_block_required_suffixes, ct_fp8_block_optional_suffixes, unpack_ct_fp8_block,
+       pack_ct_fp8_block, ct_fp8_block_param_space},
   };
   return table;
 }

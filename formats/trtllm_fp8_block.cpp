@@ -34,9 +34,10 @@ void not_block_reasons(const ProjShape& s, const char* what, std::vector<std::st
   if (q.scale_block_n != kBlock)
     out->push_back(std::string(what) + " scale_block_n " + num(q.scale_block_n) +
                    ", FP8 block needs 128");
-  if (q.scale_dtype != DType::kF32)
+  // Stored as F32; BF16 / F16 source scales (compressed-tensors FP8_BLOCK) widen exactly.
+  if (q.scale_dtype != DType::kF32 && q.scale_dtype != DType::kBF16 && q.scale_dtype != DType::kF16)
     out->push_back(std::string(what) + " scale dtype " + dtype_name(q.scale_dtype) +
-                   ", FP8 block needs F32");
+                   ", FP8 block needs F32, BF16 or F16");
   if (!q.symmetric) out->push_back(std::string(what) + " has zero points, FP8 block is symmetric");
   if (s.act_order) out->push_back(std::string(what) + " has g_idx (act-order)");
 }
@@ -134,8 +135,12 @@ std::vector<Tensor> pack_trtllm_fp8_block_moe(const LayoutOptions& opts, const M
     for (size_t i = 0; i < reasons.size(); ++i) msg += (i ? "; " : "") + reasons[i];
     throw Error(ErrorCode::kUnsupported, "", param(opts, "w13_weight"), msg);
   }
-  check_scales(x.w13.scales, param(opts, "w13_weight_scale_inv"), true);
-  check_scales(x.w2.scales, param(opts, "w2_weight_scale_inv"), true);
+  const std::vector<uint8_t> scales13 = convert_scales(x.w13.scales, x.w13.scale_dtype, DType::kF32,
+                                                       param(opts, "w13_weight_scale_inv"));
+  const std::vector<uint8_t> scales2 = convert_scales(x.w2.scales, x.w2.scale_dtype, DType::kF32,
+                                                      param(opts, "w2_weight_scale_inv"));
+  check_scales(scales13, param(opts, "w13_weight_scale_inv"), true);
+  check_scales(scales2, param(opts, "w2_weight_scale_inv"), true);
   const int64_t E = x.w13.experts, H = x.w13.k, I = x.w2.k, R13 = x.w13.n;
   const auto src13 = weight_rows(R13, opts.gated);
   const auto src2 = weight_rows(H, false);
@@ -150,9 +155,9 @@ std::vector<Tensor> pack_trtllm_fp8_block_moe(const LayoutOptions& opts, const M
       to_block_major(src13, x.w13.codes.data() + e * R13 * H, R13, H,
                      w13.data.data() + e * R13 * H);
       to_block_major(src2, x.w2.codes.data() + e * H * I, H, I, w2.data.data() + e * H * I);
-      swap_scale_rows(x.w13.scales.data() + e * s13, R13 / kBlock, H / kBlock, opts.gated,
+      swap_scale_rows(scales13.data() + e * s13, R13 / kBlock, H / kBlock, opts.gated,
                       sc13.data.data() + e * s13);
-      std::memcpy(sc2.data.data() + e * s2, x.w2.scales.data() + e * s2, static_cast<size_t>(s2));
+      std::memcpy(sc2.data.data() + e * s2, scales2.data() + e * s2, static_cast<size_t>(s2));
     }
   });
   std::vector<Tensor> out;

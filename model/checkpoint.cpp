@@ -136,6 +136,22 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
                 "cannot list the checkpoint directory: " + ec.message());
   std::sort(c->other_files_.begin(), c->other_files_.end());
 
+  // The experts' scheme, resolved per module as the producer's config assigns it (regex targets,
+  // dynamic overrides): every routed expert Linear must resolve to the same one.
+  std::vector<std::string> expert_linears;
+  {
+    std::set<std::string> seen;
+    for (const auto& name : c->tensor_order_) {
+      const auto pos = name.find(".experts.");
+      if (pos == std::string::npos || pos + 9 >= name.size() ||
+          !std::isdigit(static_cast<unsigned char>(name[pos + 9])))
+        continue;
+      const std::string linear = name.substr(0, name.rfind('.'));
+      if (seen.insert(linear).second) expert_linears.push_back(linear);
+    }
+  }
+  c->config_.quant = quant_for_modules(c->config_, expert_linears);
+
   c->discover_moe();
   return c;
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <regex>
 
 #include "core/error.h"
 #include "io/json_file.h"
@@ -133,8 +135,9 @@ QuantParams normalize_awq(const json& qc, const std::string& file, DType dtype) 
   if (version != "gemm")
     throw Error(ErrorCode::kUnsupported, file, "",
                 "AWQ version \"" + version + "\" is not supported (only gemm)");
-  if (!get_bool(qc, "zero_point", true, file))
-    throw Error(ErrorCode::kUnsupported, file, "", "AWQ without zero points is not supported");
+  // zero_point false (auto-round's auto_awq export of a symmetric scheme) still stores qzeros
+  // (2^(bits-1) each), and vLLM's AWQ MoE path reads them like any others: so does moepack.
+  get_bool(qc, "zero_point", true, file);
   if (p.bits != 4)
     throw Error(ErrorCode::kUnsupported, file, "",
                 "AWQ bits=" + std::to_string(p.bits) + " is not supported (4)");
@@ -142,22 +145,14 @@ QuantParams normalize_awq(const json& qc, const std::string& file, DType dtype) 
   return p;
 }
 
-QuantParams normalize_compressed_tensors(const json& qc, const std::string& file, DType dtype) {
+// One config_groups entry (a scheme) as QuantParams. `name` is the group's key, for errors.
+QuantParams normalize_ct_group(const json& qc, const std::string& name, const json& group,
+                               const std::string& file, DType dtype) {
   QuantParams p;
   p.dtype = dtype;
   const std::string format = get_str(qc, "format");
-  auto groups = qc.find("config_groups");
-  if (groups == qc.end() || !groups->is_object() || groups->empty())
-    bad(file, "config_groups", "missing or empty");
-  // moepack handles one scheme for the experts: take the group targeting Linear layers.
-  const json* scheme = nullptr;
-  for (auto& [name, g] : groups->items()) {
-    if (!g.is_object()) bad(file, "config_groups." + name, "not an object");
-    if (!scheme) scheme = &g;
-    if (g.contains("targets") && g["targets"].is_array())
-      for (const auto& t : g["targets"])
-        if (t.is_string() && t.get<std::string>() == "Linear") scheme = &g;
-  }
+  if (!group.is_object()) bad(file, "config_groups." + name, "not an object");
+  const json* scheme = &group;
   const json w = scheme->value("weights", json::object());
   if (!w.is_object()) bad(file, "config_groups.weights", "missing or not an object");
   const json a = scheme->value("input_activations", json());
@@ -209,7 +204,10 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
   }
   if (fmt == "float-quantized") {
     if (strategy == "block") {
-      p.method = QuantMethod::kFp8Block;
+      p.method = QuantMethod::kCtFp8Block;
+      if (get_int(w, "num_bits", 8) != 8 || get_str(w, "type", "float") != "float")
+        bad(file, "weights", "FP8 block needs float 8-bit weights, got " + w.dump());
+      p.dynamic_input = !a.is_object() || get_bool(a, "dynamic", true, file);
       p.bits = 8;
       auto bs = w.find("block_structure");
       if (bs != w.end() && !bs->is_null()) {
@@ -226,6 +224,73 @@ QuantParams normalize_compressed_tensors(const json& qc, const std::string& file
   throw Error(ErrorCode::kUnsupported, file, "",
               "compressed-tensors format \"" + fmt + "\" with weights " + w.dump() +
                   " is not supported. Supported: " + supported_formats_text());
+}
+
+// Whether a config_groups entry lists `target` among its targets.
+bool ct_group_targets(const json& group, const std::string& target) {
+  auto t = group.find("targets");
+  if (t == group.end() || !t->is_array()) return false;
+  for (const auto& v : *t)
+    if (v.is_string() && v.get<std::string>() == target) return true;
+  return false;
+}
+
+// The checkpoint-wide view of a compressed-tensors config: its only group, or with several
+// groups the one targeting the Linear class (the experts' scheme is then resolved per module by
+// quant_for_modules; a group the experts do not use must not make the checkpoint unreadable, so
+// the first group that normalises stands in when the Linear one does not).
+QuantParams normalize_compressed_tensors(const json& qc, const std::string& file, DType dtype) {
+  auto groups = qc.find("config_groups");
+  if (groups == qc.end() || !groups->is_object() || groups->empty())
+    bad(file, "config_groups", "missing or empty");
+  std::vector<std::pair<std::string, const json*>> order;
+  for (auto& [name, g] : groups->items()) {
+    if (!g.is_object()) bad(file, "config_groups." + name, "not an object");
+    if (ct_group_targets(g, "Linear"))
+      order.insert(order.begin(), {name, &g});
+    else
+      order.push_back({name, &g});
+  }
+  std::optional<Error> first_error;
+  for (const auto& [name, g] : order) {
+    try {
+      return normalize_ct_group(qc, name, *g, file, dtype);
+    } catch (const Error& e) {
+      if (order.size() == 1) throw;
+      if (!first_error) first_error = e;
+    }
+  }
+  throw *first_error;
+}
+
+// auto-round's own format (quant_method "auto-round"): integer weights packed like AutoGPTQ
+// ("packing_format": "auto_round:auto_gptq", the default) or AutoAWQ ("auto_round:auto_awq").
+// vLLM's AutoRoundConfig serves the first through its GPTQ MoE path and the second through AWQ's,
+// so moepack reads them with those codecs. Per-layer "extra_config" is resolved per module
+// (quant_for_module).
+QuantParams normalize_auto_round(const json& qc, const std::string& file, DType dtype) {
+  const std::string data_type = lower(get_str(qc, "data_type", "int"));
+  if (data_type != "int")
+    throw Error(ErrorCode::kUnsupported, file, "",
+                "quantization_config.data_type: auto-round \"" + data_type +
+                    "\" is not supported (only int). Supported: " + supported_formats_text());
+  std::string packing = lower(get_str(qc, "packing_format", get_str(qc, "backend", "")));
+  if (packing.empty()) packing = "auto_round:auto_gptq";
+  json as = qc;
+  as["desc_act"] = false;
+  if (packing == "auto_round:auto_gptq" || packing == "auto_round:gptqmodel" ||
+      packing == "auto_gptq" || packing == "auto_round") {
+    as["checkpoint_format"] = "gptq";
+    return normalize_gptq(as, file, dtype);
+  }
+  if (packing == "auto_round:auto_awq" || packing == "auto_awq") {
+    as["version"] = "gemm";
+    as["zero_point"] = true;
+    return normalize_awq(as, file, dtype);
+  }
+  throw Error(ErrorCode::kUnsupported, file, "",
+              "quantization_config.packing_format: auto-round \"" + packing +
+                  "\" is not supported (auto_round:auto_gptq, auto_round:auto_awq)");
 }
 
 // ModelOpt writes its config in several shapes (spec/checkpoints.md §3.3):
@@ -317,11 +382,211 @@ const std::vector<NormaliserRow>& normaliser_rows() {
       {"modelopt_mxfp8", normalize_modelopt},
       {"modelopt_fp8", normalize_modelopt},
       {"fp8", normalize_fp8},
+      {"auto-round", normalize_auto_round},
+      {"auto_round", normalize_auto_round},
   };
   return rows;
 }
 
 }  // namespace
+
+namespace {
+
+// Python's re.match(pattern, name): anchored at the start, not at the end, as compressed-tensors,
+// GPTQModel and vLLM match module names. std::regex (ECMAScript) reads the patterns producers
+// write (., *, +, \d, \., groups, alternation, $); a Python-only construct is refused naming the
+// field instead of being matched differently.
+bool python_re_match(const std::string& pattern, const std::string& name, const std::string& file,
+                     const std::string& field) {
+  std::regex re;
+  try {
+    re = std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw Error(ErrorCode::kUnsupported, file, "",
+                "quantization_config." + field + ": regex \"" + pattern +
+                    "\" cannot be read as a Python pattern moepack matches (" + e.what() + ")");
+  }
+  return std::regex_search(name, re, std::regex_constants::match_continuous);
+}
+
+bool same_quant(const QuantParams& a, const QuantParams& b) {
+  return a.method == b.method && a.bits == b.bits && a.group_size == b.group_size &&
+         a.symmetric == b.symmetric && a.act_order == b.act_order &&
+         a.gptq_format == b.gptq_format && a.actorder == b.actorder && a.block_n == b.block_n &&
+         a.block_k == b.block_k && a.dtype == b.dtype && a.dynamic_input == b.dynamic_input;
+}
+
+// compressed-tensors: the scheme of the group whose targets match the module, as
+// compressed-tensors' match_targets and vLLM's find_matched_target resolve it: a target equal to
+// the module name or a "re:" regex matching it first, then the class ("Linear"). `ignore` lists
+// modules left unquantized. Two groups matching at the same level with different schemes are
+// refused: which one wins depends on the order of keys, which JSON objects do not keep.
+QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
+                                std::string* group_out) {
+  const json& qc = c.quant_raw;
+  const std::string& file = c.quant_file;
+  auto name_matches = [&](const std::string& target, const std::string& field) {
+    if (target.rfind("re:", 0) == 0) return python_re_match(target.substr(3), module, file, field);
+    return target == module;
+  };
+  if (auto ig = qc.find("ignore"); ig != qc.end() && ig->is_array())
+    for (const auto& t : *ig)
+      if (t.is_string() && (name_matches(t.get<std::string>(), "ignore") || t == "Linear"))
+        throw Error(ErrorCode::kUnsupported, file, module,
+                    "quantization_config.ignore: expert Linear " + module +
+                        " is listed as unquantized (ignore " + t.dump() +
+                        "); unquantized experts in a quantized checkpoint are not converted");
+  auto groups = qc.find("config_groups");
+  if (groups == qc.end() || !groups->is_object()) return c.quant;
+  for (const bool by_name : {true, false}) {
+    std::optional<QuantParams> found;
+    std::string found_group;
+    for (auto& [gname, g] : groups->items()) {
+      auto t = g.find("targets");
+      if (!g.is_object() || t == g.end() || !t->is_array()) continue;
+      bool hit = false;
+      for (const auto& target : *t) {
+        if (!target.is_string()) continue;
+        const std::string s = target.get<std::string>();
+        hit |= by_name ? name_matches(s, "config_groups." + gname + ".targets") : s == "Linear";
+      }
+      if (!hit) continue;
+      const QuantParams q = normalize_ct_group(qc, gname, g, file, c.dtype);
+      if (found && !same_quant(*found, q))
+        throw Error(ErrorCode::kUnsupported, file, module,
+                    "quantization_config.config_groups: groups \"" + found_group + "\" and \"" +
+                        gname + "\" both match " + module +
+                        " with different schemes; which one applies is ambiguous");
+      if (!found) {
+        found = q;
+        found_group = gname;
+      }
+    }
+    if (found) {
+      if (group_out) *group_out = found_group;
+      return *found;
+    }
+  }
+  throw Error(ErrorCode::kUnsupported, file, module,
+              "quantization_config.config_groups: no group targets expert Linear " + module +
+                  " (by name, re: regex or class Linear)");
+}
+
+// GPTQModel's "dynamic": {pattern: overrides}. "-:pattern" leaves matching modules unquantized,
+// "+:pattern" or a bare pattern overrides bits / group_size / desc_act / sym for them (vLLM's
+// get_dynamic_override, first match wins; several matching patterns with different results are
+// refused, as JSON objects do not keep their order).
+QuantParams gptq_quant_for_module(const HfConfig& c, const std::string& module,
+                                  std::string* rule_out) {
+  const json& qc = c.quant_raw;
+  auto dyn = qc.find("dynamic");
+  if (dyn == qc.end() || dyn->is_null()) return c.quant;
+  if (!dyn->is_object()) bad(c.quant_file, "dynamic", "expected an object of pattern: overrides");
+  std::optional<QuantParams> found;
+  std::string found_rule;
+  for (auto& [key, overrides] : dyn->items()) {
+    const bool negative = key.rfind("-:", 0) == 0;
+    const std::string pattern = key.rfind("+:", 0) == 0 || negative ? key.substr(2) : key;
+    if (!python_re_match(pattern, module, c.quant_file, "dynamic")) continue;
+    if (negative)
+      throw Error(ErrorCode::kUnsupported, c.quant_file, module,
+                  "quantization_config.dynamic \"" + key + "\" leaves expert Linear " + module +
+                      " unquantized; unquantized experts in a quantized checkpoint are not "
+                      "converted");
+    if (!overrides.is_object())
+      bad(c.quant_file, "dynamic." + key, "expected an object of overrides");
+    json merged = qc;
+    merged.erase("dynamic");
+    for (auto& [k, v] : overrides.items()) merged[k] = v;
+    const QuantParams q = normalize_quant_config(merged, c.quant_file, c.dtype);
+    if (found && !same_quant(*found, q))
+      throw Error(ErrorCode::kUnsupported, c.quant_file, module,
+                  "quantization_config.dynamic: \"" + found_rule + "\" and \"" + key +
+                      "\" both match " + module +
+                      " with different overrides; which one applies is ambiguous");
+    if (!found) {
+      found = q;
+      found_rule = key;
+    }
+  }
+  if (rule_out && found) *rule_out = found_rule;
+  return found ? *found : c.quant;
+}
+
+// auto-round's "extra_config": {layer name or regex: {bits, group_size, sym, data_type}}. As
+// vLLM's AutoRoundConfig.get_layer_config: an exact name first, then keys holding regex
+// characters searched (re.search) in the name. bits >= 16 leaves the module unquantized.
+QuantParams auto_round_quant_for_module(const HfConfig& c, const std::string& module,
+                                        std::string* rule_out) {
+  const json& qc = c.quant_raw;
+  auto extra = qc.find("extra_config");
+  if (extra == qc.end() || extra->is_null()) return c.quant;
+  if (!extra->is_object()) bad(c.quant_file, "extra_config", "expected an object");
+  const json* hit = nullptr;
+  std::string key;
+  if (auto it = extra->find(module); it != extra->end()) {
+    hit = &*it;
+    key = module;
+  } else {
+    for (auto& [pattern, cfg] : extra->items()) {
+      if (pattern.find_first_of("*+?^$()[]{}|\\") == std::string::npos) continue;
+      std::regex re;
+      try {
+        re = std::regex(pattern, std::regex::ECMAScript);
+      } catch (const std::regex_error&) {
+        continue;  // vLLM skips patterns Python cannot compile too
+      }
+      if (!std::regex_search(module, re)) continue;
+      hit = &cfg;
+      key = pattern;
+      break;
+    }
+  }
+  if (!hit) return c.quant;
+  if (!hit->is_object()) bad(c.quant_file, "extra_config." + key, "expected an object");
+  json merged = qc;
+  merged.erase("extra_config");
+  for (auto& [k, v] : hit->items()) merged[k] = v;
+  if (merged.contains("bits") && merged["bits"].is_number_integer() &&
+      merged["bits"].get<int>() >= 16)
+    throw Error(
+        ErrorCode::kUnsupported, c.quant_file, module,
+        "quantization_config.extra_config \"" + key + "\" leaves expert Linear " + module +
+            " unquantized; unquantized experts in a quantized checkpoint are not converted");
+  if (rule_out) *rule_out = "extra_config \"" + key + "\"";
+  return normalize_quant_config(merged, c.quant_file, c.dtype);
+}
+
+}  // namespace
+
+QuantParams quant_for_module(const HfConfig& c, const std::string& module, std::string* rule) {
+  if (c.quant.method == QuantMethod::kNone || !c.quant_raw.is_object()) return c.quant;
+  const std::string method = lower(get_str(c.quant_raw, "quant_method"));
+  if (method == "compressed-tensors" || method == "compressed_tensors")
+    return ct_quant_for_module(c, module, rule);
+  if (method == "auto-round" || method == "auto_round")
+    return auto_round_quant_for_module(c, module, rule);
+  if (c.quant.method == QuantMethod::kGptq || c.quant.method == QuantMethod::kAwq)
+    return gptq_quant_for_module(c, module, rule);
+  return c.quant;
+}
+
+QuantParams quant_for_modules(const HfConfig& c, const std::vector<std::string>& modules) {
+  if (modules.empty()) return c.quant;
+  std::string first_rule;
+  const QuantParams first = quant_for_module(c, modules.front(), &first_rule);
+  for (size_t i = 1; i < modules.size(); ++i) {
+    std::string rule;
+    const QuantParams q = quant_for_module(c, modules[i], &rule);
+    if (!same_quant(first, q))
+      throw Error(ErrorCode::kUnsupported, c.quant_file, modules[i],
+                  "expert Linears have different quantization schemes: " + modules.front() +
+                      (first_rule.empty() ? "" : " (" + first_rule + ")") + " and " + modules[i] +
+                      (rule.empty() ? "" : " (" + rule + ")") +
+                      "; vLLM's fused MoE takes one scheme for all experts of a model");
+  }
+  return first;
+}
 
 QuantParams normalize_quant_config(const json& qc, const std::string& file, DType model_dtype) {
   if (!qc.is_object())

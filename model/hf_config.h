@@ -50,6 +50,17 @@ HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const 
 QuantParams normalize_quant_config(const nlohmann::json& qc, const std::string& file,
                                    DType model_dtype);
 
+// The quantization of one module as the producer's config assigns it: compressed-tensors
+// config_groups (name, "re:" regex, then class Linear) and ignore; GPTQModel "dynamic" overrides.
+// `module` is the full module name ("model.layers.0.mlp.experts.3.gate_proj"). Configs without
+// per-module rules give c.quant. `rule`, when given, receives the group or pattern that applied.
+// Throws kUnsupported naming the field for unquantized (ignored) modules, ambiguous matches and
+// patterns moepack cannot read as Python regexes.
+QuantParams quant_for_module(const HfConfig& c, const std::string& module,
+                             std::string* rule = nullptr);
+// The one scheme of a set of expert Linears; kUnsupported naming both modules when they differ.
+QuantParams quant_for_modules(const HfConfig& c, const std::vector<std::string>& modules);
+
 DType parse_torch_dtype(const std::string& s, const std::string& file);  // "bfloat16" -> kBF16
 
 }  // namespace moepack

@@ -177,6 +177,23 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                             "' (e.g. an expert bias) is not carried by "
                             "any moepack layout; refusing rather than dropping it");
     }
+    // The router (module.gate) is read by vLLM's MoE block as a plain float weight and by verify
+    // to route tokens: a quantized one would be copied through as bytes nothing can load.
+    // Refuse it by name instead.
+    for (const char* suffix : {"qweight", "qzeros", "scales", "g_idx", "weight_packed",
+                               "weight_scale", "weight_zero_point", "weight_scale_inv", "weight"}) {
+      const std::string name = L.module + ".gate." + suffix;
+      if (!ckpt.has_tensor(name)) continue;
+      const DType d = ckpt.view(name).dtype;
+      if (std::string(suffix) == "weight" &&
+          (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32))
+        continue;
+      throw Error(ErrorCode::kUnsupported, ckpt.dir() + "/" + ckpt.shard_of(name), name,
+                  "the MoE router " + L.module + ".gate is quantized (" + suffix + " " +
+                      dtype_name(d) +
+                      "); vLLM's MoE block and moepack verify read an unquantized router weight. "
+                      "Leave the router out of quantization (ignore / dynamic \"-:\")");
+    }
     PlannedLayer pl;
     pl.index = static_cast<int64_t>(li);
     pl.module = L.module;

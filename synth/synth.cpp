@@ -106,6 +106,26 @@ json fp8_block_config(const SynthOptions&, const QuantParams&) {
           {"ignored_layers", json::array({"lm_head"})}};
 }
 
+// llm-compressor's FP8_BLOCK recipe (compressed-tensors float-quantized, block strategy).
+json ct_fp8_block_config(const SynthOptions&, const QuantParams&) {
+  const json w = {{"num_bits", 8},         {"type", "float"},
+                  {"symmetric", true},     {"strategy", "block"},
+                  {"group_size", nullptr}, {"block_structure", json::array({128, 128})},
+                  {"dynamic", false},      {"observer", "minmax"}};
+  const json a = {{"num_bits", 8},       {"type", "float"},   {"symmetric", true},
+                  {"strategy", "group"}, {"group_size", 128}, {"dynamic", true}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"quantization_status", "compressed"},
+          {"ignore", json::array({"lm_head", "re:.*mlp.gate$"})},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", json::array({"Linear"})},
+              {"weights", w},
+              {"input_activations", a},
+              {"output_activations", nullptr}}}}}};
+}
+
 const char* torch_dtype_name(DType d) {
   return d == DType::kF16 ? "float16" : d == DType::kF32 ? "float32" : "bfloat16";
 }
@@ -190,6 +210,17 @@ QuantTensor quantize_fp8_block_linear(const SynthOptions&, const QuantParams& p,
   return quantize_fp8_block(w, n, k, p.block_n, p.block_k);
 }
 
+// compressed-tensors stores FP8 block scales in the model dtype: the F32 scales rounded to it
+// (the codes keep the F32 quantisation; dequantisation uses the stored scales either way).
+QuantTensor quantize_ct_fp8_block_linear(const SynthOptions& o, const QuantParams& p,
+                                         const float* w, int64_t n, int64_t k, const std::string&) {
+  QuantTensor f32 = quantize_fp8_block(w, n, k, p.block_n, p.block_k);
+  QuantTensor q = f32;
+  q.scale_dtype = o.dtype == DType::kF32 ? DType::kF32 : o.dtype;
+  q.scales = convert_scales(f32.scales, DType::kF32, q.scale_dtype, "weight_scale");
+  return q;
+}
+
 // One synth generator per --format: the params a real producer would write, its
 // quantization_config, any side file, and how it quantises a float matrix (a new source format
 // adds one row; docs/architecture.md).
@@ -260,6 +291,8 @@ const std::vector<SynthGenerator>& synth_generators() {
        "hf_quant_config.json", modelopt_side_file, quantize_mxfp8_linear},
       {"fp8-block", M::kFp8Block, 8, 128, true, false, true, fp8_block_config, nullptr, nullptr,
        quantize_fp8_block_linear},
+      {"ct-fp8-block", M::kCtFp8Block, 8, 128, true, false, true, ct_fp8_block_config, nullptr,
+       nullptr, quantize_ct_fp8_block_linear},
   };
   return rows;
 }

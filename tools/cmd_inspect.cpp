@@ -26,6 +26,29 @@ struct InspectArgs {
   bool no_validate = false;
 };
 
+// The params that mean something for the checkpoint's scheme: a compressed-tensors checkpoint
+// shows no GPTQ zero convention, an FP8 block one no symmetry or act-order. (moepack.json keeps
+// every field: verify reads them back.)
+json format_params_json(const QuantParams& q) {
+  const json all = quant_params_json(q);
+  const std::string scheme = scheme_of(q.method);
+  std::vector<const char*> keys = {"method", "bits", "dtype"};
+  if (scheme == "wna16") {
+    for (const char* k : {"group_size", "symmetric", "act_order"}) keys.push_back(k);
+    if (q.method == QuantMethod::kGptq) keys.push_back("gptq_format");
+    if (!q.actorder.empty()) keys.push_back("actorder");
+  } else if (scheme == "w8a8-int8") {
+    for (const char* k : {"group_size", "symmetric", "dynamic_input"}) keys.push_back(k);
+  } else if (scheme == "mxfp8") {
+    keys.push_back("group_size");
+  } else if (scheme == "fp8-block") {
+    for (const char* k : {"block", "dynamic_input"}) keys.push_back(k);
+  }
+  json out = json::object();
+  for (const char* k : keys) out[k] = all.at(k);
+  return out;
+}
+
 int run_inspect(const InspectArgs& a, const Globals& g) {
   const auto ckpt = Checkpoint::open(a.dir);
   const HfConfig& cfg = ckpt->config();
@@ -37,7 +60,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
   j["architecture"] = cfg.architecture;
   j["dtype"] = dtype_name(cfg.dtype);
   j["format"] = {{"method", quant_method_name(cfg.quant.method)},
-                 {"params", quant_params_json(cfg.quant)},
+                 {"params", format_params_json(cfg.quant)},
                  {"config_file", std::filesystem::path(cfg.quant_file).filename().string()},
                  {"quantization_config", cfg.quant_raw}};
   j["config"] = {

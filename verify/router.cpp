@@ -159,7 +159,8 @@ RouterConfig router_config_from_hf(const nlohmann::json& config) {
              model_type == "qwen3_vl_moe" || model_type == "qwen3_vl_moe_text" ||
              model_type == "qwen3_next" || model_type == "qwen3_5_moe" ||
              model_type == "qwen3_5_moe_text") {
-    cfg.num_experts = get_int(s, config, {"num_experts"}, nullptr);
+    // transformers >= 5 saves Qwen3-MoE configs with num_local_experts instead of num_experts.
+    cfg.num_experts = get_int(s, config, {"num_experts", "num_local_experts"}, nullptr);
     cfg.top_k = to_int(get_int(s, config, {"num_experts_per_tok"}, nullptr), "num_experts_per_tok");
     cfg.renormalize = get_bool(s, config, "norm_topk_prob", false);
   } else if (model_type == "deepseek_v2") {

@@ -38,7 +38,10 @@ json run_json(const std::string& args, int expect_rc) {
 }
 
 std::string arch_for(const std::string& format) {
-  return format == "modelopt-mxfp8" || format == "fp8-block" || format == "bf16" ? "sm100" : "sm90";
+  return format == "modelopt-mxfp8" || format == "fp8-block" || format == "ct-fp8-block" ||
+                 format == "bf16"
+             ? "sm100"
+             : "sm90";
 }
 
 struct Combo {
@@ -67,10 +70,22 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
       {"ct-w8a16", "compressed-tensors-pack-quantized"},
       {"ct-w8a8", "compressed-tensors-int-quantized"},
       {"modelopt-mxfp8", "modelopt-mxfp8"},
-      {"fp8-block", "fp8-block"}};
+      {"fp8-block", "fp8-block"},
+      {"ct-fp8-block", "compressed-tensors-fp8-block"}};
   EXPECT_EQ(ins["format"]["method"], method.at(c.format));
-  EXPECT_EQ(ins["format"]["params"]["act_order"], c.format == "gptq-actorder");
-  EXPECT_EQ(ins["format"]["params"]["symmetric"], c.format != "gptq-asym" && c.format != "awq");
+  // inspect prints the fields of the format's own scheme only (issue 11): act-order and symmetry
+  // for integer weights, GPTQ's zero convention for GPTQ, block sizes for FP8 block.
+  const json& params = ins["format"]["params"];
+  const bool integer = c.format.rfind("gptq", 0) == 0 || c.format == "awq" ||
+                       c.format == "ct-w4a16" || c.format == "ct-w8a16";
+  if (integer) {
+    EXPECT_EQ(params["act_order"], c.format == "gptq-actorder");
+    EXPECT_EQ(params["symmetric"], c.format != "gptq-asym" && c.format != "awq");
+  } else {
+    EXPECT_FALSE(params.contains("act_order")) << params;
+  }
+  EXPECT_EQ(params.contains("gptq_format"), c.format.rfind("gptq", 0) == 0) << params;
+  EXPECT_EQ(params.contains("block"), c.format.find("fp8-block") != std::string::npos) << params;
   const int64_t moe_layers =
       c.family == "mixtral" || c.family == "fused3d" ? 2 : 1;  // others: dense layer 0
   ASSERT_EQ(ins["moe"]["layers"], moe_layers);

@@ -245,17 +245,16 @@ TEST(HfConfigAwq, OtherVersionsRefused) {
   }
 }
 
-TEST(HfConfigAwq, NoZeroPointRefused) {
-  const Error e = expect_error(
-      [] {
-        norm({{"quant_method", "awq"},
-              {"bits", 4},
-              {"group_size", 128},
-              {"zero_point", false},
-              {"version", "gemm"}});
-      },
-      ErrorCode::kUnsupported);
-  EXPECT_TRUE(contains(e.message(), "zero")) << e.message();
+TEST(HfConfigAwq, NoZeroPointReadsStoredZeros) {
+  // auto-round's auto_awq export of a symmetric scheme says zero_point false and still stores
+  // qzeros (2^(bits-1)); vLLM's AWQ path reads them like any others (issue 11, item 5).
+  const QuantParams p = norm({{"quant_method", "awq"},
+                              {"bits", 4},
+                              {"group_size", 128},
+                              {"zero_point", false},
+                              {"version", "gemm"}});
+  EXPECT_EQ(p.method, QuantMethod::kAwq);
+  EXPECT_FALSE(p.symmetric);
 }
 
 TEST(HfConfigAwq, EightBitAndNoGroupRefused) {
@@ -419,7 +418,7 @@ TEST(HfConfigCt, FloatQuantizedBlock) {
                     {"group_size", 128},
                     {"dynamic", true}};
   const QuantParams p = norm(ct_config("float-quantized", w, act));
-  EXPECT_EQ(p.method, QuantMethod::kFp8Block);
+  EXPECT_EQ(p.method, QuantMethod::kCtFp8Block);  // weight_scale BF16, not weight_scale_inv
   EXPECT_EQ(p.bits, 8);
   EXPECT_EQ(p.block_n, 128);
   EXPECT_EQ(p.block_k, 128);

@@ -193,6 +193,10 @@ TEST(RouterConfigFromHf, Qwen) {
   c = router_config_from_hf(
       {{"model_type", "qwen2_moe"}, {"num_experts", 60}, {"num_experts_per_tok", 4}});
   EXPECT_FALSE(c.renormalize);  // Qwen2-MoE default norm_topk_prob = false
+  // transformers >= 5 saves Qwen3-MoE with num_local_experts (issue 11, item 4).
+  c = router_config_from_hf(
+      {{"model_type", "qwen3_moe"}, {"num_local_experts", 16}, {"num_experts_per_tok", 2}});
+  EXPECT_EQ(c.num_experts, 16);
   // Qwen3-VL-MoE: the MoE fields live in text_config.
   c = router_config_from_hf({{"model_type", "qwen3_vl_moe"},
                              {"text_config",

@@ -103,12 +103,9 @@ TEST(Gptq, RoundTripRandom) {
     p.act_order = gs > 0 && rng() % 2;
     p.gptq_format = rng() % 2 ? GptqFormat::kV1 : GptqFormat::kV2;
     const DType sd = std::vector<DType>{DType::kF16, DType::kBF16, DType::kF32}[rng() % 3];
-    // v1 stores z - 1 so zeros live in [1, 2^bits]; v2 in [0, 2^bits - 1]. 8-bit v1 tops at 255.
-    const bool v1 = p.gptq_format == GptqFormat::kV1;
-    const int zmax = v1 ? std::min(1 << bits, 255) : (1 << bits) - 1;
-    QuantTensor q = random_linear(rng, n, k, bits, gs, p.symmetric, p.act_order, sd, zmax);
-    if (v1 && !p.symmetric)
-      for (auto& z : q.zeros) z = static_cast<uint8_t>(std::max<int>(z, 1));
+    // Both conventions hold every zero 0..2^bits-1 (v1 borrows across the word for a zero of 0).
+    QuantTensor q =
+        random_linear(rng, n, k, bits, gs, p.symmetric, p.act_order, sd, (1 << bits) - 1);
     const TensorMap t = pack_gptq(p, q);
     EXPECT_EQ(t.at("qweight").shape, (Shape{k / pf, n}));
     EXPECT_EQ(t.at("qzeros").shape, (Shape{q.groups(), n / pf}));
@@ -141,8 +138,13 @@ TEST(Gptq, PackingExampleAndConventionalZeros) {
   EXPECT_EQ(t.at("qzeros").as<uint32_t>()[0], 0x80808080u);
 }
 
-TEST(Gptq, V1ZeroPlusOneIsIntArithmetic) {
-  // Stored v1 zero 15 means 16 (AutoGPTQ adds 1 in int arithmetic); v2 stores it as-is.
+TEST(Gptq, V1ZerosAreWordsLessOnePerField) {
+  // GPTQModel writes v1 qzeros as the v2 word minus 0x11111111 in int32: a zero of 0 borrows
+  // from the next field (issue 11). Zeros (from field 0) 0, 5, 0, 15, 1, 0, 7, 0.
+  const std::vector<int> real = {0, 5, 0, 15, 1, 0, 7, 0};
+  uint32_t v2 = 0;
+  for (int f = 0; f < 8; ++f) v2 |= static_cast<uint32_t>(real[static_cast<size_t>(f)]) << (4 * f);
+  const uint32_t v1 = v2 - 0x11111111u;
   QuantParams p;
   p.bits = 4;
   p.symmetric = false;
@@ -150,22 +152,34 @@ TEST(Gptq, V1ZeroPlusOneIsIntArithmetic) {
   TensorMap t;
   t["qweight"] = make_tensor("qweight", DType::kI32, {1, 8}, std::vector<uint32_t>(8, 0));
   t["scales"] = make_tensor("scales", DType::kF16, {1, 8}, std::vector<uint16_t>(8, 0x3C00));
-  t["qzeros"] = make_tensor("qzeros", DType::kI32, {1, 1}, std::vector<uint32_t>{0xF000000Eu});
+  t["qzeros"] = make_tensor("qzeros", DType::kI32, {1, 1}, std::vector<uint32_t>{v1});
   const QuantTensor a = unpack_gptq(p, t, 8, 8);
-  EXPECT_EQ(a.zeros[0], 15);
-  EXPECT_EQ(a.zeros[7], 16);
-  EXPECT_EQ(pack_gptq(p, a).at("qzeros").as<uint32_t>()[0], 0xF000000Eu);
-  p.gptq_format = GptqFormat::kV2;
+  for (int f = 0; f < 8; ++f)
+    EXPECT_EQ(a.zeros[static_cast<size_t>(f)], real[static_cast<size_t>(f)]);
+  EXPECT_EQ(pack_gptq(p, a).at("qzeros").as<uint32_t>()[0], v1);
+  // A word whose stored fields are all 0..14 (no zero of 0, every AutoGPTQ file) reads the same
+  // as adding 1 field by field.
+  t["qzeros"] = make_tensor("qzeros", DType::kI32, {1, 1}, std::vector<uint32_t>{0x7E01234Du});
   const QuantTensor b = unpack_gptq(p, t, 8, 8);
-  EXPECT_EQ(b.zeros[0], 14);
-  EXPECT_EQ(b.zeros[7], 15);
-  // 8-bit v1 stored 255 would mean 256: refused.
+  const std::vector<int> per_field = {0xD + 1, 4 + 1, 3 + 1, 2 + 1, 1 + 1, 0 + 1, 0xE + 1, 7 + 1};
+  for (int f = 0; f < 8; ++f)
+    EXPECT_EQ(b.zeros[static_cast<size_t>(f)], per_field[static_cast<size_t>(f)]);
+  p.gptq_format = GptqFormat::kV2;
+  const QuantTensor c = unpack_gptq(p, t, 8, 8);
+  EXPECT_EQ(c.zeros[0], 0xD);
+  // 8 bits: 0x01010101 per word; a zero of 0 stored as 255 with a borrow, read back as 0.
   p.gptq_format = GptqFormat::kV1;
   p.bits = 8;
+  const uint32_t v1_8 = 0x80400100u - 0x01010101u;  // zeros 0, 1, 64, 128 from field 0
   t["qweight"] = make_tensor("qweight", DType::kI32, {2, 4}, std::vector<uint32_t>(8, 0));
   t["scales"] = make_tensor("scales", DType::kF16, {1, 4}, std::vector<uint16_t>(4, 0x3C00));
-  t["qzeros"] = make_tensor("qzeros", DType::kI32, {1, 1}, std::vector<uint32_t>{0xFF000000u});
-  expect_error([&] { unpack_gptq(p, t, 4, 8); }, ErrorCode::kUnsupported, "qzeros", "8-bit v1");
+  t["qzeros"] = make_tensor("qzeros", DType::kI32, {1, 1}, std::vector<uint32_t>{v1_8});
+  const QuantTensor d = unpack_gptq(p, t, 4, 8);
+  EXPECT_EQ(d.zeros[0], 0);
+  EXPECT_EQ(d.zeros[1], 1);
+  EXPECT_EQ(d.zeros[2], 64);
+  EXPECT_EQ(d.zeros[3], 128);
+  EXPECT_EQ(pack_gptq(p, d).at("qzeros").as<uint32_t>()[0], v1_8);
 }
 
 TEST(Gptq, GidxTrivialIsDroppedAndValidated) {
