@@ -417,8 +417,8 @@ bool same_quant(const QuantParams& a, const QuantParams& b) {
 }
 
 // compressed-tensors: the scheme of the group whose targets match the module, as
-// compressed-tensors' match_targets and vLLM's find_matched_target resolve it: a target equal to
-// the module name or a "re:" regex matching it first, then the class ("Linear"). `ignore` lists
+// compressed-tensors' match_targets resolves it: a target equal to the module name first, then a
+// "re:" regex matching it, then the class ("Linear"). `ignore` lists
 // modules left unquantized. Two groups matching at the same level with different schemes are
 // refused: which one wins depends on the order of keys, which JSON objects do not keep.
 QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
@@ -438,7 +438,8 @@ QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
                         "); unquantized experts in a quantized checkpoint are not converted");
   auto groups = qc.find("config_groups");
   if (groups == qc.end() || !groups->is_object()) return c.quant;
-  for (const bool by_name : {true, false}) {
+  // Levels in compressed-tensors' order of precedence: exact name, re: regex, class.
+  for (const int level : {0, 1, 2}) {
     std::optional<QuantParams> found;
     std::string found_group;
     for (auto& [gname, g] : groups->items()) {
@@ -448,7 +449,11 @@ QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
       for (const auto& target : *t) {
         if (!target.is_string()) continue;
         const std::string s = target.get<std::string>();
-        hit |= by_name ? name_matches(s, "config_groups." + gname + ".targets") : s == "Linear";
+        const bool regex = s.rfind("re:", 0) == 0;
+        if (level == 0) hit |= !regex && s == module;
+        if (level == 1 && regex)
+          hit |= python_re_match(s.substr(3), module, file, "config_groups." + gname + ".targets");
+        if (level == 2) hit |= s == "Linear";
       }
       if (!hit) continue;
       const QuantParams q = normalize_ct_group(qc, gname, g, file, c.dtype);

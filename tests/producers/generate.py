@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Regenerates tests/producers/fixtures/: checkpoints written by the real producers.
+
+Run in a test-only virtual environment holding the producers (CPU is enough; see
+tests/producers/README.md for the exact versions and the install line):
+
+    /work/venv-producers/bin/python tests/producers/generate.py [NAME ...]
+
+Each fixture is written as fixtures/NAME/{ckpt/, dequant.safetensors, producer.json}:
+  ckpt/               the checkpoint exactly as the producer saved it (config.json, weights and
+                      the producer's side files; tokenizer files dropped)
+  dequant.safetensors the producer's own dequantization of every routed expert Linear, computed
+                      here with the producer's code (compressed-tensors' compressor.decompress,
+                      auto-round's QuantLinear / dequantize_gemm, ...), keyed by module name,
+                      [N, K] in the dtype the producer dequantizes into
+  producer.json       producer, versions, scheme, and what moepack must do with it
+
+The tiny models are built from configs with random weights (no hub download) and a word-level
+tokenizer made here. Nothing here runs at build or test time: the ctest reads the committed
+files only.
+"""
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "fixtures")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def version(pkg):
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------------------- tiny models
+
+def make_tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(124)}
+    vocab.update({"<unk>": 124, "<s>": 125, "</s>": 126, "<pad>": 127})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>", pad_token="<pad>").save_pretrained(path)
+
+
+def base_model(family, work):
+    """A tiny random model saved to work/base-FAMILY; returns its path."""
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
+
+    path = os.path.join(work, "base-" + family)
+    if os.path.exists(path):
+        return path
+    torch.manual_seed({"qwen3": 1, "mixtral": 2}[family])
+    common = dict(vocab_size=128, hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=64, num_experts_per_tok=2,
+                  max_position_embeddings=64, tie_word_embeddings=False)
+    if family == "qwen3":
+        cfg = Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=128, num_experts=4,
+                             norm_topk_prob=True, **common)
+    else:
+        cfg = MixtralConfig(intermediate_size=128, num_local_experts=4, **common)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    make_tokenizer(path)
+    return path
+
+
+def find_saved(out):
+    """The folder holding config.json under `out` (auto-round nests one)."""
+    for root, _, files in os.walk(out):
+        if "config.json" in files:
+            return root
+    raise RuntimeError("no config.json under " + out)
+
+
+def read_tensors(ckpt):
+    tensors = {}
+    for fn in sorted(os.listdir(ckpt)):
+        if fn.endswith(".safetensors"):
+            with safe_open(os.path.join(ckpt, fn), "pt") as f:
+                for k in f.keys():
+                    tensors[k] = f.get_tensor(k)
+    return tensors
+
+
+EXPERT_RE = re.compile(r"^(.*\.experts\.\d+\.(?:gate_proj|up_proj|down_proj|w1|w2|w3))\.(\w+)$")
+
+
+def expert_modules(tensors):
+    mods = {}
+    for k, t in tensors.items():
+        m = EXPERT_RE.match(k)
+        if m:
+            mods.setdefault(m.group(1), {})[m.group(2)] = t
+    return dict(sorted(mods.items()))
+
+
+def quant_config(ckpt):
+    with open(os.path.join(ckpt, "config.json")) as f:
+        cfg = json.load(f)
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        for side in ("quantization_config.json", "quantize_config.json"):
+            p = os.path.join(ckpt, side)
+            if os.path.exists(p):
+                with open(p) as f:
+                    qc = json.load(f)
+    return qc
+
+
+# ---------------------------------------------------------------------------- dequantization
+
+def dequant_compressed_tensors(ckpt):
+    """compressed-tensors' own decompression of every expert Linear: the scheme its own
+    match_targets resolves for the module, and that format's compressor.decompress."""
+    from compressed_tensors.compressors.base import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.utils.match import match_targets
+
+    qc = QuantizationConfig.model_validate(quant_config(ckpt))
+    target_to_group = {}
+    for gname, scheme in qc.config_groups.items():
+        for t in scheme.targets:
+            target_to_group[t] = scheme
+    out = {}
+    probe = torch.nn.Linear(1, 1)
+    for module, local in expert_modules(read_tensors(ckpt)).items():
+        matched = match_targets(module, probe, list(target_to_group))
+        assert matched, module
+        scheme = target_to_group[matched[0]]
+        fmt = scheme.format or qc.format
+        compressor = BaseCompressor.load_from_registry(fmt)
+        state = compressor.decompress(dict(local), scheme)
+        out[module] = state["weight"].contiguous()
+    return out
+
+
+def dequant_auto_round_gptq(ckpt, bits, group_size, zp_class):
+    """auto-round's own reader of its auto_gptq packing: its torch QuantLinear applied to the
+    identity (x @ W^T with x = I gives W^T exactly: one product per output, no sums of
+    non-zeros)."""
+    if zp_class:
+        from auto_round_extension.torch.qlinear_torch_zp import QuantLinear
+    else:
+        from auto_round_extension.torch.qlinear_torch import QuantLinear
+    out = {}
+    for module, local in expert_modules(read_tensors(ckpt)).items():
+        k = local["qweight"].shape[0] * 32 // bits
+        n = local["qweight"].shape[1]
+        q = QuantLinear(bits, group_size, k, n, bias=False)
+        q.qweight = local["qweight"]
+        q.qzeros = local["qzeros"]
+        q.scales = local["scales"]
+        if "g_idx" in local:
+            q.g_idx = local["g_idx"]
+        q.post_init()
+        eye = torch.eye(k, dtype=local["scales"].dtype)
+        out[module] = q(eye).t().contiguous()
+    return out
+
+
+def dequant_auto_round_awq(ckpt, bits, group_size):
+    """auto-round's own AWQ GEMM dequantization (export_to_awq.utils.dequantize_gemm)."""
+    from auto_round.export.export_to_awq.utils import dequantize_gemm
+
+    out = {}
+    for module, local in expert_modules(read_tensors(ckpt)).items():
+        w = dequantize_gemm(local["qweight"], local["qzeros"], local["scales"], bits, group_size)
+        out[module] = w.t().contiguous()  # [K, N] -> [N, K]
+    return out
+
+
+def dequant_modelopt_mxfp8(ckpt):
+    """ModelOpt's own MXFP8 dequantization (MXFP8QTensor.dequantize) into float32."""
+    from modelopt.torch.quantization.qtensor.mxfp8_tensor import MXFP8QTensor
+
+    out = {}
+    for module, local in expert_modules(read_tensors(ckpt)).items():
+        w = local["weight"]
+        q = MXFP8QTensor(w.shape, torch.float32, w)
+        out[module] = q.dequantize(dtype=torch.float32, scale=local["weight_scale"]).contiguous()
+    return out
+
+
+# ---------------------------------------------------------------------------- producers
+
+def llmcompressor_fixture(family, recipe, work, name):
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM
+
+    base = base_model(family, work)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    oneshot(model=model, recipe=recipe)
+    out = os.path.join(work, name)
+    model.save_pretrained(out, save_compressed=True)
+    return out, dequant_compressed_tensors(out)
+
+
+def ct_scheme(bits, group_size, symmetric, targets, strategy="group"):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return QuantizationScheme(
+        targets=targets,
+        weights=QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric,
+                                 strategy=strategy,
+                                 group_size=group_size if strategy == "group" else None))
+
+
+def ct_modifier(config_groups=None, scheme=None):
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    ignore = ["lm_head", "re:.*mlp.gate$"]
+    if scheme is not None:
+        return QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)
+    return QuantizationModifier(config_groups=config_groups, ignore=ignore)
+
+
+def auto_round_fixture(family, fmt, bits, group_size, sym, work, name):
+    from auto_round import AutoRound
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = base_model(family, work)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(base)
+    ar = AutoRound(model, tokenizer=tok, bits=bits, group_size=group_size, sym=sym, iters=0,
+                   disable_opt_rtn=True)
+    out = os.path.join(work, name)
+    ar.quantize_and_save(out, format=fmt)
+    saved = find_saved(out)
+    qc = quant_config(saved)
+    packing = qc.get("packing_format", qc.get("quant_method"))
+    if "awq" in packing:
+        return saved, dequant_auto_round_awq(saved, bits, group_size)
+    return saved, dequant_auto_round_gptq(saved, bits, group_size, zp_class=True)
+
+
+def modelopt_fixture(family, cfg_name, work, name):
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    base = base_model(family, work)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 120, (2, 16))
+    mtq.quantize(model, getattr(mtq, cfg_name), forward_loop=lambda m: m(ids))
+    out = os.path.join(work, name)
+    export_hf_checkpoint(model, export_dir=out)
+    return out, dequant_modelopt_mxfp8(out)
+
+
+CT = "llm-compressor"
+MO = "modelopt"
+AR = "auto-round"
+
+
+def fixtures():
+    """name -> (producer, family, scheme text, builder(work) -> (ckpt, dequant), convert/refuse)."""
+    sm90 = lambda *b: [{"backend": x, "target_arch": "sm90"} for x in b]
+    sm100 = lambda *b: [{"backend": x, "target_arch": "sm100"} for x in b]
+    f = {}
+    f["ct-w4a16-g32-qwen3"] = (
+        CT, "qwen3", "W4A16 symmetric, group 32",
+        lambda w, n: llmcompressor_fixture(
+            "qwen3", ct_modifier({"group_0": ct_scheme(4, 32, True, ["Linear"])}), w, n),
+        {"method": "compressed-tensors-pack-quantized",
+         "convert": sm90("marlin", "triton-wna16")})
+    f["ct-w8a16-channel-mixtral"] = (
+        CT, "mixtral", "W8A16 symmetric, channel",
+        lambda w, n: llmcompressor_fixture(
+            "mixtral", ct_modifier({"group_0": ct_scheme(8, None, True, ["Linear"], "channel")}),
+            w, n),
+        {"method": "compressed-tensors-pack-quantized", "convert": sm90("marlin")})
+    f["ct-two-groups-experts-w4g32-rest-w8-mixtral"] = (
+        CT, "mixtral",
+        "group_0 Linear W8A16 channel; group_1 re: experts W4A16 symmetric g32",
+        lambda w, n: llmcompressor_fixture(
+            "mixtral", ct_modifier({
+                "group_0": ct_scheme(8, None, True, ["Linear"], "channel"),
+                "group_1": ct_scheme(4, 32, True,
+                                     [r"re:.*experts\.\d+\.(gate|up|down)_proj$"])}),
+            w, n),
+        {"method": "compressed-tensors-pack-quantized",
+         "convert": sm90("marlin", "triton-wna16")})
+    f["ct-two-groups-asym-experts-qwen3"] = (
+        CT, "qwen3",
+        "group_0 Linear W4A16 symmetric g128; group_1 re: experts W4A16 asymmetric g32",
+        lambda w, n: llmcompressor_fixture(
+            "qwen3", ct_modifier({
+                "group_0": ct_scheme(4, 128, True, ["Linear"]),
+                "group_1": ct_scheme(4, 32, False,
+                                     [r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"])}), w, n),
+        # Read as asymmetric (the dequant test), and refused: no vLLM MoE path for CT takes
+        # zero points.
+        {"method": "compressed-tensors-pack-quantized",
+         "refuse": {"exit": 4, "contains": "asymmetric", "target_arch": "sm90"}})
+    f["ct-w8a8-int8-qwen3"] = (
+        CT, "qwen3", "W8A8 int8, channel weights, dynamic per-token activations",
+        lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="W8A8"), w, n),
+        {"method": "compressed-tensors-int-quantized", "convert": sm90("triton-int8")})
+    f["ct-fp8-block-qwen3"] = (
+        CT, "qwen3", "FP8_BLOCK (weight F8_E4M3, weight_scale BF16 per 128x128 block)",
+        lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="FP8_BLOCK"), w, n),
+        {"method": "compressed-tensors-fp8-block", "convert": sm100("trtllm-fp8-block")})
+    f["ct-mxfp8-qwen3"] = (
+        CT, "qwen3", "MXFP8 (E8M0 scales per 32)",
+        lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="MXFP8"), w, n),
+        {"method": "compressed-tensors-mxfp8", "convert": sm100("trtllm-mxfp8")})
+    f["autoround-native-sym-qwen3"] = (
+        AR, "qwen3", "auto_round format (auto_round:auto_gptq packing), 4-bit symmetric g32",
+        lambda w, n: auto_round_fixture("qwen3", "auto_round", 4, 32, True, w, n),
+        {"method": "gptq", "convert": sm90("marlin", "triton-wna16")})
+    f["autoround-native-asym-qwen3"] = (
+        AR, "qwen3", "auto_round format (auto_round:auto_awq packing), 4-bit asymmetric g32",
+        lambda w, n: auto_round_fixture("qwen3", "auto_round", 4, 32, False, w, n),
+        {"method": "awq", "convert": sm90("marlin", "triton-wna16")})
+    f["autoround-autogptq-asym-mixtral"] = (
+        AR, "mixtral", "auto_gptq export, 4-bit asymmetric g32 (GPTQ v1 zeros)",
+        lambda w, n: auto_round_fixture("mixtral", "auto_gptq", 4, 32, False, w, n),
+        {"method": "gptq", "convert": sm90("triton-wna16")})
+    f["autoround-autoawq-sym-qwen3"] = (
+        AR, "qwen3", "auto_awq export of a symmetric scheme (zero_point false)",
+        lambda w, n: auto_round_fixture("qwen3", "auto_awq", 4, 32, True, w, n),
+        {"method": "awq", "convert": sm90("marlin", "triton-wna16")})
+    f["modelopt-mxfp8-qwen3"] = (
+        MO, "qwen3", "MXFP8 (MXFP8_DEFAULT_CFG), hf_quant_config.json side file",
+        lambda w, n: modelopt_fixture("qwen3", "MXFP8_DEFAULT_CFG", w, n),
+        {"method": "modelopt-mxfp8", "convert": sm100("trtllm-mxfp8")})
+    f["modelopt-mxfp8-mixtral"] = (
+        MO, "mixtral", "MXFP8 (MXFP8_DEFAULT_CFG)",
+        lambda w, n: modelopt_fixture("mixtral", "MXFP8_DEFAULT_CFG", w, n),
+        {"method": "modelopt-mxfp8", "convert": sm100("trtllm-mxfp8")})
+    return f
+
+
+KEEP = re.compile(r"^(config\.json|.*\.safetensors|model\.safetensors\.index\.json|"
+                  r"quantization_config\.json|quantize_config\.json|hf_quant_config\.json)$")
+
+
+def write_fixture(name, producer, family, scheme, ckpt, dequant, expect):
+    dst = os.path.join(FIXTURES, name)
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    os.makedirs(os.path.join(dst, "ckpt"))
+    for fn in sorted(os.listdir(ckpt)):
+        if KEEP.match(fn):
+            shutil.copy(os.path.join(ckpt, fn), os.path.join(dst, "ckpt", fn))
+    save_file({k: v.contiguous() for k, v in dequant.items()},
+              os.path.join(dst, "dequant.safetensors"))
+    meta = {
+        "producer": producer,
+        "versions": {p: version(p) for p in
+                     ("llmcompressor", "compressed-tensors", "auto-round", "gptqmodel",
+                      "nvidia-modelopt",
+                      "transformers", "torch")
+                     if version(p)},
+        "family": family,
+        "scheme": scheme,
+        "dequant": "the producer's own dequantization of each expert Linear (generate.py)",
+    }
+    meta.update(expect)
+    with open(os.path.join(dst, "producer.json"), "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def main(names):
+    table = fixtures()
+    names = names or list(table)
+    work = tempfile.mkdtemp(prefix="moepack-producers-")
+    failed = []
+    for name in names:
+        producer, family, scheme, build, expect = table[name]
+        print(f"== {name} ({producer}: {scheme})", flush=True)
+        try:
+            ckpt, dequant = build(work, name)
+        except Exception as e:  # a producer that cannot write this scheme here: say so
+            print(f"!! {name}: {type(e).__name__}: {e}", flush=True)
+            failed.append(name)
+            continue
+        write_fixture(name, producer, family, scheme, ckpt, dequant, expect)
+    shutil.rmtree(work, ignore_errors=True)
+    if failed:
+        print("not generated: " + ", ".join(failed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
