@@ -20,7 +20,7 @@ for fam in qwen3 mixtral deepseek fused3d; do
       --hidden 256 --inter 128 --seed 7 --force >/dev/null
     flags=()
     [ "$fmt" = bf16 ] && flags=(--quantize mxfp8)
-    case $fmt in modelopt-mxfp8 | fp8-block | bf16) flags+=(--target-arch sm100) ;; esac
+    case $fmt in modelopt-mxfp8 | fp8-block | ct-fp8-block | bf16) flags+=(--target-arch sm100) ;; esac
     # Every conversion also in chunks of experts and several shards: same bytes per tensor.
     variants=("default:" "chunked:--chunk-size 100KB --max-shard-size 300KB")
     case $fmt in

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <regex>
 
@@ -398,15 +400,25 @@ namespace {
 // field instead of being matched differently.
 bool python_re_match(const std::string& pattern, const std::string& name, const std::string& file,
                      const std::string& field) {
-  std::regex re;
-  try {
-    re = std::regex(pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    throw Error(ErrorCode::kUnsupported, file, "",
-                "quantization_config." + field + ": regex \"" + pattern +
-                    "\" cannot be read as a Python pattern moepack matches (" + e.what() + ")");
+  // Compiled once per pattern: a checkpoint asks for every expert Linear (layers x experts x 3).
+  static std::mutex mu;
+  static std::map<std::string, std::regex> compiled;
+  const std::regex* re = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = compiled.find(pattern);
+    if (it == compiled.end()) {
+      try {
+        it = compiled.emplace(pattern, std::regex(pattern, std::regex::ECMAScript)).first;
+      } catch (const std::regex_error& e) {
+        throw Error(ErrorCode::kUnsupported, file, "",
+                    "quantization_config." + field + ": regex \"" + pattern +
+                        "\" cannot be read as a Python pattern moepack matches (" + e.what() + ")");
+      }
+    }
+    re = &it->second;  // std::map nodes never move
   }
-  return std::regex_search(name, re, std::regex_constants::match_continuous);
+  return std::regex_search(name, *re, std::regex_constants::match_continuous);
 }
 
 bool same_quant(const QuantParams& a, const QuantParams& b) {

@@ -76,8 +76,11 @@ Case random_case(std::mt19937_64& rng) {
   const std::vector<std::string> families = {"qwen3", "mixtral", "deepseek"};
   c.family = families[rng() % families.size()];
   if (c.format == "bf16" && rng() % 2) c.family = "fused3d";
-  c.arch = c.format == "modelopt-mxfp8" || c.format == "fp8-block" || c.format == "bf16" ? "sm100"
-                                                                                         : "sm90";
+  // The TRT-LLM layouts (MXFP8, FP8 block: DeepSeek's and compressed-tensors') run on sm100 only.
+  c.arch = c.format == "modelopt-mxfp8" || c.format.find("fp8-block") != std::string::npos ||
+                   c.format == "bf16"
+               ? "sm100"
+               : "sm90";
   if (c.format == "bf16") c.quantize = "mxfp8";
   c.synth.format = c.format;
   c.synth.family = c.family;

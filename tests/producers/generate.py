@@ -196,6 +196,23 @@ def dequant_modelopt_mxfp8(ckpt):
     return out
 
 
+def dequant_gptqmodel(out):
+    """GPTQModel's own reader: the saved checkpoint loaded with GPTQModel (torch kernel, which
+    converts v1 zeros to v2 as GPTQModel does on load), each expert Linear applied to the
+    identity."""
+    from gptqmodel import BACKEND, GPTQModel
+
+    model = GPTQModel.load(out, device="cpu", backend=BACKEND.TORCH)
+    res = {}
+    for name, mod in model.model.named_modules():
+        if EXPERT_RE.match(name + ".qweight") and hasattr(mod, "qweight"):
+            k = mod.in_features
+            eye = torch.eye(k, dtype=mod.scales.dtype)
+            with torch.no_grad():
+                res[name] = mod(eye).t().contiguous()
+    return dict(sorted(res.items()))
+
+
 # ---------------------------------------------------------------------------- producers
 
 def llmcompressor_fixture(family, recipe, work, name):
@@ -263,7 +280,39 @@ def modelopt_fixture(family, cfg_name, work, name):
     return out, dequant_modelopt_mxfp8(out)
 
 
+def gptqmodel_fixture(family, bits, group_size, sym, desc_act, fmt, dynamic, zero_rows,
+                      work, name):
+    """GPTQModel on the CPU with a small random calibration set. zero_rows: make the first rows
+    of expert 0's gate projection non-negative, so their groups get a zero point of 0 (the v1
+    borrow case)."""
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import AutoModelForCausalLM
+
+    base = base_model(family, work)
+    if zero_rows:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("experts.gate_up_proj"):
+                    p[0, :zero_rows, :] = p[0, :zero_rows, :].abs() + 1e-3
+        base = os.path.join(work, f"base-{family}-zero-rows")
+        model.save_pretrained(base)
+        make_tokenizer(base)
+    qcfg = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
+                          format=fmt, dynamic=dynamic)
+    model = GPTQModel.load(base, qcfg, device="cpu")
+    torch.manual_seed(0)
+    calib = [{"input_ids": torch.randint(0, 120, (1, 32)),
+              "attention_mask": torch.ones(1, 32, dtype=torch.long)} for _ in range(16)]
+    model.quantize(calib, batch_size=1)
+    out = os.path.join(work, name)
+    model.save(out)
+    return out, dequant_gptqmodel(out)
+
+
 CT = "llm-compressor"
+GM = "gptqmodel"
 MO = "modelopt"
 AR = "auto-round"
 
@@ -344,6 +393,24 @@ def fixtures():
         MO, "mixtral", "MXFP8 (MXFP8_DEFAULT_CFG)",
         lambda w, n: modelopt_fixture("mixtral", "MXFP8_DEFAULT_CFG", w, n),
         {"method": "modelopt-mxfp8", "convert": sm100("trtllm-mxfp8")})
+    f["gptqmodel-v1-asym-descact-qwen3"] = (
+        GM, "qwen3", "GPTQ v1 (checkpoint_format gptq), 4-bit asymmetric g32, desc_act",
+        lambda w, n: gptqmodel_fixture("qwen3", 4, 32, False, True, "gptq", None, 0, w, n),
+        {"method": "gptq", "convert": sm90("triton-wna16")})
+    f["gptqmodel-v1-zero0-qwen3"] = (
+        GM, "qwen3", "GPTQ v1, 4-bit asymmetric g32, zero points of 0 (borrow across the word)",
+        lambda w, n: gptqmodel_fixture("qwen3", 4, 32, False, False, "gptq", None, 8, w, n),
+        {"method": "gptq",
+         "refuse": {"exit": 4, "contains": "zero point of 0", "target_arch": "sm90"}})
+    f["gptqmodel-v2-sym-mixtral"] = (
+        GM, "mixtral", "GPTQ v2 (gptq_v2), 4-bit symmetric g32",
+        lambda w, n: gptqmodel_fixture("mixtral", 4, 32, True, False, "gptq_v2", None, 0, w, n),
+        {"method": "gptq", "convert": sm90("marlin", "triton-wna16")})
+    f["gptqmodel-dynamic-experts-g64-qwen3"] = (
+        GM, "qwen3", "GPTQ v1 4-bit symmetric g32, dynamic: experts g64",
+        lambda w, n: gptqmodel_fixture("qwen3", 4, 32, True, False, "gptq",
+                                       {r"+:.*mlp\.experts\..*": {"group_size": 64}}, 0, w, n),
+        {"method": "gptq", "convert": sm90("marlin", "triton-wna16")})
     return f
 
 
