@@ -155,10 +155,7 @@ int run_command(const std::string& cmd, std::string* out, std::string* err) {
 // ---- Random canonical tensors and layers --------------------------------------------------------
 
 std::pair<int, int> codec_zero_range(const QuantParams& p) {
-  const int top = (1 << p.bits) - 1;
-  if (p.method == QuantMethod::kGptq && p.gptq_format == GptqFormat::kV1)
-    return {1, std::min(top + 1, 255)};
-  return {0, top};
+  return {0, (1 << p.bits) - 1};
 }
 
 std::vector<int32_t> random_act_order_g_idx(Rng& rng, int64_t k, int64_t group_size) {

@@ -88,8 +88,8 @@ struct RandomTensorOptions {
   bool act_order = false;         // a non-trivial g_idx per expert when there is > 1 group
 };
 
-// The zero points a source codec holds for these params: GPTQ v1 stores z-1 (1..2^bits, capped
-// at 255 because canonical zeros are bytes), GPTQ v2 / AWQ / compressed-tensors store z.
+// The zero points a source codec holds for these params: 0..2^bits-1 for every codec (GPTQ v1
+// stores the v2 word minus one per field, so a zero of 0 borrows from the next field).
 std::pair<int, int> codec_zero_range(const QuantParams& p);
 
 // An act-order g_idx over k rows: the trivial k / group_size shuffled (so every group holds

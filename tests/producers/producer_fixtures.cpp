@@ -21,6 +21,7 @@
 #include "core/half.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "synth/synth.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -159,6 +160,42 @@ TEST_P(ProducerFixture, ConvertAndVerify) {
         << err;
     EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
   }
+}
+
+// A router quantized by the producer (mlp.gate.qweight ...) is refused naming the tensor, not
+// copied through for verify to fail on later with a misleading message (issue 11, item 6).
+TEST(ProducerQuirks, QuantizedRouterRefusedNamingIt) {
+  test::TempDir tmp;
+  SynthOptions o;
+  o.format = "gptq";
+  o.layers = 1;
+  o.hidden = 128;
+  o.inter = 128;
+  o.vocab = 64;
+  const std::string src = tmp / "src";
+  synth_checkpoint(src, o);
+  const std::string shard = src + "/model.safetensors";
+  ASSERT_TRUE(fs::exists(shard));
+  std::vector<Tensor> tensors;
+  std::string router;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(shard);
+    for (const auto& e : f.entries()) {
+      Tensor t = Tensor::from_view(f.view(e));
+      if (e.name.size() > 16 && e.name.compare(e.name.size() - 16, 16, ".mlp.gate.weight") == 0) {
+        router = e.name.substr(0, e.name.size() - 6) + "qweight";
+        t = Tensor(router, DType::kI32, {t.shape[1] / 8, t.shape[0]});
+      }
+      tensors.push_back(std::move(t));
+    }
+  }
+  ASSERT_FALSE(router.empty());
+  write_safetensors(shard, tensors);
+  std::string out, err;
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "dst"), &out, &err), 4) << err;
+  EXPECT_NE(err.find(router), std::string::npos) << err;
+  EXPECT_NE(err.find("quantized"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(tmp / "dst"));
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
