@@ -5,6 +5,8 @@
 #   bench/convert_bytes.sh OLD/bin/moepack > old.txt; bench/convert_bytes.sh NEW/bin/moepack > new.txt
 #   diff old.txt new.txt
 # Usage: bench/convert_bytes.sh MOEPACK [WORKDIR]
+# MOEPACK_CONVERT_FLAGS (e.g. "--vllm-target 2026-05") is added to every convert, to compare a
+# build with targets against one from before them.
 set -euo pipefail
 bin=$(realpath "$1")
 work=${2:-$(mktemp -d)}
@@ -33,7 +35,7 @@ for fam in qwen3 mixtral deepseek fused3d; do
       extra=${v#*:}
       dst="$work/dst-$fmt-$fam-$name"
       # shellcheck disable=SC2086
-      "$bin" convert "$src" "$dst" --force "${flags[@]}" $extra >/dev/null
+      "$bin" convert "$src" "$dst" --force "${flags[@]}" $extra ${MOEPACK_CONVERT_FLAGS:-} >/dev/null
       (cd "$dst" && find . -type f | LC_ALL=C sort | xargs sha256sum) |
         sed "s|  \./|  $fmt/$fam/$name/|"
     done

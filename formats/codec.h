@@ -176,6 +176,40 @@ struct SourceCodec {
   std::vector<QuantParams> (*param_space)();
 };
 
+// The vLLM a conversion is for: each target fixes parameter names, shapes and which inputs
+// vLLM's MoE methods take (docs/vllm_targets.md names the commit or release each one follows).
+enum class VllmTarget : uint8_t {
+  kV0_33,     // vLLM 0.33.0, the newest release: no MoE act-order, routed_experts names, padding
+  kV2026_05,  // vLLM@9aaf83ef (2026-05), the commit ../shared/spec describes
+};
+struct VllmTargetRow {
+  VllmTarget target;
+  const char* name;     // the --vllm-target value
+  const char* follows;  // the vLLM release or commit it follows
+  // Whether vLLM's GPTQ / compressed-tensors MoE methods take act-order (g_idx) checkpoints; with
+  // it, every projection of an act-order layer has g_idx and sort-index parameters [E, K].
+  bool moe_act_order;
+  // The child module the experts' parameters live under, with its dot ("routed_experts."): the
+  // parameter names are `...mlp.experts.<child>w13_qweight`.
+  const char* param_child;
+  // Marlin: an intermediate size that is not a multiple of lcm(64, group_size) is zero-padded up
+  // to one (marlin_moe_padded_intermediate) instead of refused.
+  bool marlin_pads_intermediate;
+  // Target archs on which vLLM's own WNA16 oracle ranks Humming ahead of Marlin
+  // (prioritize_humming); empty: never.
+  std::vector<TargetArch> wna16_prefers_humming;
+};
+const std::vector<VllmTargetRow>& vllm_target_rows();
+const VllmTargetRow& vllm_target_row(VllmTarget t);
+VllmTarget parse_vllm_target(const std::string& s);  // throws kUsage listing the names
+const char* vllm_target_name(VllmTarget t);
+std::string vllm_target_names(const std::string& separator = ", ");
+// The default of --vllm-target: the newest release.
+VllmTarget newest_vllm_target();
+// The intermediate size vLLM's Marlin MoE pads I to for this group size: the next multiple of
+// lcm(64, group_size) (group_size <= 0: of 64). marlin_moe_padded_intermediate in vLLM 0.33.
+int64_t marlin_padded_intermediate(int64_t inter, int64_t group_size);
+
 // Options a target layout takes.
 struct LayoutOptions {
   DType act_dtype = DType::kBF16;  // Marlin: scales are stored in the activation dtype
@@ -183,7 +217,13 @@ struct LayoutOptions {
   bool a8 = false;                 // Marlin 8-bit-activation tile variant
   // Marlin: reproduce vLLM's loader bug (w13 scale size_k = I) instead of the kernel layout.
   bool vllm_w13_scale_size_k = false;
-  std::string prefix;  // "model.layers.3.mlp.experts." prepended to param names
+  // The vLLM the parameters are for. Tests that build options field by field get the spec's
+  // commit (the golden fixtures describe it); the CLI defaults to newest_vllm_target().
+  VllmTarget vllm_target = VllmTarget::kV2026_05;
+  // The layer's real intermediate size when the layout pads it (0: as the parameters say):
+  // unpack drops the padding back to it, expert_matmul reads and writes this many channels.
+  int64_t inter = 0;
+  std::string prefix;  // "model.layers.3.mlp.experts." (+ the target's param_child) prepended
   // Which checkpoint format the experts came from: picks vLLM's parameter names
   // (GPTQ: w13_qweight/w13_scales/w13_g_idx, AWQ: + w13_qzeros, CT: w13_weight_packed/...).
   QuantMethod source_method = QuantMethod::kGptq;
@@ -191,17 +231,11 @@ struct LayoutOptions {
 
   // The one way the pipeline makes them for a layer (plan, oracle, verify); tests may also set
   // fields one by one.
+  // `module_prefix` is the experts module's ("model.layers.3.mlp.experts."); the target's
+  // param_child is appended to it. `inter` is the layer's real intermediate size.
   static LayoutOptions for_layer(QuantMethod source_method, DType act_dtype, bool gated,
-                                 bool vllm_w13_scale_size_k, std::string prefix, int threads) {
-    LayoutOptions o;
-    o.source_method = source_method;
-    o.act_dtype = act_dtype;
-    o.gated = gated;
-    o.vllm_w13_scale_size_k = vllm_w13_scale_size_k;
-    o.prefix = std::move(prefix);
-    o.threads = threads;
-    return o;
-  }
+                                 bool vllm_w13_scale_size_k, VllmTarget vllm_target,
+                                 const std::string& module_prefix, int64_t inter, int threads);
 };
 
 // One output parameter as a layout writes it.
@@ -241,6 +275,9 @@ struct TargetLayout {
   std::vector<std::string> (*deviations_from_vllm)(const LayoutOptions&, const MoeShape&);
   // Optional (nullptr): deviations an option causes whatever the layer (recorded once).
   std::vector<std::string> (*option_deviations)(const LayoutOptions&);
+  // Optional (nullptr: never pads): the intermediate size the parameters carry for a layer of
+  // this shape (> shape.inter() where the target pads it, as vLLM 0.33's Marlin does).
+  int64_t (*padded_inter)(const LayoutOptions&, const MoeShape&);
 };
 
 // `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.
@@ -266,8 +303,9 @@ const TargetLayout* find_target_layout(const std::string& name);
 std::string scheme_of(QuantMethod method);
 // The shape of a layer's experts as a checkpoint with these params holds them (no bytes): what
 // the oracle and the planner decide on. act_order_w13 / act_order_w2: whether that projection
-// carries a non-trivial g_idx (-1: take q.act_order); integer codes with more than one group
-// only. Throws kUnsupported when no codec reads q.method.
+// carries act-order g_idx (-1: take q.act_order); integer codes with a real group size only
+// (act-order is a property of the layer: a projection whose K holds one group still has it). Throws
+// kUnsupported when no codec reads q.method.
 MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, int64_t inter,
                        bool gated, int act_order_w13 = -1, int act_order_w2 = -1);
 // "marlin, triton-wna16, ..." in registry order, and the supported source formats as prose.

@@ -346,10 +346,25 @@ std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts, c
                   ", " + num(x.w2.k) + "] are not " +
                   (opts.gated ? "[2I, H], [H, I]" : "[I, H], [H, I]"));
   if (H % 128 != 0) why.push_back("hidden size H=" + num(H) + " is not a multiple of 128");
-  const int64_t ig = std::max<int64_t>(64, x.w13.quant.group_size);
-  if (I <= 0 || I % ig != 0)
-    why.push_back("intermediate size I=" + num(I) +
-                  " is not a multiple of max(64, group_size)=" + num(ig));
+  const VllmTargetRow& target = vllm_target_row(opts.vllm_target);
+  const int64_t gs = x.w13.quant.group_size;
+  if (target.marlin_pads_intermediate) {
+    // vLLM pads I up to a Marlin tile; only a group straddling the padded boundary stays out.
+    if (I <= 0 || (gs > 0 && I % gs != 0))
+      why.push_back("intermediate size I=" + num(I) +
+                    " is not a multiple of group_size=" + num(gs) + " (vLLM " + target.name +
+                    " pads I to a Marlin tile, but not a group across the boundary)");
+  } else {
+    const int64_t ig = std::max<int64_t>(64, gs);
+    if (I <= 0 || I % ig != 0)
+      why.push_back("intermediate size I=" + num(I) + " is not a multiple of max(64, group_size)=" +
+                    num(ig) + " (--vllm-target 0.33 pads it as vLLM 0.33 does)");
+  }
+  if (!target.moe_act_order && (x.w13.act_order || x.w2.act_order))
+    why.push_back(std::string("act-order (GPTQ desc_act / compressed-tensors actorder group): ") +
+                  target.follows +
+                  " no longer takes act-order MoE checkpoints (quantization/utils/gptq_utils.py); "
+                  "--vllm-target 2026-05 (vLLM@9aaf83ef) takes them");
   return why;
 }
 
@@ -410,9 +425,11 @@ void pack_projection(const LayoutOptions& opts, const QuantTensor& q, MoeProj pr
   Tensor qzeros;
   if (!names.qzeros.empty()) qzeros = Tensor(pre + names.qzeros, DType::kI32, {E, G, N / pf});
   const int64_t gk = act_order ? K : 0;
+  // A target without MoE act-order has no g_idx or sort-index parameters at all.
+  const bool index_params = vllm_target_row(opts.vllm_target).moe_act_order;
   Tensor g_idx;
-  if (!names.g_idx.empty()) g_idx = Tensor(pre + names.g_idx, DType::kI32, {E, gk});
-  Tensor sort(pre + names.sort_indices, DType::kI32, {E, gk});
+  if (!names.g_idx.empty() && index_params) g_idx = Tensor(pre + names.g_idx, DType::kI32, {E, gk});
+  Tensor sort(pre + names.sort_indices, DType::kI32, {E, index_params ? gk : 0});
 
   const int64_t words_per_expert = K * N / pf;
   parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
@@ -459,8 +476,94 @@ void pack_projection(const LayoutOptions& opts, const QuantTensor& q, MoeProj pr
   out.push_back(std::move(qweight));
   out.push_back(std::move(scales));
   if (!names.qzeros.empty()) out.push_back(std::move(qzeros));
-  if (!names.g_idx.empty()) out.push_back(std::move(g_idx));
-  out.push_back(std::move(sort));
+  if (!names.g_idx.empty() && index_params) out.push_back(std::move(g_idx));
+  if (index_params) out.push_back(std::move(sort));
+}
+
+// The layer with its intermediate size zero-padded to `ip` as vLLM 0.33 pads it before the
+// repack (_pad_w13_shard_cols / _pad_rows): each gate/up shard of w13 gets ip - I zero rows,
+// w2 gets ip - I zero K columns and zero scale / zero-point groups. No act-order (the padding
+// target takes none).
+MoeExperts pad_intermediate(const MoeExperts& x, int64_t ip, bool gated) {
+  const int64_t E = x.w13.experts, H = x.w13.k, I = x.w2.k, shards = gated ? 2 : 1;
+  if (!x.w13.g_idx.empty() || !x.w2.g_idx.empty())
+    throw Error(ErrorCode::kInternal, "", "w13", "padding an act-order layer");
+  MoeExperts p;
+  p.w13 = QuantTensor(x.w13.spec(), E, shards * ip, H);
+  p.w2 = QuantTensor(x.w2.spec(), E, H, ip);
+  const int64_t G13 = x.w13.groups(), sb13 = x.w13.scale_bytes();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t s = 0; s < shards; ++s)
+      for (int64_t r = 0; r < I; ++r) {
+        const int64_t from = e * shards * I + s * I + r, to = e * shards * ip + s * ip + r;
+        std::memcpy(&p.w13.codes[to * H], &x.w13.codes[from * H], static_cast<size_t>(H));
+        std::memcpy(&p.w13.scales[to * G13 * sb13], &x.w13.scales[from * G13 * sb13],
+                    static_cast<size_t>(G13 * sb13));
+        if (!x.w13.symmetric)
+          std::memcpy(&p.w13.zeros[to * G13], &x.w13.zeros[from * G13], static_cast<size_t>(G13));
+      }
+  const int64_t G2 = x.w2.groups(), G2p = p.w2.groups(), sb2 = x.w2.scale_bytes();
+  for (int64_t row = 0; row < E * H; ++row) {
+    std::memcpy(&p.w2.codes[row * ip], &x.w2.codes[row * I], static_cast<size_t>(I));
+    std::memcpy(&p.w2.scales[row * G2p * sb2], &x.w2.scales[row * G2 * sb2],
+                static_cast<size_t>(G2 * sb2));
+    if (!x.w2.symmetric)
+      std::memcpy(&p.w2.zeros[row * G2p], &x.w2.zeros[row * G2], static_cast<size_t>(G2));
+  }
+  return p;
+}
+
+// Inverse of pad_intermediate: the real I back, after checking that every padded code, scale and
+// zero point is zero (anything else would reach the MoE output through w13's padded channels).
+MoeExperts crop_intermediate(const LayoutOptions& opts, MoeExperts p, int64_t inter) {
+  const int64_t E = p.w13.experts, H = p.w13.k, ip = p.w2.k, I = inter;
+  const int64_t shards = opts.gated ? 2 : 1;
+  const int64_t G13 = p.w13.groups(), sb13 = p.w13.scale_bytes();
+  QuantSpec s2 = p.w2.spec();
+  MoeExperts x;
+  x.w13 = QuantTensor(p.w13.spec(), E, shards * I, H);
+  x.w2 = QuantTensor(s2, E, H, I);
+  const int64_t G2 = x.w2.groups(), G2p = p.w2.groups(), sb2 = p.w2.scale_bytes();
+  const auto nonzero = [](const uint8_t* b, int64_t n) {
+    return std::any_of(b, b + n, [](uint8_t v) { return v != 0; });
+  };
+  const auto padding_error = [&](const std::string& what, int64_t e) {
+    throw Error(ErrorCode::kBadValue, "", opts.prefix + what,
+                "expert " + num(e) + ": the intermediate padding " + num(I) + ".." + num(ip) +
+                    " is not zero (vLLM pads with zero codes, scales and zero points)");
+  };
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t s = 0; s < shards; ++s)
+      for (int64_t r = 0; r < ip; ++r) {
+        const int64_t from = e * shards * ip + s * ip + r;
+        if (r >= I) {
+          if (nonzero(&p.w13.codes[from * H], H) ||
+              nonzero(&p.w13.scales[from * G13 * sb13], G13 * sb13) ||
+              (!p.w13.symmetric && nonzero(&p.w13.zeros[from * G13], G13)))
+            padding_error("w13", e);
+          continue;
+        }
+        const int64_t to = e * shards * I + s * I + r;
+        std::memcpy(&x.w13.codes[to * H], &p.w13.codes[from * H], static_cast<size_t>(H));
+        std::memcpy(&x.w13.scales[to * G13 * sb13], &p.w13.scales[from * G13 * sb13],
+                    static_cast<size_t>(G13 * sb13));
+        if (!p.w13.symmetric)
+          std::memcpy(&x.w13.zeros[to * G13], &p.w13.zeros[from * G13], static_cast<size_t>(G13));
+      }
+  for (int64_t row = 0; row < E * H; ++row) {
+    const uint8_t* codes = &p.w2.codes[row * ip];
+    // Channelwise w2 keeps its one group: the padded K rows share it and hold code 0.
+    if (nonzero(codes + I, ip - I) ||
+        nonzero(&p.w2.scales[(row * G2p + G2) * sb2], (G2p - G2) * sb2) ||
+        (!p.w2.symmetric && nonzero(&p.w2.zeros[row * G2p + G2], G2p - G2)))
+      padding_error("w2", row / H);
+    std::memcpy(&x.w2.codes[row * I], codes, static_cast<size_t>(I));
+    std::memcpy(&x.w2.scales[row * G2 * sb2], &p.w2.scales[row * G2p * sb2],
+                static_cast<size_t>(G2 * sb2));
+    if (!p.w2.symmetric)
+      std::memcpy(&x.w2.zeros[row * G2], &p.w2.zeros[row * G2p], static_cast<size_t>(G2));
+  }
+  return x;
 }
 
 }  // namespace
@@ -476,8 +579,16 @@ std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts&
     throw Error(ErrorCode::kUnsupported, "", opts.prefix + "w13", "Marlin MoE: " + msg);
   }
   std::vector<Tensor> out;
-  pack_projection(opts, x.w13, MoeProj::kW13, x.w2.k, out);
-  pack_projection(opts, x.w2, MoeProj::kW2, x.w2.k, out);
+  const int64_t I = x.w2.k, ip = marlin_padded_inter(opts, moe_shape_of(x));
+  // The scale rule's size_k is the real I (vLLM passes intermediate_size_per_partition).
+  if (ip != I) {
+    const MoeExperts padded = pad_intermediate(x, ip, opts.gated);
+    pack_projection(opts, padded.w13, MoeProj::kW13, I, out);
+    pack_projection(opts, padded.w2, MoeProj::kW2, I, out);
+    return out;
+  }
+  pack_projection(opts, x.w13, MoeProj::kW13, I, out);
+  pack_projection(opts, x.w2, MoeProj::kW2, I, out);
   return out;
 }
 
@@ -512,14 +623,16 @@ LayerView read_layer(const LayoutOptions& opts, const TensorMap& params) {
   if (m != QuantMethod::kGptq && m != QuantMethod::kAwq && m != QuantMethod::kCtPackQuantized)
     throw Error(ErrorCode::kUnsupported, "", opts.prefix + "w13",
                 std::string("no Marlin MoE parameters for source method ") + quant_method_name(m));
+  const bool index_params = vllm_target_row(opts.vllm_target).moe_act_order;
   for (int i = 0; i < 2; ++i) {
     ProjView& v = L.p[i];
     v.names = marlin_param_names(m, i == 0 ? MoeProj::kW13 : MoeProj::kW2);
     v.qweight = &require_tensor(params, opts.prefix + v.names.qweight);
     v.scales = &require_tensor(params, opts.prefix + v.names.scales);
-    v.sort = &require_tensor(params, opts.prefix + v.names.sort_indices);
+    if (index_params) v.sort = &require_tensor(params, opts.prefix + v.names.sort_indices);
     if (!v.names.qzeros.empty()) v.qzeros = &require_tensor(params, opts.prefix + v.names.qzeros);
-    if (!v.names.g_idx.empty()) v.g_idx = &require_tensor(params, opts.prefix + v.names.g_idx);
+    if (!v.names.g_idx.empty() && index_params)
+      v.g_idx = &require_tensor(params, opts.prefix + v.names.g_idx);
     const std::string qn = opts.prefix + v.names.qweight;
     wna16::expect_dtype(*v.qweight, qn, {DType::kI32});
     if (v.qweight->shape.size() != 3)
@@ -574,6 +687,8 @@ LayerView read_layer(const LayoutOptions& opts, const TensorMap& params) {
       wna16::expect_dtype(*v.qzeros, opts.prefix + v.names.qzeros, {DType::kI32});
       wna16::expect_shape(*v.qzeros, opts.prefix + v.names.qzeros, {v.E, v.G, v.N / pf});
     }
+    check_tile_shape(v.N, v.K, opts.a8, qn);
+    if (!v.sort) continue;  // the target has no act-order parameters
     const std::string on = opts.prefix + v.names.sort_indices;
     wna16::expect_dtype(*v.sort, on, {DType::kI32});
     if (v.sort->shape.size() != 2 || v.sort->shape[0] != v.E ||
@@ -589,8 +704,13 @@ LayerView read_layer(const LayoutOptions& opts, const TensorMap& params) {
     } else if (v.act_order) {
       throw Error(ErrorCode::kBadShape, "", on, "AWQ Marlin parameters have no act-order");
     }
-    check_tile_shape(v.N, v.K, opts.a8, qn);
   }
+  if (opts.inter > 0 && opts.inter != L.I &&
+      (opts.inter > L.I || marlin_padded_intermediate(opts.inter, L.group_size) != L.I ||
+       !vllm_target_row(opts.vllm_target).marlin_pads_intermediate))
+    throw Error(ErrorCode::kBadShape, "", opts.prefix + w2.names.qweight,
+                "parameters carry I=" + num(L.I) + ", which is not how --vllm-target " +
+                    vllm_target_name(opts.vllm_target) + " pads the layer's I=" + num(opts.inter));
   return L;
 }
 
@@ -607,8 +727,10 @@ std::vector<int32_t> read_sort(const ProjView& v, int64_t e, const std::string& 
 
 }  // namespace
 
-MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params) {
-  const LayerView L = read_layer(opts, params);
+namespace {
+
+// Every parameter decoded, padding included; `rule_inter` is the I the scale rule was given.
+MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t rule_inter) {
   MoeExperts out;
   for (int i = 0; i < 2; ++i) {
     const ProjView& v = L.p[i];
@@ -629,8 +751,8 @@ MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params)
     q.scales.resize(static_cast<size_t>(E * N * G * 2));
     if (!q.symmetric) q.zeros.resize(static_cast<size_t>(E * N * G));
     if (v.act_order) q.g_idx.resize(static_cast<size_t>(E * K));
-    const bool grouped =
-        marlin_scales_grouped(opts, proj, L.group_size, G, L.I, L.bits, opts.vllm_w13_scale_size_k);
+    const bool grouped = marlin_scales_grouped(opts, proj, L.group_size, G, rule_inter, L.bits,
+                                               opts.vllm_w13_scale_size_k);
     parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
       for (int64_t e = e0; e < e1; ++e) {
         const std::vector<uint8_t> qp =
@@ -662,11 +784,41 @@ MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params)
   return out;
 }
 
+}  // namespace
+
+MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params) {
+  const LayerView L = read_layer(opts, params);
+  if (opts.inter > 0 && opts.inter < L.I)
+    return crop_intermediate(opts, unpack_padded(opts, L, opts.inter), opts.inter);
+  return unpack_padded(opts, L, L.I);
+}
+
 // ---- the kernel's view: matmul straight from the parameters ------------------------------------
 
 void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params, MoeProj proj,
                           int64_t expert, const float* x, int64_t m, float* y) {
   const LayerView L = read_layer(opts, params);
+  if (opts.inter > 0 && opts.inter < L.I) {
+    // vLLM pads the activations into w2 and slices w13's output on every forward.
+    LayoutOptions whole = opts;
+    whole.inter = 0;
+    const int64_t I = opts.inter, ip = L.I, H = L.H;
+    if (proj == MoeProj::kW2) {
+      std::vector<float> xp(static_cast<size_t>(m * ip), 0.0f);
+      for (int64_t r = 0; r < m; ++r) std::copy(x + r * I, x + (r + 1) * I, xp.begin() + r * ip);
+      marlin_expert_matmul(whole, params, proj, expert, xp.data(), m, y);
+      return;
+    }
+    const int64_t shards = opts.gated ? 2 : 1;
+    std::vector<float> yp(static_cast<size_t>(m * shards * ip));
+    marlin_expert_matmul(whole, params, proj, expert, x, m, yp.data());
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t s = 0; s < shards; ++s)
+        std::copy(yp.begin() + r * shards * ip + s * ip, yp.begin() + r * shards * ip + s * ip + I,
+                  y + r * shards * I + s * I);
+    (void)H;
+    return;
+  }
   const ProjView& v = L.p[proj == MoeProj::kW13 ? 0 : 1];
   const int64_t K = v.K, N = v.N, G = v.G;
   if (expert < 0 || expert >= v.E)
@@ -797,8 +949,20 @@ std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts) {
       "instead, and verify reports the layer (spec §4.3)"};
 }
 
-std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeShape& x) {
+int64_t marlin_padded_inter(const LayoutOptions& opts, const MoeShape& x) {
+  const int64_t I = x.inter();
+  if (!vllm_target_row(opts.vllm_target).marlin_pads_intermediate || I <= 0) return I;
+  return marlin_padded_intermediate(I, x.w2.quant.group_size);
+}
+
+std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeShape& real) {
   std::vector<ParamSpec> out;
+  const bool index_params = vllm_target_row(opts.vllm_target).moe_act_order;
+  // The shapes the parameters carry: I padded where the target pads it.
+  MoeShape x = real;
+  const int64_t ip = marlin_padded_inter(opts, real);
+  x.w13.n = (opts.gated ? 2 : 1) * ip;
+  x.w2.k = ip;
   const int64_t E = x.experts;
   for (const ProjShape* s : {&x.w13, &x.w2}) {
     const MarlinParamNames names =
@@ -810,6 +974,7 @@ std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeSh
     out.push_back({pre + names.qweight, DType::kI32, {E, K / 16, N * 16 / pf}});
     out.push_back({pre + names.scales, opts.act_dtype, {E, G, N}});
     if (!names.qzeros.empty()) out.push_back({pre + names.qzeros, DType::kI32, {E, G, N / pf}});
+    if (!index_params) continue;
     if (!names.g_idx.empty()) out.push_back({pre + names.g_idx, DType::kI32, {E, gk}});
     out.push_back({pre + names.sort_indices, DType::kI32, {E, gk}});
   }

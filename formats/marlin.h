@@ -25,6 +25,10 @@ std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
                                                      const MoeShape& shape);
 std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts);
 std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeShape& shape);
+// The intermediate size the parameters carry: I, or for a target that pads (vLLM 0.33,
+// marlin_moe_padded_intermediate) the next multiple of lcm(64, group_size). Padding is zeros:
+// codes 0, scales 0, zero points 0 -- per gate/up shard of w13 and in w2's K rows and groups.
+int64_t marlin_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
 
 // Everything the Marlin MoE kernel (or vLLM's Marlin MoE path) cannot take for experts of this
 // shape, one sentence with the numbers per reason; empty = supported. pack_marlin_moe throws

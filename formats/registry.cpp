@@ -2,6 +2,8 @@
 // static link could drop. A new format is its codec file pair plus one row here (and one
 // normaliser row in model/hf_config.cpp, one generator row in synth/synth.cpp);
 // docs/architecture.md has the checklist.
+#include <numeric>
+
 #include "formats/awq.h"
 #include "formats/codec.h"
 #include "formats/compressed_tensors.h"
@@ -105,11 +107,11 @@ const std::vector<TargetLayout>& target_layouts() {
   static const std::vector<A> sm100 = {A::kSm100};
   // {name, kernel, layout_version, schemes, archs, priority, unsupported_reasons, param_specs,
   // pack,
-  //  unpack, expert_matmul, deviations_from_vllm, option_deviations}
+  //  unpack, expert_matmul, deviations_from_vllm, option_deviations, padded_inter}
   static const std::vector<TargetLayout> table = {
       {"marlin",
        "vLLM's fused Marlin MoE kernel",
-       1,
+       2,
        {"wna16"},
        every_arch,
        0,
@@ -119,10 +121,11 @@ const std::vector<TargetLayout>& target_layouts() {
        unpack_marlin_moe,
        marlin_expert_matmul,
        marlin_deviations_from_vllm,
-       marlin_option_deviations},
+       marlin_option_deviations,
+       marlin_padded_inter},
       {"triton-wna16",
        "vLLM's Triton fused_moe kernel (moe_wna16)",
-       1,
+       2,
        {"wna16"},
        every_arch,
        1,
@@ -132,6 +135,7 @@ const std::vector<TargetLayout>& target_layouts() {
        unpack_triton_wna16_moe,
        triton_wna16_expert_matmul,
        triton_wna16_deviations_from_vllm,
+       nullptr,
        nullptr},
       {"triton-int8",
        "vLLM's Triton fused_moe kernel (W8A8 int8)",
@@ -145,6 +149,7 @@ const std::vector<TargetLayout>& target_layouts() {
        unpack_triton_int8_moe,
        triton_int8_expert_matmul,
        triton_int8_deviations_from_vllm,
+       nullptr,
        nullptr},
       {"trtllm-mxfp8",
        "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
@@ -158,6 +163,7 @@ const std::vector<TargetLayout>& target_layouts() {
        unpack_trtllm_mxfp8_moe,
        trtllm_mxfp8_expert_matmul,
        trtllm_mxfp8_deviations_from_vllm,
+       nullptr,
        nullptr},
       {"trtllm-fp8-block",
        "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
@@ -171,6 +177,7 @@ const std::vector<TargetLayout>& target_layouts() {
        unpack_trtllm_fp8_block_moe,
        trtllm_fp8_block_expert_matmul,
        trtllm_fp8_block_deviations_from_vllm,
+       nullptr,
        nullptr},
   };
   return table;
@@ -234,6 +241,78 @@ std::string scheme_of(QuantMethod method) {
   return quant_method_name(method);
 }
 
+const std::vector<VllmTargetRow>& vllm_target_rows() {
+  using A = TargetArch;
+  // {target, name, follows, moe_act_order, param_child, marlin_pads_intermediate,
+  //  wna16_prefers_humming}. Newest first: the first row is the default.
+  static const std::vector<VllmTargetRow> rows = {
+      {VllmTarget::kV0_33,
+       "0.33",
+       "vLLM 0.33.0 (PyPI release)",
+       false,
+       "routed_experts.",
+       true,
+       {A::kSm90}},
+      {VllmTarget::kV2026_05,
+       "2026-05",
+       "vLLM@9aaf83ef (2026-05, ../shared/spec)",
+       true,
+       "",
+       false,
+       {}},
+  };
+  return rows;
+}
+
+const VllmTargetRow& vllm_target_row(VllmTarget t) {
+  for (const auto& r : vllm_target_rows())
+    if (r.target == t) return r;
+  throw Error(ErrorCode::kInternal, "unknown VllmTarget " + std::to_string(static_cast<int>(t)));
+}
+
+VllmTarget parse_vllm_target(const std::string& s) {
+  for (const auto& r : vllm_target_rows())
+    if (s == r.name) return r.target;
+  throw Error(ErrorCode::kUsage,
+              "unknown --vllm-target \"" + s + "\" (" + vllm_target_names() + ")");
+}
+
+const char* vllm_target_name(VllmTarget t) {
+  return vllm_target_row(t).name;
+}
+
+std::string vllm_target_names(const std::string& separator) {
+  std::string s;
+  for (const auto& r : vllm_target_rows()) s += (s.empty() ? "" : separator) + r.name;
+  return s;
+}
+
+VllmTarget newest_vllm_target() {
+  return vllm_target_rows().front().target;
+}
+
+int64_t marlin_padded_intermediate(int64_t inter, int64_t group_size) {
+  const int64_t g = group_size > 0 ? group_size : 1;
+  const int64_t unit = 64 / std::gcd<int64_t>(64, g) * g;  // lcm(64, g)
+  return (inter + unit - 1) / unit * unit;
+}
+
+LayoutOptions LayoutOptions::for_layer(QuantMethod source_method, DType act_dtype, bool gated,
+                                       bool vllm_w13_scale_size_k, VllmTarget vllm_target,
+                                       const std::string& module_prefix, int64_t inter,
+                                       int threads) {
+  LayoutOptions o;
+  o.source_method = source_method;
+  o.act_dtype = act_dtype;
+  o.gated = gated;
+  o.vllm_w13_scale_size_k = vllm_w13_scale_size_k;
+  o.vllm_target = vllm_target;
+  o.inter = inter;
+  o.prefix = module_prefix + vllm_target_row(vllm_target).param_child;
+  o.threads = threads;
+  return o;
+}
+
 MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, int64_t inter,
                        bool gated, int act_order_w13, int act_order_w2) {
   const SourceCodec* codec = find_source_codec(q.method);
@@ -243,7 +322,9 @@ MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, in
   const QuantSpec spec = codec->spec_for(q);
   auto proj = [&](int64_t n, int64_t k, int flag) {
     const bool wanted = flag < 0 ? q.act_order : flag != 0;
-    return ProjShape{spec, n, k, wanted && spec.kind == CodeKind::kUint && spec.groups(k) > 1};
+    // Act-order belongs to the layer: vLLM gives every projection of a grouped act-order layer
+    // g_idx and sort indices [E, K], even one whose K holds a single group.
+    return ProjShape{spec, n, k, wanted && spec.kind == CodeKind::kUint && spec.group_size > 0};
   };
   MoeShape s;
   s.experts = experts;

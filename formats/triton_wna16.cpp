@@ -194,20 +194,23 @@ std::vector<std::string> triton_wna16_deviations_from_vllm(const LayoutOptions& 
                 " are not written: vLLM registers them as empty int32 [0] placeholders");
   int64_t eff = 0, f = 0;
   const int64_t gs = x.w13.quant.group_size, hidden = x.w13.k, inter = x.w2.k;
-  if (gs > 0 && triton_wna16_halve_group_size(gs, inter, hidden, &eff, &f) && f > 1)
-    d.push_back("group size " + num(gs) + " halved to " + num(eff) + ": scales have ceil(K/" +
-                num(gs) + ") x " + num(f) + " columns (w13 " + num(ceil_div(hidden, gs) * f) +
-                ", w2 " + num(ceil_div(inter, gs) * f) +
-                "), as later upstream (scale_num_groups) sizes them; vLLM 9aaf83ef sizes them K/" +
-                num(eff) + " and cannot load this layer");
+  if (gs > 0 && triton_wna16_halve_group_size(gs, inter, hidden, &eff, &f) && f > 1 &&
+      hidden % gs != 0)
+    d.push_back("group size " + num(gs) + " halved to " + num(eff) + " with hidden " + num(hidden) +
+                " not a multiple of it: w13 scales have the parameter's " + num(hidden / eff) +
+                " columns, but vLLM's loader copies ceil(H/" + num(gs) + ") x " + num(f) + " = " +
+                num(ceil_div(hidden, gs) * f) + " repeated columns into them and cannot load it");
   return d;
 }
 
 namespace {
 
+// f: the halving factor; eff: the halved group size gs' (dividing K). vLLM's parameters hold
+// K / gs' columns: the loader repeats each checkpoint group f times and narrows the result to
+// the parameter, which drops the repeats past K when gs does not divide K.
 void pack_projection(const LayoutOptions& o, const QuantTensor& q, const Names& nm, int64_t f,
-                     std::vector<Tensor>* out) {
-  const int64_t E = q.experts, N = q.n, K = q.k, G = q.groups(), Gp = G * f;
+                     int64_t eff, std::vector<Tensor>* out) {
+  const int64_t E = q.experts, N = q.n, K = q.k, G = q.groups(), Gp = K / eff;
   const int64_t kb = K * q.bits / 8;
   const int max_code = (1 << q.bits) - 1;
   Tensor qw(nm.qweight, DType::kU8, {E, N, kb});
@@ -274,8 +277,8 @@ std::vector<Tensor> pack_triton_wna16_moe(const LayoutOptions& o, const MoeExper
   int64_t eff = x.w13.group_size, f = 1;
   if (!is_ct(o)) triton_wna16_halve_group_size(x.w13.group_size, x.w2.k, x.w13.k, &eff, &f);
   std::vector<Tensor> out;
-  pack_projection(o, x.w13, names_for(o, MoeProj::kW13), f, &out);
-  pack_projection(o, x.w2, names_for(o, MoeProj::kW2), f, &out);
+  pack_projection(o, x.w13, names_for(o, MoeProj::kW13), f, eff, &out);
+  pack_projection(o, x.w2, names_for(o, MoeProj::kW2), f, eff, &out);
   return out;
 }
 
@@ -389,7 +392,7 @@ std::vector<GroupChoice> shape_candidates(const Geometry& g) {
       int64_t eff = 0, ff = 0;
       if (!triton_wna16_halve_group_size(gs, g.inter, g.hidden, &eff, &ff)) continue;
       if (eff != d || ff != f) continue;
-      if (ceil_div(g.hidden, gs) * f != g.g13 || ceil_div(g.inter, gs) * f != g.g2) continue;
+      if (g.hidden / eff != g.g13 || g.inter / eff != g.g2) continue;
       c.push_back({gs, eff, f});
     }
   std::sort(c.begin(), c.end(),
@@ -438,7 +441,7 @@ GroupChoice choose_group(const LayoutOptions& o, const Geometry& g, int64_t grou
         eff * f != group_size)
       throw Error(ErrorCode::kUnsupported, "", scales,
                   "group size " + num(group_size) + " has no moe_wna16 layout here");
-    if (ceil_div(g.hidden, group_size) * f != g.g13 || ceil_div(g.inter, group_size) * f != g.g2)
+    if (g.hidden / eff != g.g13 || g.inter / eff != g.g2)
       throw Error(ErrorCode::kBadShape, "", scales,
                   "scale columns " + num(g.g13) + " / " + num(g.g2) + " do not match group size " +
                       num(group_size) + " (halved to " + num(eff) + ")");
@@ -571,7 +574,7 @@ std::vector<ParamSpec> triton_wna16_param_specs(const LayoutOptions& o, const Mo
   std::vector<ParamSpec> out;
   for (const ProjShape* s : {&x.w13, &x.w2}) {
     const Names nm = names_for(o, s == &x.w13 ? MoeProj::kW13 : MoeProj::kW2);
-    const int64_t Gp = s->quant.groups(s->k) * f;
+    const int64_t Gp = s->k / eff;  // narrowed as vLLM's loader narrows the repeats
     out.push_back({nm.qweight, DType::kU8, {x.experts, s->n, s->k * s->quant.bits / 8}});
     out.push_back({nm.scales, o.act_dtype, {x.experts, s->n, Gp}});
     if (!s->quant.symmetric) out.push_back({nm.qzeros, DType::kU8, {x.experts, s->n / 2, Gp}});

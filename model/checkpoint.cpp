@@ -609,6 +609,29 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
     out.scale_block_n = t0.scale_block_n;
     out.symmetric = t0.symmetric;
     out.scale_dtype = t0.scale_dtype;
+    // Scale dtypes may differ between the tensors of one layer (F16 here, F32 there): vLLM copies
+    // each into its parameter's dtype, so widen them all to F32 -- exact for F16, BF16 and F32 --
+    // and let the layout convert from there as it would from either.
+    const auto is_float_scale = [](DType d) {
+      return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32;
+    };
+    bool widen = false;
+    for (int64_t e = 0; e < E; ++e)
+      for (int p : projs) {
+        const DType d = parts[static_cast<size_t>(e)][p].scale_dtype;
+        widen |= d != out.scale_dtype && is_float_scale(d) && is_float_scale(out.scale_dtype);
+      }
+    if (widen) {
+      out.scale_dtype = DType::kF32;
+      for (int64_t e = 0; e < E; ++e)
+        for (int p : projs) {
+          QuantTensor& t = parts[static_cast<size_t>(e)][p];
+          if (t.scale_dtype == DType::kF32 || !is_float_scale(t.scale_dtype)) continue;
+          t.scales = convert_scales(t.scales, t.scale_dtype, DType::kF32,
+                                    layer.param_prefix + std::to_string(e0 + e));
+          t.scale_dtype = DType::kF32;
+        }
+    }
     bool any_g_idx = force_g_idx == 1;
     for (int64_t e = 0; e < E; ++e)
       for (int p : projs) any_g_idx |= !parts[static_cast<size_t>(e)][p].g_idx.empty();

@@ -56,6 +56,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
   m.backend = plan.backend;
   m.layout = {plan.layout_name, plan.layout_version};
   m.target_arch = target_arch_name(plan.arch);
+  m.vllm_target = plan.vllm_target;
   m.act_dtype = plan.options.act_dtype;
   m.options.vllm_w13_scale_size_k = plan.options.vllm_w13_scale_size_k;
   m.deviations_from_vllm = plan.deviations;
@@ -69,6 +70,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     ml.experts = L.num_experts;
     ml.hidden = L.hidden;
     ml.inter = L.inter;
+    ml.inter_padded = pl.inter_padded;
     ml.gated = L.gated;
     for (const auto& t : plan.tensors)
       if (t.layer == pl.index) ml.params.push_back(t.name);
@@ -96,11 +98,17 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
 }
 
 json to_json(const ManifestLayer& l) {
-  return {{"module", l.module},   {"layer", l.layer},
-          {"family", l.family},   {"param_prefix", l.param_prefix},
-          {"experts", l.experts}, {"hidden", l.hidden},
-          {"inter", l.inter},     {"gated", l.gated},
-          {"params", l.params},   {"deviations_from_vllm", l.deviations_from_vllm}};
+  return {{"module", l.module},
+          {"layer", l.layer},
+          {"family", l.family},
+          {"param_prefix", l.param_prefix},
+          {"experts", l.experts},
+          {"hidden", l.hidden},
+          {"inter", l.inter},
+          {"inter_padded", l.inter_padded},
+          {"gated", l.gated},
+          {"params", l.params},
+          {"deviations_from_vllm", l.deviations_from_vllm}};
 }
 
 json to_json(const Manifest& m) {
@@ -118,6 +126,7 @@ json to_json(const Manifest& m) {
   j["backend"] = m.backend;
   j["layout"] = {{"name", m.layout.name}, {"version", m.layout.version}};
   j["target_arch"] = m.target_arch;
+  j["vllm_target"] = vllm_target_name(m.vllm_target);
   j["act_dtype"] = dtype_name(m.act_dtype);
   j["options"] = {{"vllm_w13_scale_size_k", m.options.vllm_w13_scale_size_k}};
   j["deviations_from_vllm"] = m.deviations_from_vllm;
@@ -365,6 +374,7 @@ ManifestLayer parse_layer(const Field& f, const std::map<std::string, ManifestTe
   l.experts = f["experts"].integer(1, INT64_MAX);
   l.hidden = f["hidden"].integer(1, INT64_MAX);
   l.inter = f["inter"].integer(1, INT64_MAX);
+  l.inter_padded = f.has("inter_padded") ? f["inter_padded"].integer(l.inter, INT64_MAX) : l.inter;
   l.gated = f["gated"].boolean();
   const Field params = f["params"];
   l.params = params.strings();
@@ -430,6 +440,18 @@ Manifest parse_fields(const Field& root) {
     } catch (const Error&) {
     }
     if (!known) arch.fail("unknown target arch " + describe(arch.value()));
+  }
+  if (root.has("vllm_target")) {
+    const Field target = root["vllm_target"];
+    const std::string name = target.str();
+    bool known = false;
+    for (const auto& r : vllm_target_rows())
+      if (name == r.name) {
+        m.vllm_target = r.target;
+        known = true;
+      }
+    if (!known)
+      target.fail("expected one of " + vllm_target_names() + ", got " + describe(target.value()));
   }
   {
     const Field act = root["act_dtype"];

@@ -66,7 +66,8 @@ struct ManifestLayer {
   int64_t layer = -1;  // L of "layers.L.", -1 when the module has none
   std::string family;  // moe_family_name: "per-expert", "mixtral", ...
   std::string param_prefix;
-  int64_t experts = 0, hidden = 0, inter = 0;  // E, H, I (each >= 1)
+  int64_t experts = 0, hidden = 0, inter = 0;  // E, H, I (each >= 1); I is the real one
+  int64_t inter_padded = 0;  // the I the parameters carry (>= inter; absent in the file: inter)
   bool gated = true;
   std::vector<std::string> params;  // output tensor names, each a key of Manifest::tensors
   std::vector<std::string> deviations_from_vllm;
@@ -96,7 +97,10 @@ struct Manifest {
   std::optional<ManifestQuantize> quantize;
   std::string backend;
   ManifestLayout layout;
-  std::string target_arch;         // target_arch_name: "sm90", ...
+  std::string target_arch;  // target_arch_name: "sm90", ...
+  // The vLLM the parameters are for (--vllm-target). A manifest without the field was written
+  // before targets existed, for vLLM@9aaf83ef: it reads as 2026-05.
+  VllmTarget vllm_target = VllmTarget::kV2026_05;
   DType act_dtype = DType::kBF16;  // BF16 or F16
   ManifestOptions options;
   std::vector<std::string> deviations_from_vllm;

@@ -26,8 +26,8 @@ OracleDecision choose_backend(const OracleQuery& q) {
       [](const TargetLayout* a, const TargetLayout* b) { return a->priority < b->priority; });
   const std::vector<std::string> scheme_reasons =
       codec && codec->refusals ? codec->refusals(q.quant) : std::vector<std::string>{};
-  const LayoutOptions opts = LayoutOptions::for_layer(q.quant.method, q.act_dtype, q.gated,
-                                                      q.vllm_w13_scale_size_k, "", 1);
+  const LayoutOptions opts = LayoutOptions::for_layer(
+      q.quant.method, q.act_dtype, q.gated, q.vllm_w13_scale_size_k, q.vllm_target, "", q.inter, 1);
   // The layer as every candidate judges it (only candidates exist when a codec reads the method).
   const MoeShape shape = codec ? moe_shape_for(q.quant, std::max<int64_t>(1, q.experts), q.hidden,
                                                q.inter, q.gated, q.act_order_w13, q.act_order_w2)
@@ -77,6 +77,18 @@ OracleDecision choose_backend(const OracleQuery& q) {
       d.chosen = v.backend;
       break;
     }
+  // vLLM 0.33 ranks Humming ahead of Marlin for WNA16 on some archs (prioritize_humming);
+  // moepack has no Humming layout, so it writes Marlin and says so.
+  const VllmTargetRow& target = vllm_target_row(q.vllm_target);
+  if (d.chosen == "marlin" && d.scheme == "wna16" &&
+      std::find(target.wna16_prefers_humming.begin(), target.wna16_prefers_humming.end(), q.arch) !=
+          target.wna16_prefers_humming.end()) {
+    d.vllm_would_pick = "humming";
+    d.vllm_note = std::string(target.follows) + " on " + target_arch_name(q.arch) +
+                  " ranks Humming ahead of Marlin for WNA16 MoE (prioritize_humming); moepack "
+                  "has no Humming layout and writes Marlin, which that vLLM runs when Humming "
+                  "is unavailable or deselected (--moe-backend marlin)";
+  }
   return d;
 }
 
@@ -84,6 +96,8 @@ nlohmann::json OracleDecision::to_json() const {
   nlohmann::json j;
   j["scheme"] = scheme;
   j["chosen"] = chosen.empty() ? nlohmann::json(nullptr) : nlohmann::json(chosen);
+  j["vllm_would_pick"] = vllm_would_pick.empty() ? chosen : vllm_would_pick;
+  if (!vllm_note.empty()) j["vllm_note"] = vllm_note;
   j["candidates"] = nlohmann::json::array();
   for (const auto& v : verdicts)
     j["candidates"].push_back(
@@ -100,6 +114,8 @@ std::string OracleDecision::explain() const {
     s << "\n";
     for (const auto& r : v.reasons) s << "      " << r << "\n";
   }
+  if (!vllm_would_pick.empty())
+    s << "  vLLM's own oracle would pick " << vllm_would_pick << ": " << vllm_note << "\n";
   return s.str();
 }
 

@@ -24,6 +24,7 @@ struct OracleQuery {
   std::string requested = "auto";  // "auto" or a backend name
   DType act_dtype = DType::kBF16;  // serving activations
   bool vllm_w13_scale_size_k = false;
+  VllmTarget vllm_target = newest_vllm_target();
 };
 
 struct BackendVerdict {
@@ -36,6 +37,9 @@ struct OracleDecision {
   std::string scheme;
   std::string chosen;                    // "" when nothing can take the layer
   std::vector<BackendVerdict> verdicts;  // candidates in priority order (explicit: just that one)
+  // What vLLM's own oracle (for the query's --vllm-target and arch) would run instead of the
+  // chosen layout, and why moepack writes the chosen one anyway; "" when they agree.
+  std::string vllm_would_pick, vllm_note;
   nlohmann::json to_json() const;
   std::string explain() const;  // multi-line text
 };

@@ -79,10 +79,6 @@ json mxfp8_quantization_config(const Checkpoint& ckpt) {
           {"producer", {{"name", "moepack"}, {"version", std::string(moepack_version())}}}};
 }
 
-// The vLLM release line whose parameter names and shapes the layouts write; the plugin serves
-// only artifacts written for its own line.
-constexpr const char* kMoepackVllmTarget = "0.33";
-
 // The quantization_config a converted checkpoint declares. quant_method "moepack" is one no
 // stock engine knows, so stock vLLM stops with "Unknown quantization method" instead of creating
 // checkpoint-format parameters, dropping the kernel-format tensors it does not recognise and
@@ -102,7 +98,9 @@ json moepack_quantization_config(const Plan& plan, const json& weights_quantizat
           {"layout_version", plan.layout_version},
           {"target_arch", target_arch_name(plan.arch)},
           {"act_dtype", dtype_name(plan.options.act_dtype)},
-          {"vllm_target", kMoepackVllmTarget},
+          // The --vllm-target whose names and shapes the layouts wrote; the plugin serves only
+          // artifacts written for its own vLLM line.
+          {"vllm_target", vllm_target_name(plan.vllm_target)},
           {"tensor_parallel_size", 1},
           {"manifest", "moepack.json"},
           {"manifest_sha256", nullptr}};
@@ -121,6 +119,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan;
   plan.options = opts;
   plan.arch = parse_target_arch(opts.target_arch);
+  plan.vllm_target = parse_vllm_target(opts.vllm_target);
   plan.threads = resolve_threads(opts.threads);
   plan.source_quant = ckpt.quant();
   plan.source_format = quant_method_name(plan.source_quant.method);
@@ -198,8 +197,12 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     pl.index = static_cast<int64_t>(li);
     pl.module = L.module;
     pl.param_prefix = L.param_prefix;
-    pl.act_order_w13 = layer_has_act_order(ckpt, L, {kGate, kUp});
-    pl.act_order_w2 = layer_has_act_order(ckpt, L, {kDown});
+    // Act-order is the layer's (vLLM creates g_idx for every projection from the config flag):
+    // declared with a real group size, or carried by any expert's g_idx.
+    const bool layer_act_order =
+        (plan.target_quant.act_order && plan.target_quant.group_size > 0) ||
+        layer_has_act_order(ckpt, L, {kGate, kUp, kDown});
+    pl.act_order_w13 = pl.act_order_w2 = layer_act_order;
     OracleQuery q;
     q.quant = plan.target_quant;
     q.experts = L.num_experts;
@@ -212,6 +215,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     q.requested = opts.backend;
     q.act_dtype = opts.act_dtype;
     q.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
+    q.vllm_target = plan.vllm_target;
     pl.decision = choose_backend(q);
     if (pl.decision.chosen.empty())
       throw Error(
@@ -226,12 +230,14 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     plan.layout_name = plan.layout->name;
     plan.layout_version = plan.layout->layout_version;
 
-    pl.layout_options =
-        LayoutOptions::for_layer(plan.target_quant.method, opts.act_dtype, L.gated,
-                                 opts.vllm_w13_scale_size_k, L.param_prefix, plan.threads);
+    pl.layout_options = LayoutOptions::for_layer(plan.target_quant.method, opts.act_dtype, L.gated,
+                                                 opts.vllm_w13_scale_size_k, plan.vllm_target,
+                                                 L.param_prefix, L.inter, plan.threads);
     const LayoutOptions& lo = pl.layout_options;
     pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
                              q.act_order_w13, q.act_order_w2);
+    pl.inter_padded =
+        plan.layout->padded_inter ? plan.layout->padded_inter(lo, pl.shape) : pl.shape.inter();
     for (const auto& d : plan.layout->deviations_from_vllm(lo, pl.shape)) {
       pl.deviations.push_back(d);
       deviations.insert(d);
@@ -256,7 +262,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       pt.converted = true;
       pt.layer = static_cast<int64_t>(li);
       pt.codec = src_codec + "->" + plan.backend;
-      const std::string local = t.name.substr(L.param_prefix.size());
+      const std::string local = t.name.substr(lo.prefix.size());
       pt.sources = source_patterns(L, local.rfind("w2_", 0) != 0);
       layer_params[static_cast<int64_t>(li)].push_back(pt);
     }
@@ -276,6 +282,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                                   {"layout", plan.layout_name},
                                   {"layout_version", plan.layout_version},
                                   {"target_arch", target_arch_name(plan.arch)},
+                                  {"vllm_target", vllm_target_name(plan.vllm_target)},
                                   {"act_dtype", dtype_name(plan.options.act_dtype)}};
 
   std::set<int64_t> emitted;
@@ -318,6 +325,8 @@ json Plan::to_json() const {
   j["backend"] = backend;
   j["layout"] = {{"name", layout_name}, {"version", layout_version}};
   j["target_arch"] = target_arch_name(arch);
+  j["vllm_target"] = {{"name", vllm_target_name(vllm_target)},
+                      {"follows", vllm_target_row(vllm_target).follows}};
   j["act_dtype"] = dtype_name(options.act_dtype);
   if (!options.quantize.empty())
     j["quantize"] = {{"format", options.quantize}, {"recipe", options.mx_recipe}};
@@ -329,6 +338,8 @@ json Plan::to_json() const {
                            {"oracle", l.decision.to_json()},
                            {"experts_per_chunk", l.experts_per_chunk},
                            {"chunks", l.chunks},
+                           {"inter", l.shape.inter()},
+                           {"inter_padded", l.inter_padded},
                            {"deviations_from_vllm", l.deviations}});
   j["tensors"] = json::array();
   uint64_t converted = 0, copied = 0;
@@ -376,6 +387,8 @@ std::string Plan::to_text() const {
     << ")\n"
     << "  target arch     " << target_arch_name(arch) << ", activations "
     << dtype_name(options.act_dtype) << "\n"
+    << "  vLLM target     " << vllm_target_name(vllm_target) << " ("
+    << vllm_target_row(vllm_target).follows << ")\n"
     << "  MoE layers      " << layers.size() << "\n"
     << "  converted       " << nconv << " tensors, " << converted << " bytes\n"
     << "  copied through  " << tensors.size() - nconv << " tensors, " << copied << " bytes\n"

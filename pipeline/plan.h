@@ -27,6 +27,8 @@ struct ConvertOptions {
   std::string quantize;                  // "" or "mxfp8" (bf16/fp16 experts -> MXFP8)
   std::string mx_recipe = "flashinfer";  // or "modelopt"
   bool vllm_w13_scale_size_k = false;    // reproduce vLLM's loader instead of the kernel layout
+  // The vLLM the output is for (--vllm-target): names, shapes, act-order and padding follow it.
+  std::string vllm_target = vllm_target_name(newest_vllm_target());
   uint64_t max_shard_bytes = 5000000000ull;
   int threads = 0;
   bool force = false;
@@ -51,9 +53,12 @@ struct PlannedLayer {
   std::string module, param_prefix;
   OracleDecision decision;
   std::vector<std::string> deviations;
-  bool act_order_w13 = false, act_order_w2 = false;  // any expert carries a non-trivial g_idx
-  MoeShape shape;                                    // what the layout was judged and sized on
-  LayoutOptions layout_options;                      // exactly what pack takes for this layer
+  // Act-order is the layer's: the config declares it (with a real group size) or an expert
+  // carries a non-trivial g_idx; then both projections carry g_idx (trivial ones made explicit).
+  bool act_order_w13 = false, act_order_w2 = false;
+  MoeShape shape;            // what the layout was judged and sized on
+  int64_t inter_padded = 0;  // the I the parameters carry (> shape.inter() where the target pads)
+  LayoutOptions layout_options;   // exactly what pack takes for this layer
   int64_t experts_per_chunk = 0;  // experts converted at once (the --chunk-size budget)
   int64_t chunks = 0;
 };
@@ -73,6 +78,7 @@ struct Plan {
   // moepack block).
   nlohmann::json config_patch;
   TargetArch arch = TargetArch::kSm90;
+  VllmTarget vllm_target = VllmTarget::kV0_33;
   QuantParams source_quant, target_quant;
   std::vector<PlannedLayer> layers;
   std::vector<PlannedTensor> tensors;  // output order

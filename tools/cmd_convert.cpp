@@ -48,6 +48,10 @@ Runner add_convert(CLI::App& app, Globals& g) {
       "--vllm-w13-scale-size-k", a->o.vllm_w13_scale_size_k,
       "Marlin: permute w13 scales exactly as vLLM's loader does (size_k = I) even where its kernel "
       "expects otherwise");
+  app.add_option("--vllm-target", a->o.vllm_target,
+                 "The vLLM the output is for: " + vllm_target_names("|") +
+                     " (parameter names, shapes, act-order, padding; docs/vllm_targets.md)")
+      ->capture_default_str();
   app.add_option("--threads", a->o.threads,
                  "Worker threads (0: all cores); output bytes do not depend on it")
       ->capture_default_str();

@@ -1,4 +1,5 @@
-// moepack inspect DIR [--target-arch sm90] [--backend auto] [--tensors] [--json]
+// moepack inspect DIR [--target-arch sm90] [--backend auto] [--vllm-target 0.33] [--tensors]
+// [--json]
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -22,6 +23,7 @@ struct InspectArgs {
   std::string target_arch = "sm90";
   std::string backend = "auto";
   std::string act_dtype = "bf16";
+  std::string vllm_target = vllm_target_name(newest_vllm_target());
   bool tensors = false;
   bool no_validate = false;
 };
@@ -53,6 +55,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
   const auto ckpt = Checkpoint::open(a.dir);
   const HfConfig& cfg = ckpt->config();
   const TargetArch arch = parse_target_arch(a.target_arch);
+  const VllmTarget target = parse_vllm_target(a.vllm_target);
   json j;
   j["schema"] = "moepack.inspect/1";
   j["path"] = a.dir;
@@ -77,6 +80,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     j["moepack"] = {{"backend", m.backend},
                     {"layout", {{"name", m.layout.name}, {"version", m.layout.version}}},
                     {"target_arch", m.target_arch},
+                    {"vllm_target", vllm_target_name(m.vllm_target)},
                     {"act_dtype", dtype_name(m.act_dtype)},
                     {"source_format", m.source.format},
                     {"moe_layers", m.layers.size()},
@@ -107,6 +111,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     std::tie(q.experts, q.hidden, q.inter, q.gated, std::ignore) = k;
     q.arch = arch;
     q.requested = a.backend;
+    q.vllm_target = target;
     q.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
     const OracleDecision d = choose_backend(q);
     json o = d.to_json();
@@ -117,8 +122,11 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     o["explanation"] = d.explain();
     oracle.push_back(o);
   }
-  j["oracle"] = {
-      {"target_arch", target_arch_name(arch)}, {"requested", a.backend}, {"kinds", oracle}};
+  j["oracle"] = {{"target_arch", target_arch_name(arch)},
+                 {"vllm_target", vllm_target_name(target)},
+                 {"vllm_follows", vllm_target_row(target).follows},
+                 {"requested", a.backend},
+                 {"kinds", oracle}};
   // inspect refuses what convert refuses: the plan convert would make for this target, and every
   // expert read and packed as convert would (nothing written). Without a backend on the target,
   // the experts are still read through the source codec. A converted checkpoint is verify's job.
@@ -134,6 +142,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
       opts.src = a.dir;
       opts.target_arch = a.target_arch;
       opts.backend = a.backend;
+      opts.vllm_target = a.vllm_target;
       opts.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
       const Plan plan = make_plan(*ckpt, opts);
       validate_plan(plan, *ckpt);
@@ -179,14 +188,18 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
   if (converted) {
     const Manifest& m = *manifest;
     std::cout << "  converted by moepack: backend " << m.backend << ", target " << m.target_arch
-              << ", activations " << dtype_name(m.act_dtype) << ", from " << m.source.format
-              << "\n";
+              << ", vLLM " << vllm_target_name(m.vllm_target) << ", activations "
+              << dtype_name(m.act_dtype) << ", from " << m.source.format << "\n";
     // The experts are now backend parameters (w13_*, w2_*): describe them from the manifest.
     std::cout << "  converted MoE layers " << m.layers.size() << "\n";
     for (const auto& l : m.layers)
       std::cout << "    " << l.module << "  E=" << l.experts << " H=" << l.hidden
-                << " I=" << l.inter << (l.gated ? " gated" : " non-gated") << ", "
-                << l.params.size() << " parameters (" << l.param_prefix << "*)\n";
+                << " I=" << l.inter
+                << (l.inter_padded != l.inter
+                        ? " (padded to " + std::to_string(l.inter_padded) + ")"
+                        : std::string())
+                << (l.gated ? " gated" : " non-gated") << ", " << l.params.size() << " parameters ("
+                << l.param_prefix << "*)\n";
   }
   std::cout << "  MoE layers     " << layers.size()
             << (converted ? " (unconverted expert tensors)" : "") << "\n";
@@ -195,7 +208,8 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
               << "  E=" << l["experts"] << " H=" << l["hidden"] << " I=" << l["inter"]
               << (l["gated"].get<bool>() ? " gated" : " non-gated") << "\n";
   if (!kinds.empty()) {
-    std::cout << "  oracle for " << target_arch_name(arch) << " (--backend " << a.backend << "):\n";
+    std::cout << "  oracle for " << target_arch_name(arch) << ", vLLM " << vllm_target_name(target)
+              << " (--backend " << a.backend << "):\n";
     for (const auto& o : oracle) {
       std::cout << "    layers E=" << o["experts"] << " H=" << o["hidden"] << " I=" << o["inter"]
                 << " (" << o["layers"].size() << " layers):\n";
@@ -223,6 +237,9 @@ Runner add_inspect(CLI::App& app, Globals& g) {
                  "Evaluate this backend instead of auto: " + target_layout_names("|"))
       ->capture_default_str();
   app.add_option("--act-dtype", a->act_dtype, "Activation dtype bf16|fp16")->capture_default_str();
+  app.add_option("--vllm-target", a->vllm_target,
+                 "The vLLM the oracle judges for: " + vllm_target_names("|"))
+      ->capture_default_str();
   app.add_flag("--tensors", a->tensors, "List every tensor (text mode)");
   app.add_flag("--no-validate", a->no_validate,
                "List the checkpoint without reading every expert as convert would (inspect "

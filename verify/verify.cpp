@@ -547,9 +547,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     const std::string& module = ml.module;
     const int64_t layer_no = ml.layer;
     const int64_t E = ml.experts;
-    const LayoutOptions lo =
-        LayoutOptions::for_layer(target_q.method, manifest.act_dtype, ml.gated,
-                                 manifest.options.vllm_w13_scale_size_k, ml.param_prefix, threads);
+    const LayoutOptions lo = LayoutOptions::for_layer(
+        target_q.method, manifest.act_dtype, ml.gated, manifest.options.vllm_w13_scale_size_k,
+        manifest.vllm_target, ml.param_prefix, ml.inter, threads);
     const MoeLayer* src_layer = nullptr;
     if (src)
       for (const auto& L : src->moe_layers())
