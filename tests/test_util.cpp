@@ -263,6 +263,15 @@ MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions o
   x.w13 = random_quant_tensor(rng, s.w13.quant, s.experts, s.w13.n, s.w13.k, opts);
   opts.act_order = s.w2.act_order;
   x.w2 = random_quant_tensor(rng, s.w2.quant, s.experts, s.w2.n, s.w2.k, opts);
+  // Act-order is the layer's: a projection whose K holds one group still carries g_idx (the
+  // trivial one, made explicit as the loader makes it).
+  for (auto [q, p] : {std::make_pair(&x.w13, &s.w13), std::make_pair(&x.w2, &s.w2)})
+    if (p->act_order && q->g_idx.empty() && q->group_size > 0) {
+      q->g_idx.resize(static_cast<size_t>(q->experts * q->k));
+      for (int64_t e = 0; e < q->experts; ++e)
+        for (int64_t k = 0; k < q->k; ++k)
+          q->g_idx[static_cast<size_t>(e * q->k + k)] = static_cast<int32_t>(k / q->group_size);
+    }
   return x;
 }
 

@@ -104,7 +104,8 @@ QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts
                                 int64_t k, const RandomTensorOptions& opts);
 
 // One MoE layer's experts matching `s`: each projection's act_order flag decides its g_idx (w13's
-// one g_idx per expert is shared by the gate and up rows, which read the same K = H inputs).
+// one g_idx per expert is shared by the gate and up rows, which read the same K = H inputs); an
+// act-order projection with one group gets the trivial g_idx, explicit.
 MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts);
 
 // Layer extents: E in {1, 2, 3}, H a multiple of 128 in [128, 512], I a multiple of 128 in

@@ -64,7 +64,8 @@ TEST(QuantizeMxfp8, ConvertMatchesAnIndependentQuantisation) {
             0);
   const SafetensorsFile in = SafetensorsFile::open(src + "/model.safetensors");
   const SafetensorsFile out = SafetensorsFile::open(dst + "/model.safetensors");
-  const std::string P = "model.layers.1.mlp.experts.";
+  const std::string S = "model.layers.1.mlp.experts.";  // source experts module
+  const std::string P = S + "routed_experts.";          // parameters for --vllm-target 0.33
   LayoutOptions opts;
   opts.prefix = P;
   opts.source_method = QuantMethod::kModeloptMxfp8;
@@ -77,7 +78,7 @@ TEST(QuantizeMxfp8, ConvertMatchesAnIndependentQuantisation) {
   for (int64_t e = 0; e < 2; ++e)
     for (int p = 0; p < 3; ++p) {
       const char* proj = p == 0 ? "gate_proj" : p == 1 ? "up_proj" : "down_proj";
-      const TensorView v = in.view(P + std::to_string(e) + "." + proj + ".weight");
+      const TensorView v = in.view(S + std::to_string(e) + "." + proj + ".weight");
       const int64_t n = v.shape[0], k = v.shape[1];
       const QuantTensor& q = p == 2 ? got.w2 : got.w13;
       const int64_t row0 = p == 1 ? I : 0, rows = p == 2 ? H : 2 * I;

@@ -148,6 +148,8 @@ class RealManifest : public ::testing::Test {
       co.quantize = s.quantize;
       co.max_shard_bytes = s.max_shard_bytes;
       co.threads = 1;
+      // Act-order MoE is the spec's vLLM's, not 0.33's (the default target).
+      if (s.format == "gptq-actorder") co.vllm_target = "2026-05";
       c->plan = make_plan(*c->ckpt, co);
       execute_plan(c->plan, *c->ckpt);
       converted_.push_back(std::move(c));
@@ -238,6 +240,12 @@ std::vector<Mutation> mutations(const json& good) {
       {"act_dtype lower case", [](json& m) { m["act_dtype"] = "bf16"; }, "act_dtype: unknown"},
       {"target arch", [](json& m) { m["target_arch"] = "sm99"; },
        "target_arch: unknown target arch \"sm99\""},
+      {"vllm target", [](json& m) { m["vllm_target"] = "0.1"; },
+       "vllm_target: expected one of 0.33, 2026-05, got \"0.1\""},
+      {"vllm target number", [](json& m) { m["vllm_target"] = 33; },
+       "vllm_target: expected a string, got 33"},
+      {"inter_padded below inter", [](json& m) { m["layers"][0]["inter_padded"] = 64; },
+       "layers[0].inter_padded: must be >= 128, got 64"},
       {"layout version", [](json& m) { m["layout"]["version"] = -1; },
        "layout.version: must be between 0 and"},
       {"source format", [](json& m) { m["source"]["format"] = "q4_k_m"; },
@@ -343,6 +351,19 @@ std::vector<Mutation> mutations(const json& good) {
        [](json& m) { m["layers"][0]["experts"] = std::string(200, 'x') + "\xc3\xa9"; },
        "layers[0].experts: expected an integer, got \"xxxxxxxx"},
   };
+}
+
+// A manifest from before --vllm-target followed vLLM@9aaf83ef and padded nothing.
+TEST_F(RealManifest, WithoutVllmTargetReadsAs2026_05Unpadded) {
+  json m = gptq_json();
+  EXPECT_EQ(m["vllm_target"], "2026-05");  // converted with --vllm-target 2026-05 (act-order)
+  m.erase("vllm_target");
+  for (auto& l : m["layers"]) l.erase("inter_padded");
+  const Manifest got = parse_manifest(m, "d/moepack.json");
+  EXPECT_EQ(got.vllm_target, VllmTarget::kV2026_05);
+  for (const auto& l : got.layers) EXPECT_EQ(l.inter_padded, l.inter);
+  m["vllm_target"] = "0.33";
+  EXPECT_EQ(parse_manifest(m, "d/moepack.json").vllm_target, VllmTarget::kV0_33);
 }
 
 TEST_F(RealManifest, EveryDefectIsBadConfigNamingTheField) {

@@ -84,6 +84,8 @@ struct Case {
   std::string chosen;                   // "" = refused
   std::vector<std::string> candidates;  // verdict backends in order
   std::vector<ReasonCheck> reasons;
+  // The rows above describe the spec's vLLM; the 0.33 rows name their target.
+  VllmTarget target = VllmTarget::kV2026_05;
 };
 
 std::vector<Case> cases() {
@@ -279,6 +281,43 @@ std::vector<Case> cases() {
        "",
        {"marlin"},
        {{"marlin", "96"}}},
+      {"0.33: gptq act-order -> refused, naming 2026-05",
+       [] {
+         QuantParams q = gptq(4, 128);
+         q.act_order = true;
+         return q;
+       }(),
+       256,
+       128,
+       sm90,
+       "auto",
+       "wna16",
+       "",
+       {"marlin", "triton-wna16"},
+       {{"marlin", "--vllm-target 2026-05"}, {"triton-wna16", "act-order"}},
+       VllmTarget::kV0_33},
+      {"0.33: gptq g32 I=96 -> marlin (I padded to 128)",
+       gptq(4, 32),
+       256,
+       96,
+       sm90,
+       "auto",
+       "wna16",
+       "marlin",
+       {"marlin", "triton-wna16"},
+       {},
+       VllmTarget::kV0_33},
+      {"0.33: gptq g128 I=64 -> triton (a group would straddle the padding)",
+       gptq(4, 128),
+       256,
+       64,
+       sm90,
+       "auto",
+       "wna16",
+       "triton-wna16",
+       {"marlin", "triton-wna16"},
+       {{"marlin", "group_size=128"}},
+       VllmTarget::kV0_33},
       {"unquantized -> refused, suggests --quantize",
        unquantized(),
        256,
@@ -317,6 +356,7 @@ TEST(Oracle, Table) {
     q.inter = c.inter;
     q.arch = c.arch;
     q.requested = c.requested;
+    q.vllm_target = c.target;
     const OracleDecision d = choose_backend(q);
     SCOPED_TRACE(d.explain());
     EXPECT_EQ(d.scheme, c.scheme);
@@ -387,6 +427,29 @@ TEST(Oracle, UnknownBackendIsUsageError) {
   }
 }
 
+// vLLM 0.33 on SM90 would run Humming for WNA16; moepack writes Marlin and says so beside it.
+TEST(Oracle, VllmOwnChoiceIsShownBesideTheChosenLayout) {
+  OracleQuery q;
+  q.quant = gptq(4, 128);
+  q.hidden = 256;
+  q.inter = 128;
+  q.vllm_target = VllmTarget::kV0_33;
+  q.arch = TargetArch::kSm90;
+  OracleDecision d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "marlin");
+  EXPECT_EQ(d.vllm_would_pick, "humming");
+  EXPECT_NE(d.explain().find("prioritize_humming"), std::string::npos) << d.explain();
+  EXPECT_EQ(d.to_json()["vllm_would_pick"], "humming");
+  for (const auto& [target, arch] : {std::make_pair(VllmTarget::kV0_33, TargetArch::kSm100),
+                                     std::make_pair(VllmTarget::kV2026_05, TargetArch::kSm90)}) {
+    q.vllm_target = target;
+    q.arch = arch;
+    d = choose_backend(q);
+    EXPECT_EQ(d.vllm_would_pick, "");
+    EXPECT_EQ(d.to_json()["vllm_would_pick"], "marlin");
+  }
+}
+
 TEST(Oracle, TargetArchNames) {
   EXPECT_EQ(parse_target_arch("sm90a"), TargetArch::kSm90);
   EXPECT_EQ(parse_target_arch("sm100"), TargetArch::kSm100);
@@ -406,6 +469,7 @@ TEST(Oracle, JsonRecordsEveryCandidate) {
   q.quant = gptq(4, 32);
   q.hidden = 256;
   q.inter = 96;
+  q.vllm_target = VllmTarget::kV2026_05;  // no padding: Marlin refuses I = 96
   const nlohmann::json j = choose_backend(q).to_json();
   EXPECT_EQ(j["scheme"], "wna16");
   EXPECT_EQ(j["chosen"], "triton-wna16");

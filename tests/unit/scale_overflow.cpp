@@ -31,8 +31,9 @@ TEST(ScaleOverflow, EveryHalfPrecisionLayoutRefusesAScaleThatBecomesInf) {
   for (const TargetLayout& t : target_layouts()) {
     if (std::find(t.schemes.begin(), t.schemes.end(), "wna16") == t.schemes.end()) continue;
     SCOPED_TRACE(t.name);
-    const LayoutOptions o = LayoutOptions::for_layer(QuantMethod::kGptq, DType::kF16, true, false,
-                                                     "model.layers.0.mlp.experts.", 1);
+    const LayoutOptions o =
+        LayoutOptions::for_layer(QuantMethod::kGptq, DType::kF16, true, false, VllmTarget::kV0_33,
+                                 "model.layers.0.mlp.experts.", 0, 1);
     ASSERT_TRUE(t.unsupported_reasons(o, moe_shape_of(layer_with_scale(0.01f))).empty());
     EXPECT_NO_THROW(t.pack(o, layer_with_scale(60000.0f)));  // the largest fp16 is 65504
     try {
@@ -41,7 +42,8 @@ TEST(ScaleOverflow, EveryHalfPrecisionLayoutRefusesAScaleThatBecomesInf) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kBadValue) << e.what();
       EXPECT_NE(e.message().find("overflows F16"), std::string::npos) << e.what();
-      EXPECT_NE(e.tensor().find("model.layers.0.mlp.experts.w13_"), std::string::npos)
+      EXPECT_NE(e.tensor().find("model.layers.0.mlp.experts.routed_experts.w13_"),
+                std::string::npos)
           << e.tensor();
     }
     ++layouts;

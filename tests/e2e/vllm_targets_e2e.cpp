@@ -1,0 +1,186 @@
+// --vllm-target end to end through the real binary (docs/vllm_targets.md): both targets convert
+// and verify with the names, shapes, act-order handling and padding that vLLM creates, the target
+// is recorded in moepack.json, config.json and inspect, an act-order source for 0.33 is exit 4
+// naming 2026-05, and compressed-tensors W8A8 scales of mixed dtypes convert and verify.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/half.h"
+#include "io/safetensors.h"
+#include "tests/test_util.h"
+
+namespace moepack {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::moepack_bin;
+using test::run_command;
+using test::TempDir;
+
+int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
+  return run_command(moepack_bin() + " " + args, out, err);
+}
+
+json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return json::parse(f, nullptr, false);
+}
+
+// Shapes of the converted tensors of one layer by their name after `prefix`.
+std::map<std::string, std::vector<int64_t>> params_under(const json& manifest,
+                                                         const std::string& prefix) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (auto it = manifest["tensors"].begin(); it != manifest["tensors"].end(); ++it)
+    if (it.key().rfind(prefix, 0) == 0 && it.value()["action"] == "convert")
+      out[it.key().substr(prefix.size())] = it.value()["shape"].get<std::vector<int64_t>>();
+  return out;
+}
+
+const char* kLayer = "model.layers.1.mlp.experts.";
+
+TEST(VllmTargetsE2e, GptqBothTargetsNamesRecordedAndVerified) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(
+      moepack("synth " + src + " --format gptq --layers 2 --experts 3 --hidden 256 --inter 128"),
+      0);
+  for (const std::string target : {"0.33", "2026-05", ""}) {
+    SCOPED_TRACE("--vllm-target " + target);
+    const std::string dst = tmp / ("dst" + target);
+    std::string out, err;
+    ASSERT_EQ(
+        moepack("convert " + src + " " + dst + (target.empty() ? "" : " --vllm-target " + target),
+                &out, &err),
+        0)
+        << err;
+    const std::string want = target.empty() ? "0.33" : target;
+    const json m = read_json(dst + "/moepack.json");
+    EXPECT_EQ(m["vllm_target"], want);
+    EXPECT_EQ(read_json(dst + "/config.json")["moepack"]["vllm_target"], want);
+    const std::string prefix = std::string(kLayer) + (want == "0.33" ? "routed_experts." : "");
+    const auto p = params_under(m, prefix);
+    EXPECT_TRUE(p.count("w13_qweight") && p.count("w2_scales")) << m["tensors"].dump();
+    // 0.33: no g_idx or sort-index parameters at all; 2026-05: empty [E, 0] without act-order.
+    EXPECT_EQ(p.count("w13_g_idx"), want == "0.33" ? 0u : 1u);
+    EXPECT_EQ(p.count("w2_g_idx_sort_indices"), want == "0.33" ? 0u : 1u);
+    if (want == "2026-05") {
+      EXPECT_EQ(p.at("w2_g_idx"), (std::vector<int64_t>{3, 0}));
+    }
+    EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+    const json ins = json::parse([&] {
+      std::string o;
+      moepack("inspect " + dst + " --json", &o);
+      return o;
+    }());
+    EXPECT_EQ(ins["moepack"]["vllm_target"], want);
+  }
+}
+
+TEST(VllmTargetsE2e, ActOrderIsExit4For033NamingTheTargetAndEKForEveryProjectionIn2026_05) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  // I == group size: w2 holds one group, and vLLM@9aaf83ef still creates its g_idx as [E, K].
+  ASSERT_EQ(moepack("synth " + src +
+                    " --format gptq-actorder --layers 2 --experts 2 --hidden 256 --inter 128 "
+                    "--group-size 128"),
+            0);
+  std::string out, err;
+  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "d033"), &out, &err), 4);
+  EXPECT_NE(err.find("act-order"), std::string::npos) << err;
+  EXPECT_NE(err.find("--vllm-target 2026-05"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(tmp / "d033"));
+  // inspect judges for 0.33 the same way.
+  std::string ins;
+  moepack("inspect " + src, &ins);
+  EXPECT_NE(ins.find("--vllm-target 2026-05"), std::string::npos) << ins;
+
+  const std::string dst = tmp / "d05";
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --vllm-target 2026-05", &out, &err), 0) << err;
+  const auto p = params_under(read_json(dst + "/moepack.json"), kLayer);
+  EXPECT_EQ(p.at("w13_g_idx"), (std::vector<int64_t>{2, 256}));
+  EXPECT_EQ(p.at("w13_g_idx_sort_indices"), (std::vector<int64_t>{2, 256}));
+  EXPECT_EQ(p.at("w2_g_idx"), (std::vector<int64_t>{2, 128}));
+  EXPECT_EQ(p.at("w2_g_idx_sort_indices"), (std::vector<int64_t>{2, 128}));
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+}
+
+TEST(VllmTargetsE2e, MarlinPadsIntermediateFor033RecordsBothSizesAndVerifies) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(
+      moepack("synth " + src +
+              " --format gptq --layers 2 --experts 2 --hidden 256 --inter 96 --group-size 32"),
+      0);
+  std::string out, err;
+  const std::string dst = tmp / "d033";
+  ASSERT_EQ(moepack("convert " + src + " " + dst + " --backend marlin", &out, &err), 0) << err;
+  const json m = read_json(dst + "/moepack.json");
+  EXPECT_EQ(m["layers"][0]["inter"], 96);
+  EXPECT_EQ(m["layers"][0]["inter_padded"], 128);
+  const auto p = params_under(m, std::string(kLayer) + "routed_experts.");
+  EXPECT_EQ(p.at("w13_qweight"), (std::vector<int64_t>{2, 256 / 16, 2 * 128 * 2}));
+  EXPECT_EQ(p.at("w2_qweight"), (std::vector<int64_t>{2, 128 / 16, 256 * 2}));
+  EXPECT_EQ(p.at("w2_scales"), (std::vector<int64_t>{2, 128 / 32, 256}));
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+  std::string ins;
+  moepack("inspect " + dst, &ins);
+  EXPECT_NE(ins.find("I=96 (padded to 128)"), std::string::npos) << ins;
+  // 2026-05 does not pad: Marlin refuses I = 96 (exit 4), auto falls back to Triton WNA16.
+  EXPECT_EQ(
+      moepack("convert " + src + " " + (tmp / "x") + " --backend marlin --vllm-target 2026-05",
+              &out, &err),
+      4);
+  ASSERT_EQ(moepack("convert " + src + " " + (tmp / "d05") + " --vllm-target 2026-05", &out, &err),
+            0);
+  EXPECT_EQ(read_json(tmp / "d05/moepack.json")["backend"], "triton-wna16");
+}
+
+// Triton WNA16's narrowed w2 scales (I not a multiple of the group size) have no synth
+// checkpoint (synth makes K a multiple of the group size); tests/unit/vllm_conformance.cpp covers
+// them on random layers and in TritonHalvedGroupNarrowsW2ScalesToIOverHalvedGroup.
+
+// Issue 10, class 3: compressed-tensors W8A8 int8 scales in F32 for one expert and BF16 for the
+// rest; vLLM copies each into its float32 parameter, and so does moepack.
+TEST(VllmTargetsE2e, CtW8a8MixedScaleDtypesConvertAndVerify) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(
+      moepack("synth " + src + " --format ct-w8a8 --layers 2 --experts 3 --hidden 128 --inter 128"),
+      0);
+  const std::string file = src + "/model.safetensors";
+  std::vector<Tensor> tensors;
+  {
+    const SafetensorsFile st = SafetensorsFile::open(file);
+    for (const SafetensorsEntry& e : st.entries()) {
+      const std::string& name = e.name;
+      Tensor t = Tensor::from_view(st.view(e));
+      const bool widen = name.find("experts.1.") != std::string::npos &&
+                         name.find("weight_scale") != std::string::npos;
+      const bool f16 = name.find("experts.2.down_proj.weight_scale") != std::string::npos;
+      if ((widen || f16) && t.dtype == DType::kBF16) {
+        Tensor w(name, widen ? DType::kF32 : DType::kF16, t.shape);
+        for (int64_t i = 0; i < numel(t.shape); ++i) {
+          const float v = bf16_to_float(t.as<uint16_t>()[i]);
+          if (widen)
+            w.as<float>()[i] = v;
+          else
+            w.as<uint16_t>()[i] = float_to_f16(v);
+        }
+        t = std::move(w);
+      }
+      tensors.push_back(std::move(t));
+    }
+  }
+  write_safetensors(file, tensors);
+  std::string out, err;
+  const std::string dst = tmp / "dst";
+  ASSERT_EQ(moepack("convert " + src + " " + dst, &out, &err), 0) << err;
+  EXPECT_EQ(read_json(dst + "/moepack.json")["backend"], "triton-int8");
+  EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+}
+
+}  // namespace
+}  // namespace moepack
