@@ -268,7 +268,7 @@ TEST_F(PlanGptq, ExecuteWritesExactlyThePlan) {
   EXPECT_EQ(qc["source_format"], "gptq");
   EXPECT_EQ(qc["backend"], "marlin");
   EXPECT_EQ(qc["layout"], "marlin");
-  EXPECT_EQ(qc["layout_version"], 1);
+  EXPECT_EQ(qc["layout_version"], 2);
   EXPECT_EQ(qc["target_arch"], "sm90");
   EXPECT_EQ(qc["vllm_target"], "0.33");
   EXPECT_EQ(qc["tensor_parallel_size"], 1);
