@@ -206,6 +206,9 @@ const char* vllm_target_name(VllmTarget t);
 std::string vllm_target_names(const std::string& separator = ", ");
 // The default of --vllm-target: the newest release.
 VllmTarget newest_vllm_target();
+// The prefix of the parameters of the experts module `module_prefix` ("model.layers.3.mlp.
+// experts.") for the target: with its param_child ("...experts.routed_experts." for 0.33).
+std::string vllm_param_prefix(VllmTarget t, const std::string& module_prefix);
 // The intermediate size vLLM's Marlin MoE pads I to for this group size: the next multiple of
 // lcm(64, group_size) (group_size <= 0: of 64). marlin_moe_padded_intermediate in vLLM 0.33.
 int64_t marlin_padded_intermediate(int64_t inter, int64_t group_size);
@@ -231,11 +234,11 @@ struct LayoutOptions {
 
   // The one way the pipeline makes them for a layer (plan, oracle, verify); tests may also set
   // fields one by one.
-  // `module_prefix` is the experts module's ("model.layers.3.mlp.experts."); the target's
-  // param_child is appended to it. `inter` is the layer's real intermediate size.
+  // `param_prefix` is what the parameter names start with (vllm_param_prefix of the experts
+  // module for the target). `inter` is the layer's real intermediate size.
   static LayoutOptions for_layer(QuantMethod source_method, DType act_dtype, bool gated,
                                  bool vllm_w13_scale_size_k, VllmTarget vllm_target,
-                                 const std::string& module_prefix, int64_t inter, int threads);
+                                 std::string param_prefix, int64_t inter, int threads);
 };
 
 // One output parameter as a layout writes it.

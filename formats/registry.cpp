@@ -297,10 +297,13 @@ int64_t marlin_padded_intermediate(int64_t inter, int64_t group_size) {
   return (inter + unit - 1) / unit * unit;
 }
 
+std::string vllm_param_prefix(VllmTarget t, const std::string& module_prefix) {
+  return module_prefix + vllm_target_row(t).param_child;
+}
+
 LayoutOptions LayoutOptions::for_layer(QuantMethod source_method, DType act_dtype, bool gated,
                                        bool vllm_w13_scale_size_k, VllmTarget vllm_target,
-                                       const std::string& module_prefix, int64_t inter,
-                                       int threads) {
+                                       std::string param_prefix, int64_t inter, int threads) {
   LayoutOptions o;
   o.source_method = source_method;
   o.act_dtype = act_dtype;
@@ -308,7 +311,7 @@ LayoutOptions LayoutOptions::for_layer(QuantMethod source_method, DType act_dtyp
   o.vllm_w13_scale_size_k = vllm_w13_scale_size_k;
   o.vllm_target = vllm_target;
   o.inter = inter;
-  o.prefix = module_prefix + vllm_target_row(vllm_target).param_child;
+  o.prefix = std::move(param_prefix);
   o.threads = threads;
   return o;
 }

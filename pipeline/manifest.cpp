@@ -66,7 +66,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     ml.module = L.module;
     ml.layer = L.layer;
     ml.family = moe_family_name(L.family);
-    ml.param_prefix = L.param_prefix;
+    ml.param_prefix = pl.layout_options.prefix;  // the parameters', with the target's child
     ml.experts = L.num_experts;
     ml.hidden = L.hidden;
     ml.inter = L.inter;

@@ -62,10 +62,11 @@ struct ManifestOptions {
 };
 
 struct ManifestLayer {
-  std::string module;  // "model.layers.1.mlp"
-  int64_t layer = -1;  // L of "layers.L.", -1 when the module has none
-  std::string family;  // moe_family_name: "per-expert", "mixtral", ...
-  std::string param_prefix;
+  std::string module;        // "model.layers.1.mlp"
+  int64_t layer = -1;        // L of "layers.L.", -1 when the module has none
+  std::string family;        // moe_family_name: "per-expert", "mixtral", ...
+  std::string param_prefix;  // what the layer's parameter names start with (with the target's
+                             // child: "...mlp.experts.routed_experts." for 0.33)
   int64_t experts = 0, hidden = 0, inter = 0;  // E, H, I (each >= 1); I is the real one
   int64_t inter_padded = 0;  // the I the parameters carry (>= inter; absent in the file: inter)
   bool gated = true;

@@ -230,9 +230,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     plan.layout_name = plan.layout->name;
     plan.layout_version = plan.layout->layout_version;
 
-    pl.layout_options = LayoutOptions::for_layer(plan.target_quant.method, opts.act_dtype, L.gated,
-                                                 opts.vllm_w13_scale_size_k, plan.vllm_target,
-                                                 L.param_prefix, L.inter, plan.threads);
+    pl.layout_options = LayoutOptions::for_layer(
+        plan.target_quant.method, opts.act_dtype, L.gated, opts.vllm_w13_scale_size_k,
+        plan.vllm_target, vllm_param_prefix(plan.vllm_target, L.param_prefix), L.inter,
+        plan.threads);
     const LayoutOptions& lo = pl.layout_options;
     pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
                              q.act_order_w13, q.act_order_w2);

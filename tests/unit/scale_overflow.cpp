@@ -33,7 +33,7 @@ TEST(ScaleOverflow, EveryHalfPrecisionLayoutRefusesAScaleThatBecomesInf) {
     SCOPED_TRACE(t.name);
     const LayoutOptions o =
         LayoutOptions::for_layer(QuantMethod::kGptq, DType::kF16, true, false, VllmTarget::kV0_33,
-                                 "model.layers.0.mlp.experts.", 0, 1);
+                                 "model.layers.0.mlp.experts.routed_experts.", 0, 1);
     ASSERT_TRUE(t.unsupported_reasons(o, moe_shape_of(layer_with_scale(0.01f))).empty());
     EXPECT_NO_THROW(t.pack(o, layer_with_scale(60000.0f)));  // the largest fp16 is 65504
     try {

@@ -257,8 +257,9 @@ struct Tally {
 void check_case(Rng& rng, const TargetLayout& row, VllmTarget target, const Case& c, Tally* tally) {
   const bool marlin = std::string(row.name) == "marlin";
   const MoeShape s = moe_shape_for(c.params, c.experts, c.hidden, c.inter, c.gated);
-  const LayoutOptions o = LayoutOptions::for_layer(c.params.method, c.act, c.gated, false, target,
-                                                   module_prefix(), c.inter, 1);
+  const LayoutOptions o =
+      LayoutOptions::for_layer(c.params.method, c.act, c.gated, false, target,
+                               vllm_param_prefix(target, module_prefix()), c.inter, 1);
   const std::vector<std::string> reasons = row.unsupported_reasons(o, s);
   if (marlin) {
     std::string why;
@@ -417,8 +418,8 @@ TEST(VllmTargets, ActOrderLayerWithOneGroupW2HasEKIndexParams) {
 TEST(VllmTargets, ActOrderFor033IsRefusedNamingTheTargetThatTakesIt) {
   const QuantParams p = gptq(4, 128, true);
   const MoeShape s = moe_shape_for(p, 2, 256, 256, true);
-  const LayoutOptions o = LayoutOptions::for_layer(p.method, DType::kBF16, true, false,
-                                                   VllmTarget::kV0_33, "m.experts.", 256, 1);
+  const LayoutOptions o = LayoutOptions::for_layer(
+      p.method, DType::kBF16, true, false, VllmTarget::kV0_33, "m.experts.routed_experts.", 256, 1);
   for (const char* name : {"marlin", "triton-wna16"}) {
     const auto reasons = find_target_layout(name)->unsupported_reasons(o, s);
     EXPECT_FALSE(reasons.empty()) << name;
@@ -466,8 +467,8 @@ TEST(VllmTargets, MarlinPaddingIsZeroRoundTripsAndANonZeroPadIsRefused) {
   p.dtype = DType::kF16;
   const int64_t E = 2, H = 128, I = 96, ip = 128;
   const MoeExperts x = one_layer(rng, p, E, H, I);
-  const LayoutOptions o = LayoutOptions::for_layer(p.method, DType::kF16, true, false,
-                                                   VllmTarget::kV0_33, "m.experts.", I, 1);
+  const LayoutOptions o = LayoutOptions::for_layer(
+      p.method, DType::kF16, true, false, VllmTarget::kV0_33, "m.experts.routed_experts.", I, 1);
   const TargetLayout& marlin = *find_target_layout("marlin");
   ASSERT_TRUE(marlin.unsupported_reasons(o, moe_shape_of(x)).empty());
   EXPECT_EQ(marlin.padded_inter(o, moe_shape_of(x)), ip);

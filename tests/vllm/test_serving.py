@@ -161,7 +161,7 @@ def test_refuses_other_dtype(plugin, artifacts):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("layout_version", 2, "layout_version 2"),
+    ("layout_version", 3, "layout_version 3"),
     ("vllm_target", "2026-05", "vllm_target '2026-05'"),
     ("backend", "triton-wna16", "'triton-wna16' is not served"),
 ])

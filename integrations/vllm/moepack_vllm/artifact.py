@@ -17,7 +17,9 @@ VLLM_TARGETS = ("0.33",)
 
 # backend -> layout versions this plugin serves. Everything else is refused with a reason
 # (docs/vllm.md "What is served").
-SERVED_LAYOUTS = {"marlin": (1,)}
+# Marlin layout 2 (issue 10) differs from 1 only for act-order layers (refused here) and adds the
+# 0.33 intermediate padding (whole tiles the kernel reads as it is; docs/vllm_targets.md).
+SERVED_LAYOUTS = {"marlin": (1, 2)}
 UNSERVED_REASONS = {
     "triton-wna16": "vLLM 0.33's MoeWNA16 method reads the checkpoint-format qweight/scales and "
     "repacks them itself; its Triton kernel has no pre-packed entry point this plugin can feed",
