@@ -96,13 +96,14 @@ def rewrite(d, fn):
 
 
 def test_live_routed_experts_names_load(plugin, artifacts):
-    """vLLM 0.33 names (`...experts.routed_experts.w13_qweight`) load like the legacy ones."""
+    """Legacy names (`...experts.w13_qweight`) load like vLLM 0.33's (`...routed_experts.`),
+    which --vllm-target 0.33 writes."""
     _, dst = artifacts.get("gptq", "qwen3")
     d = artifacts.edited_copy(dst, "live-names")
 
     def rename(t):
-        for n in [n for n in t if ".experts.w" in n]:
-            t[n.replace(".experts.", ".experts.routed_experts.")] = t.pop(n)
+        for n in [n for n in t if ".experts.routed_experts.w" in n]:
+            t[n.replace(".experts.routed_experts.", ".experts.")] = t.pop(n)
 
     rewrite(d, rename)
     model, _ = h.load_model(str(d))
@@ -112,15 +113,15 @@ def test_live_routed_experts_names_load(plugin, artifacts):
 def test_missing_tensor_is_an_error(plugin, artifacts):
     _, dst = artifacts.get("gptq", "qwen3")
     d = artifacts.edited_copy(dst, "missing")
-    rewrite(d, lambda t: t.pop("model.layers.1.mlp.experts.w2_scales"))
-    with pytest.raises(Exception, match=r"holds no model\.layers\.1\.mlp\.experts\.w2_scales"):
+    rewrite(d, lambda t: t.pop("model.layers.1.mlp.experts.routed_experts.w2_scales"))
+    with pytest.raises(Exception, match=r"holds no model\.layers\.1\.mlp\.experts\.routed_experts\.w2_scales"):
         h.load_model(str(d))
 
 
 def test_extra_tensor_is_an_error(plugin, artifacts):
     _, dst = artifacts.get("gptq", "qwen3")
     d = artifacts.edited_copy(dst, "extra")
-    rewrite(d, lambda t: t.__setitem__("model.layers.1.mlp.experts.w13_extra",
+    rewrite(d, lambda t: t.__setitem__("model.layers.1.mlp.experts.routed_experts.w13_extra",
                                        torch.zeros(4, dtype=torch.int32)))
     with pytest.raises(Exception, match=r"'w13_extra' is not a parameter of this moepack layer"):
         h.load_model(str(d))
@@ -129,7 +130,7 @@ def test_extra_tensor_is_an_error(plugin, artifacts):
 def test_wrong_shape_is_an_error(plugin, artifacts):
     _, dst = artifacts.get("gptq", "qwen3")
     d = artifacts.edited_copy(dst, "shape")
-    n = "model.layers.1.mlp.experts.w2_scales"
+    n = "model.layers.1.mlp.experts.routed_experts.w2_scales"
     rewrite(d, lambda t: t.__setitem__(n, t[n][:, :, :-1].contiguous()))
     with pytest.raises(Exception, match=r"w2_scales: checkpoint tensor is torch.bfloat16"):
         h.load_model(str(d))
@@ -182,8 +183,11 @@ def test_refuses_unserved_backend_artifact(plugin, artifacts):
 def test_refuses_act_order(plugin, artifacts):
     # vLLM 0.33's own GPTQ config refuses desc_act first (the nested source block says so); the
     # plugin's own check covers a source block that does not.
-    _, dst = artifacts.get("gptq-actorder", "qwen3")
-    with pytest.raises(Exception, match="act-order layers are not served|activation ordering"):
+    # moepack itself refuses act-order for --vllm-target 0.33 (exit 4); an act-order artifact is
+    # one written for 2026-05, which this plugin refuses by its target.
+    _, dst = artifacts.get("gptq-actorder", "qwen3", "--vllm-target", "2026-05")
+    with pytest.raises(Exception,
+                       match="act-order layers are not served|activation ordering|vllm_target"):
         h.load_model(str(dst))
 
 
