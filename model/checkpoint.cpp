@@ -13,6 +13,18 @@
 #include "io/safetensors_index.h"
 
 namespace moepack {
+
+namespace {
+// A vLLM FusedMoE parameter name after "<module>.experts.": w13_*/w2_*, directly (vLLM 2026-05) or
+// under the runner's routed_experts child (vLLM 0.33), as moepack writes them.
+bool is_fused_moe_param(std::string rest) {
+  const std::string child = "routed_experts.";
+  if (rest.rfind(child, 0) == 0) rest = rest.substr(child.size());
+  return (rest.rfind("w13_", 0) == 0 || rest.rfind("w2_", 0) == 0) &&
+         rest.find('.') == std::string::npos;
+}
+}  // namespace
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -309,8 +321,7 @@ void Checkpoint::discover_moe() {
         throw Error(ErrorCode::kDuplicateTensor, file_of(name), name,
                     "expert " + std::to_string(e) + " " + proj_name + "." + suffix +
                         " is also given by " + it->second);
-    } else if ((rest.rfind("w13_", 0) == 0 || rest.rfind("w2_", 0) == 0) &&
-               rest.find('.') == std::string::npos) {
+    } else if (is_fused_moe_param(rest)) {
       continue;  // a vLLM FusedMoE parameter (a moepack output): not a source expert tensor
     } else {
       // Fused 3-D experts: gate_up_proj[_blocks|_scales|_bias], down_proj[...]

@@ -211,9 +211,11 @@ void check_manifest_covers_source(const Manifest& m, const std::string& mpath,
     if (ml.family != moe_family_name(L.family))
       bad(at(i) + ".family: \"" + ml.family + "\", but the source's " + L.module + " is \"" +
           moe_family_name(L.family) + "\"");
-    if (ml.param_prefix != L.param_prefix)
-      bad(at(i) + ".param_prefix: \"" + ml.param_prefix + "\", but the source's is \"" +
-          L.param_prefix + "\"");
+    // The parameters' prefix is the source module's with the target's child (routed_experts).
+    const std::string want_prefix = vllm_param_prefix(m.vllm_target, L.param_prefix);
+    if (ml.param_prefix != want_prefix)
+      bad(at(i) + ".param_prefix: \"" + ml.param_prefix + "\", but for the source's " + L.module +
+          " and vllm_target " + vllm_target_name(m.vllm_target) + " it is \"" + want_prefix + "\"");
   }
   for (const std::string& name : src.other_tensors()) {
     auto it = m.tensors.find(name);
