@@ -317,6 +317,15 @@ std::string plan_digest(const Plan& plan, const Checkpoint& ckpt) {
   return sha256_hex(text.data(), text.size());
 }
 
+static std::vector<std::string> split_names(const std::string& joined) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (size_t p = joined.find('|'); p != std::string::npos; b = p + 1, p = joined.find('|', b))
+    out.push_back(joined.substr(b, p - b));
+  out.push_back(joined.substr(b));
+  return out;
+}
+
 json part_options_json(const ConvertOptions& o) {
   return {{"backend", o.backend},
           {"target_arch", o.target_arch},
@@ -324,6 +333,7 @@ json part_options_json(const ConvertOptions& o) {
           {"quantize", o.quantize},
           {"mx_recipe", o.mx_recipe},
           {"vllm_w13_scale_size_k", o.vllm_w13_scale_size_k},
+          {"vllm_target", o.vllm_target},
           {"max_shard_bytes", o.max_shard_bytes}};
 }
 
@@ -344,6 +354,13 @@ ConvertOptions part_options_from_json(const json& j, const std::string& file) {
   const json& v = field(j, "vllm_w13_scale_size_k", file);
   if (!v.is_boolean()) bad_part(file, "options.vllm_w13_scale_size_k is not a boolean");
   o.vllm_w13_scale_size_k = v.get<bool>();
+  o.vllm_target = string_field(j, "vllm_target", file);
+  bool known_target = false;
+  for (const std::string& name : split_names(vllm_target_names("|")))
+    known_target |= name == o.vllm_target;
+  if (!known_target)
+    bad_part(file, "options.vllm_target \"" + o.vllm_target + "\" is not one of " +
+                       vllm_target_names("|"));
   const json& m = field(j, "max_shard_bytes", file);
   if (!m.is_number_unsigned()) bad_part(file, "options.max_shard_bytes is not an unsigned integer");
   o.max_shard_bytes = m.get<uint64_t>();

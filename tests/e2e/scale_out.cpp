@@ -64,7 +64,7 @@ void expect_nothing_published(const std::string& dst) {
 }
 
 struct Case {
-  std::string format, family, arch, quantize;
+  std::string format, family, arch, quantize, vllm_target;
   SynthOptions synth;
   uint64_t max_shard_bytes;
 };
@@ -93,6 +93,11 @@ Case random_case(std::mt19937_64& rng) {
   c.synth.threads = 1;
   const uint64_t shard_sizes[] = {0, 100000, 300000, 5000000000ull};
   c.max_shard_bytes = shard_sizes[rng() % 4];
+  // Act-order converts only for the target that takes it; the others draw either target, which
+  // the parts record and merge must honour.
+  const bool second_target = rng() % 2;
+  c.vllm_target =
+      c.format == "gptq-actorder" || second_target ? std::string("2026-05") : std::string("0.33");
   return c;
 }
 
@@ -103,6 +108,7 @@ ConvertOptions options_for(const Case& c, const std::string& src, const std::str
   o.target_arch = c.arch;
   o.quantize = c.quantize;
   o.max_shard_bytes = c.max_shard_bytes;
+  o.vllm_target = c.vllm_target;
   o.threads = 1;
   return o;
 }

@@ -128,7 +128,7 @@ def run_moe(plugin, monkeypatch, src, dst, family):
     x = torch.randn(16, L["hidden"]).to(torch.bfloat16)
     with set_current_vllm_config(cfg), set_forward_context(None, cfg, num_tokens=x.shape[0]):
         y = block(x).float()
-    prefix = L["param_prefix"].rstrip(".")
+    prefix = L["module"] + ".experts"  # the source experts (param_prefix has the target child)
     names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     return y, x, stand, prefix, names
 

@@ -104,7 +104,7 @@ class MoepackMarlinMoEMethod(FusedMoEMethodBase):
             local = name.removeprefix("routed_experts.")
             if local not in self.art.params:
                 raise ArtifactError(
-                    f"{self.prefix}: checkpoint tensor {name!r} is not a parameter of this "
+                    f"{self.prefix}: checkpoint tensor {local!r} is not a parameter of this "
                     f"moepack layer (expected {sorted(self.art.params)})")
             self.copy_into(local, getattr(layer, local), w)
             yield local
