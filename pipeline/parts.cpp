@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <queue>
 #include <set>
 #include <sstream>
 
@@ -138,7 +139,13 @@ PartRecord read_part_json(const std::string& dir) {
   if (!f) throw Error(ErrorCode::kIo, r.file, "", "cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
-  json j = json::parse(ss.str(), nullptr, false);
+  // Values nested deeper than any part.json has are dropped while parsing (so a hostile file
+  // cannot build a structure whose destruction recurses without bound); the field checks below
+  // then fail.
+  const json::parser_callback_t shallow = [](int depth, json::parse_event_t, json&) {
+    return depth <= 16;
+  };
+  json j = json::parse(ss.str(), shallow, false);
   if (j.is_discarded()) bad_part(r.file, "not valid JSON");
   if (int_field(j, "moepack_part", r.file) != kPartFormatVersion)
     bad_part(r.file, "unknown part format version");
@@ -271,14 +278,19 @@ std::vector<WorkUnit> split_plan(const Plan& plan, int64_t count) {
   });
   std::vector<WorkUnit> units(static_cast<size_t>(count));
   for (size_t u = 0; u < units.size(); ++u) units[u].index = static_cast<int64_t>(u);
+  // The unit with the fewest bytes so far, ties to the lowest index: a min-heap of (bytes, unit).
+  std::priority_queue<std::pair<uint64_t, size_t>, std::vector<std::pair<uint64_t, size_t>>,
+                      std::greater<>>
+      lightest;
+  for (size_t u = 0; u < units.size(); ++u) lightest.push({0, u});
   for (size_t k : order) {
-    size_t best = 0;
-    for (size_t u = 1; u < units.size(); ++u)
-      if (units[u].bytes < units[best].bytes) best = u;
+    const size_t best = lightest.top().second;
+    lightest.pop();
     WorkUnit& w = units[best];
     w.bytes += items[k].bytes;
     w.tensors.insert(w.tensors.end(), items[k].tensors.begin(), items[k].tensors.end());
     if (items[k].layer >= 0) w.layers.push_back(static_cast<size_t>(items[k].layer));
+    lightest.push({w.bytes, best});
   }
   for (auto& w : units) {
     std::sort(w.tensors.begin(), w.tensors.end());
@@ -513,7 +525,16 @@ MergeResult merge_parts(const MergeOptions& opts) {
   co.force = opts.force;
   co.threads = opts.threads;
   const auto ckpt = Checkpoint::open(res.source);
-  const Plan plan = make_plan(*ckpt, co);
+  const Plan plan = [&] {
+    try {
+      return make_plan(*ckpt, co);
+    } catch (const Error& e) {
+      // Flags convert accepted cannot be bad usage now: the recorded ones were altered.
+      if (e.code() != ErrorCode::kUsage) throw;
+      throw Error(ErrorCode::kBadConfig, records.front().file, "",
+                  "recorded options are not valid convert flags: " + e.message());
+    }
+  }();
   const std::string digest = plan_digest(plan, *ckpt);
   for (const auto& r : records)
     if (r.digest != digest)

@@ -322,6 +322,27 @@ TEST_F(ScaleOutCli, GarbagePartJson) {
   expect_merge_fails({"2-of-3", "part.json", "not valid JSON"});
 }
 
+// part.json is untrusted input too: deep nesting and altered options are invalid input (exit 3),
+// never a crash, a usage error or exit 70.
+TEST_F(ScaleOutCli, HostilePartJson) {
+  all_parts();
+  const fs::path root = parts_dir(dst_);
+  {
+    std::ofstream f(root / "1-of-3" / "part.json");
+    f << "{\"moepack_part\": 1, \"unit\": " << std::string(200000, '[') << std::string(200000, ']')
+      << "}";
+  }
+  expect_merge_fails({"1-of-3", "part.json"});
+  ASSERT_EQ(part(1, " --force"), 0);
+  for (int64_t i = 0; i < 3; ++i) {
+    const fs::path p = root / part_dir_name(i, 3) / "part.json";
+    json j = json::parse(std::ifstream(p));
+    j["options"]["backend"] = "nosuch";
+    std::ofstream(p) << j.dump();
+  }
+  expect_merge_fails({"0-of-3", "recorded options", "nosuch"});
+}
+
 // Same flags, another source (another seed: same headers and sizes, other weights).
 TEST_F(ScaleOutCli, PartFromAnotherSource) {
   const std::string other = tmp_ / "other";
