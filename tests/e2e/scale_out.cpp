@@ -420,7 +420,7 @@ TEST(ScaleOutKill, TaskKilledWhileWriting) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "out", ref = tmp / "ref";
   ASSERT_EQ(moepack("synth " + src +
-                    " --format gptq --family qwen3 --layers 3 --experts 16 --hidden 1024 "
+                    " --format gptq --family qwen3 --layers 2 --experts 8 --hidden 1024 "
                     "--inter 512 --seed 9"),
             0);
   ASSERT_EQ(moepack("convert " + src + " " + ref + " --threads 1"), 0);
