@@ -152,6 +152,16 @@ int run_command(const std::string& cmd, std::string* out, std::string* err) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
+int moepack_cli(const std::string& args, std::string* out, std::string* err) {
+  return run_command(moepack_bin() + " " + args, out, err);
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return nlohmann::json::parse(in);
+}
+
 // ---- Random canonical tensors and layers --------------------------------------------------------
 
 std::pair<int, int> codec_zero_range(const QuantParams& p) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <utility>
@@ -71,6 +72,10 @@ struct TempDir {
 
 // Runs a shell command; returns the exit code and fills stdout/stderr.
 int run_command(const std::string& cmd, std::string* out = nullptr, std::string* err = nullptr);
+// Runs build/bin/moepack with `args` (shell syntax); returns its exit code, fills stdout/stderr.
+int moepack_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr);
+// A JSON file's contents; a missing file or a parse error throws (the test fails naming it).
+nlohmann::json read_json_file(const std::string& path);
 
 // ---- Random canonical tensors and layers (the registry suite and its CUDA instantiation) ----
 

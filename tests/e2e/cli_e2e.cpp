@@ -21,18 +21,16 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_bin;
+using test::moepack_cli;
+using test::read_json_file;
 using test::run_command;
 using test::TempDir;
 
 const char* kSmall = " --layers 2 --experts 4 --hidden 256 --inter 128 --seed 7";
 
-int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
-  return run_command(moepack_bin() + " " + args, out, err);
-}
-
 json run_json(const std::string& args, int expect_rc) {
   std::string out, err;
-  const int rc = moepack(args + " --json", &out, &err);
+  const int rc = moepack_cli(args + " --json", &out, &err);
   EXPECT_EQ(rc, expect_rc) << args << "\n" << err;
   return json::parse(out, nullptr, false);
 }
@@ -54,8 +52,8 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
   const Combo c = GetParam();
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
-  ASSERT_EQ(moepack("synth " + src + " --format " + c.format + " --family " + c.family + kSmall),
-            0);
+  ASSERT_EQ(
+      moepack_cli("synth " + src + " --format " + c.format + " --family " + c.family + kSmall), 0);
 
   // inspect --json agrees with what synth was asked for.
   const json ins = run_json("inspect " + src + " --target-arch " + arch_for(c.format), 0);
@@ -112,7 +110,7 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
   ASSERT_EQ(ver["layers"].size(), static_cast<size_t>(moe_layers));
   for (const auto& l : ver["layers"]) EXPECT_LT(l["norm_err"].get<double>(), 1e-4);
   // Without --source verify still checks integrity and the layout-direct MoE against its decode.
-  EXPECT_EQ(moepack("verify " + dst), 0);
+  EXPECT_EQ(moepack_cli("verify " + dst), 0);
 }
 
 // Every format synth makes (its generator rows) x every family; fused 3-D experts are written
@@ -146,21 +144,22 @@ uint64_t dir_tensor_bytes(const std::string& dir) {
 TEST(Cli, DryRunWritesNothingAndPlansTheRealBytes) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
-  ASSERT_EQ(moepack("synth " + src + " --format gptq --family deepseek" + std::string(kSmall)), 0);
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq --family deepseek" + std::string(kSmall)),
+            0);
   const json plan = run_json("convert " + src + " " + dst + " --dry-run --max-shard-size 300KB", 0);
   EXPECT_FALSE(fs::exists(dst));
   for (const auto& e : fs::directory_iterator(tmp.path)) EXPECT_EQ(e.path().filename(), "src");
   ASSERT_EQ(plan["dry_run"], true);
   EXPECT_GT(plan["shards"].size(), 1u);
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --max-shard-size 300KB"), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --max-shard-size 300KB"), 0);
   EXPECT_EQ(plan["totals"]["tensor_bytes"].get<uint64_t>(), dir_tensor_bytes(dst));
   for (const auto& s : plan["shards"])
     EXPECT_EQ(fs::file_size(fs::path(dst) / s["name"].get<std::string>()),
               s["file_bytes"].get<uint64_t>());
   EXPECT_TRUE(fs::exists(fs::path(dst) / "model.safetensors.index.json"));
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
   std::string text;
-  ASSERT_EQ(moepack("convert " + src + " " + (tmp / "dst2") + " --dry-run", &text), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + (tmp / "dst2") + " --dry-run", &text), 0);
   EXPECT_NE(text.find("w13_qweight"), std::string::npos);
   EXPECT_FALSE(fs::exists(tmp / "dst2"));
 }
@@ -168,25 +167,25 @@ TEST(Cli, DryRunWritesNothingAndPlansTheRealBytes) {
 TEST(Cli, ExitCodes) {
   TempDir tmp;
   const std::string src = tmp / "src";
-  EXPECT_EQ(moepack("--help"), 0);
-  EXPECT_EQ(moepack("convert --help"), 0);
-  EXPECT_EQ(moepack(""), 2);
-  EXPECT_EQ(moepack("frobnicate"), 2);
-  EXPECT_EQ(moepack("convert onlyone"), 2);
-  EXPECT_EQ(moepack("synth " + src + " --format nosuch"), 2);
-  ASSERT_EQ(moepack("synth " + src + " --format modelopt-mxfp8" + std::string(kSmall)), 0);
+  EXPECT_EQ(moepack_cli("--help"), 0);
+  EXPECT_EQ(moepack_cli("convert --help"), 0);
+  EXPECT_EQ(moepack_cli(""), 2);
+  EXPECT_EQ(moepack_cli("frobnicate"), 2);
+  EXPECT_EQ(moepack_cli("convert onlyone"), 2);
+  EXPECT_EQ(moepack_cli("synth " + src + " --format nosuch"), 2);
+  ASSERT_EQ(moepack_cli("synth " + src + " --format modelopt-mxfp8" + std::string(kSmall)), 0);
   // MXFP8 has no backend on Hopper: unsupported, with the reason.
   std::string err;
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "o1") + " --target-arch sm90", nullptr, &err),
-            4);
+  EXPECT_EQ(
+      moepack_cli("convert " + src + " " + (tmp / "o1") + " --target-arch sm90", nullptr, &err), 4);
   EXPECT_NE(err.find("SM100"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "o1"));
   // An existing output is refused without --force, replaced with it.
   fs::create_directories(tmp / "o2");
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "o2") + " --target-arch sm100"), 2);
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "o2") + " --target-arch sm100 --force"), 0);
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "o2") + " --target-arch sm100"), 2);
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "o2") + " --target-arch sm100 --force"), 0);
   // Output inside the input is refused.
-  EXPECT_EQ(moepack("convert " + src + " " + (src + "/out") + " --target-arch sm100"), 2);
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (src + "/out") + " --target-arch sm100"), 2);
   // A missing input is an input error; --json reports it on stdout.
   const json j = run_json("inspect " + (tmp / "nope"), 5);
   EXPECT_EQ(j["ok"], false);
@@ -196,13 +195,13 @@ TEST(Cli, ExitCodes) {
 TEST(Cli, HostileInputGivesExit3AndNoOutput) {
   TempDir tmp;
   const std::string src = tmp / "src";
-  ASSERT_EQ(moepack("synth " + src + " --format gptq" + std::string(kSmall)), 0);
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + std::string(kSmall)), 0);
   {  // trailing bytes after the last tensor: a polyglot file
     std::ofstream f(src + "/model.safetensors", std::ios::app | std::ios::binary);
     f << "junk";
   }
   std::string err;
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
   EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "out"));
   for (const auto& e : fs::directory_iterator(tmp.path)) EXPECT_EQ(e.path().filename(), "src");
@@ -211,7 +210,7 @@ TEST(Cli, HostileInputGivesExit3AndNoOutput) {
 TEST(Cli, NanScaleIsRefusedNamingTheTensor) {
   TempDir tmp;
   const std::string src = tmp / "src";
-  ASSERT_EQ(moepack("synth " + src + " --format gptq" + std::string(kSmall)), 0);
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + std::string(kSmall)), 0);
   const std::string name = "model.layers.1.mlp.experts.2.up_proj.scales";
   uint64_t off = 0;
   {
@@ -225,7 +224,7 @@ TEST(Cli, NanScaleIsRefusedNamingTheTensor) {
     f.write(reinterpret_cast<const char*>(&nan), 2);
   }
   std::string err;
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "out"), nullptr, &err), 3);
   EXPECT_NE(err.find(name), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
@@ -235,8 +234,8 @@ TEST(Cli, NanScaleIsRefusedNamingTheTensor) {
 TEST(Cli, MalformedManifestGivesExit3NamingTheField) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
-  ASSERT_EQ(moepack("synth " + src + " --format gptq" + std::string(kSmall)), 0);
-  ASSERT_EQ(moepack("convert " + src + " " + dst), 0);
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + std::string(kSmall)), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst), 0);
   const std::string path = dst + "/moepack.json";
   json good;
   {
@@ -265,7 +264,7 @@ TEST(Cli, MalformedManifestGivesExit3NamingTheField) {
     c.mutate(m);
     std::ofstream(path) << m.dump(2) << "\n";
     std::string out, err;
-    EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 3) << out << err;
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 3) << out << err;
     EXPECT_NE(err.find(path + ": " + c.field), std::string::npos) << err;
     EXPECT_EQ(err.find("internal error"), std::string::npos) << err;
     const json j = run_json("verify " + dst, 3);
@@ -274,23 +273,23 @@ TEST(Cli, MalformedManifestGivesExit3NamingTheField) {
     EXPECT_EQ(j["error"]["file"], path);
     EXPECT_EQ(j["error"]["message"].get<std::string>().rfind(c.field, 0), 0u) << j.dump();
     err.clear();
-    EXPECT_EQ(moepack("inspect " + dst, nullptr, &err), 3) << err;
+    EXPECT_EQ(moepack_cli("inspect " + dst, nullptr, &err), 3) << err;
     EXPECT_NE(err.find(path + ": " + c.field), std::string::npos) << err;
   }
   // Not JSON, and not a file.
   std::ofstream(path) << "{\"manifest_version\": 1,";
   std::string err;
-  EXPECT_EQ(moepack("verify " + dst, nullptr, &err), 3) << err;
+  EXPECT_EQ(moepack_cli("verify " + dst, nullptr, &err), 3) << err;
   EXPECT_NE(err.find(path + ": invalid JSON"), std::string::npos) << err;
   fs::remove(path);
   fs::create_directory(path);
   err.clear();
-  EXPECT_EQ(moepack("verify " + dst, nullptr, &err), 3) << err;
+  EXPECT_EQ(moepack_cli("verify " + dst, nullptr, &err), 3) << err;
   EXPECT_NE(err.find(path + ": is a directory"), std::string::npos) << err;
   fs::remove(path);
   // The untouched manifest still verifies (the cases above failed for their defect alone).
   std::ofstream(path) << good.dump(2) << "\n";
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
 }
 
 // Rewrites a synth checkpoint's config (and optionally its tensors) to produce variants synth
@@ -306,7 +305,7 @@ void write_config(const std::string& dir, const json& cfg) {
 TEST(Cli, CompressedTensorsMxfp8ConvertsLikeModelOpt) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
-  ASSERT_EQ(moepack("synth " + src + " --format modelopt-mxfp8" + std::string(kSmall)), 0);
+  ASSERT_EQ(moepack_cli("synth " + src + " --format modelopt-mxfp8" + std::string(kSmall)), 0);
   json cfg = read_config(src);
   cfg["quantization_config"] = {
       {"quant_method", "compressed-tensors"},
@@ -323,16 +322,16 @@ TEST(Cli, CompressedTensorsMxfp8ConvertsLikeModelOpt) {
   fs::remove(fs::path(src) / "hf_quant_config.json");
   const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
   EXPECT_EQ(ins["format"]["method"], "compressed-tensors-mxfp8");
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --target-arch sm100"), 0);
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100"), 0);
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
 }
 
 TEST(Cli, NonGatedRelu2ExpertsConvertAndVerify) {
   // Nemotron-style experts: up_proj and down_proj only, relu2 activation.
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
-  ASSERT_EQ(moepack("synth " + src + " --format modelopt-mxfp8 --layers 1" +
-                    std::string(" --experts 4 --hidden 256 --inter 128")),
+  ASSERT_EQ(moepack_cli("synth " + src + " --format modelopt-mxfp8 --layers 1" +
+                        std::string(" --experts 4 --hidden 256 --inter 128")),
             0);
   std::vector<Tensor> kept;
   {
@@ -349,7 +348,7 @@ TEST(Cli, NonGatedRelu2ExpertsConvertAndVerify) {
   const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
   ASSERT_EQ(ins["moe"]["layers"], 1);
   EXPECT_EQ(ins["moe"]["layer_list"][0]["gated"], false);
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --target-arch sm100"), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100"), 0);
   const SafetensorsFile out = SafetensorsFile::open(dst + "/model.safetensors");
   const SafetensorsEntry* w13 = out.find("model.layers.0.mlp.experts.routed_experts.w13_weight");
   ASSERT_NE(w13, nullptr);
@@ -376,19 +375,19 @@ TEST(Cli, ChunkedConversionIsByteIdentical) {
                                           : "";
     TempDir tmp;
     const std::string src = tmp / "src";
-    ASSERT_EQ(moepack("synth " + src + " --format " + format +
-                      " --experts 5 --layers 2 --hidden 256 --inter 128"),
+    ASSERT_EQ(moepack_cli("synth " + src + " --format " + format +
+                          " --experts 5 --layers 2 --hidden 256 --inter 128"),
               0);
-    ASSERT_EQ(moepack("convert " + src + " " + (tmp / "whole") + flags), 0) << format;
-    ASSERT_EQ(
-        moepack("convert " + src + " " + (tmp / "chunked") + flags + " --chunk-size 1 --threads 2"),
-        0)
+    ASSERT_EQ(moepack_cli("convert " + src + " " + (tmp / "whole") + flags), 0) << format;
+    ASSERT_EQ(moepack_cli("convert " + src + " " + (tmp / "chunked") + flags +
+                          " --chunk-size 1 --threads 2"),
+              0)
         << format;
     for (const char* f : {"model.safetensors", "moepack.json", "config.json"})
       EXPECT_EQ(file_bytes(tmp / ("whole/" + std::string(f))),
                 file_bytes(tmp / ("chunked/" + std::string(f))))
           << format << " " << f;
-    EXPECT_EQ(moepack("verify " + (tmp / "chunked") + " --source " + src), 0) << format;
+    EXPECT_EQ(moepack_cli("verify " + (tmp / "chunked") + " --source " + src), 0) << format;
   }
 }
 
@@ -432,7 +431,8 @@ void corrupt(const std::string& dir, const std::string& tensor, const Transform&
 void expect_verify_fails_naming_layer(const std::string& dst, const std::string& src,
                                       int64_t layer) {
   std::string out, err;
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src + " --json", &out, &err), 1) << out << err;
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src + " --json", &out, &err), 1)
+      << out << err;
   const json v = json::parse(out, nullptr, false);
   ASSERT_FALSE(v.is_discarded()) << out;
   EXPECT_EQ(v["passed"], false);
@@ -443,7 +443,7 @@ void expect_verify_fails_naming_layer(const std::string& dst, const std::string&
   EXPECT_TRUE(layer_failed) << "numerical check of layer " << layer
                             << " did not fail: " << v["layers"].dump();
   std::string text;
-  moepack("verify " + dst + " --source " + src, &text);
+  moepack_cli("verify " + dst + " --source " + src, &text);
   EXPECT_NE(text.find("FAIL"), std::string::npos);
 }
 
@@ -453,11 +453,11 @@ struct Converted {
   Converted(const std::string& format, const std::string& arch) {
     src = tmp / "src";
     dst = tmp / "dst";
-    EXPECT_EQ(
-        moepack("synth " + src + " --format " + format + " --family qwen3" + std::string(kSmall)),
-        0);
-    EXPECT_EQ(moepack("convert " + src + " " + dst + " --target-arch " + arch), 0);
-    EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+    EXPECT_EQ(moepack_cli("synth " + src + " --format " + format + " --family qwen3" +
+                          std::string(kSmall)),
+              0);
+    EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch " + arch), 0);
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
   }
 };
 

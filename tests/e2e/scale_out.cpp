@@ -24,12 +24,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_bin;
+using test::moepack_cli;
+using test::read_json_file;
 using test::run_command;
 using test::TempDir;
-
-int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
-  return run_command(moepack_bin() + " " + args, out, err);
-}
 
 std::vector<uint8_t> read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -188,14 +186,15 @@ class ScaleOutCli : public ::testing::Test {
     src_ = tmp_ / "src";
     dst_ = tmp_ / "out";
     ref_ = tmp_ / "ref";
-    ASSERT_EQ(moepack("synth " + src_ +
-                      " --format gptq --family qwen3 --layers 4 --experts 4 --hidden 256 --inter "
-                      "128 --seed 3"),
-              0);
-    ASSERT_EQ(moepack("convert " + src_ + " " + ref_ + kFlags), 0);
+    ASSERT_EQ(
+        moepack_cli("synth " + src_ +
+                    " --format gptq --family qwen3 --layers 4 --experts 4 --hidden 256 --inter "
+                    "128 --seed 3"),
+        0);
+    ASSERT_EQ(moepack_cli("convert " + src_ + " " + ref_ + kFlags), 0);
   }
   int part(int64_t i, const std::string& extra = "", std::string* err = nullptr) {
-    return moepack(
+    return moepack_cli(
         "convert " + src_ + " " + dst_ + kFlags + " --shard " + std::to_string(i) + "/3" + extra,
         nullptr, err);
   }
@@ -205,7 +204,7 @@ class ScaleOutCli : public ::testing::Test {
   // merge must fail with exit 3, say each of `words`, and publish nothing.
   void expect_merge_fails(const std::vector<std::string>& words) {
     std::string out, err;
-    EXPECT_EQ(moepack("merge " + dst_ + " --json", &out, &err), 3) << err;
+    EXPECT_EQ(moepack_cli("merge " + dst_ + " --json", &out, &err), 3) << err;
     for (const auto& w : words) EXPECT_NE(err.find(w), std::string::npos) << w << " in: " << err;
     const json j = json::parse(out, nullptr, false);
     EXPECT_EQ(j.value("exit_code", 0), 3) << out;
@@ -218,12 +217,13 @@ class ScaleOutCli : public ::testing::Test {
 
 TEST_F(ScaleOutCli, DryRunShowsUnitsDeterministically) {
   std::string a, b;
-  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --dry-run --json", &a),
-            0);
-  ASSERT_EQ(moepack("convert " + src_ + " " + (tmp_ / "elsewhere") +
-                        " --max-shard-size 200KB --threads 2 --chunk-size 1 --shard 2/3 "
-                        "--dry-run --json",
-                    &b),
+  ASSERT_EQ(
+      moepack_cli("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --dry-run --json", &a),
+      0);
+  ASSERT_EQ(moepack_cli("convert " + src_ + " " + (tmp_ / "elsewhere") +
+                            " --max-shard-size 200KB --threads 2 --chunk-size 1 --shard 2/3 "
+                            "--dry-run --json",
+                        &b),
             0);
   const json ja = json::parse(a), jb = json::parse(b);
   ASSERT_EQ(ja["units"].size(), 3u);
@@ -235,7 +235,8 @@ TEST_F(ScaleOutCli, DryRunShowsUnitsDeterministically) {
   EXPECT_EQ(ja["shard"]["index"], 1);
   EXPECT_FALSE(fs::exists(parts_dir(dst_)));  // a dry run writes nothing
   std::string text;
-  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 0/3 --dry-run", &text), 0);
+  ASSERT_EQ(moepack_cli("convert " + src_ + " " + dst_ + kFlags + " --shard 0/3 --dry-run", &text),
+            0);
   EXPECT_NE(text.find("0-of-3"), std::string::npos) << text;
   EXPECT_NE(text.find("2-of-3"), std::string::npos) << text;
 }
@@ -245,16 +246,16 @@ TEST_F(ScaleOutCli, RerunIsIdempotentAndMergeMatchesConvert) {
   const fs::path p1 = fs::path(parts_dir(dst_)) / "1-of-3" / "part.safetensors";
   const auto before = fs::last_write_time(p1);
   std::string out;
-  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --json", &out), 0);
+  ASSERT_EQ(moepack_cli("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --json", &out), 0);
   EXPECT_TRUE(json::parse(out)["skipped"].get<bool>()) << out;
   EXPECT_EQ(fs::last_write_time(p1), before);
-  ASSERT_EQ(moepack("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
   expect_same_tree(dst_, ref_);
-  EXPECT_TRUE(fs::exists(parts_dir(dst_)));             // kept without --remove-parts
-  EXPECT_EQ(moepack("merge " + dst_), 2);               // output exists
-  EXPECT_EQ(moepack("merge " + dst_ + " --force"), 0);  // replaced, same bytes
+  EXPECT_TRUE(fs::exists(parts_dir(dst_)));                 // kept without --remove-parts
+  EXPECT_EQ(moepack_cli("merge " + dst_), 2);               // output exists
+  EXPECT_EQ(moepack_cli("merge " + dst_ + " --force"), 0);  // replaced, same bytes
   expect_same_tree(dst_, ref_);
-  EXPECT_EQ(moepack("verify " + dst_ + " --source " + src_ + " --tokens 4"), 0);
+  EXPECT_EQ(moepack_cli("verify " + dst_ + " --source " + src_ + " --tokens 4"), 0);
 }
 
 TEST_F(ScaleOutCli, MissingPart) {
@@ -278,7 +279,7 @@ TEST_F(ScaleOutCli, HalfWrittenByKilledTask) {
   expect_merge_fails({"2-of-3", "unfinished"});
   ASSERT_EQ(part(2), 0);
   fs::remove_all(root / "2-of-3.moepack-tmp-4242-00000000beef");
-  ASSERT_EQ(moepack("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
   expect_same_tree(dst_, ref_);
 }
 
@@ -291,7 +292,7 @@ TEST_F(ScaleOutCli, PartWithoutPartJson) {
   // Re-running the task refuses the damaged part without --force, replaces it with it.
   EXPECT_EQ(part(0), 2);
   ASSERT_EQ(part(0, " --force"), 0);
-  ASSERT_EQ(moepack("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
   expect_same_tree(dst_, ref_);
 }
 
@@ -346,17 +347,17 @@ TEST_F(ScaleOutCli, HostilePartJson) {
 // Same flags, another source (another seed: same headers and sizes, other weights).
 TEST_F(ScaleOutCli, PartFromAnotherSource) {
   const std::string other = tmp_ / "other";
-  ASSERT_EQ(moepack("synth " + other +
-                    " --format gptq --family qwen3 --layers 4 --experts 4 --hidden 256 --inter "
-                    "128 --seed 4"),
+  ASSERT_EQ(moepack_cli("synth " + other +
+                        " --format gptq --family qwen3 --layers 4 --experts 4 --hidden 256 --inter "
+                        "128 --seed 4"),
             0);
   ASSERT_EQ(part(0), 0);
   ASSERT_EQ(part(2), 0);
-  ASSERT_EQ(moepack("convert " + other + " " + dst_ + kFlags + " --shard 1/3"), 0);
+  ASSERT_EQ(moepack_cli("convert " + other + " " + dst_ + kFlags + " --shard 1/3"), 0);
   expect_merge_fails({"1-of-3", "another plan"});
   // Nor can --source make the foreign part pass: it names the ones that disagree.
   std::string err;
-  EXPECT_EQ(moepack("merge " + dst_ + " --source " + other, nullptr, &err), 3);
+  EXPECT_EQ(moepack_cli("merge " + dst_ + " --source " + other, nullptr, &err), 3);
   EXPECT_NE(err.find("another plan"), std::string::npos) << err;
   expect_nothing_published(dst_);
 }
@@ -372,13 +373,13 @@ TEST_F(ScaleOutCli, PartWithOtherFlags) {
   EXPECT_EQ(part(1, "", &err), 2);
   EXPECT_NE(err.find("another plan"), std::string::npos) << err;
   ASSERT_EQ(part(1, " --force"), 0);
-  ASSERT_EQ(moepack("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
   expect_same_tree(dst_, ref_);
 }
 
 TEST_F(ScaleOutCli, PartsOfAnotherSplit) {
   all_parts();
-  ASSERT_EQ(moepack("convert " + src_ + " " + dst_ + kFlags + " --shard 0/2"), 0);
+  ASSERT_EQ(moepack_cli("convert " + src_ + " " + dst_ + kFlags + " --shard 0/2"), 0);
   expect_merge_fails({"different splits", "0-of-2", "0-of-3"});
 }
 
@@ -397,7 +398,7 @@ TEST_F(ScaleOutCli, DuplicatedPart) {
 TEST_F(ScaleOutCli, SourceChangedSincePartsWereMade) {
   all_parts();
   std::ofstream(fs::path(src_) / "config.json", std::ios::app) << "\n";  // same JSON, other bytes
-  ASSERT_EQ(moepack("merge " + dst_), 0);  // identity is the parsed config: still the same plan
+  ASSERT_EQ(moepack_cli("merge " + dst_), 0);  // identity is the parsed config: still the same plan
   expect_same_tree(dst_, ref_);
   fs::remove_all(dst_);
   // Another tokenizer-side file changes the output.
@@ -408,7 +409,8 @@ TEST_F(ScaleOutCli, SourceChangedSincePartsWereMade) {
 TEST_F(ScaleOutCli, BadShardFlag) {
   for (const char* bad : {"3/3", "x", "1/0", "-1/3"}) {
     std::string err;
-    EXPECT_EQ(moepack("convert " + src_ + " " + dst_ + " --shard " + bad, nullptr, &err), 2) << bad;
+    EXPECT_EQ(moepack_cli("convert " + src_ + " " + dst_ + " --shard " + bad, nullptr, &err), 2)
+        << bad;
   }
   EXPECT_FALSE(fs::exists(parts_dir(dst_)));
 }
@@ -419,12 +421,12 @@ TEST_F(ScaleOutCli, BadShardFlag) {
 TEST(ScaleOutKill, TaskKilledWhileWriting) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "out", ref = tmp / "ref";
-  ASSERT_EQ(moepack("synth " + src +
-                    " --format gptq --family qwen3 --layers 2 --experts 8 --hidden 1024 "
-                    "--inter 512 --seed 9"),
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format gptq --family qwen3 --layers 2 --experts 8 --hidden 1024 "
+                        "--inter 512 --seed 9"),
             0);
-  ASSERT_EQ(moepack("convert " + src + " " + ref + " --threads 1"), 0);
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --threads 1 --shard 0/2"), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + ref + " --threads 1"), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --threads 1 --shard 0/2"), 0);
   const fs::path root = parts_dir(dst);
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -449,15 +451,15 @@ TEST(ScaleOutKill, TaskKilledWhileWriting) {
     GTEST_SKIP() << "the task finished before it could be killed";
   ASSERT_TRUE(seen);
   std::string err;
-  EXPECT_EQ(moepack("merge " + dst, nullptr, &err), 3);
+  EXPECT_EQ(moepack_cli("merge " + dst, nullptr, &err), 3);
   EXPECT_NE(err.find("1-of-2 (only an unfinished temporary: its task was killed"),
             std::string::npos)
       << err;
   expect_nothing_published(dst);
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --threads 1 --shard 1/2"), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --threads 1 --shard 1/2"), 0);
   for (const auto& e : fs::directory_iterator(root))
     EXPECT_EQ(e.path().filename().string().find(".moepack-"), std::string::npos) << e.path();
-  ASSERT_EQ(moepack("merge " + dst), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst), 0);
   expect_same_tree(dst, ref);
 }
 

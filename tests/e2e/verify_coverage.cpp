@@ -18,17 +18,11 @@ namespace moepack {
 namespace {
 using nlohmann::json;
 using test::moepack_bin;
+using test::moepack_cli;
+using test::read_json_file;
 using test::run_command;
 using test::TempDir;
 
-int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
-  return run_command(moepack_bin() + " " + args, out, err);
-}
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
 void write_json(const std::string& path, const json& j) {
   std::ofstream(path) << j.dump(2) << "\n";
 }
@@ -38,18 +32,19 @@ struct Converted {
   TempDir tmp;
   std::string src = tmp / "src", dst = tmp / "dst", manifest = dst + "/moepack.json";
   Converted() {
-    EXPECT_EQ(moepack("synth " + src +
-                      " --format gptq-actorder --layers 3 --experts 4 --hidden 256 --inter 128"),
-              0);
+    EXPECT_EQ(
+        moepack_cli("synth " + src +
+                    " --format gptq-actorder --layers 3 --experts 4 --hidden 256 --inter 128"),
+        0);
     // Act-order MoE: vLLM@9aaf83ef's parameters (0.33, the default, refuses it).
-    EXPECT_EQ(moepack("convert " + src + " " + dst + " --vllm-target 2026-05"), 0);
-    EXPECT_EQ(moepack("verify " + dst + " --source " + src), 0);
+    EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --vllm-target 2026-05"), 0);
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
   }
 };
 
 TEST(VerifyCoverage, ManifestNotDescribingTheSourceIsExit3NamingTheField) {
   Converted c;
-  const json good = read_json(c.manifest);
+  const json good = read_json_file(c.manifest);
   const std::string l2 = "model.layers.2.mlp";
   struct Case {
     std::function<void(json&)> mutate;
@@ -107,16 +102,16 @@ TEST(VerifyCoverage, ManifestNotDescribingTheSourceIsExit3NamingTheField) {
     k.mutate(m);
     write_json(c.manifest, m);
     std::string out, err;
-    EXPECT_EQ(moepack("verify " + c.dst + " --source " + c.src, &out, &err), 3) << out << err;
+    EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src, &out, &err), 3) << out << err;
     EXPECT_NE(err.find(c.manifest + ": " + k.message), std::string::npos) << err;
     if (!k.needs_source) {
       err.clear();
-      EXPECT_EQ(moepack("verify " + c.dst, &out, &err), 3) << out << err;
+      EXPECT_EQ(moepack_cli("verify " + c.dst, &out, &err), 3) << out << err;
       EXPECT_NE(err.find(c.manifest + ": " + k.message), std::string::npos) << err;
     }
   }
   write_json(c.manifest, good);
-  EXPECT_EQ(moepack("verify " + c.dst + " --source " + c.src), 0);
+  EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src), 0);
 }
 
 // The files against the manifest: a shard of another size, a stray safetensors file, a missing
@@ -125,7 +120,7 @@ TEST(VerifyCoverage, FilesDisagreeingWithTheManifestFailVerification) {
   Converted c;
   auto expect_fails = [&](const std::string& what) {
     std::string out;
-    EXPECT_EQ(moepack("verify " + c.dst + " --source " + c.src, &out), 1) << out;
+    EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src, &out), 1) << out;
     EXPECT_NE(out.find(what), std::string::npos) << out;
   };
   std::ofstream(c.dst + "/extra.safetensors") << "x";
@@ -171,7 +166,7 @@ std::string sha_of(const std::string& path, const Located& at) {
 TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
   Converted c;
   const std::string shard = c.dst + "/model.safetensors";
-  const json good = read_json(c.manifest);
+  const json good = read_json_file(c.manifest);
   int flips = 0;
   for (const auto& p : good["layers"][0]["params"]) {
     const std::string tensor = p.get<std::string>();
@@ -185,7 +180,7 @@ TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
         m["tensors"][tensor]["sha256"] = sha_of(shard, at);
         write_json(c.manifest, m);
         std::string out, err;
-        EXPECT_EQ(moepack("verify " + c.dst + " --source " + c.src + " --json", &out, &err), 1)
+        EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src + " --json", &out, &err), 1)
             << err;
         const json v = json::parse(out, nullptr, false);
         ASSERT_FALSE(v.is_discarded()) << out << err;
@@ -208,7 +203,7 @@ TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
   const Located at = locate(shard, "model.layers.1.mlp.experts.w13_g_idx");
   flip_bit(shard, at.offset + 5, 3);
   std::string out;
-  EXPECT_EQ(moepack("verify " + c.dst + " --source " + c.src, &out), 1);
+  EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src, &out), 1);
   EXPECT_NE(out.find("model.layers.1.mlp.experts.w13_g_idx: sha256 differs"), std::string::npos)
       << out;
 }

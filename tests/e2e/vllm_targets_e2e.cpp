@@ -17,17 +17,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_bin;
+using test::moepack_cli;
+using test::read_json_file;
 using test::run_command;
 using test::TempDir;
-
-int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
-  return run_command(moepack_bin() + " " + args, out, err);
-}
-
-json read_json(const std::string& path) {
-  std::ifstream f(path);
-  return json::parse(f, nullptr, false);
-}
 
 // Shapes of the converted tensors of one layer by their name after `prefix`.
 std::map<std::string, std::vector<int64_t>> params_under(const json& manifest,
@@ -44,22 +37,22 @@ const char* kLayer = "model.layers.1.mlp.experts.";
 TEST(VllmTargetsE2e, GptqBothTargetsNamesRecordedAndVerified) {
   TempDir tmp;
   const std::string src = tmp / "src";
-  ASSERT_EQ(
-      moepack("synth " + src + " --format gptq --layers 2 --experts 3 --hidden 256 --inter 128"),
-      0);
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format gptq --layers 2 --experts 3 --hidden 256 --inter 128"),
+            0);
   for (const std::string target : {"0.33", "2026-05", ""}) {
     SCOPED_TRACE("--vllm-target " + target);
     const std::string dst = tmp / ("dst" + target);
     std::string out, err;
-    ASSERT_EQ(
-        moepack("convert " + src + " " + dst + (target.empty() ? "" : " --vllm-target " + target),
-                &out, &err),
-        0)
+    ASSERT_EQ(moepack_cli(
+                  "convert " + src + " " + dst + (target.empty() ? "" : " --vllm-target " + target),
+                  &out, &err),
+              0)
         << err;
     const std::string want = target.empty() ? "0.33" : target;
-    const json m = read_json(dst + "/moepack.json");
+    const json m = read_json_file(dst + "/moepack.json");
     EXPECT_EQ(m["vllm_target"], want);
-    EXPECT_EQ(read_json(dst + "/config.json")["moepack"]["vllm_target"], want);
+    EXPECT_EQ(read_json_file(dst + "/config.json")["moepack"]["vllm_target"], want);
     const std::string prefix = std::string(kLayer) + (want == "0.33" ? "routed_experts." : "");
     const auto p = params_under(m, prefix);
     EXPECT_TRUE(p.count("w13_qweight") && p.count("w2_scales")) << m["tensors"].dump();
@@ -69,10 +62,10 @@ TEST(VllmTargetsE2e, GptqBothTargetsNamesRecordedAndVerified) {
     if (want == "2026-05") {
       EXPECT_EQ(p.at("w2_g_idx"), (std::vector<int64_t>{3, 0}));
     }
-    EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
     const json ins = json::parse([&] {
       std::string o;
-      moepack("inspect " + dst + " --json", &o);
+      moepack_cli("inspect " + dst + " --json", &o);
       return o;
     }());
     EXPECT_EQ(ins["moepack"]["vllm_target"], want);
@@ -83,59 +76,61 @@ TEST(VllmTargetsE2e, ActOrderIsExit4For033NamingTheTargetAndEKForEveryProjection
   TempDir tmp;
   const std::string src = tmp / "src";
   // I == group size: w2 holds one group, and vLLM@9aaf83ef still creates its g_idx as [E, K].
-  ASSERT_EQ(moepack("synth " + src +
-                    " --format gptq-actorder --layers 2 --experts 2 --hidden 256 --inter 128 "
-                    "--group-size 128"),
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format gptq-actorder --layers 2 --experts 2 --hidden 256 --inter 128 "
+                        "--group-size 128"),
             0);
   std::string out, err;
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "d033"), &out, &err), 4);
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "d033"), &out, &err), 4);
   EXPECT_NE(err.find("act-order"), std::string::npos) << err;
   EXPECT_NE(err.find("--vllm-target 2026-05"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "d033"));
   // inspect judges for 0.33 the same way.
   std::string ins;
-  moepack("inspect " + src, &ins);
+  moepack_cli("inspect " + src, &ins);
   EXPECT_NE(ins.find("--vllm-target 2026-05"), std::string::npos) << ins;
 
   const std::string dst = tmp / "d05";
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --vllm-target 2026-05", &out, &err), 0) << err;
-  const auto p = params_under(read_json(dst + "/moepack.json"), kLayer);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --vllm-target 2026-05", &out, &err), 0)
+      << err;
+  const auto p = params_under(read_json_file(dst + "/moepack.json"), kLayer);
   EXPECT_EQ(p.at("w13_g_idx"), (std::vector<int64_t>{2, 256}));
   EXPECT_EQ(p.at("w13_g_idx_sort_indices"), (std::vector<int64_t>{2, 256}));
   EXPECT_EQ(p.at("w2_g_idx"), (std::vector<int64_t>{2, 128}));
   EXPECT_EQ(p.at("w2_g_idx_sort_indices"), (std::vector<int64_t>{2, 128}));
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
 }
 
 TEST(VllmTargetsE2e, MarlinPadsIntermediateFor033RecordsBothSizesAndVerifies) {
   TempDir tmp;
   const std::string src = tmp / "src";
   ASSERT_EQ(
-      moepack("synth " + src +
-              " --format gptq --layers 2 --experts 2 --hidden 256 --inter 96 --group-size 32"),
+      moepack_cli("synth " + src +
+                  " --format gptq --layers 2 --experts 2 --hidden 256 --inter 96 --group-size 32"),
       0);
   std::string out, err;
   const std::string dst = tmp / "d033";
-  ASSERT_EQ(moepack("convert " + src + " " + dst + " --backend marlin", &out, &err), 0) << err;
-  const json m = read_json(dst + "/moepack.json");
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --backend marlin", &out, &err), 0) << err;
+  const json m = read_json_file(dst + "/moepack.json");
   EXPECT_EQ(m["layers"][0]["inter"], 96);
   EXPECT_EQ(m["layers"][0]["inter_padded"], 128);
   const auto p = params_under(m, std::string(kLayer) + "routed_experts.");
   EXPECT_EQ(p.at("w13_qweight"), (std::vector<int64_t>{2, 256 / 16, 2 * 128 * 2}));
   EXPECT_EQ(p.at("w2_qweight"), (std::vector<int64_t>{2, 128 / 16, 256 * 2}));
   EXPECT_EQ(p.at("w2_scales"), (std::vector<int64_t>{2, 128 / 32, 256}));
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
   std::string ins;
-  moepack("inspect " + dst, &ins);
+  moepack_cli("inspect " + dst, &ins);
   EXPECT_NE(ins.find("I=96 (padded to 128)"), std::string::npos) << ins;
   // 2026-05 does not pad: Marlin refuses I = 96 (exit 4), auto falls back to Triton WNA16.
   EXPECT_EQ(
-      moepack("convert " + src + " " + (tmp / "x") + " --backend marlin --vllm-target 2026-05",
-              &out, &err),
+      moepack_cli("convert " + src + " " + (tmp / "x") + " --backend marlin --vllm-target 2026-05",
+                  &out, &err),
       4);
-  ASSERT_EQ(moepack("convert " + src + " " + (tmp / "d05") + " --vllm-target 2026-05", &out, &err),
-            0);
-  EXPECT_EQ(read_json(tmp / "d05/moepack.json")["backend"], "triton-wna16");
+  ASSERT_EQ(
+      moepack_cli("convert " + src + " " + (tmp / "d05") + " --vllm-target 2026-05", &out, &err),
+      0);
+  EXPECT_EQ(read_json_file(tmp / "d05/moepack.json")["backend"], "triton-wna16");
 }
 
 // Triton WNA16's narrowed w2 scales (I not a multiple of the group size) have no synth
@@ -147,9 +142,9 @@ TEST(VllmTargetsE2e, MarlinPadsIntermediateFor033RecordsBothSizesAndVerifies) {
 TEST(VllmTargetsE2e, CtW8a8MixedScaleDtypesConvertAndVerify) {
   TempDir tmp;
   const std::string src = tmp / "src";
-  ASSERT_EQ(
-      moepack("synth " + src + " --format ct-w8a8 --layers 2 --experts 3 --hidden 128 --inter 128"),
-      0);
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format ct-w8a8 --layers 2 --experts 3 --hidden 128 --inter 128"),
+            0);
   const std::string file = src + "/model.safetensors";
   std::vector<Tensor> tensors;
   {
@@ -177,9 +172,9 @@ TEST(VllmTargetsE2e, CtW8a8MixedScaleDtypesConvertAndVerify) {
   write_safetensors(file, tensors);
   std::string out, err;
   const std::string dst = tmp / "dst";
-  ASSERT_EQ(moepack("convert " + src + " " + dst, &out, &err), 0) << err;
-  EXPECT_EQ(read_json(dst + "/moepack.json")["backend"], "triton-int8");
-  EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst, &out, &err), 0) << err;
+  EXPECT_EQ(read_json_file(dst + "/moepack.json")["backend"], "triton-int8");
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ namespace moepack {
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::moepack_cli;
 
 std::string fixtures_root() {
   return test::source_dir() + "/tests/producers/fixtures";
@@ -125,10 +126,6 @@ TEST_P(ProducerFixture, DecodedEqualsProducerDequant) {
   EXPECT_GT(compared, 0);
 }
 
-int moepack(const std::string& args, std::string* out = nullptr, std::string* err = nullptr) {
-  return test::run_command(test::moepack_bin() + " " + args, out, err);
-}
-
 TEST_P(ProducerFixture, ConvertAndVerify) {
   const std::string src = fixtures_root() + "/" + GetParam() + "/ckpt";
   const json pj = producer_json(GetParam());
@@ -136,7 +133,7 @@ TEST_P(ProducerFixture, ConvertAndVerify) {
   std::string out, err;
   if (pj.contains("refuse")) {
     const json& r = pj["refuse"];
-    const int rc = moepack(
+    const int rc = moepack_cli(
         "convert " + src + " " + (tmp / "dst") + " --target-arch " + r.value("target_arch", "sm90"),
         &out, &err);
     EXPECT_EQ(rc, r.at("exit").get<int>()) << err;
@@ -144,7 +141,7 @@ TEST_P(ProducerFixture, ConvertAndVerify) {
     EXPECT_FALSE(fs::exists(tmp / "dst"));
     return;
   }
-  ASSERT_EQ(moepack("inspect " + src + " --json", &out, &err), 0) << err;
+  ASSERT_EQ(moepack_cli("inspect " + src + " --json", &out, &err), 0) << err;
   const json ins = json::parse(out, nullptr, false);
   ASSERT_FALSE(ins.is_discarded()) << out;
   EXPECT_EQ(ins["format"]["method"], pj.at("method")) << out;
@@ -153,12 +150,12 @@ TEST_P(ProducerFixture, ConvertAndVerify) {
     const std::string backend = c.at("backend"), arch = c.value("target_arch", "sm90");
     const std::string dst = tmp / ("out-" + backend);
     SCOPED_TRACE(backend + " " + arch);
-    ASSERT_EQ(moepack("convert " + src + " " + dst + " --backend " + backend + " --target-arch " +
-                          arch + " --threads 2",
-                      &out, &err),
+    ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --backend " + backend +
+                              " --target-arch " + arch + " --threads 2",
+                          &out, &err),
               0)
         << err;
-    EXPECT_EQ(moepack("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
   }
 }
 
@@ -192,7 +189,7 @@ TEST(ProducerQuirks, QuantizedRouterRefusedNamingIt) {
   ASSERT_FALSE(router.empty());
   write_safetensors(shard, tensors);
   std::string out, err;
-  EXPECT_EQ(moepack("convert " + src + " " + (tmp / "dst"), &out, &err), 4) << err;
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "dst"), &out, &err), 4) << err;
   EXPECT_NE(err.find(router), std::string::npos) << err;
   EXPECT_NE(err.find("quantized"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "dst"));
