@@ -1,0 +1,321 @@
+// Fused MoE over the Marlin WNA16 layout (int4 uint4b8, grouped or channelwise scales, bf16 or
+// fp16 activations): device code only, raw pointers, no library types (STYLE.md §6).
+//
+// One layer is four kernels on one stream, no host round-trip, capturable in a CUDA graph:
+//   1. marlin_moe_align: token->expert sort (rows grouped by expert) and the list of m-blocks;
+//   2. marlin_moe_gemm<kGated=true>:  h = act(x[token] . w13)  per sorted row, act = silu(gate)*up
+//      (or relu2 when not gated), rounded to the activation dtype like the serving kernel;
+//   3. marlin_moe_gemm<kGated=false>: y[token, slot] = topk_weight * (h . w2), fp32;
+//   4. marlin_moe_combine: out[token] = sum over slots in slot order (deterministic).
+//
+// The GEMMs use mma.sync m16n8k16 on B fragments decoded in registers straight from the Marlin
+// words: word 4t+j of a 16x64 tile is lane t's B fragment of 16x16 sub-tile j
+// (formats/layout/marlin_layout.h, spec/wna16_marlin.md §3.2), so each lane reads its whole
+// fragment set with one 16-byte load. Codes are decoded exactly (q - 8 is exact in bf16/fp16) and
+// the scale is applied in fp32 to each group's partial sum, so the result differs from the CPU
+// reference (formats' expert_matmul) only by fp32 summation order.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace moepack::kernels::marlin_moe {
+
+constexpr int kThreads = 256;  // 8 warps per block
+constexpr int kTileN = 64;     // output columns per block (one Marlin tile column)
+
+// ---- token -> expert sort ------------------------------------------------------------------
+// One block. rows = tokens * top_k flat (token, slot) indices. Outputs:
+//   sorted_rows[pos]   flat index of the pos-th row, rows of expert e at [offset[e], offset[e+1])
+//   blocks[2*b], [2*b+1]  (expert, first sorted position) of m-block b (at most bm rows each)
+//   block_rows[b]      rows in m-block b; num_blocks[0] = number of m-blocks
+// Ids outside [0, experts) are dropped (their (token, slot) contributes nothing).
+// The order of rows inside an expert depends on atomics; results do not (rows are independent).
+__global__ void marlin_moe_align(const int32_t* __restrict__ topk_ids, int32_t rows,
+                                 int32_t experts, int32_t bm, int32_t* __restrict__ sorted_rows,
+                                 int32_t* __restrict__ blocks, int32_t* __restrict__ block_rows,
+                                 int32_t* __restrict__ num_blocks) {
+  extern __shared__ int32_t smem_align[];
+  int32_t* count = smem_align;             // [experts]
+  int32_t* cursor = smem_align + experts;  // [experts]
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    const int32_t e = topk_ids[i];
+    if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t offset = 0, nb = 0;
+    for (int e = 0; e < experts; ++e) {
+      cursor[e] = offset;
+      for (int32_t r = 0; r < count[e]; r += bm) {
+        blocks[2 * nb] = e;
+        blocks[2 * nb + 1] = offset + r;
+        block_rows[nb] = count[e] - r < bm ? count[e] - r : bm;
+        ++nb;
+      }
+      offset += count[e];
+    }
+    num_blocks[0] = nb;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+    const int32_t e = topk_ids[i];
+    if (e >= 0 && e < experts) sorted_rows[atomicAdd(&cursor[e], 1)] = i;
+  }
+}
+
+// ---- fragments -----------------------------------------------------------------------------
+template <class T>
+struct Act;
+template <>
+struct Act<__nv_bfloat16> {
+  // (q & 0x000f000f) | bf16x2(128, 128) = (128 + q0, 128 + q1); minus 136 = q - 8, exact.
+  static constexpr uint32_t kExponent = 0x43004300u;
+  static __device__ __forceinline__ uint32_t minus_bias(uint32_t v) {
+    const __nv_bfloat162 bias = __floats2bfloat162_rn(136.f, 136.f);
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&v), bias);
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  static __device__ __forceinline__ float to_float(uint16_t bits) {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  }
+  static __device__ __forceinline__ uint16_t from_float(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+  static __device__ __forceinline__ void mma(float* d, const uint32_t* a, uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Act<__half> {
+  // (q & 0x000f000f) | half2(1024, 1024) = (1024 + q0, 1024 + q1); minus 1032 = q - 8, exact.
+  static constexpr uint32_t kExponent = 0x64006400u;
+  static __device__ __forceinline__ uint32_t minus_bias(uint32_t v) {
+    const __half2 bias = __floats2half2_rn(1032.f, 1032.f);
+    __half2 r = __hsub2(*reinterpret_cast<__half2*>(&v), bias);
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  static __device__ __forceinline__ float to_float(uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+  }
+  static __device__ __forceinline__ uint16_t from_float(float f) {
+    return __half_as_ushort(__float2half_rn(f));
+  }
+  static __device__ __forceinline__ void mma(float* d, const uint32_t* a, uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Fields (f0, f4) >> shift of a Marlin int4 word as a 16-bit pair holding code - 8.
+template <class T>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t word, int shift) {
+  return Act<T>::minus_bias(((word >> shift) & 0x000f000fu) | Act<T>::kExponent);
+}
+
+// Position of logical column n inside a permuted scale row (inverse of marlin_layout.h's
+// scale_perm_*_src): grouped 64-chunks are an 8x8 transpose; single 32-chunks
+// out[8a + m] = in[2a + 8(m/2) + m%2].
+__device__ __forceinline__ int64_t scale_position(int64_t n, bool grouped) {
+  if (grouped) {
+    const int m = static_cast<int>(n & 63);
+    return (n & ~int64_t{63}) + 8 * (m & 7) + (m >> 3);
+  }
+  const int q = static_cast<int>(n & 31);
+  return (n & ~int64_t{31}) + 8 * ((q >> 1) & 3) + 2 * (q >> 3) + (q & 1);
+}
+
+// ---- the GEMM ------------------------------------------------------------------------------
+struct GemmArgs {
+  const uint32_t* weights;  // [E, K/16, N*2] Marlin int4 words
+  const uint16_t* scales;   // [E, G, N] activation dtype, permuted (grouped iff scales_grouped)
+  const uint16_t* a;        // gated: x [tokens, K]; else h [rows, K] in sorted order
+  const int32_t* sorted_rows;
+  const int32_t* blocks;
+  const int32_t* block_rows;
+  const int32_t* num_blocks;
+  const float* topk_weights;  // [tokens * top_k] (second GEMM)
+  uint16_t* h;                // gated output [rows, I] in sorted order (first GEMM)
+  float* y;                   // [tokens * top_k, N] (second GEMM)
+  int64_t n, k;               // the projection's N (w13: 2I gated or I; w2: H) and K
+  int32_t top_k;
+  int32_t groups;         // G
+  int32_t group_k_tiles;  // k-tiles (16 rows) per group; K/16 when G == 1
+  int32_t chunk_k_tiles;  // k-tiles per unit of split-K work (divides group_k_tiles or == it)
+  bool scales_grouped;    // 64-entry (grouped) or 32-entry (single) scale permutation
+  bool gated;             // first GEMM: silu(gate)*up; else relu(x)^2
+};
+
+// Block tile: BM rows of one expert x 64 output columns (gated: 64 of gate and the 64 matching up
+// columns, so the activation is applied in the epilogue). Warps split the block as
+// WM (m16 tiles) x WT (weight tiles: 2 gated, 1 otherwise) x WK (split-K), WM*WT*WK = 8.
+template <class T, int BM, int WT, int WK, bool kFirst>
+__global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
+  constexpr int WM = BM / 16;
+  static_assert(WM * WT * WK == kThreads / 32, "8 warps");
+  constexpr int kRowPad = WT * kTileN + 4;  // floats per reduction row (+4: fewer bank conflicts)
+  __shared__ float red[WK][BM][kRowPad];
+
+  const int block = blockIdx.x;
+  if (block >= args.num_blocks[0]) return;
+  const int expert = args.blocks[2 * block];
+  const int first = args.blocks[2 * block + 1];
+  const int rows = args.block_rows[block];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm = warp % WM, wt = (warp / WM) % WT, wk = warp / (WM * WT);
+  const int g = lane >> 2, c = lane & 3;
+
+  // Weight tile column of this warp: gated first GEMM, up tiles follow the gate tiles by N/2.
+  const int64_t n_tiles = args.n / kTileN;
+  const int64_t nt = blockIdx.y + (WT == 2 ? wt * (n_tiles / 2) : 0);
+  const int64_t k_tiles = args.k / 16;
+  const uint4* wtiles = reinterpret_cast<const uint4*>(args.weights) +
+                        static_cast<int64_t>(expert) * k_tiles * n_tiles * 32 + nt * 32 + lane;
+  const uint16_t* scales = args.scales + static_cast<int64_t>(expert) * args.groups * args.n;
+
+  // The two A rows of this lane (fragment rows g and g+8 of the warp's m16 tile).
+  const int r0 = wm * 16 + g, r1 = r0 + 8;
+  const bool any_rows = wm * 16 < rows;
+  auto row_ptr = [&](int r) -> const uint16_t* {
+    const int rr = r < rows ? r : 0;  // rows past the expert's end read row 0, never stored
+    const int32_t pos = first + rr;
+    const int64_t src = kFirst ? args.sorted_rows[pos] / args.top_k : pos;
+    return args.a + src * args.k;
+  };
+  const uint16_t* a0 = row_ptr(r0);
+  const uint16_t* a1 = row_ptr(r1);
+
+  float acc[8][4];
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
+
+  const int chunks = static_cast<int>(k_tiles / args.chunk_k_tiles);
+  if (any_rows) {
+    for (int chunk = wk; chunk < chunks; chunk += WK) {
+      const int kt0 = chunk * args.chunk_k_tiles;
+      float part[8][4];
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[s][i] = 0.f;
+      for (int kb = 0; kb < args.chunk_k_tiles; kb += 4) {
+        // Four k-tiles in flight: 4 x 16 bytes per lane of weights, 4 x 4 words of A.
+        uint4 wv[4];
+        uint32_t av[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t kt = kt0 + kb + u;
+          if (kb + u < args.chunk_k_tiles) {
+            wv[u] = __ldg(wtiles + kt * n_tiles * 32);
+            const int64_t kc = kt * 16 + 2 * c;
+            av[u][0] = *reinterpret_cast<const uint32_t*>(a0 + kc);
+            av[u][1] = *reinterpret_cast<const uint32_t*>(a1 + kc);
+            av[u][2] = *reinterpret_cast<const uint32_t*>(a0 + kc + 8);
+            av[u][3] = *reinterpret_cast<const uint32_t*>(a1 + kc + 8);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (kb + u >= args.chunk_k_tiles) break;
+          const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            // Left n8 half of sub-tile j: fields (0,4) and (1,5); right half (2,6) and (3,7).
+            Act<T>::mma(part[2 * j], av[u], decode_pair<T>(words[j], 0),
+                        decode_pair<T>(words[j], 4));
+            Act<T>::mma(part[2 * j + 1], av[u], decode_pair<T>(words[j], 8),
+                        decode_pair<T>(words[j], 12));
+          }
+        }
+      }
+      // Apply the group's scales in fp32 (one group per chunk: chunk_k_tiles divides the group).
+      const int group = args.groups == 1 ? 0 : kt0 / args.group_k_tiles;
+      const uint16_t* srow = scales + static_cast<int64_t>(group) * args.n;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int64_t col = nt * kTileN + 8 * s + 2 * c;
+        const float s0 = Act<T>::to_float(srow[scale_position(col, args.scales_grouped)]);
+        const float s1 = Act<T>::to_float(srow[scale_position(col + 1, args.scales_grouped)]);
+        acc[s][0] += part[s][0] * s0;
+        acc[s][1] += part[s][1] * s1;
+        acc[s][2] += part[s][2] * s0;
+        acc[s][3] += part[s][3] * s1;
+      }
+    }
+  }
+
+  // Split-K reduction and the epilogue through shared memory: C fragment (g, 2c..2c+1) of n8
+  // sub-tile s, rows g and g+8.
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const int col = wt * kTileN + 8 * s + 2 * c;
+    red[wk][wm * 16 + g][col] = acc[s][0];
+    red[wk][wm * 16 + g][col + 1] = acc[s][1];
+    red[wk][wm * 16 + g + 8][col] = acc[s][2];
+    red[wk][wm * 16 + g + 8][col + 1] = acc[s][3];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < BM * kTileN; i += kThreads) {
+    const int r = i / kTileN, col = i % kTileN;
+    if (r >= rows) continue;
+    float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < WK; ++w) {
+      v0 += red[w][r][col];
+      if (WT == 2) v1 += red[w][r][kTileN + col];
+    }
+    const int32_t pos = first + r;
+    if (kFirst) {
+      float hv;
+      if (args.gated) {
+        hv = v0 / (1.f + expf(-v0)) * v1;  // silu(gate) * up
+      } else {
+        const float relu = v0 > 0.f ? v0 : 0.f;
+        hv = relu * relu;
+      }
+      const int64_t inter = WT == 2 ? args.n / 2 : args.n;
+      args.h[pos * inter + blockIdx.y * kTileN + col] = Act<T>::from_float(hv);
+    } else {
+      const int32_t flat = args.sorted_rows[pos];
+      args.y[static_cast<int64_t>(flat) * args.n + blockIdx.y * kTileN + col] =
+          v0 * args.topk_weights[flat];
+    }
+  }
+}
+
+// out[t, n] = sum over slots of y[t*top_k + slot, n], in slot order; slots whose expert id was
+// dropped by the align step contribute nothing.
+__global__ void marlin_moe_combine(const float* __restrict__ y,
+                                   const int32_t* __restrict__ topk_ids, int32_t experts,
+                                   int64_t tokens, int32_t top_k, int64_t hidden,
+                                   float* __restrict__ out) {
+  const int64_t total = tokens * hidden;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / hidden, n = i % hidden;
+    float sum = 0.f;
+    for (int s = 0; s < top_k; ++s) {
+      const int32_t e = topk_ids[t * top_k + s];
+      if (e >= 0 && e < experts) sum += y[(t * top_k + s) * hidden + n];
+    }
+    out[i] = sum;
+  }
+}
+
+}  // namespace moepack::kernels::marlin_moe
