@@ -11,8 +11,9 @@
 #     align + GEMM1/silu*up + GEMM2 + combine, fp32 output;
 #   HBM floor: bytes of the experts the routing touches (Marlin words + scales of w13 and w2) /
 #     device-to-device copy bandwidth measured in this run (2 x bytes per copy / time);
-#   torch bf16: a grouped GEMM over the same routing (per touched expert: gather, x @ W13^T,
-#     silu(gate) * up, @ W2^T, weighted index_add), bf16 weights, in this process;
+#   torch bf16: a grouped GEMM over the same routing (gather rows sorted by expert,
+#     torch._grouped_mm with W13, silu(gate) * up, torch._grouped_mm with W2, weighted index_add;
+#     a per-expert loop where _grouped_mm is missing), bf16 weights, in this process;
 #   the reference figures (vLLM fused Marlin MoE and torch on an H100 80GB HBM3).
 # The Marlin words are random int32: packing is a bijection from codes to words, so every word
 # pattern is a legal tile of random uint4b8 codes (correctness is tests/cuda/marlin_moe_cuda.cpp).
@@ -110,7 +111,10 @@ def main():
     # torch baseline weights (bf16, [N, K] like nn.Linear)
     W13 = (torch.randn(E, 2 * I, H, device=dev) * 0.02).to(torch.bfloat16)
     W2 = (torch.randn(E, H, I, device=dev) * 0.02).to(torch.bfloat16)
+    W13t = W13.transpose(1, 2)  # [E, H, 2I], K-major: the layout _grouped_mm takes
+    W2t = W2.transpose(1, 2)
     flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    torch_kinds = set()
 
     bw = copy_bandwidth(50)
     props = torch.cuda.get_device_properties(0)
@@ -145,26 +149,54 @@ def main():
             if err != 0:
                 raise RuntimeError(f"moepack_marlin_moe_forward: cudaError {err}")
 
-        # torch grouped GEMM over the same routing: index tensors fixed before capture.
+        # torch grouped GEMM over the same routing: rows sorted by expert (index tensors fixed
+        # before capture), torch._grouped_mm over all experts when this torch has it (one GEMM
+        # per projection), else one GEMM pair per touched expert.
         flat_ids = ids.flatten().long()
         order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=E).tolist()
+        tok_sorted = (order // K).contiguous()
+        w_sorted = tw.flatten()[order].to(torch.bfloat16)[:, None].contiguous()
+        counts = torch.bincount(flat_ids, minlength=E)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        counts_host = counts.tolist()
         groups = []
-        start = 0
+        begin = 0
         for e in range(E):
-            if counts[e]:
-                sel = order[start:start + counts[e]]
-                weight = tw.flatten()[sel].to(torch.bfloat16)[:, None].contiguous()
-                groups.append((e, (sel // K).contiguous(), weight))
-            start += counts[e]
-        out_t = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+            if counts_host[e]:
+                groups.append((e, tok_sorted[begin:begin + counts_host[e]],
+                               w_sorted[begin:begin + counts_host[e]]))
+            begin += counts_host[e]
+        out_t = torch.zeros(T, H, dtype=torch.bfloat16, device=dev)
 
-        def torch_moe():
+        def torch_loop():
             out_t.zero_()
             for e, tok, wt in groups:
                 h = x.index_select(0, tok) @ W13[e].t()
                 a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
                 out_t.index_add_(0, tok, (a @ W2[e].t()) * wt)
+
+        def torch_grouped():
+            xs = x.index_select(0, tok_sorted)
+            h = torch._grouped_mm(xs, W13t, offs=offs)
+            a = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+            y = torch._grouped_mm(a, W2t, offs=offs) * w_sorted
+            out_t.zero_()
+            out_t.index_add_(0, tok_sorted, y)
+
+        torch_moe, torch_kind = torch_loop, "per-expert loop"
+        if hasattr(torch, "_grouped_mm"):
+            try:
+                torch_loop()
+                ref = out_t.float().clone()
+                torch_grouped()
+                torch.cuda.synchronize()
+                if torch.allclose(out_t.float(), ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item()):
+                    torch_moe, torch_kind = torch_grouped, "torch._grouped_mm"
+                else:
+                    print(f"torch._grouped_mm disagrees with the loop at {T} tokens; using the loop")
+            except Exception as ex:  # noqa: BLE001 -- any failure means: use the loop
+                print(f"torch._grouped_mm unavailable ({ex}); using the loop")
+        torch_kinds.add(torch_kind)
 
         touched = len(groups)
         floor_us = touched * expert_bytes / bw * 1e6
@@ -179,6 +211,8 @@ def main():
         if not torch.isfinite(out).all():
             raise RuntimeError(f"non-finite kernel output at {T} tokens")
 
+    lines.append("")
+    lines.append("torch bf16 baseline: " + ", ".join(sorted(torch_kinds)))
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as f:

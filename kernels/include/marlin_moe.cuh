@@ -159,15 +159,47 @@ struct GemmArgs {
   bool gated;             // first GEMM: silu(gate)*up; else relu(x)^2
 };
 
+// Asynchronous global -> shared copies (sm_80+). Each lane later reads only what it copied
+// itself, so a lane's own wait_group is the only synchronisation the pipeline needs.
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void copy_async_4(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// k-tiles each warp keeps in flight: per lane one 16-byte weight vector and its four A words per
+// stage, 1 KiB per warp-stage; 6 stages x 8 warps = 48 KiB of shared memory, the default limit.
+constexpr int kStages = 6;
+constexpr int kStageBytes = 2 * 32 * 16;
+
+template <int BM, int WT, int WK>
+constexpr int gemm_shared_bytes() {
+  constexpr int ring = (kThreads / 32) * kStages * kStageBytes;
+  constexpr int reduce = WK * BM * (WT * kTileN + 4) * 4;
+  return ring > reduce ? ring : reduce;
+}
+
 // Block tile: BM rows of one expert x 64 output columns (gated: 64 of gate and the 64 matching up
 // columns, so the activation is applied in the epilogue). Warps split the block as
 // WM (m16 tiles) x WT (weight tiles: 2 gated, 1 otherwise) x WK (split-K), WM*WT*WK = 8.
+// Each warp streams its k-tiles through a kStages-deep cp.async ring (weights and A fragments),
+// so the memory system always has kStages-1 tiles per warp in flight.
 template <class T, int BM, int WT, int WK, bool kFirst>
 __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
   constexpr int WM = BM / 16;
   static_assert(WM * WT * WK == kThreads / 32, "8 warps");
   constexpr int kRowPad = WT * kTileN + 4;  // floats per reduction row (+4: fewer bank conflicts)
-  __shared__ float red[WK][BM][kRowPad];
+  extern __shared__ uint4 smem_gemm[];
 
   const int block = blockIdx.x;
   if (block >= args.num_blocks[0]) return;
@@ -205,53 +237,67 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
 
-  const int chunks = static_cast<int>(k_tiles / args.chunk_k_tiles);
-  if (any_rows) {
-    for (int chunk = wk; chunk < chunks; chunk += WK) {
-      const int kt0 = chunk * args.chunk_k_tiles;
-      float part[8][4];
+  // This warp's k-tiles: chunks wk, wk + WK, ... of chunk_k_tiles tiles each (one group per chunk).
+  const int ckt = args.chunk_k_tiles;
+  const int chunks = static_cast<int>(k_tiles / ckt);
+  const int my_tiles = any_rows && wk < chunks ? ((chunks - wk + WK - 1) / WK) * ckt : 0;
+  uint4* ring = smem_gemm + warp * kStages * (kStageBytes / 16);
+  auto tile_of = [&](int i) { return static_cast<int64_t>(wk + (i / ckt) * WK) * ckt + i % ckt; };
+  auto issue = [&](int i) {
+    uint4* stage = ring + (i % kStages) * (kStageBytes / 16);
+    const int64_t kt = tile_of(i);
+    copy_async_16(stage + lane, wtiles + kt * n_tiles * 32);
+    uint32_t* a = reinterpret_cast<uint32_t*>(stage + 32 + lane);
+    const int64_t kc = kt * 16 + 2 * c;
+    copy_async_4(a + 0, a0 + kc);
+    copy_async_4(a + 1, a1 + kc);
+    copy_async_4(a + 2, a0 + kc + 8);
+    copy_async_4(a + 3, a1 + kc + 8);
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < my_tiles) issue(i);
+    copy_async_commit();
+  }
+
+  float part[8][4];
+  uint16_t sc[16];
+  for (int i = 0; i < my_tiles; ++i) {
+    copy_async_wait<kStages - 2>();  // tile i has landed (this lane's copies)
+    if (i + kStages - 1 < my_tiles) issue(i + kStages - 1);  // into the slot tile i-1 used
+    copy_async_commit();
+    const uint4* stage = ring + (i % kStages) * (kStageBytes / 16);
+    const uint4 wv = stage[lane];
+    const uint4 av4 = stage[32 + lane];
+    const uint32_t av[4] = {av4.x, av4.y, av4.z, av4.w};
+    if (i % ckt == 0) {
 #pragma unroll
       for (int s = 0; s < 8; ++s)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) part[s][i] = 0.f;
-      for (int kb = 0; kb < args.chunk_k_tiles; kb += 4) {
-        // Four k-tiles in flight: 4 x 16 bytes per lane of weights, 4 x 4 words of A.
-        uint4 wv[4];
-        uint32_t av[4][4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int64_t kt = kt0 + kb + u;
-          if (kb + u < args.chunk_k_tiles) {
-            wv[u] = __ldg(wtiles + kt * n_tiles * 32);
-            const int64_t kc = kt * 16 + 2 * c;
-            av[u][0] = *reinterpret_cast<const uint32_t*>(a0 + kc);
-            av[u][1] = *reinterpret_cast<const uint32_t*>(a1 + kc);
-            av[u][2] = *reinterpret_cast<const uint32_t*>(a0 + kc + 8);
-            av[u][3] = *reinterpret_cast<const uint32_t*>(a1 + kc + 8);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (kb + u >= args.chunk_k_tiles) break;
-          const uint32_t words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            // Left n8 half of sub-tile j: fields (0,4) and (1,5); right half (2,6) and (3,7).
-            Act<T>::mma(part[2 * j], av[u], decode_pair<T>(words[j], 0),
-                        decode_pair<T>(words[j], 4));
-            Act<T>::mma(part[2 * j + 1], av[u], decode_pair<T>(words[j], 8),
-                        decode_pair<T>(words[j], 12));
-          }
-        }
-      }
-      // Apply the group's scales in fp32 (one group per chunk: chunk_k_tiles divides the group).
-      const int group = args.groups == 1 ? 0 : kt0 / args.group_k_tiles;
+        for (int q = 0; q < 4; ++q) part[s][q] = 0.f;
+      // The chunk's scales, loaded now and used after its last tile.
+      const int64_t kt0 = tile_of(i);
+      const int group = args.groups == 1 ? 0 : static_cast<int>(kt0 / args.group_k_tiles);
       const uint16_t* srow = scales + static_cast<int64_t>(group) * args.n;
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const int64_t col = nt * kTileN + 8 * s + 2 * c;
-        const float s0 = Act<T>::to_float(srow[scale_position(col, args.scales_grouped)]);
-        const float s1 = Act<T>::to_float(srow[scale_position(col + 1, args.scales_grouped)]);
+        sc[2 * s] = __ldg(srow + scale_position(col, args.scales_grouped));
+        sc[2 * s + 1] = __ldg(srow + scale_position(col + 1, args.scales_grouped));
+      }
+    }
+    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // Left n8 half of sub-tile j: fields (0,4) and (1,5); right half (2,6) and (3,7).
+      Act<T>::mma(part[2 * j], av, decode_pair<T>(words[j], 0), decode_pair<T>(words[j], 4));
+      Act<T>::mma(part[2 * j + 1], av, decode_pair<T>(words[j], 8), decode_pair<T>(words[j], 12));
+    }
+    if (i % ckt == ckt - 1) {
+      // Apply the group's scales in fp32 (chunk_k_tiles divides the group).
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const float s0 = Act<T>::to_float(sc[2 * s]), s1 = Act<T>::to_float(sc[2 * s + 1]);
         acc[s][0] += part[s][0] * s0;
         acc[s][1] += part[s][1] * s1;
         acc[s][2] += part[s][2] * s0;
@@ -259,9 +305,12 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
       }
     }
   }
+  copy_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring: the reduction reuses the memory
 
   // Split-K reduction and the epilogue through shared memory: C fragment (g, 2c..2c+1) of n8
   // sub-tile s, rows g and g+8.
+  float(*red)[BM][kRowPad] = reinterpret_cast<float(*)[BM][kRowPad]>(smem_gemm);
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
     const int col = wt * kTileN + 8 * s + 2 * c;
@@ -300,21 +349,26 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
 }
 
 // out[t, n] = sum over slots of y[t*top_k + slot, n], in slot order; slots whose expert id was
-// dropped by the align step contribute nothing.
+// dropped by the align step contribute nothing. Four columns per thread (H % 64 == 0).
 __global__ void marlin_moe_combine(const float* __restrict__ y,
                                    const int32_t* __restrict__ topk_ids, int32_t experts,
                                    int64_t tokens, int32_t top_k, int64_t hidden,
                                    float* __restrict__ out) {
-  const int64_t total = tokens * hidden;
+  const int64_t quads = hidden / 4, total = tokens * quads;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / hidden, n = i % hidden;
-    float sum = 0.f;
+    const int64_t t = i / quads, q = i % quads;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < top_k; ++s) {
       const int32_t e = topk_ids[t * top_k + s];
-      if (e >= 0 && e < experts) sum += y[(t * top_k + s) * hidden + n];
+      if (e < 0 || e >= experts) continue;
+      const float4 v = reinterpret_cast<const float4*>(y + (t * top_k + s) * hidden)[q];
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
     }
-    out[i] = sum;
+    reinterpret_cast<float4*>(out + t * hidden)[q] = sum;
   }
 }
 

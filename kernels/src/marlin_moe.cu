@@ -74,18 +74,24 @@ mm::GemmArgs gemm_args(const uint32_t* w, const uint16_t* s, int64_t groups, int
   return a;
 }
 
+template <class T, int BM, int WT, int WK, bool kFirst>
+void launch_gemm(dim3 grid, const mm::GemmArgs& args, cudaStream_t stream) {
+  mm::marlin_moe_gemm<T, BM, WT, WK, kFirst>
+      <<<grid, mm::kThreads, mm::gemm_shared_bytes<BM, WT, WK>(), stream>>>(args);
+}
+
 template <class T, int BM>
 cudaError_t launch_gemms(const MarlinMoeLayer& layer, mm::GemmArgs g1, mm::GemmArgs g2, int64_t nb,
                          cudaStream_t stream) {
   constexpr int WM = BM / 16;
   const dim3 grid1(static_cast<unsigned>(nb), static_cast<unsigned>(layer.inter / mm::kTileN));
   if (layer.gated)
-    mm::marlin_moe_gemm<T, BM, 2, 8 / (WM * 2), true><<<grid1, mm::kThreads, 0, stream>>>(g1);
+    launch_gemm<T, BM, 2, 8 / (WM * 2), true>(grid1, g1, stream);
   else
-    mm::marlin_moe_gemm<T, BM, 1, 8 / WM, true><<<grid1, mm::kThreads, 0, stream>>>(g1);
+    launch_gemm<T, BM, 1, 8 / WM, true>(grid1, g1, stream);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const dim3 grid2(static_cast<unsigned>(nb), static_cast<unsigned>(layer.hidden / mm::kTileN));
-  mm::marlin_moe_gemm<T, BM, 1, 8 / WM, false><<<grid2, mm::kThreads, 0, stream>>>(g2);
+  launch_gemm<T, BM, 1, 8 / WM, false>(grid2, g2, stream);
   return cudaGetLastError();
 }
 
@@ -150,7 +156,7 @@ int marlin_moe_forward(const MarlinMoeLayer& layer, const void* x, const int32_t
                  : launch_gemms<__half, 64>(layer, g1, g2, nb, stream);
   if (e != cudaSuccess) return e;
 
-  const int64_t total = tokens * layer.hidden;
+  const int64_t total = tokens * layer.hidden / 4;
   const int64_t blocks = (total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096;
   mm::marlin_moe_combine<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
       ws.y, topk_ids, static_cast<int32_t>(layer.experts), tokens, top_k, layer.hidden, out);
