@@ -126,18 +126,6 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t word, int shift) {
   return Act<T>::minus_bias(((word >> shift) & 0x000f000fu) | Act<T>::kExponent);
 }
 
-// Position of logical column n inside a permuted scale row (inverse of marlin_layout.h's
-// scale_perm_*_src): grouped 64-chunks are an 8x8 transpose; single 32-chunks
-// out[8a + m] = in[2a + 8(m/2) + m%2].
-__device__ __forceinline__ int64_t scale_position(int64_t n, bool grouped) {
-  if (grouped) {
-    const int m = static_cast<int>(n & 63);
-    return (n & ~int64_t{63}) + 8 * (m & 7) + (m >> 3);
-  }
-  const int q = static_cast<int>(n & 31);
-  return (n & ~int64_t{31}) + 8 * ((q >> 1) & 3) + 2 * (q >> 3) + (q & 1);
-}
-
 // ---- the GEMM ------------------------------------------------------------------------------
 struct GemmArgs {
   const uint32_t* weights;  // [E, K/16, N*2] Marlin int4 words
@@ -177,28 +165,29 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// k-tiles each warp keeps in flight: per lane one 16-byte weight vector and its four A words per
-// stage, 1 KiB per warp-stage; 6 stages x 8 warps = 48 KiB of shared memory, the default limit.
-constexpr int kStages = 6;
-constexpr int kStageBytes = 2 * 32 * 16;
-
-template <int BM, int WT, int WK>
-constexpr int gemm_shared_bytes() {
-  constexpr int ring = (kThreads / 32) * kStages * kStageBytes;
-  constexpr int reduce = WK * BM * (WT * kTileN + 4) * 4;
-  return ring > reduce ? ring : reduce;
+// Shared memory per block: the per-warp cp.async rings, later reused for the split-K reduction.
+constexpr int kSharedBytes = 48 * 1024;  // the default limit: no opt-in attribute needed
+// Stages per warp: per lane and stage one 16-byte weight vector and 16 bytes of A words per m16
+// tile (MT tiles), so 6 stages for one m-tile, 4 for two.
+template <int MT>
+constexpr int ring_stages() {
+  return kSharedBytes / ((kThreads / 32) * 32 * 16 * (1 + MT));
 }
 
-// Block tile: BM rows of one expert x 64 output columns (gated: 64 of gate and the 64 matching up
-// columns, so the activation is applied in the epilogue). Warps split the block as
-// WM (m16 tiles) x WT (weight tiles: 2 gated, 1 otherwise) x WK (split-K), WM*WT*WK = 8.
-// Each warp streams its k-tiles through a kStages-deep cp.async ring (weights and A fragments),
-// so the memory system always has kStages-1 tiles per warp in flight.
-template <class T, int BM, int WT, int WK, bool kFirst>
+// Block tile: BM = 16*WM*MT rows of one expert x 64 output columns (gated: 64 of gate and the 64
+// matching up columns, so the activation is applied in the epilogue). Warps split the block as
+// WM (row slices of MT m16 tiles) x WT (weight tiles: 2 gated, 1 otherwise) x WK (split-K),
+// WM*WT*WK = 8. A warp decodes each weight fragment once and feeds it to its MT m-tiles. Each
+// warp streams its k-tiles through a cp.async ring (weights and A fragments), so the memory
+// system always has stages-1 tiles per warp in flight; addresses advance by increments only.
+template <class T, int BM, int MT, int WT, int WK, bool kFirst>
 __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
-  constexpr int WM = BM / 16;
+  constexpr int WM = BM / (16 * MT);
   static_assert(WM * WT * WK == kThreads / 32, "8 warps");
+  constexpr int kStages = ring_stages<MT>();
+  constexpr int kStageVec = 32 * (1 + MT);  // uint4 per warp-stage
   constexpr int kRowPad = WT * kTileN + 4;  // floats per reduction row (+4: fewer bank conflicts)
+  static_assert(BM * kRowPad * 4 <= kSharedBytes, "reduction fits");
   extern __shared__ uint4 smem_gemm[];
 
   const int block = blockIdx.x;
@@ -215,124 +204,180 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
   const int64_t n_tiles = args.n / kTileN;
   const int64_t nt = blockIdx.y + (WT == 2 ? wt * (n_tiles / 2) : 0);
   const int64_t k_tiles = args.k / 16;
-  const uint4* wtiles = reinterpret_cast<const uint4*>(args.weights) +
-                        static_cast<int64_t>(expert) * k_tiles * n_tiles * 32 + nt * 32 + lane;
-  const uint16_t* scales = args.scales + static_cast<int64_t>(expert) * args.groups * args.n;
+  const int ckt = args.chunk_k_tiles;
+  const int chunks = static_cast<int>(k_tiles / ckt);
+  const int row0 = wm * MT * 16;
+  const bool any_rows = row0 < rows;
+  const int my_chunks = any_rows && wk < chunks ? (chunks - wk + WK - 1) / WK : 0;
+  const int my_tiles = my_chunks * ckt;
 
-  // The two A rows of this lane (fragment rows g and g+8 of the warp's m16 tile).
-  const int r0 = wm * 16 + g, r1 = r0 + 8;
-  const bool any_rows = wm * 16 < rows;
-  auto row_ptr = [&](int r) -> const uint16_t* {
+  // Issue cursor over this warp's tiles: chunks wk, wk + WK, ... (one group or less each).
+  const int64_t w_step = n_tiles * 32;  // uint4 per k-tile row of tiles
+  const uint4* issue_w = reinterpret_cast<const uint4*>(args.weights) +
+                         static_cast<int64_t>(expert) * k_tiles * w_step + nt * 32 + lane +
+                         static_cast<int64_t>(wk) * ckt * w_step;
+  const int64_t w_skip = static_cast<int64_t>(WK - 1) * ckt * w_step;
+  const int64_t a_skip = static_cast<int64_t>(WK - 1) * ckt * 16;
+  const uint16_t* issue_a[2 * MT];  // rows g and g+8 of each m-tile
+#pragma unroll
+  for (int q = 0; q < 2 * MT; ++q) {
+    const int r = row0 + (q >> 1) * 16 + g + 8 * (q & 1);
     const int rr = r < rows ? r : 0;  // rows past the expert's end read row 0, never stored
     const int32_t pos = first + rr;
     const int64_t src = kFirst ? args.sorted_rows[pos] / args.top_k : pos;
-    return args.a + src * args.k;
-  };
-  const uint16_t* a0 = row_ptr(r0);
-  const uint16_t* a1 = row_ptr(r1);
-
-  float acc[8][4];
+    issue_a[q] = args.a + src * args.k + static_cast<int64_t>(wk) * ckt * 16 + 2 * c;
+  }
+  uint4* ring = smem_gemm + warp * kStages * kStageVec;
+  int issue_t = 0, issue_slot = 0;
+  auto issue = [&]() {
+    uint4* stage = ring + issue_slot * kStageVec;
+    copy_async_16(stage + lane, issue_w);
 #pragma unroll
-  for (int s = 0; s < 8; ++s)
+    for (int m = 0; m < MT; ++m) {
+      uint32_t* a = reinterpret_cast<uint32_t*>(stage + 32 * (1 + m) + lane);
+      copy_async_4(a + 0, issue_a[2 * m]);
+      copy_async_4(a + 1, issue_a[2 * m + 1]);
+      copy_async_4(a + 2, issue_a[2 * m] + 8);
+      copy_async_4(a + 3, issue_a[2 * m + 1] + 8);
+    }
+    issue_w += w_step;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[s][i] = 0.f;
-
-  // This warp's k-tiles: chunks wk, wk + WK, ... of chunk_k_tiles tiles each (one group per chunk).
-  const int ckt = args.chunk_k_tiles;
-  const int chunks = static_cast<int>(k_tiles / ckt);
-  const int my_tiles = any_rows && wk < chunks ? ((chunks - wk + WK - 1) / WK) * ckt : 0;
-  uint4* ring = smem_gemm + warp * kStages * (kStageBytes / 16);
-  auto tile_of = [&](int i) { return static_cast<int64_t>(wk + (i / ckt) * WK) * ckt + i % ckt; };
-  auto issue = [&](int i) {
-    uint4* stage = ring + (i % kStages) * (kStageBytes / 16);
-    const int64_t kt = tile_of(i);
-    copy_async_16(stage + lane, wtiles + kt * n_tiles * 32);
-    uint32_t* a = reinterpret_cast<uint32_t*>(stage + 32 + lane);
-    const int64_t kc = kt * 16 + 2 * c;
-    copy_async_4(a + 0, a0 + kc);
-    copy_async_4(a + 1, a1 + kc);
-    copy_async_4(a + 2, a0 + kc + 8);
-    copy_async_4(a + 3, a1 + kc + 8);
+    for (int q = 0; q < 2 * MT; ++q) issue_a[q] += 16;
+    if (++issue_t == ckt) {
+      issue_t = 0;
+      issue_w += w_skip;
+#pragma unroll
+      for (int q = 0; q < 2 * MT; ++q) issue_a[q] += a_skip;
+    }
+    issue_slot = issue_slot + 1 == kStages ? 0 : issue_slot + 1;
   };
+  int issued = 0;
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < my_tiles) issue(i);
+    if (issued < my_tiles) {
+      issue();
+      ++issued;
+    }
     copy_async_commit();
   }
 
-  float part[8][4];
-  uint16_t sc[16];
-  for (int i = 0; i < my_tiles; ++i) {
-    copy_async_wait<kStages - 2>();  // tile i has landed (this lane's copies)
-    if (i + kStages - 1 < my_tiles) issue(i + kStages - 1);  // into the slot tile i-1 used
-    copy_async_commit();
-    const uint4* stage = ring + (i % kStages) * (kStageBytes / 16);
-    const uint4 wv = stage[lane];
-    const uint4 av4 = stage[32 + lane];
-    const uint32_t av[4] = {av4.x, av4.y, av4.z, av4.w};
-    if (i % ckt == 0) {
+  float acc[MT][8][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.f;
+
+  // Scale of logical column nt*64 + 8s + 2c (+1) in a permuted row (inverse of marlin_layout.h's
+  // scale_perm_*_src): grouped 64-chunks 8x8-transposed put it at nt*64 + 16c + s (+8); single
+  // 32-chunks at nt*64 + 32(s/4) + 8c + 2(s%4) (+1).
+  const uint16_t* scales = args.scales + static_cast<int64_t>(expert) * args.groups * args.n +
+                           nt * kTileN + (args.scales_grouped ? 16 * c : 8 * c);
+  int slot = 0;
+  for (int ch = 0; ch < my_chunks; ++ch) {
+    const int64_t kt0 = static_cast<int64_t>(wk + ch * WK) * ckt;
+    const int group = args.groups == 1 ? 0 : static_cast<int>(kt0 / args.group_k_tiles);
+    const uint16_t* srow = scales + static_cast<int64_t>(group) * args.n;
+    uint16_t sc[16];  // loaded now, used after the chunk's last tile
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int off = args.scales_grouped ? s : 32 * (s >> 2) + 2 * (s & 3);
+      const int next = args.scales_grouped ? 8 : 1;
+      sc[2 * s] = __ldg(srow + off);
+      sc[2 * s + 1] = __ldg(srow + off + next);
+    }
+    float part[MT][8][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int s = 0; s < 8; ++s)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) part[s][q] = 0.f;
-      // The chunk's scales, loaded now and used after its last tile.
-      const int64_t kt0 = tile_of(i);
-      const int group = args.groups == 1 ? 0 : static_cast<int>(kt0 / args.group_k_tiles);
-      const uint16_t* srow = scales + static_cast<int64_t>(group) * args.n;
+        for (int q = 0; q < 4; ++q) part[m][s][q] = 0.f;
+    for (int t = 0; t < ckt; ++t) {
+      copy_async_wait<kStages - 2>();  // the oldest tile has landed (this lane's copies)
+      if (issued < my_tiles) {         // into the slot the previous tile used
+        issue();
+        ++issued;
+      }
+      copy_async_commit();
+      const uint4* stage = ring + slot * kStageVec;
+      slot = slot + 1 == kStages ? 0 : slot + 1;
+      const uint4 wv = stage[lane];
+      uint32_t av[MT][4];
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const int64_t col = nt * kTileN + 8 * s + 2 * c;
-        sc[2 * s] = __ldg(srow + scale_position(col, args.scales_grouped));
-        sc[2 * s + 1] = __ldg(srow + scale_position(col + 1, args.scales_grouped));
+      for (int m = 0; m < MT; ++m) {
+        const uint4 v = stage[32 * (1 + m) + lane];
+        av[m][0] = v.x;
+        av[m][1] = v.y;
+        av[m][2] = v.z;
+        av[m][3] = v.w;
+      }
+      const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // Left n8 half of sub-tile j: fields (0,4) and (1,5); right half (2,6) and (3,7).
+        const uint32_t l0 = decode_pair<T>(words[j], 0), l1 = decode_pair<T>(words[j], 4);
+        const uint32_t r0 = decode_pair<T>(words[j], 8), r1 = decode_pair<T>(words[j], 12);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          Act<T>::mma(part[m][2 * j], av[m], l0, l1);
+          Act<T>::mma(part[m][2 * j + 1], av[m], r0, r1);
+        }
       }
     }
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+    // Apply the group's scales in fp32 (chunk_k_tiles divides the group).
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // Left n8 half of sub-tile j: fields (0,4) and (1,5); right half (2,6) and (3,7).
-      Act<T>::mma(part[2 * j], av, decode_pair<T>(words[j], 0), decode_pair<T>(words[j], 4));
-      Act<T>::mma(part[2 * j + 1], av, decode_pair<T>(words[j], 8), decode_pair<T>(words[j], 12));
-    }
-    if (i % ckt == ckt - 1) {
-      // Apply the group's scales in fp32 (chunk_k_tiles divides the group).
+    for (int s = 0; s < 8; ++s) {
+      const float s0 = Act<T>::to_float(sc[2 * s]), s1 = Act<T>::to_float(sc[2 * s + 1]);
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const float s0 = Act<T>::to_float(sc[2 * s]), s1 = Act<T>::to_float(sc[2 * s + 1]);
-        acc[s][0] += part[s][0] * s0;
-        acc[s][1] += part[s][1] * s1;
-        acc[s][2] += part[s][2] * s0;
-        acc[s][3] += part[s][3] * s1;
+      for (int m = 0; m < MT; ++m) {
+        acc[m][s][0] += part[m][s][0] * s0;
+        acc[m][s][1] += part[m][s][1] * s1;
+        acc[m][s][2] += part[m][s][2] * s0;
+        acc[m][s][3] += part[m][s][3] * s1;
       }
     }
   }
   copy_async_wait<0>();
   __syncthreads();  // every warp is done with its ring: the reduction reuses the memory
 
-  // Split-K reduction and the epilogue through shared memory: C fragment (g, 2c..2c+1) of n8
-  // sub-tile s, rows g and g+8.
-  float(*red)[BM][kRowPad] = reinterpret_cast<float(*)[BM][kRowPad]>(smem_gemm);
+  // Split-K reduction through shared memory, one k-slice after the other (the buffer holds one
+  // [BM][WT*64] tile): C fragment (g, 2c..2c+1) of n8 sub-tile s, rows g and g+8.
+  float(*red)[kRowPad] = reinterpret_cast<float(*)[kRowPad]>(smem_gemm);
+#pragma unroll 1
+  for (int w = 0; w < WK; ++w) {
+    if (wk == w) {
 #pragma unroll
-  for (int s = 0; s < 8; ++s) {
-    const int col = wt * kTileN + 8 * s + 2 * c;
-    red[wk][wm * 16 + g][col] = acc[s][0];
-    red[wk][wm * 16 + g][col + 1] = acc[s][1];
-    red[wk][wm * 16 + g + 8][col] = acc[s][2];
-    red[wk][wm * 16 + g + 8][col + 1] = acc[s][3];
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          const int col = wt * kTileN + 8 * s + 2 * c;
+          const int r = row0 + m * 16 + g;
+          if (w == 0) {
+            red[r][col] = acc[m][s][0];
+            red[r][col + 1] = acc[m][s][1];
+            red[r + 8][col] = acc[m][s][2];
+            red[r + 8][col + 1] = acc[m][s][3];
+          } else {
+            red[r][col] += acc[m][s][0];
+            red[r][col + 1] += acc[m][s][1];
+            red[r + 8][col] += acc[m][s][2];
+            red[r + 8][col + 1] += acc[m][s][3];
+          }
+        }
+    }
+    __syncthreads();
   }
-  __syncthreads();
   for (int i = threadIdx.x; i < BM * kTileN; i += kThreads) {
     const int r = i / kTileN, col = i % kTileN;
     if (r >= rows) continue;
-    float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-    for (int w = 0; w < WK; ++w) {
-      v0 += red[w][r][col];
-      if (WT == 2) v1 += red[w][r][kTileN + col];
-    }
+    const float v0 = red[r][col];
     const int32_t pos = first + r;
     if (kFirst) {
       float hv;
       if (args.gated) {
+        const float v1 = red[r][kTileN + col];
         hv = v0 / (1.f + expf(-v0)) * v1;  // silu(gate) * up
       } else {
         const float relu = v0 > 0.f ? v0 : 0.f;

@@ -74,24 +74,27 @@ mm::GemmArgs gemm_args(const uint32_t* w, const uint16_t* s, int64_t groups, int
   return a;
 }
 
-template <class T, int BM, int WT, int WK, bool kFirst>
+template <class T, int BM, int MT, int WT, int WK, bool kFirst>
 void launch_gemm(dim3 grid, const mm::GemmArgs& args, cudaStream_t stream) {
-  mm::marlin_moe_gemm<T, BM, WT, WK, kFirst>
-      <<<grid, mm::kThreads, mm::gemm_shared_bytes<BM, WT, WK>(), stream>>>(args);
+  mm::marlin_moe_gemm<T, BM, MT, WT, WK, kFirst>
+      <<<grid, mm::kThreads, mm::kSharedBytes, stream>>>(args);
 }
 
+// Decode (BM 16): one m16 tile, warps split K (gated: 4 k-slices x gate/up). Prefill (BM 64):
+// two m16 tiles per warp sharing each decoded weight fragment, 2 row slices.
 template <class T, int BM>
 cudaError_t launch_gemms(const MarlinMoeLayer& layer, mm::GemmArgs g1, mm::GemmArgs g2, int64_t nb,
                          cudaStream_t stream) {
-  constexpr int WM = BM / 16;
+  constexpr int MT = BM == 16 ? 1 : 2;
+  constexpr int WM = BM / (16 * MT);
   const dim3 grid1(static_cast<unsigned>(nb), static_cast<unsigned>(layer.inter / mm::kTileN));
   if (layer.gated)
-    launch_gemm<T, BM, 2, 8 / (WM * 2), true>(grid1, g1, stream);
+    launch_gemm<T, BM, MT, 2, 8 / (WM * 2), true>(grid1, g1, stream);
   else
-    launch_gemm<T, BM, 1, 8 / WM, true>(grid1, g1, stream);
+    launch_gemm<T, BM, MT, 1, 8 / WM, true>(grid1, g1, stream);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const dim3 grid2(static_cast<unsigned>(nb), static_cast<unsigned>(layer.hidden / mm::kTileN));
-  launch_gemm<T, BM, 1, 8 / WM, false>(grid2, g2, stream);
+  launch_gemm<T, BM, MT, 1, 8 / WM, false>(grid2, g2, stream);
   return cudaGetLastError();
 }
 
