@@ -86,6 +86,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--tokens", default="1,4,16,64,256,4096")
+    ap.add_argument("--profile", default="",
+                    help="write per-kernel device times (torch.profiler, eager calls) here")
     args = ap.parse_args()
     assert args.iters >= 50
 
@@ -95,7 +97,8 @@ def main():
     lib.moepack_marlin_moe_forward.restype = ctypes.c_int
     lib.moepack_marlin_moe_forward.argtypes = (
         [ctypes.c_int64] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 7 + [ctypes.c_int64,
-        ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+        ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+        ctypes.c_int32])
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -141,11 +144,12 @@ def main():
         ws_bytes = lib.moepack_marlin_moe_workspace_bytes(E, H, I, T, K)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev)
 
-        def marlin():
+        def marlin(block_rows=0):
             err = lib.moepack_marlin_moe_forward(
                 E, H, I, G13, G2, 1, 1, w13.data_ptr(), s13.data_ptr(), w2.data_ptr(),
                 s2.data_ptr(), x.data_ptr(), ids.data_ptr(), tw.data_ptr(), T, K,
-                out.data_ptr(), ws.data_ptr(), ws_bytes, torch.cuda.current_stream().cuda_stream)
+                out.data_ptr(), ws.data_ptr(), ws_bytes, torch.cuda.current_stream().cuda_stream,
+                block_rows)
             if err != 0:
                 raise RuntimeError(f"moepack_marlin_moe_forward: cudaError {err}")
 
@@ -208,6 +212,21 @@ def main():
                      f"{t_marlin / floor_us:.2f} | {t_torch:.1f} | {rf} | {rv} | {rt} | "
                      f"{verdict} ({t_marlin / rv:.2f}x) |")
         print(lines[-1], flush=True)
+        if args.profile:
+            # Both block shapes, whatever the launcher picks (the crossover is tuned from this).
+            forced = {bm: timed_graph(lambda bm=bm: marlin(bm), flush, args.iters) for bm in (16, 64)}
+            with open(args.profile, "a") as f:
+                f.write(f"== {T} tokens: block_rows 16: {forced[16]:.1f} us, "
+                        f"64: {forced[64]:.1f} us\n")
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    flush.zero_()
+                    marlin()
+                torch.cuda.synchronize()
+            with open(args.profile, "a") as f:
+                f.write(f"== {T} tokens: 10 eager calls, L2 flushed before each\n")
+                f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8) + "\n")
         if not torch.isfinite(out).all():
             raise RuntimeError(f"non-finite kernel output at {T} tokens")
 

@@ -23,4 +23,4 @@ cuobjdump --dump-resource-usage build-gpu/bin/libmoepack_marlin_moe_bench.so 2>&
   grep -E "Function|REG|STACK" | head -60 > "$OUT/resource_usage.txt"
 build-gpu/bin/test_cuda_marlin_moe_cuda 2>&1 | tee "$OUT/test_marlin_moe.txt" | tail -25
 python3 bench/bench_marlin_moe.py --lib build-gpu/bin/libmoepack_marlin_moe_bench.so \
-  --out "$OUT/bench_marlin_moe.md" 2>&1 | tee "$OUT/bench_marlin_moe.txt" | tail -12
+  --out "$OUT/bench_marlin_moe.md" --profile "$OUT/bench_marlin_moe_profile.txt" 2>&1 | tee "$OUT/bench_marlin_moe.txt" | tail -12

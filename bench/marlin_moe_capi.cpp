@@ -38,15 +38,16 @@ size_t moepack_marlin_moe_workspace_bytes(int64_t experts, int64_t hidden, int64
 }
 
 // Returns a cudaError_t (0 = success); enqueues on `stream` without synchronising.
+// block_rows: 0 = the launcher's choice, 16 or 64 forced.
 int moepack_marlin_moe_forward(int64_t experts, int64_t hidden, int64_t inter, int64_t groups13,
                                int64_t groups2, int gated, int bf16, const void* w13,
                                const void* s13, const void* w2, const void* s2, const void* x,
                                const int32_t* topk_ids, const float* topk_weights, int64_t tokens,
                                int32_t top_k, float* out, void* workspace, size_t workspace_bytes,
-                               void* stream) {
+                               void* stream, int32_t block_rows) {
   const auto l = layer_of(experts, hidden, inter, groups13, groups2, gated, bf16, w13, s13, w2, s2);
   return moepack::kernels::marlin_moe_forward(l, x, topk_ids, topk_weights, tokens, top_k, out,
-                                              workspace, workspace_bytes, stream);
+                                              workspace, workspace_bytes, stream, block_rows);
 }
 
 }  // extern "C"

@@ -36,9 +36,12 @@ size_t marlin_moe_workspace_bytes(const MarlinMoeLayer& layer, int64_t tokens, i
 // out[t, :] = sum_s topk_weights[t, s] * expert_{topk_ids[t, s]}(x[t, :]) in fp32, [tokens, H].
 // x: [tokens, H] in the activation dtype; topk_ids int32 / topk_weights fp32 [tokens, top_k].
 // Enqueues four kernels on `stream` (a cudaStream_t), no host synchronisation, capturable in a
-// CUDA graph. Returns a cudaError_t (0 = success) of the launches.
+// CUDA graph. Returns a cudaError_t (0 = success) of the launches. block_rows: 0 picks the
+// block shape from the rows per expert (16 up to 16 rows per expert on average, else 64); 16 or
+// 64 force one (the benchmark measures both around the crossover).
 int marlin_moe_forward(const MarlinMoeLayer& layer, const void* x, const int32_t* topk_ids,
                        const float* topk_weights, int64_t tokens, int32_t top_k, float* out,
-                       void* workspace, size_t workspace_bytes, void* stream);
+                       void* workspace, size_t workspace_bytes, void* stream,
+                       int32_t block_rows = 0);
 
 }  // namespace moepack::kernels

@@ -118,14 +118,16 @@ size_t marlin_moe_workspace_bytes(const MarlinMoeLayer& layer, int64_t tokens, i
 
 int marlin_moe_forward(const MarlinMoeLayer& layer, const void* x, const int32_t* topk_ids,
                        const float* topk_weights, int64_t tokens, int32_t top_k, float* out,
-                       void* workspace, size_t workspace_bytes, void* stream_ptr) {
+                       void* workspace, size_t workspace_bytes, void* stream_ptr,
+                       int32_t block_rows) {
   if (marlin_moe_unsupported(layer) || tokens < 0 || top_k <= 0) return cudaErrorInvalidValue;
+  if (block_rows != 0 && block_rows != 16 && block_rows != 64) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   const int64_t rows = tokens * top_k;
   const Workspace ws = carve(workspace, layer, rows);
   if (ws.bytes > workspace_bytes || workspace == nullptr) return cudaErrorInvalidValue;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const int bm = block_rows_for(rows, layer.experts);
+  const int bm = block_rows ? block_rows : block_rows_for(rows, layer.experts);
   const int64_t nb = max_blocks(rows, layer.experts, bm);
 
   mm::marlin_moe_align<<<1, 1024, 2 * sizeof(int32_t) * layer.experts, stream>>>(
