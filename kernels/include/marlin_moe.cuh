@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "formats/layout/marlin_fragment.h"
+
 namespace moepack::kernels::marlin_moe {
 
 constexpr int kThreads = 256;  // 8 warps per block
@@ -269,11 +271,11 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.f;
 
-  // Scale of logical column nt*64 + 8s + 2c (+1) in a permuted row (inverse of marlin_layout.h's
-  // scale_perm_*_src): grouped 64-chunks 8x8-transposed put it at nt*64 + 16c + s (+8); single
-  // 32-chunks at nt*64 + 32(s/4) + 8c + 2(s%4) (+1).
-  const uint16_t* scales = args.scales + static_cast<int64_t>(expert) * args.groups * args.n +
-                           nt * kTileN + (args.scales_grouped ? 16 * c : 8 * c);
+  // Scales of this lane's accumulator columns: marlin::fragment_scale_offset (closed-form inverse
+  // of the grouped / single scale permutations).
+  const uint16_t* scales =
+      args.scales + static_cast<int64_t>(expert) * args.groups * args.n + nt * kTileN;
+  const int scale_next = marlin::fragment_scale_next(args.scales_grouped);
   int slot = 0;
   for (int ch = 0; ch < my_chunks; ++ch) {
     const int64_t kt0 = static_cast<int64_t>(wk + ch * WK) * ckt;
@@ -282,10 +284,9 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
     uint16_t sc[16];  // loaded now, used after the chunk's last tile
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int off = args.scales_grouped ? s : 32 * (s >> 2) + 2 * (s & 3);
-      const int next = args.scales_grouped ? 8 : 1;
+      const int off = marlin::fragment_scale_offset(args.scales_grouped, s, c);
       sc[2 * s] = __ldg(srow + off);
-      sc[2 * s + 1] = __ldg(srow + off + next);
+      sc[2 * s + 1] = __ldg(srow + off + scale_next);
     }
     float part[MT][8][4];
 #pragma unroll
@@ -317,8 +318,10 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         // Left n8 half of sub-tile j: fields (0,4) and (1,5); right half (2,6) and (3,7).
-        const uint32_t l0 = decode_pair<T>(words[j], 0), l1 = decode_pair<T>(words[j], 4);
-        const uint32_t r0 = decode_pair<T>(words[j], 8), r1 = decode_pair<T>(words[j], 12);
+        const uint32_t l0 = decode_pair<T>(words[j], marlin::b_fragment_shift(0, 0));
+        const uint32_t l1 = decode_pair<T>(words[j], marlin::b_fragment_shift(0, 1));
+        const uint32_t r0 = decode_pair<T>(words[j], marlin::b_fragment_shift(1, 0));
+        const uint32_t r1 = decode_pair<T>(words[j], marlin::b_fragment_shift(1, 1));
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           Act<T>::mma(part[m][2 * j], av[m], l0, l1);

@@ -4,6 +4,8 @@
 // standalone benchmark library can link it.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/include/marlin_moe.cuh"
 #include "kernels/include/marlin_moe_launch.h"
 
@@ -124,6 +126,7 @@ int marlin_moe_forward(const MarlinMoeLayer& layer, const void* x, const int32_t
   if (block_rows != 0 && block_rows != 16 && block_rows != 64) return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;
   const int64_t rows = tokens * top_k;
+  if (rows > INT32_MAX / 2) return cudaErrorInvalidValue;  // row indices and block lists are int32
   const Workspace ws = carve(workspace, layer, rows);
   if (ws.bytes > workspace_bytes || workspace == nullptr) return cudaErrorInvalidValue;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
