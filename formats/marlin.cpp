@@ -727,6 +727,36 @@ std::vector<int32_t> read_sort(const ProjView& v, int64_t e, const std::string& 
 
 }  // namespace
 
+MarlinLayerView marlin_read_layer(const LayoutOptions& opts, const TensorMap& params) {
+  const LayerView L = read_layer(opts, params);
+  MarlinLayerView out;
+  out.experts = L.p[0].E;
+  out.hidden = L.H;
+  out.inter = L.I;
+  out.group_size = L.group_size;
+  out.bits = L.bits;
+  for (int i = 0; i < 2; ++i) {
+    const ProjView& v = L.p[i];
+    MarlinLayerView::Proj& p = out.proj[i];
+    p.names = v.names;
+    p.n = v.N;
+    p.k = v.K;
+    p.groups = v.G;
+    p.act_order = v.act_order;
+    p.zero_points = v.qzeros != nullptr;
+    if (!v.act_order) continue;
+    for (int64_t e = 0; e < v.E; ++e) {
+      read_sort(v, e, opts.prefix + v.names.sort_indices);
+      const int32_t* gs = v.g_idx->as<int32_t>() + e * v.K;
+      for (int64_t k = 0; k < v.K; ++k)
+        if (gs[k] < 0 || gs[k] >= v.G)
+          throw Error(ErrorCode::kBadValue, "", opts.prefix + v.names.g_idx,
+                      "g_idx[" + num(k) + "] = " + num(gs[k]) + " outside [0, " + num(v.G) + ")");
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // Every parameter decoded, padding included; `rule_inter` is the I the scale rule was given.

@@ -44,6 +44,21 @@ struct MarlinParamNames {
 };
 MarlinParamNames marlin_param_names(QuantMethod source_method, MoeProj proj);
 
+// The layer as read_layer validates it for unpack and expert_matmul (same errors), with the
+// act-order parameters of every expert checked as expert_matmul checks one (sort indices a
+// permutation, sorted g_idx inside [0, G)): what the GPU readers (formats/moe_reader.h) need.
+struct MarlinLayerView {
+  struct Proj {
+    MarlinParamNames names;            // without opts.prefix
+    int64_t n = 0, k = 0, groups = 0;  // as the parameters carry them (padded I included)
+    bool act_order = false, zero_points = false;
+  };
+  Proj proj[2];  // w13, w2
+  int64_t experts = 0, hidden = 0, inter = 0, group_size = -1;
+  int bits = 4;
+};
+MarlinLayerView marlin_read_layer(const LayoutOptions& opts, const TensorMap& params_by_name);
+
 // Scale permutation choice for one projection (§4.2-4.3). Kernel rule: grouped iff the
 // projection has more than one group and not a8. With opts.vllm_w13_scale_size_k, vLLM's loader
 // rule: grouped iff group_size != -1, group_size < size_k (the size_k vLLM passes for this

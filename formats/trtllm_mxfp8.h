@@ -15,7 +15,7 @@
 #pragma once
 
 #include "formats/codec.h"
-#include "formats/layout/hd.h"
+#include "formats/layout/trtllm_layout.h"
 
 namespace moepack {
 
@@ -33,16 +33,9 @@ std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions& 
 std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& opts,
                                                           const MoeShape& shape);
 
-// Byte offset of scale (m, k) of an [R, cols] matrix in the 128x4 interleaved buffer
-// (FlashInfer get_sf_out_offset_128x4 / computeSFIndex(SWIZZLED_128x4), unpadded case).
-MOEPACK_HD int64_t scale_128x4_offset(int64_t m, int64_t k, int64_t cols) {
-  return ((m / 128) * (cols / 4) + k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
-}
-// shuffle_matrix_a's source row for output row r with B-row blocks (B = 32 or 16).
-MOEPACK_HD int64_t shuffle_a_src_row(int64_t r, int64_t block) {
-  const int64_t w = r % block;
-  return (r - w) + (w % 8) * (block / 8) + w / 8;
-}
+// The index maps (formats/layout/trtllm_layout.h), under their old names.
+using trtllm::scale_128x4_offset;
+using trtllm::shuffle_a_src_row;
 
 // Row maps as data (out[r] = in[src[r]]); inverses via invert_permutation.
 std::vector<int32_t> shuffle_matrix_a_rows(int64_t rows, int epilogue_tile_m);

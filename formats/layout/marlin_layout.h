@@ -59,6 +59,34 @@ MOEPACK_HD void word_field_coords(int bits, bool a8, int64_t kt, int64_t nt, int
   }
 }
 
+// Inverse of word_field_coords: the word r (within its tile) and field f holding Q[k, n]; the
+// tile is (k / tile_k, n / tile_n). Read-side map of the GPU readers (formats/layout/moe_reader.h).
+MOEPACK_HD void word_field_of(int bits, bool a8, int64_t k, int64_t n, int* r, int* f) {
+  if (!a8) {
+    const int kr = static_cast<int>(k & 15), nr = static_cast<int>(n & 63);
+    const int j = nr >> 4, rem = nr & 15;
+    const int t = ((rem & 7) << 2) | ((kr & 7) >> 1);
+    if (bits == 4) {
+      *f = (kr >> 3) | ((rem >> 3) << 1) | ((kr & 1) << 2);
+      *r = (t << 2) | j;
+    } else {
+      *f = (kr >> 3) | ((kr & 1) << 1);
+      *r = (t << 3) | (j << 1) | (rem >> 3);
+    }
+  } else {
+    const int kr = static_cast<int>(k & 31), nr = static_cast<int>(n & 31);
+    const int j = nr >> 4, rem = nr & 15;
+    const int t = ((rem & 7) << 2) | ((kr & 15) >> 2);
+    if (bits == 4) {
+      *f = (kr >> 4) | ((kr & 3) << 1);
+      *r = (t << 2) | (j << 1) | (rem >> 3);
+    } else {
+      *f = kr & 3;
+      *r = (t << 3) | (j << 2) | ((rem >> 3) << 1) | (kr >> 4);
+    }
+  }
+}
+
 // ---- Scale and zero-point permutations (spec §4.1, §5.1) -------------------------------------
 // Each is a gather inside fixed-size chunks of the row-major flattened [G, N] tensor:
 // out[chunk*C + i] = in[chunk*C + src(i)]. Source: get_scale_perms / marlin_zero_points in
@@ -81,6 +109,17 @@ MOEPACK_HD int scale_perm_src(bool grouped, int i) {
   return grouped ? scale_perm_grouped_src(i) : scale_perm_single_src(i);
 }
 
+// Inverses (read side): the position inside its chunk where entry i of the logical chunk lands.
+MOEPACK_HD int scale_perm_grouped_dst(int i) {
+  return scale_perm_grouped_src(i);  // an 8x8 transpose is its own inverse
+}
+MOEPACK_HD int scale_perm_single_dst(int i) {
+  return 8 * ((i >> 1) & 3) + 2 * (i >> 3) + (i & 1);
+}
+MOEPACK_HD int scale_perm_dst(bool grouped, int i) {
+  return grouped ? scale_perm_grouped_dst(i) : scale_perm_single_dst(i);
+}
+
 // Field interleave inside one pf-run: int4 (0,2,4,6,1,3,5,7), int8 (0,2,1,3); out[j] = in[P[j]].
 MOEPACK_HD int interleave_src(int bits, int j) {
   const int half = pack_factor(bits) / 2;
@@ -94,6 +133,14 @@ MOEPACK_HD int zero_point_src(int bits, bool a8, int x) {
   const int pf = pack_factor(bits);
   const int y = a8 ? x : pf * (x / pf) + interleave_src(bits, x % pf);
   return scale_perm_grouped_src(y);
+}
+
+// Inverse of zero_point_src: the position inside its 64-chunk of logical zero point i.
+MOEPACK_HD int zero_point_dst(int bits, bool a8, int i) {
+  const int y = scale_perm_grouped_dst(i);
+  if (a8) return y;
+  const int pf = pack_factor(bits), half = pf / 2, j = y % pf;
+  return pf * (y / pf) + ((j & 1) ? half + (j >> 1) : (j >> 1));
 }
 
 }  // namespace moepack::marlin

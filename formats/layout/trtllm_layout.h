@@ -1,0 +1,28 @@
+// FlashInfer TRT-LLM-Gen layout index maps shared by formats/trtllm_*.cpp and the GPU readers
+// (formats/layout/moe_reader.h): the 128x4 scale swizzle and shuffle_matrix_a's row map
+// (spec/mxfp8_trtllm.md §3.3-3.4). Raw integers only.
+#pragma once
+
+#include <cstdint>
+
+#include "formats/layout/hd.h"
+
+namespace moepack::trtllm {
+
+// Byte offset of scale (m, k) of an [R, cols] matrix in the 128x4 interleaved buffer
+// (FlashInfer get_sf_out_offset_128x4 / computeSFIndex(SWIZZLED_128x4), unpadded case).
+MOEPACK_HD int64_t scale_128x4_offset(int64_t m, int64_t k, int64_t cols) {
+  return ((m / 128) * (cols / 4) + k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+}
+// shuffle_matrix_a's source row for output row r with B-row blocks (B = 32 or 16).
+MOEPACK_HD int64_t shuffle_a_src_row(int64_t r, int64_t block) {
+  const int64_t w = r % block;
+  return (r - w) + (w % 8) * (block / 8) + w / 8;
+}
+// Its inverse: the output row that source row s lands in.
+MOEPACK_HD int64_t shuffle_a_dst_row(int64_t s, int64_t block) {
+  const int64_t v = s % block, per = block / 8;
+  return (s - v) + (v % per) * 8 + v / per;
+}
+
+}  // namespace moepack::trtllm

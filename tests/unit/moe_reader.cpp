@@ -1,0 +1,660 @@
+// The GPU layout readers (formats/layout/moe_reader.h) proven on the CPU:
+//   - the MOEPACK_HD float codecs equal the host ones (every 8- and 16-bit code; float inputs
+//     around every rounding boundary);
+//   - the inverse index maps invert the layouts' forward maps;
+//   - for every target layout x every codec x option the registry suite draws (plus the Marlin
+//     a8, padded-intermediate and vLLM-scale-rule options), weight(r, e, n, kk) equals the
+//     canonical dequantisation of unpack at act_col(r, e, kk) bit for bit, and a row's sum of
+//     weight * x[act_col] equals the layout's expert_matmul within fp32 summation-order tolerance;
+//   - the canonical reader equals dequantize_expert exactly;
+//   - a mutated byte of the packed layout changes exactly the element the layout map says;
+//   - quantize_activation_row equals an independent statement of each ActQuant rule, on edge rows.
+#include "formats/moe_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "core/half.h"
+#include "formats/fp8.h"
+#include "formats/layout/marlin_layout.h"
+#include "formats/layout/trtllm_layout.h"
+#include "formats/marlin.h"
+#include "formats/mxfp8.h"
+#include "tests/test_util.h"
+
+namespace moepack {
+namespace {
+
+using reader::ActQuant;
+using reader::ProjReader;
+using test::Rng;
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Bit equality, any NaN equal to any NaN (the host decoders return std::nanf).
+bool same_float(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return bits_of(a) == bits_of(b);
+}
+
+// Floats around every rounding boundary of the 8- and 16-bit formats: all exponents, the
+// mantissa patterns near the halfway points of 3, 7 and 10 kept bits, plus random patterns.
+std::vector<float> boundary_floats(Rng& rng) {
+  std::vector<float> v;
+  const uint32_t tails[] = {0x0u,     0x1u,     0x7ffu,    0x800u,    0x801u,   0xfffu,   0x1000u,
+                            0x1001u,  0x7fffu,  0x8000u,   0x8001u,   0xffffu,  0x7ffffu, 0x80000u,
+                            0x80001u, 0xfffffu, 0x100000u, 0x180000u, 0x7fffffu};
+  for (uint32_t exp = 0; exp < 256; ++exp)
+    for (uint32_t hi = 0; hi < 8; ++hi)
+      for (uint32_t t : tails)
+        for (uint32_t sign : {0u, 0x80000000u}) {
+          const uint32_t mant = ((hi << 20) | (t & 0xfffffu)) & 0x7fffffu;
+          v.push_back(from_bits(sign | (exp << 23) | mant));
+          v.push_back(from_bits(sign | (exp << 23) | (t & 0x7fffffu)));
+        }
+  for (int i = 0; i < 200000; ++i) v.push_back(from_bits(static_cast<uint32_t>(rng())));
+  return v;
+}
+
+TEST(FpBits, DecodersEqualHostOnEveryCode) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const auto c = static_cast<uint16_t>(h);
+    ASSERT_TRUE(same_float(hd::f16_value(c), f16_to_float(c))) << "f16 " << h;
+    ASSERT_TRUE(same_float(hd::bf16_value(c), bf16_to_float(c))) << "bf16 " << h;
+  }
+  for (uint32_t b = 0; b < 256; ++b) {
+    const auto c = static_cast<uint8_t>(b);
+    ASSERT_TRUE(same_float(hd::e4m3_value(c), e4m3_to_float(c))) << "e4m3 " << b;
+    ASSERT_TRUE(same_float(hd::e8m0_value(c), e8m0_to_float(c))) << "e8m0 " << b;
+  }
+}
+
+TEST(FpBits, EncodersEqualHostAroundEveryBoundary) {
+  Rng rng(12);
+  for (float f : boundary_floats(rng)) {
+    ASSERT_EQ(hd::f16_round(f), float_to_f16(f)) << std::hexfloat << f;
+    ASSERT_EQ(hd::bf16_round(f), float_to_bf16(f)) << std::hexfloat << f;
+    ASSERT_EQ(hd::e4m3_round_satfinite(f), float_to_e4m3_satfinite(f)) << std::hexfloat << f;
+    ASSERT_EQ(hd::e8m0_ceil(f), e8m0_ceil_code(f)) << std::hexfloat << f;
+  }
+}
+
+// ---- index map inverses ----------------------------------------------------------------------
+
+TEST(ReaderMaps, MarlinWordFieldOfInvertsWordFieldCoords) {
+  for (int bits : {4, 8})
+    for (bool a8 : {false, true}) {
+      const int T = marlin::words_per_tile(bits), pf = marlin::pack_factor(bits);
+      // Tile (kt, nt) = (1, 2): the map must also carry the tile offsets.
+      std::vector<int> seen(static_cast<size_t>(T * pf), 0);
+      for (int r = 0; r < T; ++r)
+        for (int f = 0; f < pf; ++f) {
+          int64_t k, n;
+          marlin::word_field_coords(bits, a8, 1, 2, r, f, &k, &n);
+          ASSERT_EQ(k / marlin::tile_k(a8), 1);
+          ASSERT_EQ(n / marlin::tile_n(a8), 2);
+          int rr = -1, ff = -1;
+          marlin::word_field_of(bits, a8, k, n, &rr, &ff);
+          ASSERT_EQ(rr, r) << "bits=" << bits << " a8=" << a8 << " f=" << f;
+          ASSERT_EQ(ff, f) << "bits=" << bits << " a8=" << a8 << " r=" << r;
+          ++seen[static_cast<size_t>(r * pf + f)];
+        }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+    }
+}
+
+TEST(ReaderMaps, MarlinChunkPermutationInverses) {
+  for (bool grouped : {false, true}) {
+    const int c = marlin::scale_chunk(grouped);
+    for (int i = 0; i < c; ++i)
+      EXPECT_EQ(marlin::scale_perm_src(grouped, marlin::scale_perm_dst(grouped, i)), i)
+          << "grouped=" << grouped;
+  }
+  for (int bits : {4, 8})
+    for (bool a8 : {false, true})
+      for (int i = 0; i < 64; ++i)
+        EXPECT_EQ(marlin::zero_point_src(bits, a8, marlin::zero_point_dst(bits, a8, i)), i)
+            << "bits=" << bits << " a8=" << a8;
+}
+
+TEST(ReaderMaps, ShuffleRowInverse) {
+  for (int64_t block : {16, 32})
+    for (int64_t r = 0; r < 4 * block; ++r)
+      EXPECT_EQ(trtllm::shuffle_a_src_row(trtllm::shuffle_a_dst_row(r, block), block), r);
+}
+
+// ---- canonical reader --------------------------------------------------------------------------
+
+void expect_canonical_equals_dequantize(const QuantTensor& q, const std::string& what) {
+  const ProjReader r = make_canonical_reader(q, ActQuant::kNone, host_buffer);
+  ASSERT_EQ(r.n, q.n);
+  ASSERT_EQ(r.k, q.k);
+  for (int64_t e = 0; e < q.experts; ++e) {
+    const std::vector<float> d = dequantize_expert(q, e);
+    for (int64_t n = 0; n < q.n; ++n)
+      for (int64_t k = 0; k < q.k; ++k) {
+        const float got = reader::weight(r, e, n, k), want = d[static_cast<size_t>(n * q.k + k)];
+        ASSERT_TRUE(same_float(got, want))
+            << what << " e=" << e << " n=" << n << " k=" << k << ": " << got << " vs " << want;
+      }
+  }
+}
+
+TEST(CanonicalReader, EqualsDequantizeExpertForEveryCodecSpec) {
+  Rng rng(1212);
+  int cases = 0;
+  for (const SourceCodec& codec : source_codecs())
+    for (const QuantParams& params : codec.param_space()) {
+      const QuantSpec spec = codec.spec_for(params);
+      test::RandomTensorOptions ro;
+      ro.scales = test::ScaleValues::kAnyPositiveFinite;
+      std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
+      ro.act_order = params.act_order;
+      const int64_t gs = spec.group_size > 0 ? spec.group_size : 32;
+      for (const auto& [n, k] : {std::make_pair<int64_t, int64_t>(64, 4 * gs), {40, 2 * gs}}) {
+        const int64_t nn = spec.scale_block_n > 1 ? n * 3 + 7 : n;  // a partial scale block
+        const QuantTensor q = test::random_quant_tensor(rng, spec, 2, nn, k, ro);
+        expect_canonical_equals_dequantize(
+            q, std::string(codec.name) + " {" + test::describe_params(params) + "}");
+        ++cases;
+      }
+    }
+  EXPECT_GE(cases, 10);
+}
+
+TEST(CanonicalReader, LocatorAndNullBuffers) {
+  Rng rng(3);
+  QuantSpec s;
+  s.bits = 4;
+  s.group_size = 32;
+  s.symmetric = false;
+  const QuantTensor q = test::random_quant_tensor(rng, s, 1, 8, 64, {});
+  int calls = 0;
+  const ProjReader r = make_canonical_reader(q, ActQuant::kBf16, [&](const void* p, size_t) {
+    ++calls;
+    return p;
+  });
+  EXPECT_EQ(calls, 3);  // codes, scales, zeros (no g_idx)
+  EXPECT_EQ(r.p[3], nullptr);
+  EXPECT_EQ(r.act, ActQuant::kBf16);
+  QuantTensor bad = q;
+  bad.codes.pop_back();
+  test::expect_error([&] { make_canonical_reader(bad, ActQuant::kNone, host_buffer); },
+                     ErrorCode::kInternal);
+}
+
+// ---- layout readers ----------------------------------------------------------------------------
+
+TensorMap by_name(const std::vector<Tensor>& ts) {
+  TensorMap m;
+  for (const auto& t : ts) m[t.name] = t;
+  return m;
+}
+
+struct ReaderCheck {
+  bool exact_vs_unpack = true;  // false where the layout reads like a vLLM kernel on purpose
+  int64_t samples = 3000;       // random elements checked besides one whole expert
+};
+
+// Reader vs unpack (bit for bit) and vs expert_matmul (fp32 summation order).
+void check_layout_reader(Rng& rng, const TargetLayout& row, const LayoutOptions& o,
+                         const TensorMap& params, const ReaderCheck& how, double* worst) {
+  const MoeExperts back = row.unpack(o, params);
+  for (MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
+    const QuantTensor& q = proj == MoeProj::kW13 ? back.w13 : back.w2;
+    const std::string pname = proj == MoeProj::kW13 ? "w13" : "w2";
+    SCOPED_TRACE(pname);
+    const ProjReader r = make_layout_reader(row, o, params, proj, host_param);
+    ASSERT_EQ(r.experts, q.experts);
+    ASSERT_EQ(r.n, q.n);
+    ASSERT_EQ(r.k, q.k);
+    EXPECT_EQ(r.act, act_quant_of(row, o));
+    const int64_t E = q.experts, N = q.n, K = q.k;
+    // Act-order: act_col is a permutation of the columns.
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int> hit(static_cast<size_t>(K), 0);
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const int64_t c = reader::act_col(r, e, kk);
+        ASSERT_TRUE(c >= 0 && c < K) << "act_col " << c;
+        ++hit[static_cast<size_t>(c)];
+      }
+      ASSERT_TRUE(std::all_of(hit.begin(), hit.end(), [](int h) { return h == 1; }));
+    }
+    if (how.exact_vs_unpack) {
+      std::vector<std::vector<float>> d;
+      for (int64_t e = 0; e < E; ++e) d.push_back(dequantize_expert(q, e));
+      const auto check = [&](int64_t e, int64_t n, int64_t kk) {
+        const float got = reader::weight(r, e, n, kk);
+        const float want =
+            d[static_cast<size_t>(e)][static_cast<size_t>(n * K + reader::act_col(r, e, kk))];
+        return same_float(got, want);
+      };
+      const int64_t whole = std::uniform_int_distribution<int64_t>(0, E - 1)(rng);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t kk = 0; kk < K; ++kk)
+          ASSERT_TRUE(check(whole, n, kk)) << "e=" << whole << " n=" << n << " kk=" << kk;
+      std::uniform_int_distribution<int64_t> pe(0, E - 1), pn(0, N - 1), pk(0, K - 1);
+      for (int64_t i = 0; i < how.samples; ++i) {
+        const int64_t e = pe(rng), n = pn(rng), kk = pk(rng);
+        ASSERT_TRUE(check(e, n, kk)) << "e=" << e << " n=" << n << " kk=" << kk;
+      }
+    }
+    // sum_kk weight * x[act_col] against the layout's expert_matmul.
+    const int64_t m = 2, e = std::uniform_int_distribution<int64_t>(0, E - 1)(rng);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * K)), y(static_cast<size_t>(m * N));
+    for (auto& v : x) v = u(rng);
+    row.expert_matmul(o, params, proj, e, x.data(), m, y.data());
+    double err = 0.0, ref = 0.0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t n = 0; n < N; ++n) {
+        float acc = 0.0f;
+        for (int64_t kk = 0; kk < K; ++kk)
+          acc += reader::weight(r, e, n, kk) *
+                 x[static_cast<size_t>(i * K + reader::act_col(r, e, kk))];
+        const float want = y[static_cast<size_t>(i * N + n)];
+        err = std::max(err, std::fabs(static_cast<double>(acc) - want));
+        ref = std::max(ref, std::fabs(static_cast<double>(want)));
+      }
+    const double rel = ref > 0 ? err / ref : err;
+    *worst = std::max(*worst, rel);
+    // Same quantised values on both sides; only fp32 summation order differs (K <= 512, see the
+    // registry suite's kMatmulTolerance for the measured worst case).
+    EXPECT_LE(rel, 1e-5) << "e=" << e;
+  }
+}
+
+bool takes_scheme(const TargetLayout& row, const char* scheme) {
+  return std::find(row.schemes.begin(), row.schemes.end(), scheme) != row.schemes.end();
+}
+
+bool has_reader(const TargetLayout& row) {
+  try {
+    return reader_kind_of(row) == reader::Kind::kMarlin;  // the others land next
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The registry suite's sample space (tests/unit/registry_suite.cpp): every codec a layout takes,
+// every param set, bf16 / fp16 activations, gated or not, random layer extents.
+class LayoutReaderRows : public ::testing::TestWithParam<TargetLayout> {};
+
+TEST_P(LayoutReaderRows, WeightEqualsUnpackAndRowsEqualExpertMatmul) {
+  const TargetLayout& row = GetParam();
+  if (!has_reader(row)) GTEST_SKIP() << row.name << " has no reader";
+  Rng rng(std::hash<std::string>{}(row.name) & 0xffffffu);
+  int supported = 0;
+  double worst = 0.0;
+  for (const SourceCodec& codec : source_codecs()) {
+    if (!takes_scheme(row, codec.scheme)) continue;
+    for (const QuantParams& params : codec.param_space()) {
+      test::RandomTensorOptions ro;
+      std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
+      if (params.method == QuantMethod::kGptq) {  // as the registry suite: see its comment
+        ro.zero_lo = std::max(ro.zero_lo, 1);
+        ro.zero_hi = std::min(ro.zero_hi, (1 << params.bits) - 1);
+      }
+      for (DType act : {DType::kBF16, DType::kF16})
+        for (bool gated : {true, false}) {
+          const test::LayerDims d = test::random_layer_dims(rng, 1).front();
+          const MoeShape s = moe_shape_for(params, d.experts, d.hidden, d.inter, gated);
+          LayoutOptions o;
+          o.act_dtype = act;
+          o.gated = gated;
+          o.source_method = params.method;
+          o.prefix = "model.layers.0.mlp.experts.";
+          if (!row.unsupported_reasons(o, s).empty()) continue;
+          std::ostringstream trace;
+          trace << row.name << " <- " << codec.name << " {" << test::describe_params(params)
+                << "} E=" << d.experts << " H=" << d.hidden << " I=" << d.inter
+                << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act);
+          SCOPED_TRACE(trace.str());
+          ++supported;
+          const MoeExperts x = test::random_moe_experts(rng, s, ro);
+          const TensorMap params_by_name = by_name(row.pack(o, x));
+          check_layout_reader(rng, row, o, params_by_name, {}, &worst);
+        }
+    }
+  }
+  EXPECT_GE(supported, 4);
+  std::cout << "[ " << row.name << " ] " << supported << " layers; worst row error " << worst
+            << "\n";
+}
+
+std::string row_name(const ::testing::TestParamInfo<TargetLayout>& p) {
+  std::string s = p.param.name;
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+INSTANTIATE_TEST_SUITE_P(Registry, LayoutReaderRows, ::testing::ValuesIn(target_layouts()),
+                         row_name);
+
+// ---- Marlin options beyond the registry's draws ----------------------------------------------
+
+const TargetLayout& layout_named(const char* name) {
+  const TargetLayout* t = find_target_layout(name);
+  if (!t) throw Error(ErrorCode::kInternal, std::string("no layout ") + name);
+  return *t;
+}
+
+QuantParams gptq_params(int bits, int64_t gs, bool act_order) {
+  QuantParams p;
+  p.method = QuantMethod::kGptq;
+  p.bits = bits;
+  p.group_size = gs;
+  p.act_order = act_order;
+  p.dtype = DType::kF16;
+  return p;
+}
+
+TEST(MarlinReader, A8PaddedIntermediateAndLoaderScaleRule) {
+  const TargetLayout& marlin = layout_named("marlin");
+  Rng rng(88);
+  double worst = 0.0;
+  struct Case {
+    int bits;
+    int64_t gs, H, I;
+    bool a8, act_order, size_k_rule;
+    VllmTarget target;
+    bool exact;
+  };
+  const Case cases[] = {
+      {4, 128, 256, 256, true, false, false, VllmTarget::kV2026_05, true},  // a8, grouped
+      {8, -1, 128, 128, true, false, false, VllmTarget::kV2026_05, true},   // a8, channelwise
+      {4, 32, 256, 96, false, false, false, VllmTarget::kV0_33, true},      // I 96 -> 128
+      {8, -1, 128, 160, false, false, false, VllmTarget::kV0_33, true},     // I 160 -> 192
+      {4, 64, 128, 128, false, true, false, VllmTarget::kV2026_05, true},   // act-order
+      // group_size >= I: vLLM's loader permutes w13 scales single, its kernel reads grouped.
+      {4, 128, 256, 128, false, false, true, VllmTarget::kV2026_05, false},
+  };
+  for (const Case& c : cases) {
+    for (bool gated : {true, false}) {
+      std::ostringstream trace;
+      trace << "bits=" << c.bits << " gs=" << c.gs << " H=" << c.H << " I=" << c.I << " a8=" << c.a8
+            << " act_order=" << c.act_order << " size_k=" << c.size_k_rule
+            << " target=" << vllm_target_name(c.target) << " gated=" << gated;
+      SCOPED_TRACE(trace.str());
+      const QuantParams params = gptq_params(c.bits, c.gs, c.act_order);
+      const MoeShape s = moe_shape_for(params, 2, c.H, c.I, gated);
+      LayoutOptions o = LayoutOptions::for_layer(QuantMethod::kGptq, DType::kBF16, gated,
+                                                 c.size_k_rule, c.target, "m.", c.I, 1);
+      o.a8 = c.a8;
+      ASSERT_TRUE(marlin.unsupported_reasons(o, s).empty());
+      test::RandomTensorOptions ro;
+      ro.zero_lo = 1;
+      const MoeExperts x = test::random_moe_experts(rng, s, ro);
+      const TensorMap params_by_name = by_name(marlin.pack(o, x));
+      ReaderCheck how;
+      how.exact_vs_unpack = c.exact;
+      check_layout_reader(rng, marlin, o, params_by_name, how, &worst);
+      if (!c.exact) {
+        // The case must matter: the reader's weights differ from the loader's decoding.
+        const MoeExperts back = marlin.unpack(o, params_by_name);
+        const ProjReader r =
+            make_layout_reader(marlin, o, params_by_name, MoeProj::kW13, host_param);
+        const std::vector<float> d = dequantize_expert(back.w13, 0);
+        int64_t differ = 0;
+        for (int64_t n = 0; n < r.n; ++n)
+          for (int64_t k = 0; k < r.k; ++k)
+            differ += !same_float(reader::weight(r, 0, n, k), d[static_cast<size_t>(n * r.k + k)]);
+        EXPECT_GT(differ, 0);
+      }
+    }
+  }
+}
+
+// One flipped code bit in one Marlin word changes exactly the element word_field_coords names.
+TEST(MarlinReader, OneMutatedWordChangesExactlyTheMappedElement) {
+  const TargetLayout& marlin = layout_named("marlin");
+  Rng rng(5);
+  for (int bits : {4, 8})
+    for (bool a8 : {false, true}) {
+      SCOPED_TRACE("bits=" + std::to_string(bits) + " a8=" + std::to_string(a8));
+      const QuantParams params = gptq_params(bits, 128, false);
+      const MoeShape s = moe_shape_for(params, 2, 256, 128, true);
+      LayoutOptions o;
+      o.a8 = a8;
+      o.source_method = QuantMethod::kGptq;
+      const MoeExperts x = test::random_moe_experts(rng, s, {});
+      TensorMap params_by_name = by_name(marlin.pack(o, x));
+      const ProjReader before =
+          make_layout_reader(marlin, o, params_by_name, MoeProj::kW13, host_param);
+      std::vector<float> w0(static_cast<size_t>(before.n * before.k));
+      for (int64_t n = 0; n < before.n; ++n)
+        for (int64_t k = 0; k < before.k; ++k)
+          w0[static_cast<size_t>(n * before.k + k)] = reader::weight(before, 1, n, k);
+      // Word r of tile (kt, nt) = (3, 1) of expert 1, field f: flip its top bit.
+      const int T = marlin::words_per_tile(bits), r = 37 % T, f = 1;
+      const int64_t ntn = before.n / marlin::tile_n(a8), kt = 3, nt = 1;
+      Tensor& qw = params_by_name.at("w13_qweight");
+      uint32_t* words = qw.as<uint32_t>() + before.i64[7] + (kt * ntn + nt) * T + r;
+      *words ^= 1u << (bits * f + bits - 1);
+      int64_t want_k, want_n;
+      marlin::word_field_coords(bits, a8, kt, nt, r, f, &want_k, &want_n);
+      const ProjReader after =
+          make_layout_reader(marlin, o, params_by_name, MoeProj::kW13, host_param);
+      int64_t changed = 0;
+      for (int64_t n = 0; n < after.n; ++n)
+        for (int64_t k = 0; k < after.k; ++k) {
+          const bool same =
+              same_float(reader::weight(after, 1, n, k), w0[static_cast<size_t>(n * after.k + k)]);
+          if (!same) {
+            ++changed;
+            EXPECT_EQ(n, want_n);
+            EXPECT_EQ(k, want_k);
+          }
+          if (n == 0 && k < 4) {  // expert 0 untouched
+            EXPECT_TRUE(
+                same_float(reader::weight(after, 0, n, k), reader::weight(before, 0, n, k)));
+          }
+        }
+      EXPECT_EQ(changed, 1);
+    }
+}
+
+TEST(MarlinReader, BuilderRefusesWhatUnpackRefuses) {
+  const TargetLayout& marlin = layout_named("marlin");
+  Rng rng(9);
+  const QuantParams params = gptq_params(4, 64, true);
+  const MoeShape s = moe_shape_for(params, 2, 128, 128, true);
+  LayoutOptions o;
+  o.source_method = QuantMethod::kGptq;
+  const MoeExperts x = test::random_moe_experts(rng, s, {});
+  const TensorMap good = by_name(marlin.pack(o, x));
+  // Sort indices that are no permutation: unpack and the builder both refuse (kBadValue).
+  TensorMap bad = good;
+  bad.at("w2_g_idx_sort_indices").as<int32_t>()[128 + 5] = 0;
+  test::expect_error([&] { marlin.unpack(o, bad); }, ErrorCode::kBadValue);
+  const Error e = test::expect_error(
+      [&] { make_layout_reader(marlin, o, bad, MoeProj::kW2, host_param); }, ErrorCode::kBadValue);
+  EXPECT_EQ(e.tensor(), "w2_g_idx_sort_indices");
+  // A wrong scale dtype: kBadDtype naming the parameter.
+  TensorMap wrong = good;
+  wrong.at("w13_scales").dtype = DType::kF16;
+  const Error d =
+      test::expect_error([&] { make_layout_reader(marlin, o, wrong, MoeProj::kW13, host_param); },
+                         ErrorCode::kBadDtype);
+  EXPECT_EQ(d.tensor(), "w13_scales");
+  // A missing parameter.
+  TensorMap missing = good;
+  missing.erase("w13_qweight");
+  test::expect_error([&] { make_layout_reader(marlin, o, missing, MoeProj::kW2, host_param); },
+                     ErrorCode::kMissingTensor);
+  // Corrupted but well-shaped bytes are read, not refused.
+  TensorMap corrupt = good;
+  corrupt.at("w13_qweight").data[100] ^= 0xff;
+  EXPECT_NO_THROW(make_layout_reader(marlin, o, corrupt, MoeProj::kW13, host_param));
+}
+
+// ---- activation quantisation -----------------------------------------------------------------
+
+ProjReader act_reader(ActQuant act, int64_t k) {
+  ProjReader r;
+  std::memset(&r, 0, sizeof r);
+  r.act = act;
+  r.k = k;
+  return r;
+}
+
+std::vector<float> quantized(ActQuant act, const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  const ProjReader r = act_reader(act, static_cast<int64_t>(x.size()));
+  reader::quantize_activation_row(r, x.data(), out.data());
+  return out;
+}
+
+bool has_non_finite(const float* x, size_t n) {
+  return std::any_of(x, x + n, [](float v) { return !std::isfinite(v); });
+}
+
+// Independent statements of each rule (the upstream formulas, with std:: math).
+std::vector<float> int8_per_token_ref(const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  if (has_non_finite(x.data(), x.size())) return std::vector<float>(x.size(), NAN);
+  float amax = 0.0f;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  amax = std::max(amax, 1e-10f);
+  const float scale = amax / 127.0f, inv = 127.0f / amax;
+  for (size_t i = 0; i < x.size(); ++i)  // std::round: half away from zero; int8 has no -0
+    out[i] = static_cast<float>(static_cast<int>(std::round(x[i] * inv))) * scale;
+  return out;
+}
+
+std::vector<float> fp8_group128_ref(const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  for (size_t g = 0; g < x.size(); g += 128) {
+    const size_t len = std::min<size_t>(128, x.size() - g);
+    if (has_non_finite(x.data() + g, len)) {
+      std::fill(out.begin() + g, out.begin() + g + len, NAN);
+      continue;
+    }
+    float amax = 1e-10f;
+    for (size_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[g + i]));
+    const float s = amax / 448.0f;
+    for (size_t i = 0; i < len; ++i)
+      out[g + i] =
+          e4m3_to_float(float_to_e4m3_satfinite(std::clamp(x[g + i] / s, -448.0f, 448.0f))) * s;
+  }
+  return out;
+}
+
+// MXFP8: formats/mxfp8.cpp quantize_mxfp8 (the FlashInfer recipe), dequantised.
+std::vector<float> mxfp8_ref(const std::vector<float>& x) {
+  std::vector<float> out(x.size());
+  for (size_t b = 0; b < x.size(); b += 32) {
+    if (has_non_finite(x.data() + b, 32)) {
+      std::fill(out.begin() + b, out.begin() + b + 32, NAN);
+      continue;
+    }
+    const QuantTensor q = quantize_mxfp8(x.data() + b, 1, 1, 32, MxRecipe::kFlashInfer);
+    const float s = e8m0_to_float(q.scales[0]);
+    for (size_t i = 0; i < 32; ++i) out[b + i] = e4m3_to_float(q.codes[i]) * s;
+  }
+  return out;
+}
+
+void expect_same_rows(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_TRUE(same_float(got[i], want[i]))
+        << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+}
+
+std::vector<std::vector<float>> edge_rows(Rng& rng, size_t k) {
+  std::vector<std::vector<float>> rows;
+  rows.push_back(std::vector<float>(k, 0.0f));  // zeros
+  std::vector<float> r(k);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float scale : {1.0f, 3e38f, 1e-30f, 1e-40f, 448.0f, 127.0f}) {
+    for (auto& v : r) v = u(rng) * scale;
+    rows.push_back(r);
+  }
+  for (auto& v : r) v = u(rng);
+  r[3] = -0.0f;
+  r[7] = 1e-12f;
+  rows.push_back(r);
+  // Exact halfway points of the int8 grid: x * 127/amax = j + 0.5.
+  for (size_t i = 0; i < k; ++i) r[i] = (static_cast<float>(i % 255) - 127.0f + 0.5f);
+  r[0] = 127.5f;
+  rows.push_back(r);
+  std::vector<float> nan_row = rows[1];
+  nan_row[5] = NAN;
+  rows.push_back(nan_row);
+  std::vector<float> inf_row = rows[1];
+  inf_row[k - 1] = -INFINITY;
+  rows.push_back(inf_row);
+  for (int i = 0; i < 20; ++i) {
+    for (auto& v : r) v = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+TEST(ActivationQuant, EachRuleEqualsItsIndependentStatement) {
+  Rng rng(77);
+  for (size_t k : {size_t{256}, size_t{384}}) {
+    int row_no = 0;
+    for (const auto& x : edge_rows(rng, k)) {
+      const std::string what = "k=" + std::to_string(k) + " row " + std::to_string(row_no++);
+      expect_same_rows(quantized(ActQuant::kInt8PerToken, x), int8_per_token_ref(x),
+                       what + " int8");
+      expect_same_rows(quantized(ActQuant::kFp8PerTokenGroup128, x), fp8_group128_ref(x),
+                       what + " fp8 group 128");
+      expect_same_rows(quantized(ActQuant::kMxfp8Block32, x), mxfp8_ref(x), what + " mxfp8");
+      std::vector<float> bf(k), hf(k);
+      for (size_t i = 0; i < k; ++i) {
+        bf[i] = bf16_to_float(float_to_bf16(x[i]));
+        hf[i] = f16_to_float(float_to_f16(x[i]));
+      }
+      expect_same_rows(quantized(ActQuant::kBf16, x), bf, what + " bf16");
+      expect_same_rows(quantized(ActQuant::kFp16, x), hf, what + " fp16");
+      expect_same_rows(quantized(ActQuant::kNone, x), x, what + " none");
+    }
+  }
+}
+
+TEST(ActivationQuant, PoliciesOnEdgeRows) {
+  const std::vector<float> zeros(256, 0.0f);
+  for (ActQuant a :
+       {ActQuant::kInt8PerToken, ActQuant::kFp8PerTokenGroup128, ActQuant::kMxfp8Block32})
+    for (float v : quantized(a, zeros)) EXPECT_EQ(v, 0.0f);
+  // A NaN poisons its unit only: the token row (int8), its 128-group, its 32-block.
+  std::vector<float> x(256, 0.25f);
+  x[40] = NAN;
+  const std::vector<float> i8 = quantized(ActQuant::kInt8PerToken, x);
+  EXPECT_TRUE(std::all_of(i8.begin(), i8.end(), [](float v) { return std::isnan(v); }));
+  const std::vector<float> f8 = quantized(ActQuant::kFp8PerTokenGroup128, x);
+  EXPECT_TRUE(std::isnan(f8[0]) && std::isnan(f8[127]) && f8[128] == 0.25f);
+  const std::vector<float> mx = quantized(ActQuant::kMxfp8Block32, x);
+  EXPECT_TRUE(std::isnan(mx[32]) && std::isnan(mx[63]) && mx[31] == 0.25f && mx[64] == 0.25f);
+  // The quantisers are not the identity (tests that could not fail would pass here too).
+  std::vector<float> y(256);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = 0.001f * static_cast<float>(i) + 0.0003f;
+  for (ActQuant a :
+       {ActQuant::kInt8PerToken, ActQuant::kFp8PerTokenGroup128, ActQuant::kMxfp8Block32}) {
+    const std::vector<float> q = quantized(a, y);
+    int64_t moved = 0;
+    for (size_t i = 0; i < y.size(); ++i) moved += q[i] != y[i];
+    EXPECT_GT(moved, 100);
+  }
+}
+
+}  // namespace
+}  // namespace moepack
