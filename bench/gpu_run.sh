@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build with CUDA (sm_90a + portable sm_80), run every test (GPU tests run for
-# real there), and the repack benchmark. Logs under $OUT. Needs .devdeps/ (headers of CLI11,
+# real there), and the whole-model GPU verify benchmark. Logs under $OUT. Needs .devdeps/ (headers of CLI11,
 # nlohmann_json, Eigen, googletest sources and ../shared), carried with the call: the device
 # machine has no package registry.
 set -uo pipefail
@@ -17,11 +17,10 @@ cmake -S . -B build-gpu -G Ninja -DMOEPACK_CUDA=ON -DCMAKE_PREFIX_PATH="$D/usr;/
   -DMOEPACK_SHARED_DIR="$D/shared" 2>&1 | tail -3 | tee "$OUT/configure.txt"
 cmake --build build-gpu -j 16 2>&1 | tail -5 | tee "$OUT/build.txt"
 ctest --test-dir build-gpu -j 8 --output-on-failure 2>&1 | tee "$OUT/ctest.txt" | tail -15
-build-gpu/bin/test_cuda_marlin_repack_cuda 2>&1 | tee "$OUT/cuda_tests.txt" | tail -8
+build-gpu/bin/test_cuda_moe_runtime_cuda 2>&1 | tee "$OUT/cuda_tests.txt" | tail -8
 cuobjdump --list-elf build-gpu/kernels/libmoepack_kernels.a 2>&1 | tee "$OUT/cuobjdump.txt" | head -5
-for args in "32 2048 768 4" "32 2048 768 8" "128 2048 768 4"; do
-  build-gpu/bin/bench_repack $args 2>&1 | tee -a "$OUT/bench_repack.txt" | tail -5
-done
+# verify --device cuda of a >= 8 GB checkpoint against cat of its files.
+OUT=$OUT bash bench/verify_gpu.sh build-gpu/bin/moepack /tmp/verify-bench 2>&1 | tail -8
 # Conversion on the device's 16 cores: the cp -r ratio, then thread scaling with identical bytes.
 MOEPACK=$PWD/build-gpu/bin/moepack bash bench/bench_convert.sh /tmp/bench 2>&1 | tee "$OUT/bench_convert.txt" | tail -6
 for t in 1 4 16; do

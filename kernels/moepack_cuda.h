@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 namespace moepack {
 
@@ -17,11 +16,5 @@ struct CudaDeviceInfo {
 
 // Whether moepack was built with CUDA and a device is present. Never throws.
 CudaDeviceInfo cuda_device_info();
-
-// GPU GPTQ -> Marlin repack of one expert matrix (16-bit-activation tiles), byte-identical to
-// formats/marlin's scalar path. codes: [N, K] uint8 (canonical), perm: [K] or empty.
-// Returns the Marlin words [K/16, N*16/pf].
-std::vector<uint32_t> cuda_marlin_repack(const uint8_t* codes, int64_t n, int64_t k, int bits,
-                                         const int32_t* perm);
 
 }  // namespace moepack

@@ -224,6 +224,8 @@ void backend_slots(const MoeSpec& spec, const Routing& routing, const Slots& slo
   });
 }
 
+}  // namespace
+
 void check_router_shapes(const MoeSpec& spec, const RouterConfig& router,
                          const std::vector<float>& router_weight,
                          const std::vector<float>& router_bias) {
@@ -240,8 +242,6 @@ void check_router_shapes(const MoeSpec& spec, const RouterConfig& router,
                 "router bias holds " + std::to_string(router_bias.size()) + " values, want " +
                     std::to_string(spec.experts));
 }
-
-}  // namespace
 
 MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float* x,
                         const ExpertWeightsFn& weights) {

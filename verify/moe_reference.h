@@ -85,6 +85,12 @@ MoeOutput moe_reference(const MoeSpec& spec, const RouterConfig& router, const f
                         const std::vector<float>& router_bias,
                         const std::vector<float>& correction_bias, const ExpertWeightsFn& weights);
 
+// kBadShape naming router.weight / router.bias when the router does not fit the layer (the checks
+// every numerical path makes before routing).
+void check_router_shapes(const MoeSpec& spec, const RouterConfig& router,
+                         const std::vector<float>& router_weight,
+                         const std::vector<float>& router_bias);
+
 // Errors of `got` against `ref` (same routing).
 struct MoeComparison {
   double max_abs_err = 0.0;  // max |got.out - ref.out|

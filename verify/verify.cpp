@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -12,7 +14,9 @@
 #include "core/half.h"
 #include "core/sha256.h"
 #include "core/threads.h"
+#include "formats/moe_reader.h"
 #include "formats/mxfp8.h"
+#include "kernels/moe_runtime.h"
 #include "kernels/moepack_cuda.h"
 #include "model/checkpoint.h"
 #include "pipeline/manifest.h"
@@ -400,6 +404,386 @@ TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int
   return out;
 }
 
+// The reading side of one run: what both devices' layer loops share.
+struct LayerRun {
+  const Output* out;
+  const Checkpoint* src;
+  const TargetLayout* layout;
+  const QuantizeRecipe* recipe;  // the conversion quantised (MXFP8 from dense), else null
+  const Manifest* manifest;
+  int threads;
+  const VerifyOptions* opts;
+  ref::RouterConfig router;
+  ref::Activation activation;
+  VerifyReport* report;
+  bool rounded_note = false;
+
+  void broken(const ManifestLayer& ml, const std::string& stage, const Error& e) const {
+    report_broken_layer(*report, ml.layer, manifest->backend, opts->tokens, router.top_k,
+                        ml.experts, stage, e);
+  }
+};
+
+// One manifest layer, ready to evaluate: options, parameter views, spec and chunking. The
+// parameters are as DST holds them: anything wrong with them is this layer failing (exit 1).
+struct LayerJob {
+  const ManifestLayer* ml = nullptr;
+  LayoutOptions lo;
+  const MoeLayer* src_layer = nullptr;
+  ref::MoeSpec spec;
+  std::vector<TensorView> views;
+  int64_t chunk = 1;
+  // The router and the hidden states.
+  std::vector<float> x, router_w, router_b, corr;
+};
+
+// The layer's job without its router and hidden states (load_layer_inputs). Throws Error for
+// parameters that do not lead with the layer's experts.
+LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
+  const Manifest& manifest = *run.manifest;
+  LayerJob job;
+  job.ml = &ml;
+  job.lo = LayoutOptions::for_layer(manifest.target_quant_params.method, manifest.act_dtype,
+                                    ml.gated, manifest.options.vllm_w13_scale_size_k,
+                                    manifest.vllm_target, ml.param_prefix, ml.inter, run.threads);
+  if (run.src)
+    for (const auto& L : run.src->moe_layers())
+      if (L.module == ml.module) job.src_layer = &L;
+  job.spec.experts = ml.experts;
+  job.spec.hidden = ml.hidden;
+  job.spec.intermediate = ml.inter;
+  job.spec.gated = job.lo.gated;
+  job.spec.activation = run.activation;
+  job.spec.threads = run.threads;
+  // Expert chunks by convert's --chunk-size rule: the packed chunk, its decoding and the
+  // source's chunk are all that is held (the mapped shards are read, not copied). With a
+  // source verify holds two canonical forms where convert holds one, so it takes half the
+  // experts convert takes: its peak stays within convert's for the same --chunk-size.
+  const uint64_t per_expert =
+      static_cast<uint64_t>((job.spec.w13_rows() + ml.inter) * ml.hidden) * (run.recipe ? 4 : 1);
+  const int64_t convert_chunk = experts_per_chunk(run.opts->chunk_bytes, ml.experts, per_expert);
+  job.chunk = run.src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
+  for (const auto& p : ml.params) {
+    const TensorView v = run.out->view(p);
+    if (v.shape.empty() || v.shape[0] != ml.experts)
+      throw Error(ErrorCode::kBadShape, "", p,
+                  "shape " + shape_str(v.shape) + " does not lead with the layer's " +
+                      std::to_string(ml.experts) + " experts");
+    job.views.push_back(v);
+  }
+  return job;
+}
+
+void load_layer_inputs(const LayerRun& run, LayerJob* job) {
+  const Output& out = *run.out;
+  const std::string& module = job->ml->module;
+  const std::string router_prefix = module + ".gate.";
+  std::string rw_name = router_prefix + "weight", rb_name,
+              cb_name = router_prefix + "e_score_correction_bias";
+  if (!out.where.count(rw_name)) {
+    rw_name = module + ".router.weight";
+    rb_name = module + ".router.bias";
+  }
+  job->router_w = to_floats(out.view(rw_name));
+  job->router_b = !rb_name.empty() && out.where.count(rb_name) ? to_floats(out.view(rb_name))
+                                                               : std::vector<float>{};
+  job->corr = out.where.count(cb_name) ? to_floats(out.view(cb_name)) : std::vector<float>{};
+  job->x = ref::random_hidden_states(run.opts->tokens, job->spec.hidden,
+                                     run.opts->seed + static_cast<uint64_t>(job->ml->layer));
+}
+
+// One chunk of experts [e0, e1) of a layer: the layout's parameters, their decoding, the
+// reference experts (the source's, re-quantised when the conversion quantised, scales rounded as
+// the layout serves them; or the decoding itself without a source) and the exact round trip.
+struct PreparedChunk {
+  int64_t e0 = 0, e1 = 0;
+  TensorMap params;
+  MoeExperts decoded, source;
+  bool has_source = false;
+  std::vector<std::vector<RoundTripCheck>> checks;
+  std::string rounded_from, rounded_to;  // the source scales' dtype and the served one
+  std::optional<Error> failure;          // the decode failed
+  const MoeExperts& reference() const { return has_source ? source : decoded; }
+};
+
+// Errors reading the source propagate (input errors); a layout that does not decode is
+// `failure`.
+PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0, int64_t e1) {
+  PreparedChunk c;
+  c.e0 = e0;
+  c.e1 = e1;
+  const int64_t E = job.ml->experts, layer_no = job.ml->layer;
+  c.params = param_chunk(job.views, E, e0, e1);
+  try {
+    c.decoded = run.layout->unpack(job.lo, c.params);
+  } catch (const Error& e) {
+    c.failure = e;
+    return c;
+  }
+  if (!job.src_layer) return c;
+  ExpertRange range;
+  range.begin = e0;
+  range.end = e1;
+  if (run.recipe) {
+    const DenseExperts d = load_dense_experts(*run.src, *job.src_layer, range);
+    c.source.w13 =
+        run.recipe->quantize(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden);
+    c.source.w2 = run.recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
+  } else {
+    c.source = load_moe_experts(*run.src, *job.src_layer, run.threads, range);
+  }
+  c.has_source = true;
+  c.checks.push_back(compare_quant(layer_no, "w13", c.decoded.w13, c.source.w13, e0));
+  c.checks.push_back(compare_quant(layer_no, "w2", c.decoded.w2, c.source.w2, e0));
+  // The served model computes with scales in the layout's dtype (vLLM's loader rounds an
+  // fp16 checkpoint's scales to bf16 for bf16 serving); the reference does the same, so
+  // the tolerance measures layout faithfulness, not that rounding.
+  for (auto* pair : {&c.source.w13, &c.source.w2}) {
+    const QuantTensor& d = pair == &c.source.w13 ? c.decoded.w13 : c.decoded.w2;
+    if (pair->scale_dtype != d.scale_dtype) {
+      if (c.rounded_from.empty()) {
+        c.rounded_from = dtype_name(pair->scale_dtype);
+        c.rounded_to = dtype_name(d.scale_dtype);
+      }
+      pair->scales = scales_as(*pair, d.scale_dtype);
+      pair->scale_dtype = d.scale_dtype;
+    }
+  }
+  return c;
+}
+
+void note_rounding(LayerRun& run, const PreparedChunk& c) {
+  if (c.rounded_from.empty() || run.rounded_note) return;
+  run.report->notes.push_back("source scales " + c.rounded_from + " are served as " + c.rounded_to +
+                              "; the reference uses the same rounding");
+  run.rounded_note = true;
+}
+
+std::string experts_label(const std::string& stage, int64_t e0, int64_t e1) {
+  return stage + " (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")";
+}
+
+// The CPU path: each chunk decoded, compared and evaluated in turn (verify/moe_reference).
+void verify_layers_cpu(LayerRun& run) {
+  VerifyReport& r = *run.report;
+  for (const ManifestLayer& ml : run.manifest->layers) {
+    LayerJob job;
+    std::unique_ptr<ref::ChunkedMoeLayerCheck> numeric;
+    try {
+      job = make_layer_job(run, ml);
+      load_layer_inputs(run, &job);
+      numeric = std::make_unique<ref::ChunkedMoeLayerCheck>(job.spec, run.router, job.x.data(),
+                                                            run.opts->tokens, job.router_w,
+                                                            job.router_b, job.corr);
+    } catch (const Error& e) {
+      run.broken(ml, "parameters", e);
+      continue;
+    }
+    LayerRoundTrip round_trip;
+    bool ok = true;
+    for (int64_t e0 = 0; ok && e0 < ml.experts; e0 += job.chunk) {
+      const int64_t e1 = std::min(ml.experts, e0 + job.chunk);
+      const PreparedChunk c = prepare_chunk(run, job, e0, e1);
+      if (c.failure) {
+        run.broken(ml, experts_label("decode", e0, e1), *c.failure);
+        ok = false;
+        break;
+      }
+      for (const auto& checks : c.checks) round_trip.add(checks);
+      note_rounding(run, c);
+      const MoeExperts& reference = c.reference();
+      // The numerical check of this chunk's experts: the real router on random hidden states.
+      auto weights = [&](int64_t e, MoeProj p) {
+        return dequantize_expert(p == MoeProj::kW13 ? reference.w13 : reference.w2, e - e0);
+      };
+      auto matmul = [&](int e, MoeProj p, const float* xs, int64_t m, float* y) {
+        run.layout->expert_matmul(job.lo, c.params, p, e - static_cast<int>(e0), xs, m, y);
+      };
+      try {
+        numeric->evaluate(e0, e1, weights, matmul);
+      } catch (const Error& e) {
+        run.broken(ml, experts_label("evaluation", e0, e1), e);
+        ok = false;
+      }
+    }
+    round_trip.report(r);
+    if (!ok) continue;
+    const ref::MoeLayerCheck check = numeric->finish();
+    r.layers.push_back(make_layer_result(ml.layer, run.manifest->backend, run.opts->tokens,
+                                         run.router.top_k, check.comparison, run.opts->tolerance));
+  }
+}
+
+ref::Routing routing_from_device(const MoeDeviceRouting& d) {
+  ref::Routing r;
+  r.tokens = d.tokens;
+  r.top_k = d.top_k;
+  r.expert_ids = d.expert_ids;
+  r.weights = d.weights;
+  return r;
+}
+
+MoeRouterSpec router_spec(const ref::RouterConfig& c) {
+  MoeRouterSpec s;
+  s.experts = c.num_experts;
+  s.top_k = c.top_k;
+  s.sigmoid = c.scoring == ref::RouterScoring::kSigmoid;
+  s.renormalize = c.renormalize;
+  s.n_group = c.n_group;
+  s.topk_group = c.topk_group;
+  s.group_score = c.group_score == ref::GroupScore::kNone  ? 0
+                  : c.group_score == ref::GroupScore::kMax ? 1
+                                                           : 2;
+  s.routed_scaling_factor = c.routed_scaling_factor;
+  s.correction_bias = c.has_correction_bias;
+  return s;
+}
+
+// The CUDA path: the same chunks, decoded and compared on the CPU (shared code above) one chunk
+// ahead on a second thread, across layers; each chunk's layout parameters and reference experts
+// uploaded through pinned staging and evaluated on the device (kernels/moe_runtime.h): routing,
+// sort, the layout's MoE through its readers (fp32) and the reference's through canonical
+// readers (fp64); outputs compared on the host with the CPU path's metrics (ref::compare_moe).
+// Host memory: the chunk being evaluated, the chunk being prepared, two pinned staging areas.
+void verify_layers_cuda(LayerRun& run) {
+  VerifyReport& r = *run.report;
+  MoeRuntime rt;
+  const std::vector<ManifestLayer>& layers = run.manifest->layers;
+  // Jobs first (views only, no bytes), so the chunk list can be prepared ahead across layers.
+  std::vector<LayerJob> jobs(layers.size());
+  std::vector<std::optional<Error>> job_error(layers.size());
+  struct Item {
+    size_t layer;
+    int64_t e0, e1;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    try {
+      jobs[i] = make_layer_job(run, layers[i]);
+    } catch (const Error& e) {
+      job_error[i] = e;
+      continue;
+    }
+    for (int64_t e0 = 0; e0 < layers[i].experts; e0 += jobs[i].chunk)
+      items.push_back({i, e0, std::min(layers[i].experts, e0 + jobs[i].chunk)});
+  }
+  std::future<PreparedChunk> ahead;
+  size_t ahead_index = 0;
+  auto prepare_ahead = [&](size_t index) {
+    ahead_index = index;
+    if (index >= items.size()) return;
+    const Item it = items[index];
+    ahead = std::async(std::launch::async, [&run, &jobs, it] {
+      return prepare_chunk(run, jobs[it.layer], it.e0, it.e1);
+    });
+  };
+  prepare_ahead(0);
+  size_t next_item = 0;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const ManifestLayer& ml = layers[li];
+    LayerJob& job = jobs[li];
+    // The items of this layer are items[next_item, end_item).
+    size_t end_item = next_item;
+    while (end_item < items.size() && items[end_item].layer == li) ++end_item;
+    // Drops what was prepared ahead for the rest of this layer (its errors included: the CPU
+    // path never reads past a failed chunk) and prepares the next layer's first chunk.
+    auto skip_items = [&] {
+      if (ahead_index < end_item) {
+        if (ahead.valid()) ahead.wait();
+        ahead = {};
+        prepare_ahead(end_item);
+      }
+      next_item = end_item;
+    };
+    if (job_error[li]) {
+      run.broken(ml, "parameters", *job_error[li]);
+      continue;
+    }
+    MoeDeviceRouting routing;
+    const reader::ActQuant act = act_quant_of(*run.layout, job.lo);
+    try {
+      load_layer_inputs(run, &job);
+      job.spec.validate();
+      ref::check_router_shapes(job.spec, run.router, job.router_w, job.router_b);
+      run.router.validate();
+      if (run.router.has_correction_bias &&
+          job.corr.size() != static_cast<size_t>(run.router.num_experts))
+        throw Error(ErrorCode::kMissingTensor, "", "e_score_correction_bias",
+                    "router needs a correction bias of " + std::to_string(run.router.num_experts) +
+                        " values, got " + std::to_string(job.corr.size()));
+      MoeLayerSpec spec;
+      spec.experts = ml.experts;
+      spec.hidden = ml.hidden;
+      spec.inter = ml.inter;
+      spec.gated = job.spec.gated;
+      spec.relu2 = job.spec.activation == ref::Activation::kRelu2;
+      routing =
+          rt.begin_layer(spec, router_spec(run.router), job.x.data(), run.opts->tokens,
+                         job.router_w.data(), job.router_b.empty() ? nullptr : job.router_b.data(),
+                         job.corr.empty() ? nullptr : job.corr.data());
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal) throw;
+      run.broken(ml, "parameters", e);
+      skip_items();
+      continue;
+    }
+    LayerRoundTrip round_trip;
+    bool ok = true;
+    for (; ok && next_item < end_item; ++next_item) {
+      PreparedChunk c = ahead.get();
+      prepare_ahead(next_item + 1);
+      if (c.failure) {
+        run.broken(ml, experts_label("decode", c.e0, c.e1), *c.failure);
+        ok = false;
+        break;
+      }
+      for (const auto& checks : c.checks) round_trip.add(checks);
+      note_rounding(run, c);
+      try {
+        rt.begin_chunk();
+        const ParamLocator locate_param = [&rt](const std::string&, const Tensor& t) {
+          return rt.upload(t.data.data(), t.data.size());
+        };
+        const BufferLocator locate_buffer = [&rt](const void* p, size_t bytes) {
+          return rt.upload(p, bytes);
+        };
+        const reader::ProjReader w13 =
+            make_layout_reader(*run.layout, job.lo, c.params, MoeProj::kW13, locate_param);
+        const reader::ProjReader w2 =
+            make_layout_reader(*run.layout, job.lo, c.params, MoeProj::kW2, locate_param);
+        const MoeExperts& reference = c.reference();
+        const reader::ProjReader ref13 = make_canonical_reader(reference.w13, act, locate_buffer);
+        const reader::ProjReader ref2 = make_canonical_reader(reference.w2, act, locate_buffer);
+        rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal) throw;
+        run.broken(ml, experts_label("evaluation", c.e0, c.e1), e);
+        ok = false;
+        break;
+      }
+      // upload() copied into pinned memory: the host chunk may go now.
+    }
+    if (!ok) skip_items();
+    round_trip.report(r);
+    if (!ok) continue;
+    const MoeLayerOutputs o = rt.finish_layer();
+    const ref::Routing routing_host = routing_from_device(routing);
+    ref::MoeOutput ref_out, got_out;
+    for (ref::MoeOutput* m : {&ref_out, &got_out}) {
+      m->tokens = run.opts->tokens;
+      m->hidden = ml.hidden;
+      m->top_k = routing.top_k;
+    }
+    ref_out.out = o.ref_out;
+    ref_out.slot_out = o.ref_slots;
+    got_out.out = o.got_out;
+    got_out.slot_out = o.got_slots;
+    const ref::MoeComparison cmp = ref::compare_moe(ref_out, got_out, routing_host, ml.experts);
+    r.layers.push_back(make_layer_result(ml.layer, run.manifest->backend, run.opts->tokens,
+                                         run.router.top_k, cmp, run.opts->tolerance));
+  }
+  if (ahead.valid()) ahead.wait();
+}
 }  // namespace
 
 VerifyReport run_verify(const VerifyOptions& opts) {
@@ -414,11 +798,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     if (!cuda_device_info().available)
       throw Error(ErrorCode::kNoCuda,
                   "--device cuda: no CUDA device (or moepack was built without CUDA)");
-    throw Error(ErrorCode::kUnsupported,
-                "--device cuda: the CUDA fused-MoE verification runtime is not in this build; use "
-                "--device cpu");
   }
-  if (opts.device != "cpu") throw Error(ErrorCode::kUsage, "--device must be cpu or cuda");
+  if (opts.device != "cpu" && opts.device != "cuda")
+    throw Error(ErrorCode::kUsage, "--device must be cpu or cuda");
   if (opts.tokens < 1) throw Error(ErrorCode::kUsage, "--tokens must be >= 1");
 
   const Manifest manifest = read_manifest(opts.dst);
@@ -447,29 +829,39 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     IntegrityCheck all;
     all.name = "manifest tensors present with dtype, shape and sha256";
     all.passed = true;
-    int64_t checked = 0;
-    for (const auto& [name, t] : manifest.tensors) {
-      auto it = out.where.find(name);
-      std::string problem;
-      if (it == out.where.end()) {
-        problem = "missing";
-      } else if (it->second != t.shard) {
-        problem = "in " + it->second + ", manifest says " + t.shard;
-      } else {
-        const TensorView v = out.view(name);
-        if (v.dtype != t.dtype)
-          problem = std::string("dtype ") + dtype_name(v.dtype);
-        else if (v.shape != t.shape)
-          problem = "shape " + shape_str(v.shape);
-        else if (sha256_hex(v.data, v.nbytes) != t.sha256)
-          problem = "sha256 differs";
-      }
-      if (!problem.empty() && all.passed) {
+    // Checksums on all threads (they read every byte of the output: the longest step of a
+    // verify that has a GPU); the first problem in the manifest's order is reported.
+    std::vector<std::pair<const std::string*, const ManifestTensor*>> listed;
+    for (const auto& [name, t] : manifest.tensors) listed.emplace_back(&name, &t);
+    std::vector<std::string> problems(listed.size());
+    parallel_for(static_cast<int64_t>(listed.size()), resolve_threads(opts.threads),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t i = b; i < e; ++i) {
+                     const std::string& name = *listed[static_cast<size_t>(i)].first;
+                     const ManifestTensor& t = *listed[static_cast<size_t>(i)].second;
+                     std::string& problem = problems[static_cast<size_t>(i)];
+                     auto it = out.where.find(name);
+                     if (it == out.where.end()) {
+                       problem = "missing";
+                     } else if (it->second != t.shard) {
+                       problem = "in " + it->second + ", manifest says " + t.shard;
+                     } else {
+                       const TensorView v = out.view(name);
+                       if (v.dtype != t.dtype)
+                         problem = std::string("dtype ") + dtype_name(v.dtype);
+                       else if (v.shape != t.shape)
+                         problem = "shape " + shape_str(v.shape);
+                       else if (sha256_hex(v.data, v.nbytes) != t.sha256)
+                         problem = "sha256 differs";
+                     }
+                   }
+                 });
+    const int64_t checked = static_cast<int64_t>(listed.size());
+    for (size_t i = 0; i < listed.size() && all.passed; ++i)
+      if (!problems[i].empty()) {
         all.passed = false;
-        all.detail = name + ": " + problem;
+        all.detail = *listed[i].first + ": " + problems[i];
       }
-      ++checked;
-    }
     if (out.where.size() != static_cast<size_t>(checked) && all.passed) {
       all.passed = false;
       all.detail = "shards hold " + std::to_string(out.where.size()) + " tensors, manifest lists " +
@@ -485,7 +877,6 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     src = Checkpoint::open(opts.source);
     check_manifest_covers_source(manifest, mpath, *src);
   }
-  const QuantParams& target_q = manifest.target_quant_params;
   const bool quantized_from_dense = manifest.quantize.has_value();
   const QuantizeRecipe* recipe =
       quantized_from_dense
@@ -544,143 +935,12 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     r.integrity.push_back(fc);
   }
 
-  bool rounded_note = false;
-  for (const ManifestLayer& ml : manifest.layers) {
-    const std::string& module = ml.module;
-    const int64_t layer_no = ml.layer;
-    const int64_t E = ml.experts;
-    const LayoutOptions lo = LayoutOptions::for_layer(
-        target_q.method, manifest.act_dtype, ml.gated, manifest.options.vllm_w13_scale_size_k,
-        manifest.vllm_target, ml.param_prefix, ml.inter, threads);
-    const MoeLayer* src_layer = nullptr;
-    if (src)
-      for (const auto& L : src->moe_layers())
-        if (L.module == module) src_layer = &L;
-    auto broken = [&](const std::string& stage, const Error& e) {
-      report_broken_layer(r, layer_no, backend, opts.tokens, router.top_k, E, stage, e);
-    };
-
-    // The converted parameters and the router, as DST holds them: anything wrong with them is
-    // this layer failing (exit 1), never an input error.
-    std::vector<TensorView> views;
-    std::unique_ptr<ref::ChunkedMoeLayerCheck> numeric;
-    std::vector<float> x;
-    ref::MoeSpec spec;
-    spec.experts = E;
-    spec.hidden = ml.hidden;
-    spec.intermediate = ml.inter;
-    spec.gated = lo.gated;
-    spec.activation = activation;
-    spec.threads = threads;
-    try {
-      for (const auto& p : ml.params) {
-        const TensorView v = out.view(p);
-        if (v.shape.empty() || v.shape[0] != E)
-          throw Error(ErrorCode::kBadShape, "", p,
-                      "shape " + shape_str(v.shape) + " does not lead with the layer's " +
-                          std::to_string(E) + " experts");
-        views.push_back(v);
-      }
-      const std::string router_prefix = module + ".gate.";
-      std::string rw_name = router_prefix + "weight", rb_name,
-                  cb_name = router_prefix + "e_score_correction_bias";
-      if (!out.where.count(rw_name)) {
-        rw_name = module + ".router.weight";
-        rb_name = module + ".router.bias";
-      }
-      const std::vector<float> router_w = to_floats(out.view(rw_name));
-      const std::vector<float> router_b = !rb_name.empty() && out.where.count(rb_name)
-                                              ? to_floats(out.view(rb_name))
-                                              : std::vector<float>{};
-      const std::vector<float> corr =
-          out.where.count(cb_name) ? to_floats(out.view(cb_name)) : std::vector<float>{};
-      x = ref::random_hidden_states(opts.tokens, spec.hidden,
-                                    opts.seed + static_cast<uint64_t>(layer_no));
-      numeric = std::make_unique<ref::ChunkedMoeLayerCheck>(spec, router, x.data(), opts.tokens,
-                                                            router_w, router_b, corr);
-    } catch (const Error& e) {
-      broken("parameters", e);
-      continue;
-    }
-
-    // Expert chunks by convert's --chunk-size rule: the packed chunk, its decoding and the
-    // source's chunk are all that is held (the mapped shards are read, not copied). With a
-    // source verify holds two canonical forms where convert holds one, so it takes half the
-    // experts convert takes: its peak stays within convert's for the same --chunk-size.
-    const uint64_t per_expert =
-        static_cast<uint64_t>((spec.w13_rows() + ml.inter) * ml.hidden) * (recipe ? 4 : 1);
-    const int64_t convert_chunk = experts_per_chunk(opts.chunk_bytes, E, per_expert);
-    const int64_t chunk = src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
-    LayerRoundTrip round_trip;
-    bool ok = true;
-    for (int64_t e0 = 0; ok && e0 < E; e0 += chunk) {
-      const int64_t e1 = std::min(E, e0 + chunk);
-      const TensorMap params = param_chunk(views, E, e0, e1);
-      MoeExperts decoded;
-      try {
-        decoded = layout->unpack(lo, params);
-      } catch (const Error& e) {
-        broken("decode (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")", e);
-        ok = false;
-        break;
-      }
-      // The reference experts: the source's (re-quantised when the conversion quantised), or
-      // the decoded layout when no source was given.
-      MoeExperts source_chunk;
-      const MoeExperts* reference = &decoded;
-      if (src_layer) {
-        ExpertRange range;
-        range.begin = e0;
-        range.end = e1;
-        if (quantized_from_dense) {
-          const DenseExperts d = load_dense_experts(*src, *src_layer, range);
-          source_chunk.w13 =
-              recipe->quantize(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden);
-          source_chunk.w2 = recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
-        } else {
-          source_chunk = load_moe_experts(*src, *src_layer, threads, range);
-        }
-        round_trip.add(compare_quant(layer_no, "w13", decoded.w13, source_chunk.w13, e0));
-        round_trip.add(compare_quant(layer_no, "w2", decoded.w2, source_chunk.w2, e0));
-        // The served model computes with scales in the layout's dtype (vLLM's loader rounds an
-        // fp16 checkpoint's scales to bf16 for bf16 serving); the reference does the same, so
-        // the tolerance measures layout faithfulness, not that rounding.
-        for (auto* pair : {&source_chunk.w13, &source_chunk.w2}) {
-          const QuantTensor& d = pair == &source_chunk.w13 ? decoded.w13 : decoded.w2;
-          if (pair->scale_dtype != d.scale_dtype) {
-            if (!rounded_note) {
-              r.notes.push_back(std::string("source scales ") + dtype_name(pair->scale_dtype) +
-                                " are served as " + dtype_name(d.scale_dtype) +
-                                "; the reference uses the same rounding");
-              rounded_note = true;
-            }
-            pair->scales = scales_as(*pair, d.scale_dtype);
-            pair->scale_dtype = d.scale_dtype;
-          }
-        }
-        reference = &source_chunk;
-      }
-      // 3. Numerical, this chunk's experts: the real router on random hidden states.
-      auto weights = [&](int64_t e, MoeProj p) {
-        return dequantize_expert(p == MoeProj::kW13 ? reference->w13 : reference->w2, e - e0);
-      };
-      auto matmul = [&](int e, MoeProj p, const float* xs, int64_t m, float* y) {
-        layout->expert_matmul(lo, params, p, e - static_cast<int>(e0), xs, m, y);
-      };
-      try {
-        numeric->evaluate(e0, e1, weights, matmul);
-      } catch (const Error& e) {
-        broken("evaluation (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")",
-               e);
-        ok = false;
-      }
-    }
-    round_trip.report(r);
-    if (!ok) continue;
-    const ref::MoeLayerCheck check = numeric->finish();
-    r.layers.push_back(make_layer_result(layer_no, backend, opts.tokens, router.top_k,
-                                         check.comparison, opts.tolerance));
-  }
+  // 3. Per layer, by chunks of experts: decode, exact round trip, numerical check.
+  LayerRun run{&out, src.get(), layout, recipe, &manifest, threads, &opts, router, activation, &r};
+  if (opts.device == "cuda")
+    verify_layers_cuda(run);
+  else
+    verify_layers_cpu(run);
   if (quantized_from_dense)
     r.notes.push_back(
         "experts were quantised to MXFP8 by moepack: the reference re-quantises the source with "

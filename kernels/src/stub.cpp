@@ -1,16 +1,56 @@
 // Built when CUDA is off: every device entry point says so explicitly (STYLE.md §7).
 #include "core/error.h"
 #include "kernels/marlin_moe.h"
+#include "kernels/moe_runtime.h"
 #include "kernels/moepack_cuda.h"
 
 namespace moepack {
+namespace {
+[[noreturn]] void no_cuda() {
+  throw Error(ErrorCode::kNoCuda, "built without CUDA");
+}
+}  // namespace
 
 CudaDeviceInfo cuda_device_info() {
   return {};
 }
 
-std::vector<uint32_t> cuda_marlin_repack(const uint8_t*, int64_t, int64_t, int, const int32_t*) {
-  throw Error(ErrorCode::kNoCuda, "built without CUDA");
+struct MoeRuntime::Impl {};
+
+MoeRuntime::MoeRuntime() {
+  no_cuda();
+}
+MoeRuntime::~MoeRuntime() = default;
+MoeDeviceRouting MoeRuntime::begin_layer(const MoeLayerSpec&, const MoeRouterSpec&, const float*,
+                                         int64_t, const float*, const float*, const float*) {
+  no_cuda();
+}
+void MoeRuntime::begin_chunk() {
+  no_cuda();
+}
+const void* MoeRuntime::upload(const void*, size_t) {
+  no_cuda();
+}
+void MoeRuntime::run_chunk(int64_t, int64_t, const reader::ProjReader&, const reader::ProjReader&,
+                           const reader::ProjReader&, const reader::ProjReader&) {
+  no_cuda();
+}
+void MoeRuntime::forward_chunk(int64_t, int64_t, const reader::ProjReader&,
+                               const reader::ProjReader&, bool) {
+  no_cuda();
+}
+MoeLayerOutputs MoeRuntime::finish_layer() {
+  no_cuda();
+}
+std::vector<float> MoeRuntime::router_logits(const float*, int64_t, int64_t, const float*, int64_t,
+                                             const float*) {
+  no_cuda();
+}
+MoeDeviceRouting MoeRuntime::route(const std::vector<float>&, const float*, const MoeRouterSpec&) {
+  no_cuda();
+}
+void MoeRuntime::sorted_slots(std::vector<int32_t>*, std::vector<int32_t>*) {
+  no_cuda();
 }
 
 std::vector<float> cuda_marlin_moe_forward(const MarlinMoeHostLayer&, const std::vector<uint16_t>&,

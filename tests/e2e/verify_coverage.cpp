@@ -3,7 +3,8 @@
 // not describe each other) is exit 3 naming the manifest field; a tampered converted tensor --
 // every single-bit flip tried, in every converted tensor including the act-order g_idx and its
 // sort indices, with the manifest's sha256 rewritten to match -- is exit 1 with a failed check
-// naming its layer, never exit 3 or 70 and never a pass.
+// naming its layer, never exit 3 or 70 and never a pass -- on the CPU and, when there is one, on
+// the GPU (`--device cuda`).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "core/sha256.h"
 #include "io/safetensors.h"
+#include "kernels/moepack_cuda.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -167,6 +169,9 @@ TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
   Converted c;
   const std::string shard = c.dst + "/model.safetensors";
   const json good = read_json_file(c.manifest);
+  // The CPU, and the GPU when there is one: every flip fails on both.
+  std::vector<std::string> devices = {"cpu"};
+  if (cuda_device_info().available) devices.push_back("cuda");
   int flips = 0;
   for (const auto& p : good["layers"][0]["params"]) {
     const std::string tensor = p.get<std::string>();
@@ -179,20 +184,26 @@ TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
         json m = good;
         m["tensors"][tensor]["sha256"] = sha_of(shard, at);
         write_json(c.manifest, m);
-        std::string out, err;
-        EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src + " --json", &out, &err), 1)
-            << err;
-        const json v = json::parse(out, nullptr, false);
-        ASSERT_FALSE(v.is_discarded()) << out << err;
-        bool layer1 = false, other = false;
-        ASSERT_TRUE(v.contains("round_trip") && v.contains("layers")) << v.dump();
-        for (const auto& r : v["round_trip"])
-          if (r["passed"] == false && r["first_mismatch"].is_object())
-            (r["first_mismatch"]["layer"] == 1 ? layer1 : other) = true;
-        for (const auto& l : v["layers"])
-          if (l["passed"] == false) (l["layer"] == 1 ? layer1 : other) = true;
-        EXPECT_TRUE(layer1) << v.dump();
-        EXPECT_FALSE(other) << v.dump();
+        for (const std::string& device : devices) {
+          SCOPED_TRACE("--device " + device);
+          std::string out, err;
+          EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src + " --device " + device +
+                                    " --json",
+                                &out, &err),
+                    1)
+              << err;
+          const json v = json::parse(out, nullptr, false);
+          ASSERT_FALSE(v.is_discarded()) << out << err;
+          bool layer1 = false, other = false;
+          ASSERT_TRUE(v.contains("round_trip") && v.contains("layers")) << v.dump();
+          for (const auto& r : v["round_trip"])
+            if (r["passed"] == false && r["first_mismatch"].is_object())
+              (r["first_mismatch"]["layer"] == 1 ? layer1 : other) = true;
+          for (const auto& l : v["layers"])
+            if (l["passed"] == false) (l["layer"] == 1 ? layer1 : other) = true;
+          EXPECT_TRUE(layer1) << v.dump();
+          EXPECT_FALSE(other) << v.dump();
+        }
         flip_bit(shard, at.offset + pos, bit);  // undo
         ++flips;
       }

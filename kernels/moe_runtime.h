@@ -1,0 +1,102 @@
+// The CUDA fused-MoE runtime of `verify --device cuda` (issue 12): routing, token sorting and the
+// MoE computed from weight readers (formats/layout/moe_reader.h) with device pointers, once with
+// the layout's readers (fp32 accumulate, like the serving kernel) and once with canonical readers
+// of the reference experts (fp64 accumulate, like verify/moe_reference).
+//
+//   begin_layer   x [T, H] up; router logits, routing, token -> expert sort on the device;
+//                 the routing comes back (verify compares outputs per routed slot)
+//   begin_chunk   a staging area: upload() copies host bytes into pinned memory and on to the
+//                 device on the copy stream; two areas alternate, so chunk i + 1 uploads while
+//                 chunk i computes, and an area is reused only once its chunk has finished
+//   run_chunk     experts [first, last): both MoEs into the layer's slot outputs (compute stream,
+//                 after the chunk's copies)
+//   finish_layer  weighted combine on the device; outputs and slot outputs come back
+//
+// Device buffers and pinned areas grow as needed and are reused across layers. Declared always;
+// without CUDA every entry point throws Error{kNoCuda} (kernels/src/stub.cpp). Not thread-safe:
+// one thread drives one runtime.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "formats/layout/moe_reader.h"
+
+namespace moepack {
+
+// ref::RouterConfig without verify/ types (verify converts).
+struct MoeRouterSpec {
+  int64_t experts = 0;
+  int top_k = 1;
+  bool sigmoid = false;  // softmax otherwise
+  bool renormalize = false;
+  int n_group = 1;
+  int topk_group = 1;
+  int group_score = 0;  // 0 none, 1 max (DeepSeek-V2), 2 sum of the top 2 (DeepSeek-V3)
+  double routed_scaling_factor = 1.0;
+  bool correction_bias = false;  // e_score_correction_bias [E] used for selection
+};
+
+struct MoeLayerSpec {
+  int64_t experts = 0, hidden = 0, inter = 0;
+  bool gated = true;   // w13 rows [gate; up]: silu(gate) * up; else relu2(w13 . x)
+  bool relu2 = false;  // the non-gated activation
+};
+
+// Routing of T tokens as ref::Routing holds it: [T, top_k] best first.
+struct MoeDeviceRouting {
+  int64_t tokens = 0;
+  int top_k = 0;
+  std::vector<int32_t> expert_ids;
+  std::vector<double> weights;
+};
+
+// The layer's results: [T, H] combined outputs and [T * top_k, H] unweighted per-slot outputs of
+// the layout side (float, widened) and of the reference side (double).
+struct MoeLayerOutputs {
+  std::vector<double> got_out, got_slots, ref_out, ref_slots;
+};
+
+class MoeRuntime {
+ public:
+  MoeRuntime();  // device 0; kNoCuda without one
+  ~MoeRuntime();
+  MoeRuntime(const MoeRuntime&) = delete;
+  MoeRuntime& operator=(const MoeRuntime&) = delete;
+
+  // router_bias and correction_bias may be null. Non-finite logits: kBadValue naming
+  // router_logits with the token and expert (as ref::route).
+  MoeDeviceRouting begin_layer(const MoeLayerSpec& layer, const MoeRouterSpec& router,
+                               const float* x, int64_t tokens, const float* router_weight,
+                               const float* router_bias, const float* correction_bias);
+  void begin_chunk();
+  // A device copy of host[0, bytes), valid until the chunk after the next one begins.
+  const void* upload(const void* host, size_t bytes);
+  // Both MoEs for experts [first, last) of the layer. The readers index experts from 0 = first.
+  void run_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
+                 const reader::ProjReader& w2, const reader::ProjReader& ref_w13,
+                 const reader::ProjReader& ref_w2);
+  // One side only (fp32 accumulate unless reference): the plain fused MoE forward, for benches
+  // and for specialised kernels to compare against.
+  void forward_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
+                     const reader::ProjReader& w2, bool reference);
+  MoeLayerOutputs finish_layer();
+
+  // Router pieces alone (tests: they equal verify/router.cpp's).
+  std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,
+                                   const float* router_weight, int64_t experts,
+                                   const float* router_bias);
+  MoeDeviceRouting route(const std::vector<float>& logits, const float* correction_bias,
+                         const MoeRouterSpec& router);
+  // The layer's token -> expert sort after begin_layer: offsets [E + 1] and sorted slots.
+  void sorted_slots(std::vector<int32_t>* offsets, std::vector<int32_t>* sorted);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moepack

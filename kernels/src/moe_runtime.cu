@@ -1,0 +1,471 @@
+// Launchers of the fused-MoE runtime (kernels/moe_runtime.h): shape checks, streams, staging,
+// and every CUDA status turned into moepack::Error (kNoCuda without a usable device, kInternal
+// otherwise). Device code lives in kernels/include/moe_{routing,sort,fused}.cuh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/include/moe_fused.cuh"
+#include "kernels/include/moe_routing.cuh"
+#include "kernels/include/moe_sort.cuh"
+#include "kernels/moe_runtime.h"
+
+namespace moepack {
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  const bool no_device = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+                         err == cudaErrorInitializationError;
+  cudaGetLastError();  // clear a non-sticky error so later calls are not poisoned
+  throw Error(no_device ? ErrorCode::kNoCuda : ErrorCode::kInternal,
+              std::string("MoeRuntime: ") + what + ": " + cudaGetErrorString(err));
+}
+
+void check_launch(const char* what) {
+  check_cuda(cudaGetLastError(), what);
+}
+
+// A device array that only grows; callers grow it when no queued work uses it.
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  size_t count = 0;
+  void reserve(size_t n, const char* what) {
+    if (n <= count) return;
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    count = 0;
+    check_cuda(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), what);
+    count = n;
+  }
+  ~DeviceArray() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+// One staging area: pinned host blocks mirrored by device blocks of the same size.
+struct StagingBlock {
+  uint8_t* host = nullptr;
+  uint8_t* device = nullptr;
+  size_t capacity = 0, used = 0;
+};
+struct StagingArea {
+  std::vector<StagingBlock> blocks;
+  size_t current = 0;
+  cudaEvent_t done = nullptr;  // recorded after the last chunk that read this area
+};
+
+constexpr size_t kMinStagingBlock = size_t{64} << 20;
+constexpr size_t kStagingAlign = 256;
+
+}  // namespace
+
+struct MoeRuntime::Impl {
+  cudaStream_t compute = nullptr, copy = nullptr;
+  cudaEvent_t copied = nullptr;
+  StagingArea areas[2];
+  int area = -1;
+
+  MoeLayerSpec layer;
+  int64_t tokens = 0;
+  int top_k = 0;
+  std::vector<int32_t> host_offsets;
+  std::vector<double> host_weights;
+
+  DeviceArray<float> x, router_w, router_b, corr, logits, xq_got, xq_ref, scratch_in, scratch_out;
+  DeviceArray<double> score, choice, group_value, weights, ref_inter, ref_slots, got_out, ref_out;
+  DeviceArray<uint8_t> taken, group_taken;
+  DeviceArray<int32_t> expert_ids, counts, offsets, sorted, row_token;
+  DeviceArray<float> got_inter, got_slots;
+  DeviceArray<unsigned long long> bad_logit;
+
+  ~Impl() {
+    if (compute) cudaStreamSynchronize(compute);
+    if (copy) cudaStreamSynchronize(copy);
+    for (StagingArea& a : areas) {
+      for (StagingBlock& b : a.blocks) {
+        if (b.host) cudaFreeHost(b.host);
+        if (b.device) cudaFree(b.device);
+      }
+      if (a.done) cudaEventDestroy(a.done);
+    }
+    if (copied) cudaEventDestroy(copied);
+    if (compute) cudaStreamDestroy(compute);
+    if (copy) cudaStreamDestroy(copy);
+  }
+
+  // Routing of `tokens` rows of logits already in this->logits into expert_ids / weights.
+  void run_route(int64_t rows, const MoeRouterSpec& s, const float* correction_bias_device) {
+    const int64_t E = s.experts;
+    score.reserve(static_cast<size_t>(rows * E), "router scores");
+    choice.reserve(static_cast<size_t>(rows * E), "router choices");
+    taken.reserve(static_cast<size_t>(rows * E), "router selection");
+    group_value.reserve(static_cast<size_t>(rows * s.n_group), "router groups");
+    group_taken.reserve(static_cast<size_t>(rows * s.n_group), "router groups");
+    expert_ids.reserve(static_cast<size_t>(rows * s.top_k), "expert ids");
+    weights.reserve(static_cast<size_t>(rows * s.top_k), "routing weights");
+    bad_logit.reserve(1, "flag");
+    const unsigned long long none = ~0ull;
+    check_cuda(cudaMemcpyAsync(bad_logit.ptr, &none, sizeof(none), cudaMemcpyHostToDevice, compute),
+               "flag");
+    kernels::RouterArgs a;
+    a.experts = E;
+    a.top_k = s.top_k;
+    a.sigmoid = s.sigmoid;
+    a.renormalize = s.renormalize;
+    a.n_group = s.n_group;
+    a.topk_group = s.topk_group;
+    a.group_score = s.group_score;
+    a.routed_scaling_factor = s.routed_scaling_factor;
+    a.use_correction_bias = s.correction_bias;
+    kernels::route_kernel<<<blocks_for(rows, 64), 64, 0, compute>>>(
+        logits.ptr, rows, a, correction_bias_device, score.ptr, choice.ptr, taken.ptr,
+        group_value.ptr, group_taken.ptr, expert_ids.ptr, weights.ptr, bad_logit.ptr);
+    check_launch("route_kernel");
+    unsigned long long bad = 0;
+    check_cuda(cudaMemcpyAsync(&bad, bad_logit.ptr, sizeof(bad), cudaMemcpyDeviceToHost, compute),
+               "flag");
+    check_cuda(cudaStreamSynchronize(compute), "route_kernel");
+    if (bad != none) {
+      const int64_t i = static_cast<int64_t>(bad - 1);
+      throw Error(ErrorCode::kBadValue, "", "router_logits",
+                  "non-finite router logit at token " + std::to_string(i / E) + ", expert " +
+                      std::to_string(i % E));
+    }
+  }
+
+  MoeDeviceRouting download_routing(int64_t rows, int k) {
+    MoeDeviceRouting r;
+    r.tokens = rows;
+    r.top_k = k;
+    r.expert_ids.resize(static_cast<size_t>(rows * k));
+    r.weights.resize(static_cast<size_t>(rows * k));
+    check_cuda(cudaMemcpyAsync(r.expert_ids.data(), expert_ids.ptr, r.expert_ids.size() * 4,
+                               cudaMemcpyDeviceToHost, compute),
+               "routing");
+    check_cuda(cudaMemcpyAsync(r.weights.data(), weights.ptr, r.weights.size() * 8,
+                               cudaMemcpyDeviceToHost, compute),
+               "routing");
+    return r;
+  }
+
+  template <typename Acc>
+  void side(int64_t first, int64_t last, const reader::ProjReader& w13,
+            const reader::ProjReader& w2, const float* xq_src, float* xq_buf, Acc* inter_buf,
+            Acc* slots) {
+    const int64_t H = layer.hidden, I = layer.inter;
+    const kernels::ReaderWeights W13{w13}, W2{w2};
+    const float* xq = xq_src;
+    if (w13.act != reader::ActQuant::kNone) {
+      check_cuda(cudaMemcpyAsync(xq_buf, xq_src, static_cast<size_t>(tokens * H) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, compute),
+                 "activations");
+      kernels::quantize_rows_kernel<kernels::ReaderWeights, float>
+          <<<blocks_for(tokens, 64), 64, 0, compute>>>(W13, xq_buf, tokens, H, scratch_in.ptr,
+                                                       scratch_out.ptr);
+      check_launch("quantize_rows_kernel (tokens)");
+      xq = xq_buf;
+    }
+    const dim3 g1(blocks_for(I, kernels::kThreads), static_cast<unsigned>(last - first));
+    kernels::gemm1_act_kernel<kernels::ReaderWeights, Acc><<<g1, kernels::kThreads, 0, compute>>>(
+        W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated, layer.relu2, inter_buf);
+    check_launch("gemm1_act_kernel");
+    const int64_t p0 = host_offsets[static_cast<size_t>(first)];
+    const int64_t p1 = host_offsets[static_cast<size_t>(last)];
+    if (w2.act != reader::ActQuant::kNone && p1 > p0) {
+      kernels::quantize_rows_kernel<kernels::ReaderWeights, Acc>
+          <<<blocks_for(p1 - p0, 64), 64, 0, compute>>>(W2, inter_buf + p0 * I, p1 - p0, I,
+                                                        scratch_in.ptr, scratch_out.ptr);
+      check_launch("quantize_rows_kernel (intermediate)");
+    }
+    const dim3 g2(blocks_for(H, kernels::kThreads), static_cast<unsigned>(last - first));
+    kernels::gemm2_kernel<kernels::ReaderWeights, Acc, Acc><<<g2, kernels::kThreads, 0, compute>>>(
+        W2, first, offsets.ptr, sorted.ptr, inter_buf, I, H, slots);
+    check_launch("gemm2_kernel");
+  }
+
+  void check_readers(int64_t first, int64_t last, const reader::ProjReader& w13,
+                     const reader::ProjReader& w2, const char* which) const {
+    const int64_t n13 = layer.gated ? 2 * layer.inter : layer.inter;
+    if (w13.experts != last - first || w2.experts != last - first || w13.n != n13 ||
+        w13.k != layer.hidden || w2.n != layer.hidden || w2.k != layer.inter)
+      throw Error(ErrorCode::kInternal, "", which,
+                  "readers of [" + std::to_string(w13.experts) + ", " + std::to_string(w13.n) +
+                      ", " + std::to_string(w13.k) + "] / [" + std::to_string(w2.experts) + ", " +
+                      std::to_string(w2.n) + ", " + std::to_string(w2.k) + "] for experts [" +
+                      std::to_string(first) + ", " + std::to_string(last) + ") of a layer with H=" +
+                      std::to_string(layer.hidden) + " I=" + std::to_string(layer.inter));
+  }
+};
+
+MoeRuntime::MoeRuntime() : impl_(std::make_unique<Impl>()) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kNoCuda, "no CUDA device");
+  }
+  check_cuda(cudaSetDevice(0), "cudaSetDevice");
+  check_cuda(cudaStreamCreateWithFlags(&impl_->compute, cudaStreamNonBlocking), "stream");
+  check_cuda(cudaStreamCreateWithFlags(&impl_->copy, cudaStreamNonBlocking), "stream");
+  check_cuda(cudaEventCreateWithFlags(&impl_->copied, cudaEventDisableTiming), "event");
+  for (StagingArea& a : impl_->areas)
+    check_cuda(cudaEventCreateWithFlags(&a.done, cudaEventDisableTiming), "event");
+}
+
+MoeRuntime::~MoeRuntime() = default;
+
+MoeDeviceRouting MoeRuntime::begin_layer(const MoeLayerSpec& layer, const MoeRouterSpec& router,
+                                         const float* x, int64_t tokens, const float* router_weight,
+                                         const float* router_bias, const float* correction_bias) {
+  Impl& m = *impl_;
+  if (layer.experts != router.experts || layer.experts <= 0 || layer.hidden <= 0 ||
+      layer.inter <= 0 || tokens <= 0 || router.top_k <= 0 || router.top_k > router.experts)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                "begin_layer: E=" + std::to_string(layer.experts) + " (router " +
+                    std::to_string(router.experts) + ") H=" + std::to_string(layer.hidden) +
+                    " I=" + std::to_string(layer.inter) + " T=" + std::to_string(tokens) +
+                    " top_k=" + std::to_string(router.top_k));
+  // The previous layer is finished (finish_layer synchronised), so buffers may grow.
+  check_cuda(cudaStreamSynchronize(m.compute), "previous layer");
+  check_cuda(cudaStreamSynchronize(m.copy), "previous layer");
+  m.layer = layer;
+  m.tokens = tokens;
+  m.top_k = router.top_k;
+  const int64_t E = layer.experts, H = layer.hidden, I = layer.inter, T = tokens;
+  const int64_t P = T * router.top_k;
+  m.x.reserve(static_cast<size_t>(T * H), "hidden states");
+  m.router_w.reserve(static_cast<size_t>(E * H), "router weight");
+  m.router_b.reserve(static_cast<size_t>(E), "router bias");
+  m.corr.reserve(static_cast<size_t>(E), "correction bias");
+  m.logits.reserve(static_cast<size_t>(T * E), "router logits");
+  m.xq_got.reserve(static_cast<size_t>(T * H), "activations");
+  m.xq_ref.reserve(static_cast<size_t>(T * H), "activations");
+  const size_t scratch = static_cast<size_t>(std::max(T * H, P * I));
+  m.scratch_in.reserve(scratch, "scratch");
+  m.scratch_out.reserve(scratch, "scratch");
+  m.got_inter.reserve(static_cast<size_t>(P * I), "intermediate");
+  m.ref_inter.reserve(static_cast<size_t>(P * I), "intermediate");
+  m.got_slots.reserve(static_cast<size_t>(P * H), "slot outputs");
+  m.ref_slots.reserve(static_cast<size_t>(P * H), "slot outputs");
+  m.got_out.reserve(static_cast<size_t>(T * H), "outputs");
+  m.ref_out.reserve(static_cast<size_t>(T * H), "outputs");
+  m.counts.reserve(static_cast<size_t>(E), "counts");
+  m.offsets.reserve(static_cast<size_t>(E + 1), "offsets");
+  m.sorted.reserve(static_cast<size_t>(P), "sorted slots");
+  m.row_token.reserve(static_cast<size_t>(P), "row tokens");
+  auto up = [&m](float* dst, const float* src, int64_t n, const char* what) {
+    check_cuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
+                               cudaMemcpyHostToDevice, m.compute),
+               what);
+  };
+  up(m.x.ptr, x, T * H, "hidden states");
+  up(m.router_w.ptr, router_weight, E * H, "router weight");
+  if (router_bias) up(m.router_b.ptr, router_bias, E, "router bias");
+  if (correction_bias) up(m.corr.ptr, correction_bias, E, "correction bias");
+  if (router.correction_bias && !correction_bias)
+    throw Error(ErrorCode::kMissingTensor, "", "e_score_correction_bias",
+                "router needs a correction bias");
+  kernels::router_logits_kernel<<<blocks_for(T * E, 128), 128, 0, m.compute>>>(
+      m.x.ptr, T, H, m.router_w.ptr, E, router_bias ? m.router_b.ptr : nullptr, m.logits.ptr);
+  check_launch("router_logits_kernel");
+  m.run_route(T, router, correction_bias ? m.corr.ptr : nullptr);
+  kernels::count_slots_kernel<<<blocks_for(E, 128), 128, 0, m.compute>>>(m.expert_ids.ptr, P, E,
+                                                                         m.counts.ptr);
+  check_launch("count_slots_kernel");
+  kernels::exclusive_scan_kernel<<<1, 1, 0, m.compute>>>(m.counts.ptr, E, m.offsets.ptr);
+  check_launch("exclusive_scan_kernel");
+  kernels::fill_sorted_kernel<<<blocks_for(E, 128), 128, 0, m.compute>>>(
+      m.expert_ids.ptr, P, E, router.top_k, m.offsets.ptr, m.sorted.ptr, m.row_token.ptr);
+  check_launch("fill_sorted_kernel");
+  check_cuda(
+      cudaMemsetAsync(m.got_slots.ptr, 0, static_cast<size_t>(P * H) * sizeof(float), m.compute),
+      "slot outputs");
+  check_cuda(
+      cudaMemsetAsync(m.ref_slots.ptr, 0, static_cast<size_t>(P * H) * sizeof(double), m.compute),
+      "slot outputs");
+  check_cuda(cudaStreamSynchronize(m.compute), "sort");
+  m.host_offsets.resize(static_cast<size_t>(E + 1));
+  check_cuda(cudaMemcpyAsync(m.host_offsets.data(), m.offsets.ptr, m.host_offsets.size() * 4,
+                             cudaMemcpyDeviceToHost, m.compute),
+             "offsets");
+  MoeDeviceRouting r = m.download_routing(T, router.top_k);
+  m.host_weights = r.weights;
+  return r;
+}
+
+void MoeRuntime::begin_chunk() {
+  Impl& m = *impl_;
+  m.area = (m.area + 1) % 2;
+  StagingArea& a = m.areas[m.area];
+  // The chunk before the previous one read this area: wait until it has finished.
+  check_cuda(cudaEventSynchronize(a.done), "staging area");
+  for (StagingBlock& b : a.blocks) b.used = 0;
+  a.current = 0;
+}
+
+const void* MoeRuntime::upload(const void* host, size_t bytes) {
+  Impl& m = *impl_;
+  if (m.area < 0) throw Error(ErrorCode::kInternal, "", "MoeRuntime", "upload before begin_chunk");
+  StagingArea& a = m.areas[m.area];
+  const size_t need = (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+  while (a.current < a.blocks.size() &&
+         a.blocks[a.current].capacity - a.blocks[a.current].used < need)
+    ++a.current;
+  if (a.current == a.blocks.size()) {
+    StagingBlock b;
+    b.capacity = std::max(need, kMinStagingBlock);
+    check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&b.host), b.capacity, cudaHostAllocDefault),
+               "pinned staging");
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&b.device), b.capacity), "device staging");
+    a.blocks.push_back(b);
+  }
+  StagingBlock& b = a.blocks[a.current];
+  uint8_t* dst = b.host + b.used;
+  uint8_t* dev = b.device + b.used;
+  b.used += need;
+  if (bytes == 0) return dev;
+  // Large copies into pinned memory on several threads (one core's memcpy is slower than the
+  // host-to-device link).
+  const size_t piece = size_t{8} << 20;
+  const int64_t pieces = static_cast<int64_t>((bytes + piece - 1) / piece);
+  const uint8_t* src = static_cast<const uint8_t*>(host);
+  parallel_for(pieces, pieces > 1 ? 8 : 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const size_t off = static_cast<size_t>(p) * piece;
+      std::memcpy(dst + off, src + off, std::min(piece, bytes - off));
+    }
+  });
+  check_cuda(cudaMemcpyAsync(dev, dst, bytes, cudaMemcpyHostToDevice, m.copy), "upload");
+  return dev;
+}
+
+void MoeRuntime::forward_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
+                               const reader::ProjReader& w2, bool reference) {
+  Impl& m = *impl_;
+  if (first < 0 || last > m.layer.experts || first >= last)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                "expert range [" + std::to_string(first) + ", " + std::to_string(last) +
+                    ") outside the layer's " + std::to_string(m.layer.experts));
+  m.check_readers(first, last, w13, w2, reference ? "reference readers" : "layout readers");
+  // The chunk's uploads come first (copy stream), then its kernels (compute stream).
+  check_cuda(cudaEventRecord(m.copied, m.copy), "event");
+  check_cuda(cudaStreamWaitEvent(m.compute, m.copied, 0), "event");
+  if (reference)
+    m.side<double>(first, last, w13, w2, m.x.ptr, m.xq_ref.ptr, m.ref_inter.ptr, m.ref_slots.ptr);
+  else
+    m.side<float>(first, last, w13, w2, m.x.ptr, m.xq_got.ptr, m.got_inter.ptr, m.got_slots.ptr);
+  if (m.area >= 0) check_cuda(cudaEventRecord(m.areas[m.area].done, m.compute), "event");
+}
+
+void MoeRuntime::run_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
+                           const reader::ProjReader& w2, const reader::ProjReader& ref_w13,
+                           const reader::ProjReader& ref_w2) {
+  forward_chunk(first, last, w13, w2, false);
+  forward_chunk(first, last, ref_w13, ref_w2, true);
+}
+
+MoeLayerOutputs MoeRuntime::finish_layer() {
+  Impl& m = *impl_;
+  const int64_t T = m.tokens, H = m.layer.hidden, P = T * m.top_k;
+  kernels::combine_kernel<float><<<blocks_for(T * H, 256), 256, 0, m.compute>>>(
+      m.got_slots.ptr, m.weights.ptr, T, m.top_k, H, m.got_out.ptr);
+  check_launch("combine_kernel");
+  kernels::combine_kernel<double><<<blocks_for(T * H, 256), 256, 0, m.compute>>>(
+      m.ref_slots.ptr, m.weights.ptr, T, m.top_k, H, m.ref_out.ptr);
+  check_launch("combine_kernel");
+  check_cuda(cudaStreamSynchronize(m.compute), "layer");
+  MoeLayerOutputs o;
+  o.got_out.resize(static_cast<size_t>(T * H));
+  o.ref_out.resize(static_cast<size_t>(T * H));
+  o.ref_slots.resize(static_cast<size_t>(P * H));
+  std::vector<float> got_slots(static_cast<size_t>(P * H));
+  check_cuda(cudaMemcpyAsync(o.got_out.data(), m.got_out.ptr, o.got_out.size() * 8,
+                             cudaMemcpyDeviceToHost, m.compute),
+             "outputs");
+  check_cuda(cudaMemcpyAsync(o.ref_out.data(), m.ref_out.ptr, o.ref_out.size() * 8,
+                             cudaMemcpyDeviceToHost, m.compute),
+             "outputs");
+  check_cuda(cudaMemcpyAsync(o.ref_slots.data(), m.ref_slots.ptr, o.ref_slots.size() * 8,
+                             cudaMemcpyDeviceToHost, m.compute),
+             "slot outputs");
+  check_cuda(cudaMemcpyAsync(got_slots.data(), m.got_slots.ptr, got_slots.size() * 4,
+                             cudaMemcpyDeviceToHost, m.compute),
+             "slot outputs");
+  o.got_slots.assign(got_slots.begin(), got_slots.end());
+  return o;
+}
+
+std::vector<float> MoeRuntime::router_logits(const float* x, int64_t tokens, int64_t hidden,
+                                             const float* router_weight, int64_t experts,
+                                             const float* router_bias) {
+  Impl& m = *impl_;
+  check_cuda(cudaStreamSynchronize(m.compute), "sync");
+  m.x.reserve(static_cast<size_t>(tokens * hidden), "hidden states");
+  m.router_w.reserve(static_cast<size_t>(experts * hidden), "router weight");
+  m.router_b.reserve(static_cast<size_t>(experts), "router bias");
+  m.logits.reserve(static_cast<size_t>(tokens * experts), "router logits");
+  check_cuda(cudaMemcpyAsync(m.x.ptr, x, static_cast<size_t>(tokens * hidden) * 4,
+                             cudaMemcpyHostToDevice, m.compute),
+             "x");
+  check_cuda(
+      cudaMemcpyAsync(m.router_w.ptr, router_weight, static_cast<size_t>(experts * hidden) * 4,
+                      cudaMemcpyHostToDevice, m.compute),
+      "router weight");
+  if (router_bias)
+    check_cuda(cudaMemcpyAsync(m.router_b.ptr, router_bias, static_cast<size_t>(experts) * 4,
+                               cudaMemcpyHostToDevice, m.compute),
+               "router bias");
+  kernels::router_logits_kernel<<<blocks_for(tokens * experts, 128), 128, 0, m.compute>>>(
+      m.x.ptr, tokens, hidden, m.router_w.ptr, experts, router_bias ? m.router_b.ptr : nullptr,
+      m.logits.ptr);
+  check_launch("router_logits_kernel");
+  check_cuda(cudaStreamSynchronize(m.compute), "router_logits_kernel");
+  std::vector<float> out(static_cast<size_t>(tokens * experts));
+  check_cuda(
+      cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * 4, cudaMemcpyDeviceToHost, m.compute),
+      "logits");
+  return out;
+}
+
+MoeDeviceRouting MoeRuntime::route(const std::vector<float>& logits, const float* correction_bias,
+                                   const MoeRouterSpec& router) {
+  Impl& m = *impl_;
+  const int64_t E = router.experts;
+  if (E <= 0 || logits.size() % static_cast<size_t>(E) != 0 || router.top_k > E ||
+      router.n_group <= 0 || E % router.n_group != 0)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime", "route: bad router shape");
+  const int64_t T = static_cast<int64_t>(logits.size()) / E;
+  check_cuda(cudaStreamSynchronize(m.compute), "sync");
+  m.logits.reserve(logits.size(), "router logits");
+  m.corr.reserve(static_cast<size_t>(E), "correction bias");
+  check_cuda(cudaMemcpyAsync(m.logits.ptr, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice,
+                             m.compute),
+             "logits");
+  if (correction_bias)
+    check_cuda(cudaMemcpyAsync(m.corr.ptr, correction_bias, static_cast<size_t>(E) * 4,
+                               cudaMemcpyHostToDevice, m.compute),
+               "correction bias");
+  m.run_route(T, router, correction_bias ? m.corr.ptr : nullptr);
+  return m.download_routing(T, router.top_k);
+}
+
+void MoeRuntime::sorted_slots(std::vector<int32_t>* offsets, std::vector<int32_t>* sorted) {
+  Impl& m = *impl_;
+  check_cuda(cudaStreamSynchronize(m.compute), "sync");
+  *offsets = m.host_offsets;
+  sorted->resize(static_cast<size_t>(m.tokens * m.top_k));
+  check_cuda(cudaMemcpyAsync(sorted->data(), m.sorted.ptr, sorted->size() * 4,
+                             cudaMemcpyDeviceToHost, m.compute),
+             "sorted slots");
+}
+
+}  // namespace moepack

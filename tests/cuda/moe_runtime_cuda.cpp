@@ -1,0 +1,343 @@
+// The CUDA fused-MoE runtime (kernels/moe_runtime.h) against the CPU definitions: the router
+// kernels against verify/router.cpp, the token sort against the CPU's slots per expert, and the
+// fused MoE read through every layout's readers against verify/moe_reference on random legal
+// layers of every registry row (the registry suite's generators). Skips without a device.
+//
+// Tolerances, and why:
+//   routing     expert ids equal; weights within 1e-12 relative (both in double; the device's
+//               exp may differ from glibc's in the last bit)
+//   logits      within 4 float ulps of the CPU's (both sum in double then round; the CPU's
+//               blocked GEMM sums in another order)
+//   reference   GPU fp64 MoE vs CPU fp64 moe_reference, same routing and weights: 1e-12
+//               normalised (summation order only) when the layout takes activations unquantised
+//   layout      GPU fp32 layout MoE vs GPU fp64 reference MoE: 5e-4 normalised. Both sides take
+//               the activations the layout's kernel takes (bf16-rounded for Marlin, int8/fp8
+//               quantised for W8A8/FP8), the intermediate re-quantised too, so a fp32-vs-fp64
+//               difference sometimes flips one intermediate element by a quantisation step:
+//               measured up to ~8e-5 where fp32 accumulation alone gives ~1e-6; a layout bug
+//               gives O(1)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "formats/codec.h"
+#include "formats/moe_reader.h"
+#include "kernels/moe_runtime.h"
+#include "kernels/moepack_cuda.h"
+#include "tests/test_util.h"
+#include "verify/moe_reference.h"
+#include "verify/router.h"
+
+namespace moepack {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!cuda_device_info().available) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
+
+std::vector<float> normal_floats(test::Rng& rng, size_t n, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = d(rng);
+  return v;
+}
+
+MoeRouterSpec spec_of(const ref::RouterConfig& c) {
+  MoeRouterSpec s;
+  s.experts = c.num_experts;
+  s.top_k = c.top_k;
+  s.sigmoid = c.scoring == ref::RouterScoring::kSigmoid;
+  s.renormalize = c.renormalize;
+  s.n_group = c.n_group;
+  s.topk_group = c.topk_group;
+  s.group_score = c.group_score == ref::GroupScore::kNone  ? 0
+                  : c.group_score == ref::GroupScore::kMax ? 1
+                                                           : 2;
+  s.routed_scaling_factor = c.routed_scaling_factor;
+  s.correction_bias = c.has_correction_bias;
+  return s;
+}
+
+// The routers of the supported families (verify/router.h), small enough to test quickly.
+std::vector<ref::RouterConfig> router_configs() {
+  std::vector<ref::RouterConfig> v;
+  ref::RouterConfig mixtral;
+  mixtral.family = "mixtral";
+  mixtral.num_experts = 8;
+  mixtral.top_k = 2;
+  mixtral.renormalize = true;
+  v.push_back(mixtral);
+  ref::RouterConfig qwen = mixtral;
+  qwen.family = "qwen3_moe (no norm_topk_prob)";
+  qwen.num_experts = 128;
+  qwen.top_k = 8;
+  qwen.renormalize = false;
+  v.push_back(qwen);
+  ref::RouterConfig v2 = qwen;
+  v2.family = "deepseek_v2 group_limited_greedy";
+  v2.num_experts = 64;
+  v2.top_k = 6;
+  v2.n_group = 8;
+  v2.topk_group = 3;
+  v2.group_score = ref::GroupScore::kMax;
+  v2.routed_scaling_factor = 16.0;
+  v.push_back(v2);
+  ref::RouterConfig v3;
+  v3.family = "deepseek_v3 noaux_tc";
+  v3.scoring = ref::RouterScoring::kSigmoid;
+  v3.num_experts = 256;
+  v3.top_k = 8;
+  v3.renormalize = true;
+  v3.n_group = 8;
+  v3.topk_group = 4;
+  v3.group_score = ref::GroupScore::kSumTop2;
+  v3.routed_scaling_factor = 2.5;
+  v3.has_correction_bias = true;
+  v.push_back(v3);
+  ref::RouterConfig gpt = mixtral;
+  gpt.family = "gpt_oss (router bias)";
+  gpt.num_experts = 32;
+  gpt.top_k = 4;
+  gpt.has_router_bias = true;
+  v.push_back(gpt);
+  return v;
+}
+
+TEST(MoeRuntimeCuda, RouterKernelsEqualRouterCpp) {
+  SKIP_WITHOUT_CUDA();
+  MoeRuntime rt;
+  test::Rng rng(1201);
+  for (const ref::RouterConfig& cfg : router_configs()) {
+    SCOPED_TRACE(cfg.family);
+    const int64_t T = 97, H = 256, E = cfg.num_experts;
+    const std::vector<float> x = normal_floats(rng, static_cast<size_t>(T * H), 1.0f);
+    const std::vector<float> w = normal_floats(rng, static_cast<size_t>(E * H), 0.05f);
+    const std::vector<float> bias = cfg.has_router_bias
+                                        ? normal_floats(rng, static_cast<size_t>(E), 0.5f)
+                                        : std::vector<float>{};
+    const std::vector<float> corr = cfg.has_correction_bias
+                                        ? normal_floats(rng, static_cast<size_t>(E), 0.1f)
+                                        : std::vector<float>{};
+    const std::vector<float> want_logits =
+        ref::router_logits(x.data(), T, H, w.data(), E, bias.empty() ? nullptr : bias.data());
+    const std::vector<float> got_logits =
+        rt.router_logits(x.data(), T, H, w.data(), E, bias.empty() ? nullptr : bias.data());
+    ASSERT_EQ(got_logits.size(), want_logits.size());
+    for (size_t i = 0; i < got_logits.size(); ++i)
+      ASSERT_LE(std::fabs(got_logits[i] - want_logits[i]),
+                4 * std::numeric_limits<float>::epsilon() * std::fabs(want_logits[i]) + 1e-30)
+          << "logit " << i;
+    // The routing of the same logits.
+    const ref::Routing want = ref::route(want_logits, corr, cfg);
+    const MoeDeviceRouting got =
+        rt.route(want_logits, corr.empty() ? nullptr : corr.data(), spec_of(cfg));
+    ASSERT_EQ(got.expert_ids, want.expert_ids);
+    for (size_t i = 0; i < want.weights.size(); ++i)
+      ASSERT_NEAR(got.weights[i], want.weights[i], 1e-12 * std::fabs(want.weights[i]))
+          << "slot " << i;
+    // Non-finite logits are refused naming the first (as ref::route).
+    std::vector<float> bad = want_logits;
+    bad[static_cast<size_t>(5 * E + 3)] = std::nanf("");
+    bad[static_cast<size_t>(9 * E + 1)] = INFINITY;
+    const Error e = test::expect_error(
+        [&] { rt.route(bad, corr.empty() ? nullptr : corr.data(), spec_of(cfg)); },
+        ErrorCode::kBadValue);
+    EXPECT_NE(std::string(e.what()).find("token 5, expert 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MoeRuntimeCuda, SortGroupsSlotsByExpertInTokenOrder) {
+  SKIP_WITHOUT_CUDA();
+  MoeRuntime rt;
+  test::Rng rng(1202);
+  for (const ref::RouterConfig& cfg : router_configs()) {
+    SCOPED_TRACE(cfg.family);
+    const int64_t T = 61, H = 128, E = cfg.num_experts;
+    const std::vector<float> x = normal_floats(rng, static_cast<size_t>(T * H), 1.0f);
+    const std::vector<float> w = normal_floats(rng, static_cast<size_t>(E * H), 0.05f);
+    const std::vector<float> bias(static_cast<size_t>(E), 0.25f);
+    const std::vector<float> corr = normal_floats(rng, static_cast<size_t>(E), 0.1f);
+    MoeLayerSpec layer;
+    layer.experts = E;
+    layer.hidden = H;
+    layer.inter = 64;
+    const MoeDeviceRouting routing = rt.begin_layer(
+        layer, spec_of(cfg), x.data(), T, w.data(), cfg.has_router_bias ? bias.data() : nullptr,
+        cfg.has_correction_bias ? corr.data() : nullptr);
+    std::vector<int32_t> offsets, sorted;
+    rt.sorted_slots(&offsets, &sorted);
+    ASSERT_EQ(offsets.size(), static_cast<size_t>(E + 1));
+    ASSERT_EQ(offsets.back(), T * cfg.top_k);
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int32_t> want;
+      for (int64_t s = 0; s < T * cfg.top_k; ++s)
+        if (routing.expert_ids[static_cast<size_t>(s)] == e)
+          want.push_back(static_cast<int32_t>(s));
+      const std::vector<int32_t> got(sorted.begin() + offsets[static_cast<size_t>(e)],
+                                     sorted.begin() + offsets[static_cast<size_t>(e + 1)]);
+      ASSERT_EQ(got, want) << "expert " << e;
+    }
+    rt.finish_layer();
+  }
+}
+
+ref::MoeOutput output_of(const std::vector<double>& out, const std::vector<double>& slots,
+                         int64_t tokens, int64_t hidden, int top_k) {
+  ref::MoeOutput o;
+  o.tokens = tokens;
+  o.hidden = hidden;
+  o.top_k = top_k;
+  o.out = out;
+  o.slot_out = slots;
+  return o;
+}
+
+double norm_err(const ref::MoeOutput& ref, const ref::MoeOutput& got, const ref::Routing& routing,
+                int64_t experts) {
+  return ref::compare_moe(ref, got, routing, experts).norm_err;
+}
+
+bool takes_scheme(const TargetLayout& row, const char* scheme) {
+  return std::find(row.schemes.begin(), row.schemes.end(), std::string(scheme)) !=
+         row.schemes.end();
+}
+
+class LayoutRowsCuda : public ::testing::TestWithParam<TargetLayout> {};
+
+// Every layout row, every codec it takes, random legal layers (gated and relu2): the fused MoE
+// through the layout's readers on the GPU against the CPU definitions.
+TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const TargetLayout& row = GetParam();
+  MoeRuntime rt;
+  test::Rng rng(1203);
+  int cases = 0;
+  double worst_layout = 0.0, worst_reference = 0.0;
+  for (const SourceCodec& codec : source_codecs()) {
+    if (!takes_scheme(row, codec.scheme)) continue;
+    for (const QuantParams& params : codec.param_space()) {
+      test::RandomTensorOptions ro;
+      std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
+      if (params.method == QuantMethod::kGptq) {
+        ro.zero_lo = std::max(ro.zero_lo, 1);
+        ro.zero_hi = std::min(ro.zero_hi, (1 << params.bits) - 1);
+      }
+      for (bool gated : {true, false}) {
+        const test::LayerDims d = test::random_layer_dims(rng, 1).front();
+        const int64_t E = d.experts + 3;
+        const MoeShape s = moe_shape_for(params, E, d.hidden, d.inter, gated);
+        LayoutOptions o;
+        o.act_dtype = DType::kBF16;
+        o.gated = gated;
+        o.source_method = params.method;
+        o.prefix = "model.layers.0.mlp.experts.";
+        if (!row.unsupported_reasons(o, s).empty()) continue;
+        std::ostringstream trace;
+        trace << row.name << " <- " << codec.name << " {" << test::describe_params(params)
+              << "} E=" << E << " H=" << d.hidden << " I=" << d.inter
+              << (gated ? " gated" : " relu2");
+        SCOPED_TRACE(trace.str());
+        ++cases;
+        const MoeExperts experts = test::random_moe_experts(rng, s, ro);
+        TensorMap packed;
+        for (Tensor& t : row.pack(o, experts)) packed.emplace(t.name, std::move(t));
+        const MoeExperts decoded = row.unpack(o, packed);
+        ref::RouterConfig router;
+        router.num_experts = E;
+        router.top_k = 2;
+        router.renormalize = true;
+        ref::MoeSpec spec;
+        spec.experts = E;
+        spec.hidden = d.hidden;
+        spec.intermediate = d.inter;
+        spec.gated = gated;
+        spec.activation = gated ? ref::Activation::kSilu : ref::Activation::kRelu2;
+        const int64_t T = 37;
+        const std::vector<float> x = ref::random_hidden_states(T, d.hidden, 7);
+        const std::vector<float> rw = normal_floats(rng, static_cast<size_t>(E * d.hidden), 0.05f);
+        MoeLayerSpec layer;
+        layer.experts = E;
+        layer.hidden = d.hidden;
+        layer.inter = d.inter;
+        layer.gated = gated;
+        layer.relu2 = !gated;
+        const MoeDeviceRouting dr =
+            rt.begin_layer(layer, spec_of(router), x.data(), T, rw.data(), nullptr, nullptr);
+        // Two chunks: the staging areas alternate and the expert offsets are exercised.
+        const int64_t split = E / 2;
+        const reader::ActQuant act = act_quant_of(row, o);
+        for (auto [e0, e1] : {std::make_pair(int64_t{0}, split), std::make_pair(split, E)}) {
+          rt.begin_chunk();
+          TensorMap part;
+          for (const auto& [name, t] : packed) {
+            Tensor c = t;
+            c.shape[0] = e1 - e0;
+            const size_t per = t.data.size() / static_cast<size_t>(E);
+            c.data.assign(t.data.begin() + static_cast<int64_t>(per) * e0,
+                          t.data.begin() + static_cast<int64_t>(per) * e1);
+            part.emplace(name, std::move(c));
+          }
+          const MoeExperts dec = row.unpack(o, part);
+          const ParamLocator locate = [&rt](const std::string&, const Tensor& t) {
+            return rt.upload(t.data.data(), t.data.size());
+          };
+          const BufferLocator locate_buffer = [&rt](const void* p, size_t n) {
+            return rt.upload(p, n);
+          };
+          rt.run_chunk(e0, e1, make_layout_reader(row, o, part, MoeProj::kW13, locate),
+                       make_layout_reader(row, o, part, MoeProj::kW2, locate),
+                       make_canonical_reader(dec.w13, act, locate_buffer),
+                       make_canonical_reader(dec.w2, act, locate_buffer));
+        }
+        const MoeLayerOutputs out = rt.finish_layer();
+        ref::Routing routing;
+        routing.tokens = T;
+        routing.top_k = router.top_k;
+        routing.expert_ids = dr.expert_ids;
+        routing.weights = dr.weights;
+        const ref::MoeOutput gpu_ref =
+            output_of(out.ref_out, out.ref_slots, T, d.hidden, router.top_k);
+        const ref::MoeOutput gpu_got =
+            output_of(out.got_out, out.got_slots, T, d.hidden, router.top_k);
+        const double layout_err = norm_err(gpu_ref, gpu_got, routing, E);
+        EXPECT_LE(layout_err, 5e-4);
+        worst_layout = std::max(worst_layout, layout_err);
+        if (act == reader::ActQuant::kNone) {
+          const ref::MoeOutput cpu_ref =
+              ref::moe_reference(spec, routing, x.data(), [&](int64_t e, MoeProj p) {
+                return dequantize_expert(p == MoeProj::kW13 ? decoded.w13 : decoded.w2, e);
+              });
+          const double ref_err = norm_err(cpu_ref, gpu_ref, routing, E);
+          EXPECT_LE(ref_err, 1e-12);
+          worst_reference = std::max(worst_reference, ref_err);
+          const ref::MoeOutput cpu_got = ref::moe_via_expert_matmul(
+              spec, routing, x.data(), [&](int e, MoeProj p, const float* xs, int64_t m, float* y) {
+                row.expert_matmul(o, packed, p, e, xs, m, y);
+              });
+          EXPECT_LE(norm_err(cpu_ref, cpu_got, routing, E), 1e-4);
+        }
+      }
+    }
+  }
+  EXPECT_GE(cases, 2) << row.name;
+  std::cout << "[ " << row.name << " ] " << cases << " layers; worst GPU layout-vs-reference "
+            << worst_layout << ", worst GPU-vs-CPU reference " << worst_reference << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, LayoutRowsCuda, ::testing::ValuesIn(target_layouts()),
+                         [](const ::testing::TestParamInfo<TargetLayout>& p) {
+                           std::string n = p.param.name;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// Without a device (or built without CUDA) the runtime says so: kNoCuda, exit 4.
+TEST(MoeRuntimeCuda, WithoutADeviceTheRuntimeIsNoCuda) {
+  if (cuda_device_info().available) GTEST_SKIP() << "a CUDA device is present";
+  test::expect_error([] { MoeRuntime rt; }, ErrorCode::kNoCuda);
+}
+
+}  // namespace
+}  // namespace moepack
