@@ -664,6 +664,13 @@ MoeRouterSpec router_spec(const ref::RouterConfig& c) {
 // Host memory: the chunk being evaluated, the chunk being prepared, two pinned staging areas.
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
+  // A layout without a GPU reader is unsupported on this device (exit 4), not a failed layer.
+  try {
+    reader_kind_of(*run.layout);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kUnsupported, "", "",
+                std::string("--device cuda: ") + e.message() + "; use --device cpu");
+  }
   MoeRuntime rt;
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   // Jobs first (views only, no bytes), so the chunk list can be prepared ahead across layers.
