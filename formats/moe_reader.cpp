@@ -3,6 +3,10 @@
 #include <cstring>
 
 #include "formats/marlin.h"
+#include "formats/triton_int8.h"
+#include "formats/triton_wna16.h"
+#include "formats/trtllm_fp8_block.h"
+#include "formats/trtllm_mxfp8.h"
 
 namespace moepack {
 namespace {
@@ -86,6 +90,78 @@ ProjReader marlin_reader(const LayoutOptions& lo, const TensorMap& params, MoePr
   return r;
 }
 
+// ---- Triton WNA16 ------------------------------------------------------------------------------
+
+ProjReader triton_wna16_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
+                               const ParamLocator& locate) {
+  const TritonWna16LayerView L = triton_wna16_read_layer(lo, params);
+  const TritonWna16LayerView::Proj& v = L.proj[proj == MoeProj::kW13 ? 0 : 1];
+  ProjReader r = blank_reader(Kind::kTritonWna16,
+                              lo.act_dtype == DType::kF16 ? ActQuant::kFp16 : ActQuant::kBf16);
+  r.experts = L.experts;
+  r.n = v.n;
+  r.k = v.k;
+  r.p[0] = located(locate, params, v.qweight);
+  r.p[1] = located(locate, params, v.scales);
+  if (!v.qzeros.empty()) r.p[2] = located(locate, params, v.qzeros);
+  r.i32[0] = L.bits;
+  r.i32[1] = lo.act_dtype == DType::kF16 ? reader::kScaleF16 : reader::kScaleBf16;
+  r.i64[0] = v.row_bytes;
+  r.i64[1] = v.scale_cols;
+  r.i64[2] = L.kernel_group_size;
+  return r;
+}
+
+// ---- Triton W8A8 int8 --------------------------------------------------------------------------
+
+ProjReader triton_int8_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
+                              const ParamLocator& locate) {
+  const TritonInt8LayerView L = triton_int8_read_layer(lo, params);
+  const int i = proj == MoeProj::kW13 ? 0 : 1;
+  const std::string w = lo.prefix + (i == 0 ? "w13_" : "w2_");
+  ProjReader r = blank_reader(Kind::kTritonInt8, ActQuant::kInt8PerToken);
+  r.experts = L.experts;
+  r.n = L.n[i];
+  r.k = L.k[i];
+  r.p[0] = located(locate, params, w + "weight");
+  r.p[1] = located(locate, params, w + "weight_scale");
+  return r;
+}
+
+// ---- TRT-LLM MXFP8 and FP8 block -------------------------------------------------------------
+
+ProjReader trtllm_mxfp8_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
+                               const ParamLocator& locate) {
+  const TrtllmLayerView L = trtllm_mxfp8_read_layer(lo, params);
+  const bool w13 = proj == MoeProj::kW13;
+  const std::string w = lo.prefix + (w13 ? "w13_" : "w2_");
+  ProjReader r = blank_reader(Kind::kTrtllmMxfp8, ActQuant::kMxfp8Block32);
+  r.experts = L.experts;
+  r.n = w13 ? L.w13_rows : L.hidden;
+  r.k = w13 ? L.hidden : L.inter;
+  r.p[0] = located(locate, params, w + "weight");
+  r.p[1] = located(locate, params, w + "weight_scale");
+  r.i32[0] = w13 && lo.gated ? 1 : 0;
+  r.i64[0] = r.k / 32;
+  return r;
+}
+
+ProjReader trtllm_fp8_block_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
+                                   const ParamLocator& locate) {
+  const TrtllmLayerView L = trtllm_fp8_block_read_layer(lo, params);
+  const bool w13 = proj == MoeProj::kW13;
+  const std::string w = lo.prefix + (w13 ? "w13_" : "w2_");
+  ProjReader r = blank_reader(Kind::kTrtllmFp8Block, ActQuant::kFp8PerTokenGroup128);
+  r.experts = L.experts;
+  r.n = w13 ? L.w13_rows : L.hidden;
+  r.k = w13 ? L.hidden : L.inter;
+  r.p[0] = located(locate, params, w + "weight");
+  r.p[1] = located(locate, params, w + "weight_scale_inv");
+  r.i32[0] = w13 && lo.gated ? 1 : 0;
+  r.i64[0] = r.k / 128;
+  return r;
+}
+
 }  // namespace
 
 const void* host_param(const std::string&, const Tensor& host_tensor) {
@@ -127,9 +203,14 @@ ProjReader make_layout_reader(const TargetLayout& layout, const LayoutOptions& l
   switch (reader_kind_of(layout)) {
     case Kind::kMarlin:
       return marlin_reader(lo, params, proj, locate);
+    case Kind::kTritonWna16:
+      return triton_wna16_reader(lo, params, proj, locate);
+    case Kind::kTritonInt8:
+      return triton_int8_reader(lo, params, proj, locate);
+    case Kind::kTrtllmMxfp8:
+      return trtllm_mxfp8_reader(lo, params, proj, locate);
     default:
-      throw Error(ErrorCode::kUnsupported, "", lo.prefix,
-                  std::string("no GPU reader yet for layout ") + layout.name);
+      return trtllm_fp8_block_reader(lo, params, proj, locate);
   }
 }
 

@@ -110,6 +110,17 @@ Params read_params(const LayoutOptions& o, const TensorMap& m) {
 
 }  // namespace
 
+TritonInt8LayerView triton_int8_read_layer(const LayoutOptions& o, const TensorMap& m) {
+  const Params p = read_params(o, m);
+  TritonInt8LayerView v;
+  v.experts = p.w13->shape[0];
+  v.n[0] = p.w13->shape[1];
+  v.k[0] = p.w13->shape[2];
+  v.n[1] = p.w2->shape[1];
+  v.k[1] = p.w2->shape[2];
+  return v;
+}
+
 MoeExperts unpack_triton_int8_moe(const LayoutOptions& o, const TensorMap& m) {
   const Params p = read_params(o, m);
   MoeExperts x;

@@ -25,6 +25,14 @@ std::vector<ParamSpec> triton_int8_param_specs(const LayoutOptions& opts, const 
 std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions& opts,
                                                           const MoeShape& shape);
 
+// The parameters as unpack and expert_matmul check them (same errors): experts, and each
+// projection's [N, K] (w13 then w2), for the GPU readers (formats/moe_reader.h).
+struct TritonInt8LayerView {
+  int64_t experts = 0, n[2] = {0, 0}, k[2] = {0, 0};
+};
+TritonInt8LayerView triton_int8_read_layer(const LayoutOptions& opts,
+                                           const TensorMap& params_by_name);
+
 // Every reason these experts cannot be written in this layout (empty = supported); pack throws
 // kUnsupported listing them (kBadShape first when w13 and w2 disagree).
 std::vector<std::string> triton_int8_unsupported_reasons(const LayoutOptions& opts,

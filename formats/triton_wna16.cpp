@@ -524,6 +524,28 @@ MoeExperts unpack_impl(const LayoutOptions& o, const TensorMap& m, int64_t group
 
 }  // namespace
 
+TritonWna16LayerView triton_wna16_read_layer(const LayoutOptions& o, const TensorMap& m) {
+  const Geometry g = read_geometry(o, m);
+  const GroupChoice gc = choose_group(o, g, 0);
+  TritonWna16LayerView v;
+  v.experts = g.experts;
+  v.kernel_group_size = gc.effective;
+  v.bits = g.bits;
+  v.zero_points = g.has_zp;
+  for (int i = 0; i < 2; ++i) {
+    const Names nm = names_for(o, i == 0 ? MoeProj::kW13 : MoeProj::kW2);
+    TritonWna16LayerView::Proj& p = v.proj[i];
+    p.qweight = nm.qweight;
+    p.scales = nm.scales;
+    p.qzeros = g.has_zp ? nm.qzeros : "";
+    p.n = i == 0 ? g.n13 : g.hidden;
+    p.k = i == 0 ? g.hidden : g.inter;
+    p.row_bytes = (i == 0 ? g.qw13 : g.qw2)->shape[2];
+    p.scale_cols = i == 0 ? g.g13 : g.g2;
+  }
+  return v;
+}
+
 MoeExperts unpack_triton_wna16_moe(const LayoutOptions& o, const TensorMap& m) {
   return unpack_impl(o, m, 0);
 }

@@ -59,6 +59,21 @@ MoeExperts unpack_triton_wna16_moe_with_group_size(const LayoutOptions& opts,
                                                    const TensorMap& params_by_name,
                                                    int64_t group_size);
 
+// The layer as unpack and expert_matmul read it (the same shape checks and group choice, the
+// same errors), for the GPU readers (formats/moe_reader.h).
+struct TritonWna16LayerView {
+  struct Proj {
+    std::string qweight, scales, qzeros;  // full names; qzeros "" without zero points
+    int64_t n = 0, k = 0, row_bytes = 0, scale_cols = 0;
+  };
+  Proj proj[2];                                // w13, w2
+  int64_t experts = 0, kernel_group_size = 0;  // the (halved) group size the kernel indexes by
+  int bits = 4;
+  bool zero_points = false;
+};
+TritonWna16LayerView triton_wna16_read_layer(const LayoutOptions& opts,
+                                             const TensorMap& params_by_name);
+
 // vLLM's halving loop. Returns false where vLLM's `assert group_size >= 32` would fire.
 bool triton_wna16_halve_group_size(int64_t group_size, int64_t intermediate, int64_t hidden,
                                    int64_t* effective, int64_t* factor);

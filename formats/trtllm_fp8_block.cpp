@@ -168,7 +168,7 @@ std::vector<Tensor> pack_trtllm_fp8_block_moe(const LayoutOptions& opts, const M
   return out;
 }
 
-MoeExperts unpack_trtllm_fp8_block_moe(const LayoutOptions& opts, const TensorMap& params) {
+TrtllmLayerView trtllm_fp8_block_read_layer(const LayoutOptions& opts, const TensorMap& params) {
   const std::string n13 = param(opts, "w13_weight"), n2 = param(opts, "w2_weight"),
                     ns13 = param(opts, "w13_weight_scale_inv"),
                     ns2 = param(opts, "w2_weight_scale_inv");
@@ -207,6 +207,21 @@ MoeExperts unpack_trtllm_fp8_block_moe(const LayoutOptions& opts, const TensorMa
   check_scales(sc13.data, ns13, false);
   check_scales(sc2.data, ns2, false);
 
+  TrtllmLayerView v;
+  v.experts = E;
+  v.hidden = H;
+  v.inter = I;
+  v.w13_rows = R13;
+  return v;
+}
+
+MoeExperts unpack_trtllm_fp8_block_moe(const LayoutOptions& opts, const TensorMap& params) {
+  const TrtllmLayerView v = trtllm_fp8_block_read_layer(opts, params);
+  const int64_t E = v.experts, R13 = v.w13_rows, H = v.hidden, I = v.inter;
+  const Tensor& w13 = params.at(param(opts, "w13_weight"));
+  const Tensor& w2 = params.at(param(opts, "w2_weight"));
+  const Tensor& sc13 = params.at(param(opts, "w13_weight_scale_inv"));
+  const Tensor& sc2 = params.at(param(opts, "w2_weight_scale_inv"));
   MoeExperts x;
   x.w13 = block_tensor(E, R13, H);
   x.w2 = block_tensor(E, H, I);

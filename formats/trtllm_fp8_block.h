@@ -17,6 +17,7 @@
 #pragma once
 
 #include "formats/codec.h"
+#include "formats/trtllm_mxfp8.h"
 
 namespace moepack {
 
@@ -30,6 +31,10 @@ void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& 
 // and both projections FP8 128x128 block (e4m3, group 128, scale_block_n 128, F32 scales).
 std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOptions& opts,
                                                               const MoeShape& shape);
+// The parameters as unpack checks them (same errors, finite non-negative scales included), for
+// the GPU readers (formats/moe_reader.h).
+TrtllmLayerView trtllm_fp8_block_read_layer(const LayoutOptions& opts,
+                                            const TensorMap& params_by_name);
 // The smallest scale vLLM leaves unclamped (_FI_CUTLASS_MIN_BLOCK_SCALE, as float32).
 constexpr float kTrtllmFp8BlockMinScale = 1e-10f;
 

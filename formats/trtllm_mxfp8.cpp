@@ -185,7 +185,7 @@ std::vector<Tensor> pack_trtllm_mxfp8_moe(const LayoutOptions& opts, const MoeEx
   return out;
 }
 
-MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& params) {
+TrtllmLayerView trtllm_mxfp8_read_layer(const LayoutOptions& opts, const TensorMap& params) {
   const std::string n13 = param(opts, "w13_weight"), n2 = param(opts, "w2_weight"),
                     ns13 = param(opts, "w13_weight_scale"), ns2 = param(opts, "w2_weight_scale");
   const Tensor& w13 = require_tensor(params, n13, "TRT-LLM MXFP8 layout");
@@ -221,6 +221,21 @@ MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& p
     throw Error(ErrorCode::kBadShape, "", ns2,
                 "shape " + shape_str(s2.shape) + ", expected " + shape_str({E, H, I / kMxBlock}));
 
+  TrtllmLayerView v;
+  v.experts = E;
+  v.hidden = H;
+  v.inter = I;
+  v.w13_rows = R13;
+  return v;
+}
+
+MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& params) {
+  const TrtllmLayerView v = trtllm_mxfp8_read_layer(opts, params);
+  const int64_t E = v.experts, R13 = v.w13_rows, H = v.hidden, I = v.inter;
+  const Tensor& w13 = params.at(param(opts, "w13_weight"));
+  const Tensor& w2 = params.at(param(opts, "w2_weight"));
+  const Tensor& s13 = params.at(param(opts, "w13_weight_scale"));
+  const Tensor& s2 = params.at(param(opts, "w2_weight_scale"));
   MoeExperts x;
   x.w13 = make_mxfp8_tensor(E, R13, H);
   x.w2 = make_mxfp8_tensor(E, H, I);

@@ -33,6 +33,12 @@ std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions& 
 std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& opts,
                                                           const MoeShape& shape);
 
+// The parameters as unpack checks them (same errors), for the GPU readers (formats/moe_reader.h).
+struct TrtllmLayerView {
+  int64_t experts = 0, hidden = 0, inter = 0, w13_rows = 0;
+};
+TrtllmLayerView trtllm_mxfp8_read_layer(const LayoutOptions& opts, const TensorMap& params_by_name);
+
 // The index maps (formats/layout/trtllm_layout.h), under their old names.
 using trtllm::scale_128x4_offset;
 using trtllm::shuffle_a_src_row;
