@@ -230,7 +230,7 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
   r.p[1] = at(q.scales.data(), q.scales.size());
   if (!q.symmetric) r.p[2] = at(q.zeros.data(), q.zeros.size());
   if (!q.g_idx.empty()) r.p[3] = at(q.g_idx.data(), q.g_idx.size() * 4);
-  if (q.kind == CodeKind::kUint && !q.g_idx.empty()) {
+  if (!q.g_idx.empty()) {  // weight() follows g_idx into the scales
     const int64_t G = q.groups();
     for (size_t i = 0; i < q.g_idx.size(); ++i)
       if (q.g_idx[i] < 0 || q.g_idx[i] >= G)
