@@ -29,42 +29,98 @@ constexpr int kThreads = 256;  // 8 warps per block
 constexpr int kTileN = 64;     // output columns per block (one Marlin tile column)
 
 // ---- token -> expert sort ------------------------------------------------------------------
-// One block. rows = tokens * top_k flat (token, slot) indices. Outputs:
+// One block of kAlignThreads. rows = tokens * top_k flat (token, slot) indices. Outputs:
 //   sorted_rows[pos]   flat index of the pos-th row, rows of expert e at [offset[e], offset[e+1])
 //   blocks[2*b], [2*b+1]  (expert, first sorted position) of m-block b (at most bm rows each)
 //   block_rows[b]      rows in m-block b; num_blocks[0] = number of m-blocks
 // Ids outside [0, experts) are dropped (their (token, slot) contributes nothing).
-// The order of rows inside an expert depends on atomics; results do not (rows are independent).
-__global__ void marlin_moe_align(const int32_t* __restrict__ topk_ids, int32_t rows,
-                                 int32_t experts, int32_t bm, int32_t* __restrict__ sorted_rows,
-                                 int32_t* __restrict__ blocks, int32_t* __restrict__ block_rows,
-                                 int32_t* __restrict__ num_blocks) {
+// Counting is by shared-memory atomics; the offsets of rows and m-blocks over the experts are one
+// block-wide exclusive scan (each thread owns a run of consecutive experts, warp shuffles, then
+// the warp totals), so no thread walks all experts. The order of rows inside an expert depends
+// on atomics; results do not (rows are independent).
+constexpr int kAlignThreads = 1024;
+
+// Inclusive prefix sums over the block of (a, b); every thread of the block must call it.
+__device__ __forceinline__ void block_inclusive_scan2(int32_t& a, int32_t& b,
+                                                      int32_t (*warp_totals)[32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int32_t ua = __shfl_up_sync(0xffffffffu, a, d);
+    const int32_t ub = __shfl_up_sync(0xffffffffu, b, d);
+    if (lane >= d) {
+      a += ua;
+      b += ub;
+    }
+  }
+  if (lane == 31) {
+    warp_totals[0][warp] = a;
+    warp_totals[1][warp] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = kAlignThreads / 32;
+    int32_t ta = lane < warps ? warp_totals[0][lane] : 0;
+    int32_t tb = lane < warps ? warp_totals[1][lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t ua = __shfl_up_sync(0xffffffffu, ta, d);
+      const int32_t ub = __shfl_up_sync(0xffffffffu, tb, d);
+      if (lane >= d) {
+        ta += ua;
+        tb += ub;
+      }
+    }
+    warp_totals[0][lane] = ta;  // inclusive over warps
+    warp_totals[1][lane] = tb;
+  }
+  __syncthreads();
+  if (warp > 0) {
+    a += warp_totals[0][warp - 1];
+    b += warp_totals[1][warp - 1];
+  }
+}
+
+__global__ void __launch_bounds__(kAlignThreads)
+    marlin_moe_align(const int32_t* __restrict__ topk_ids, int32_t rows, int32_t experts,
+                     int32_t bm, int32_t* __restrict__ sorted_rows, int32_t* __restrict__ blocks,
+                     int32_t* __restrict__ block_rows, int32_t* __restrict__ num_blocks) {
   extern __shared__ int32_t smem_align[];
+  __shared__ int32_t warp_totals[2][32];
   int32_t* count = smem_align;             // [experts]
   int32_t* cursor = smem_align + experts;  // [experts]
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+  for (int e = threadIdx.x; e < experts; e += kAlignThreads) count[e] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+  for (int i = threadIdx.x; i < rows; i += kAlignThreads) {
     const int32_t e = topk_ids[i];
     if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t offset = 0, nb = 0;
-    for (int e = 0; e < experts; ++e) {
-      cursor[e] = offset;
-      for (int32_t r = 0; r < count[e]; r += bm) {
-        blocks[2 * nb] = e;
-        blocks[2 * nb + 1] = offset + r;
-        block_rows[nb] = count[e] - r < bm ? count[e] - r : bm;
-        ++nb;
-      }
-      offset += count[e];
-    }
-    num_blocks[0] = nb;
+  // This thread's experts [e0, e1): their rows and m-blocks, then the scan gives the offsets.
+  const int per = (experts + kAlignThreads - 1) / kAlignThreads;
+  const int e0 = threadIdx.x * per < experts ? threadIdx.x * per : experts;
+  const int e1 = e0 + per < experts ? e0 + per : experts;
+  int32_t my_rows = 0, my_blocks = 0;
+  for (int e = e0; e < e1; ++e) {
+    my_rows += count[e];
+    my_blocks += (count[e] + bm - 1) / bm;
   }
+  int32_t row_end = my_rows, block_end = my_blocks;
+  block_inclusive_scan2(row_end, block_end, warp_totals);
+  int32_t offset = row_end - my_rows, nb = block_end - my_blocks;
+  for (int e = e0; e < e1; ++e) {
+    cursor[e] = offset;
+    for (int32_t r = 0; r < count[e]; r += bm) {
+      blocks[2 * nb] = e;
+      blocks[2 * nb + 1] = offset + r;
+      block_rows[nb] = count[e] - r < bm ? count[e] - r : bm;
+      ++nb;
+    }
+    offset += count[e];
+  }
+  if (threadIdx.x == kAlignThreads - 1) num_blocks[0] = block_end;
   __syncthreads();
-  for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+  for (int i = threadIdx.x; i < rows; i += kAlignThreads) {
     const int32_t e = topk_ids[i];
     if (e >= 0 && e < experts) sorted_rows[atomicAdd(&cursor[e], 1)] = i;
   }
@@ -168,12 +224,17 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 // Shared memory per block: the per-warp cp.async rings, later reused for the split-K reduction.
-constexpr int kSharedBytes = 48 * 1024;  // the default limit: no opt-in attribute needed
+// Above the default 48 KiB (the launcher opts in): decode blocks (BM 16, 2 resident per SM by
+// registers) take 96 KiB, prefill blocks (BM 64, 1 per SM) 192 KiB, so more bytes are in flight.
+template <int BM>
+constexpr int shared_bytes() {
+  return BM == 16 ? 96 * 1024 : 192 * 1024;
+}
 // Stages per warp: per lane and stage one 16-byte weight vector and 16 bytes of A words per m16
-// tile (MT tiles), so 6 stages for one m-tile, 4 for two.
-template <int MT>
+// tile (MT tiles), so 12 stages for one m-tile (BM 16), 16 for two (BM 64).
+template <int BM, int MT>
 constexpr int ring_stages() {
-  return kSharedBytes / ((kThreads / 32) * 32 * 16 * (1 + MT));
+  return shared_bytes<BM>() / ((kThreads / 32) * 32 * 16 * (1 + MT));
 }
 
 // Block tile: BM = 16*WM*MT rows of one expert x 64 output columns (gated: 64 of gate and the 64
@@ -186,10 +247,10 @@ template <class T, int BM, int MT, int WT, int WK, bool kFirst>
 __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
   constexpr int WM = BM / (16 * MT);
   static_assert(WM * WT * WK == kThreads / 32, "8 warps");
-  constexpr int kStages = ring_stages<MT>();
+  constexpr int kStages = ring_stages<BM, MT>();
   constexpr int kStageVec = 32 * (1 + MT);  // uint4 per warp-stage
   constexpr int kRowPad = WT * kTileN + 4;  // floats per reduction row (+4: fewer bank conflicts)
-  static_assert(BM * kRowPad * 4 <= kSharedBytes, "reduction fits");
+  static_assert(BM * kRowPad * 4 <= shared_bytes<BM>(), "reduction fits");
   extern __shared__ uint4 smem_gemm[];
 
   const int block = blockIdx.x;

@@ -198,12 +198,24 @@ TEST(MarlinMoeCuda, MatchesCpuExpertMatmul) {
   Rng rng(1212);
   const std::vector<Case> cases = {
       // decode shapes (16-row m-blocks, split-K warps) and prefill shapes (64-row m-blocks)
-      {8, 256, 128, 128, true, true, 1, 2},   {8, 256, 128, 128, true, true, 5, 4},
-      {8, 256, 128, 128, true, true, 200, 4}, {8, 256, 128, 128, true, false, 33, 4},
-      {8, 384, 192, 64, true, true, 7, 3},    {8, 384, 192, 64, true, false, 130, 3},
-      {4, 256, 128, -1, true, true, 9, 2},    {4, 256, 128, -1, true, false, 100, 2},
-      {6, 128, 256, 32, false, true, 11, 2},  {6, 128, 256, 32, false, true, 90, 3},
-      {3, 512, 64, 64, true, true, 1, 1},     {16, 256, 128, 128, true, true, 64, 8},
+      {8, 256, 128, 128, true, true, 1, 2},
+      {8, 256, 128, 128, true, true, 5, 4},
+      {8, 256, 128, 128, true, true, 200, 4},
+      {8, 256, 128, 128, true, false, 33, 4},
+      {8, 384, 192, 64, true, true, 7, 3},
+      {8, 384, 192, 64, true, false, 130, 3},
+      {4, 256, 128, -1, true, true, 9, 2},
+      {4, 256, 128, -1, true, false, 100, 2},
+      {6, 128, 256, 32, false, true, 11, 2},
+      {6, 128, 256, 32, false, true, 90, 3},
+      {3, 512, 64, 64, true, true, 1, 1},
+      {16, 256, 128, 128, true, true, 64, 8},
+      // more experts than align threads (each thread scans a run of experts), both block shapes
+      {1100, 64, 64, 64, true, true, 300, 4},
+      {1100, 64, 128, 64, false, false, 2500, 8},
+      // K tiles that 8-tile units split unevenly over the k-slice warps (balanced units)
+      {8, 128, 384, 128, true, true, 6, 2},
+      {8, 128, 384, 128, true, true, 150, 4},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c));
