@@ -28,6 +28,25 @@ namespace moepack::kernels::marlin_moe {
 constexpr int kThreads = 256;  // 8 warps per block
 constexpr int kTileN = 64;     // output columns per block (one Marlin tile column)
 
+// Programmatic dependent launch (sm_90): the launcher starts the GEMMs and the combine while the
+// kernel before them drains (cudaLaunchAttributeProgrammaticStreamSerialization, Hopper only).
+// Each kernel waits for its predecessor's memory before reading what that kernel wrote, and lets
+// its own dependants launch once its blocks have passed that wait. Without sm_90 both are no-ops
+// and the launcher does not ask for the overlap.
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependants() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // ---- token -> expert sort ------------------------------------------------------------------
 // One block of kAlignThreads. rows = tokens * top_k flat (token, slot) indices. Outputs:
 //   sorted_rows[pos]   flat index of the pos-th row, rows of expert e at [offset[e], offset[e+1])
@@ -89,6 +108,7 @@ __global__ void __launch_bounds__(kAlignThreads)
   __shared__ int32_t warp_totals[2][32];
   int32_t* count = smem_align;             // [experts]
   int32_t* cursor = smem_align + experts;  // [experts]
+  allow_dependants();                      // GEMM1's blocks start and wait for this block's results
   for (int e = threadIdx.x; e < experts; e += kAlignThreads) count[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < rows; i += kAlignThreads) {
@@ -224,14 +244,14 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 // Shared memory per block: the per-warp cp.async rings, later reused for the split-K reduction.
-// Above the default 48 KiB (the launcher opts in): decode blocks (BM 16, 2 resident per SM by
-// registers) take 96 KiB, prefill blocks (BM 64, 1 per SM) 192 KiB, so more bytes are in flight.
+// 48 KiB, the default limit. Measured on the H100: 96 KiB (decode) / 192 KiB (prefill) rings were
+// 3-11 % slower at every token count (the larger carve-out shrinks the L1 that serves the A rows).
 template <int BM>
 constexpr int shared_bytes() {
-  return BM == 16 ? 96 * 1024 : 192 * 1024;
+  return 48 * 1024;
 }
 // Stages per warp: per lane and stage one 16-byte weight vector and 16 bytes of A words per m16
-// tile (MT tiles), so 12 stages for one m-tile (BM 16), 16 for two (BM 64).
+// tile (MT tiles), so 6 stages for one m-tile, 4 for two.
 template <int BM, int MT>
 constexpr int ring_stages() {
   return shared_bytes<BM>() / ((kThreads / 32) * 32 * 16 * (1 + MT));
@@ -253,6 +273,9 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
   static_assert(BM * kRowPad * 4 <= shared_bytes<BM>(), "reduction fits");
   extern __shared__ uint4 smem_gemm[];
 
+  // The routing (align's output) is read before the wait in the second GEMM: the first GEMM's
+  // blocks all passed their own wait on align before this grid could launch.
+  if (kFirst) wait_for_predecessor();
   const int block = blockIdx.x;
   if (block >= args.num_blocks[0]) return;
   const int expert = args.blocks[2 * block];
@@ -280,6 +303,21 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
                          static_cast<int64_t>(expert) * k_tiles * w_step + nt * 32 + lane +
                          static_cast<int64_t>(wk) * ckt * w_step;
   const int64_t w_skip = static_cast<int64_t>(WK - 1) * ckt * w_step;
+  if (!kFirst) {
+    // The weights do not depend on the first GEMM: pull this warp's first tiles into L2 while
+    // that GEMM drains, then wait for its output h.
+    const uint4* p = issue_w;
+    for (int i = 0, t = 0; i < my_tiles && i < 16; ++i) {
+      prefetch_l2(p);
+      p += w_step;
+      if (++t == ckt) {
+        t = 0;
+        p += w_skip;
+      }
+    }
+    wait_for_predecessor();
+  }
+  allow_dependants();
   const int64_t a_skip = static_cast<int64_t>(WK - 1) * ckt * 16;
   const uint16_t* issue_a[2 * MT];  // rows g and g+8 of each m-tile
 #pragma unroll
@@ -463,6 +501,7 @@ __global__ void marlin_moe_combine(const float* __restrict__ y,
                                    const int32_t* __restrict__ topk_ids, int32_t experts,
                                    int64_t tokens, int32_t top_k, int64_t hidden,
                                    float* __restrict__ out) {
+  wait_for_predecessor();
   const int64_t quads = hidden / 4, total = tokens * quads;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -94,34 +94,62 @@ mm::GemmArgs gemm_args(const uint32_t* w, const uint16_t* s, int64_t groups, int
   return a;
 }
 
+// Launch with programmatic stream serialisation when `overlap` (the kernels' griddepcontrol
+// instructions exist only in the sm_90 build, so the launcher asks for it on compute capability 9
+// only).
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 threads, size_t smem,
+                   cudaStream_t stream, bool overlap, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = threads;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+bool programmatic_launch_supported() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return false;
+  return major == 9;
+}
+
 template <class T, int BM, int MT, int WT, int WK, bool kFirst>
-cudaError_t launch_gemm(dim3 grid, const mm::GemmArgs& args, cudaStream_t stream) {
+cudaError_t launch_gemm(dim3 grid, const mm::GemmArgs& args, cudaStream_t stream, bool overlap) {
   auto kernel = mm::marlin_moe_gemm<T, BM, MT, WT, WK, kFirst>;
-  // Opt in above 48 KiB of dynamic shared memory: a host-side attribute of the current device,
-  // set on every call (cheap, allowed while a stream is being captured into a graph).
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           mm::shared_bytes<BM>());
-      e != cudaSuccess)
-    return e;
-  kernel<<<grid, mm::kThreads, mm::shared_bytes<BM>(), stream>>>(args);
-  return cudaGetLastError();
+  if constexpr (mm::shared_bytes<BM>() > 48 * 1024) {
+    // Opt in above 48 KiB of dynamic shared memory (allowed while a stream is being captured).
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             mm::shared_bytes<BM>());
+        e != cudaSuccess)
+      return e;
+  }
+  return launch(kernel, grid, dim3(mm::kThreads), mm::shared_bytes<BM>(), stream, overlap, args);
 }
 
 // Decode (BM 16): one m16 tile, warps split K (gated: 4 k-slices x gate/up). Prefill (BM 64):
 // two m16 tiles per warp sharing each decoded weight fragment, 2 row slices.
 template <class T, int BM>
 cudaError_t launch_gemms(const MarlinMoeLayer& layer, mm::GemmArgs g1, mm::GemmArgs g2, int64_t nb,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool overlap) {
   constexpr int MT = BM == 16 ? 1 : 2;
   constexpr int WM = BM / (16 * MT);
   const dim3 grid1(static_cast<unsigned>(nb), static_cast<unsigned>(layer.inter / mm::kTileN));
   g1.chunk_k_tiles = chunk_tiles(g1.k / 16, g1.group_k_tiles, split_k<BM>(layer.gated));
   g2.chunk_k_tiles = chunk_tiles(g2.k / 16, g2.group_k_tiles, split_k<BM>(false));
-  cudaError_t e = layer.gated ? launch_gemm<T, BM, MT, 2, 8 / (WM * 2), true>(grid1, g1, stream)
-                              : launch_gemm<T, BM, MT, 1, 8 / WM, true>(grid1, g1, stream);
+  cudaError_t e = layer.gated
+                      ? launch_gemm<T, BM, MT, 2, 8 / (WM * 2), true>(grid1, g1, stream, overlap)
+                      : launch_gemm<T, BM, MT, 1, 8 / WM, true>(grid1, g1, stream, overlap);
   if (e != cudaSuccess) return e;
   const dim3 grid2(static_cast<unsigned>(nb), static_cast<unsigned>(layer.hidden / mm::kTileN));
-  return launch_gemm<T, BM, MT, 1, 8 / WM, false>(grid2, g2, stream);
+  return launch_gemm<T, BM, MT, 1, 8 / WM, false>(grid2, g2, stream, overlap);
 }
 
 }  // namespace
@@ -179,20 +207,21 @@ int marlin_moe_forward(const MarlinMoeLayer& layer, const void* x, const int32_t
   g2.a = ws.h;
   g2.y = ws.y;
 
+  const bool overlap = programmatic_launch_supported();
   cudaError_t e;
   if (layer.bf16)
-    e = bm == 16 ? launch_gemms<__nv_bfloat16, 16>(layer, g1, g2, nb, stream)
-                 : launch_gemms<__nv_bfloat16, 64>(layer, g1, g2, nb, stream);
+    e = bm == 16 ? launch_gemms<__nv_bfloat16, 16>(layer, g1, g2, nb, stream, overlap)
+                 : launch_gemms<__nv_bfloat16, 64>(layer, g1, g2, nb, stream, overlap);
   else
-    e = bm == 16 ? launch_gemms<__half, 16>(layer, g1, g2, nb, stream)
-                 : launch_gemms<__half, 64>(layer, g1, g2, nb, stream);
+    e = bm == 16 ? launch_gemms<__half, 16>(layer, g1, g2, nb, stream, overlap)
+                 : launch_gemms<__half, 64>(layer, g1, g2, nb, stream, overlap);
   if (e != cudaSuccess) return e;
 
   const int64_t total = tokens * layer.hidden / 4;
   const int64_t blocks = (total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096;
-  mm::marlin_moe_combine<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-      ws.y, topk_ids, static_cast<int32_t>(layer.experts), tokens, top_k, layer.hidden, out);
-  return cudaGetLastError();
+  return launch(mm::marlin_moe_combine, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream,
+                overlap, static_cast<const float*>(ws.y), topk_ids,
+                static_cast<int32_t>(layer.experts), tokens, top_k, layer.hidden, out);
 }
 
 }  // namespace moepack::kernels

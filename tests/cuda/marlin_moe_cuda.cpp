@@ -211,8 +211,8 @@ TEST(MarlinMoeCuda, MatchesCpuExpertMatmul) {
       {3, 512, 64, 64, true, true, 1, 1},
       {16, 256, 128, 128, true, true, 64, 8},
       // more experts than align threads (each thread scans a run of experts), both block shapes
-      {1100, 64, 64, 64, true, true, 300, 4},
-      {1100, 64, 128, 64, false, false, 2500, 8},
+      {1100, 128, 64, 64, true, true, 300, 4},
+      {1100, 128, 128, 64, false, false, 2500, 8},
       // K tiles that 8-tile units split unevenly over the k-slice warps (balanced units)
       {8, 128, 384, 128, true, true, 6, 2},
       {8, 128, 384, 128, true, true, 150, 4},
