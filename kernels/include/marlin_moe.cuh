@@ -43,9 +43,6 @@ __device__ __forceinline__ void allow_dependants() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
 #endif
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
 
 // ---- token -> expert sort ------------------------------------------------------------------
 // One block of kAlignThreads. rows = tokens * top_k flat (token, slot) indices. Outputs:
@@ -244,17 +241,15 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 // Shared memory per block: the per-warp cp.async rings, later reused for the split-K reduction.
-// 48 KiB, the default limit. Measured on the H100: 96 KiB (decode) / 192 KiB (prefill) rings were
-// 3-11 % slower at every token count (the larger carve-out shrinks the L1 that serves the A rows).
-template <int BM>
-constexpr int shared_bytes() {
-  return 48 * 1024;
-}
+// The default limit, no opt-in attribute needed. Rings in 96 KiB (decode) / 192 KiB (prefill) of
+// opted-in shared memory were measured 3-11 % slower at every token count on the H100 (v4 in
+// bench/RESULTS.md: the larger carve-out leaves less L1 for the A rows).
+constexpr int kSharedBytes = 48 * 1024;
 // Stages per warp: per lane and stage one 16-byte weight vector and 16 bytes of A words per m16
 // tile (MT tiles), so 6 stages for one m-tile, 4 for two.
-template <int BM, int MT>
+template <int MT>
 constexpr int ring_stages() {
-  return shared_bytes<BM>() / ((kThreads / 32) * 32 * 16 * (1 + MT));
+  return kSharedBytes / ((kThreads / 32) * 32 * 16 * (1 + MT));
 }
 
 // Block tile: BM = 16*WM*MT rows of one expert x 64 output columns (gated: 64 of gate and the 64
@@ -267,15 +262,13 @@ template <class T, int BM, int MT, int WT, int WK, bool kFirst>
 __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
   constexpr int WM = BM / (16 * MT);
   static_assert(WM * WT * WK == kThreads / 32, "8 warps");
-  constexpr int kStages = ring_stages<BM, MT>();
+  constexpr int kStages = ring_stages<MT>();
   constexpr int kStageVec = 32 * (1 + MT);  // uint4 per warp-stage
   constexpr int kRowPad = WT * kTileN + 4;  // floats per reduction row (+4: fewer bank conflicts)
-  static_assert(BM * kRowPad * 4 <= shared_bytes<BM>(), "reduction fits");
+  static_assert(BM * kRowPad * 4 <= kSharedBytes, "reduction fits");
   extern __shared__ uint4 smem_gemm[];
 
-  // The routing (align's output) is read before the wait in the second GEMM: the first GEMM's
-  // blocks all passed their own wait on align before this grid could launch.
-  if (kFirst) wait_for_predecessor();
+  if (kFirst) wait_for_predecessor();  // align's routing
   const int block = blockIdx.x;
   if (block >= args.num_blocks[0]) return;
   const int expert = args.blocks[2 * block];
@@ -303,20 +296,10 @@ __global__ void __launch_bounds__(kThreads) marlin_moe_gemm(GemmArgs args) {
                          static_cast<int64_t>(expert) * k_tiles * w_step + nt * 32 + lane +
                          static_cast<int64_t>(wk) * ckt * w_step;
   const int64_t w_skip = static_cast<int64_t>(WK - 1) * ckt * w_step;
-  if (!kFirst) {
-    // The weights do not depend on the first GEMM: pull this warp's first tiles into L2 while
-    // that GEMM drains, then wait for its output h.
-    const uint4* p = issue_w;
-    for (int i = 0, t = 0; i < my_tiles && i < 16; ++i) {
-      prefetch_l2(p);
-      p += w_step;
-      if (++t == ckt) {
-        t = 0;
-        p += w_skip;
-      }
-    }
-    wait_for_predecessor();
-  }
+  // The second GEMM reads only the routing (align's output) before this point: the first GEMM's
+  // blocks all passed their wait on align before this grid could launch. Prefetching this warp's
+  // weights into L2 before the wait was measured slower (v5 in bench/RESULTS.md).
+  if (!kFirst) wait_for_predecessor();
   allow_dependants();
   const int64_t a_skip = static_cast<int64_t>(WK - 1) * ckt * 16;
   const uint16_t* issue_a[2 * MT];  // rows g and g+8 of each m-tile

@@ -56,29 +56,13 @@ Workspace carve(void* base, const MarlinMoeLayer& layer, int64_t rows) {
   return w;
 }
 
-// Split-K unit: at most 8 k-tiles, inside one group, dividing K; among those the one whose
-// busiest k-slice warp has the fewest tiles (ceil(chunks / wk) * c), ties to the larger unit
-// (fewer scale loads). Without the balance, e.g. I = 768 (48 k-tiles) in units of 8 leaves 2 of
-// 8 decode warps idle and 2 of 4 prefill k-slices doing a second chunk alone.
-int32_t chunk_tiles(int64_t k_tiles, int64_t group_k_tiles, int wk) {
-  int32_t best = 1;
-  int64_t best_tiles = INT64_MAX;
-  for (int32_t c : {8, 4, 2, 1}) {
-    if (group_k_tiles % c != 0 || k_tiles % c != 0) continue;
-    const int64_t tiles = (k_tiles / c + wk - 1) / wk * c;
-    if (tiles < best_tiles) {
-      best = c;
-      best_tiles = tiles;
-    }
-  }
-  return best;
-}
-
-// Warps along K of a GEMM (the kernel's WK): 8 warps = WM row slices x WT weight tiles x WK.
-template <int BM>
-int split_k(bool gated_first) {
-  const int wm = BM == 16 ? 1 : 2;
-  return 8 / (wm * (gated_first ? 2 : 1));
+int32_t chunk_tiles(int64_t k_tiles, int64_t group_k_tiles) {
+  // Split-K unit: at most 8 k-tiles, inside one group, dividing K. (Smaller units that balance
+  // the k-slice warps when 8 leaves some idle, e.g. I = 768, were measured slower: v5 in
+  // bench/RESULTS.md.)
+  for (int32_t c : {8, 4, 2, 1})
+    if (group_k_tiles % c == 0 && k_tiles % c == 0) return c;
+  return 1;
 }
 
 mm::GemmArgs gemm_args(const uint32_t* w, const uint16_t* s, int64_t groups, int64_t n, int64_t k) {
@@ -89,7 +73,7 @@ mm::GemmArgs gemm_args(const uint32_t* w, const uint16_t* s, int64_t groups, int
   a.k = k;
   a.groups = static_cast<int32_t>(groups);
   a.group_k_tiles = static_cast<int32_t>(k / 16 / groups);
-  a.chunk_k_tiles = 1;  // set per block shape in launch_gemms
+  a.chunk_k_tiles = chunk_tiles(k / 16, a.group_k_tiles);
   a.scales_grouped = groups > 1;
   return a;
 }
@@ -123,15 +107,8 @@ bool programmatic_launch_supported() {
 
 template <class T, int BM, int MT, int WT, int WK, bool kFirst>
 cudaError_t launch_gemm(dim3 grid, const mm::GemmArgs& args, cudaStream_t stream, bool overlap) {
-  auto kernel = mm::marlin_moe_gemm<T, BM, MT, WT, WK, kFirst>;
-  if constexpr (mm::shared_bytes<BM>() > 48 * 1024) {
-    // Opt in above 48 KiB of dynamic shared memory (allowed while a stream is being captured).
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             mm::shared_bytes<BM>());
-        e != cudaSuccess)
-      return e;
-  }
-  return launch(kernel, grid, dim3(mm::kThreads), mm::shared_bytes<BM>(), stream, overlap, args);
+  return launch(mm::marlin_moe_gemm<T, BM, MT, WT, WK, kFirst>, grid, dim3(mm::kThreads),
+                mm::kSharedBytes, stream, overlap, args);
 }
 
 // Decode (BM 16): one m16 tile, warps split K (gated: 4 k-slices x gate/up). Prefill (BM 64):
@@ -142,8 +119,6 @@ cudaError_t launch_gemms(const MarlinMoeLayer& layer, mm::GemmArgs g1, mm::GemmA
   constexpr int MT = BM == 16 ? 1 : 2;
   constexpr int WM = BM / (16 * MT);
   const dim3 grid1(static_cast<unsigned>(nb), static_cast<unsigned>(layer.inter / mm::kTileN));
-  g1.chunk_k_tiles = chunk_tiles(g1.k / 16, g1.group_k_tiles, split_k<BM>(layer.gated));
-  g2.chunk_k_tiles = chunk_tiles(g2.k / 16, g2.group_k_tiles, split_k<BM>(false));
   cudaError_t e = layer.gated
                       ? launch_gemm<T, BM, MT, 2, 8 / (WM * 2), true>(grid1, g1, stream, overlap)
                       : launch_gemm<T, BM, MT, 1, 8 / WM, true>(grid1, g1, stream, overlap);

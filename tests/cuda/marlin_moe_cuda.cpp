@@ -213,7 +213,7 @@ TEST(MarlinMoeCuda, MatchesCpuExpertMatmul) {
       // more experts than align threads (each thread scans a run of experts), both block shapes
       {1100, 128, 64, 64, true, true, 300, 4},
       {1100, 128, 128, 64, false, false, 2500, 8},
-      // K tiles that 8-tile units split unevenly over the k-slice warps (balanced units)
+      // w2 K of 24 k-tiles: 8-tile split-K units leave k-slice warps idle
       {8, 128, 384, 128, true, true, 6, 2},
       {8, 128, 384, 128, true, true, 150, 4},
   };
