@@ -1,6 +1,13 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>  // defines __GLIBC__ (via features.h) for the check below
+#include <cstring>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -14,6 +21,69 @@ void keep_freed_memory_for_reuse() {
   mallopt(M_TRIM_THRESHOLD, -1);  // never trim: freed heap is reused by the next layer (size_t max)
   mallopt(M_TOP_PAD, 64 << 20);   // grow the heap in large steps
 #endif
+}
+
+ResidentMemory resident_memory() {
+  ResidentMemory m;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return m;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f)) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line, "RssAnon: %llu kB", &kib) == 1)
+      m.anon_bytes = kib * 1024;
+    else if (std::sscanf(line, "RssFile: %llu kB", &kib) == 1 ||
+             std::sscanf(line, "RssShmem: %llu kB", &kib) == 1)
+      m.file_bytes += kib * 1024;
+  }
+  std::fclose(f);
+  return m;
+}
+
+PeakMemorySampler::PeakMemorySampler(int period_ms) {
+  sample();
+  thread_ = std::thread([this, period_ms] {
+    while (!stop_.load(std::memory_order_relaxed)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(period_ms));
+      sample();
+    }
+  });
+}
+
+PeakMemorySampler::~PeakMemorySampler() {
+  stop();
+}
+
+void PeakMemorySampler::sample() {
+  const ResidentMemory m = resident_memory();
+  uint64_t a = peak_anon_.load(), f = peak_file_.load();
+  while (m.anon_bytes > a && !peak_anon_.compare_exchange_weak(a, m.anon_bytes)) {
+  }
+  while (m.file_bytes > f && !peak_file_.compare_exchange_weak(f, m.file_bytes)) {
+  }
+}
+
+ResidentMemory PeakMemorySampler::stop() {
+  if (!stop_.exchange(true) && thread_.joinable()) thread_.join();
+  sample();
+  ResidentMemory m;
+  m.anon_bytes = peak_anon_.load();
+  m.file_bytes = peak_file_.load();
+  return m;
+}
+
+void prefetch_mapped(const void* data, size_t len) {
+  if (len == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + len;
+  // Advice only: a failure (e.g. memory not from mmap in tests) changes nothing.
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+  volatile unsigned char sink = 0;
+  for (uintptr_t p = std::max(begin, reinterpret_cast<uintptr_t>(data)); p < end;
+       p = (p & ~(page - 1)) + page)
+    sink = static_cast<unsigned char>(sink + *reinterpret_cast<const volatile unsigned char*>(p));
+  (void)sink;
 }
 
 }  // namespace moepack

@@ -1,5 +1,10 @@
-// Process-wide allocator policy for streaming conversions.
+// Process-wide allocator policy for streaming conversions, and what the process holds.
 #pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <thread>
 
 namespace moepack {
 
@@ -9,5 +14,40 @@ namespace moepack {
 // on). Keeping freed memory in the heap lets the next layer reuse it; peak memory stays one layer.
 // No-op outside glibc.
 void keep_freed_memory_for_reuse();
+
+// Resident memory split the way the kernel counts it (/proc/self/status): anonymous pages (heap,
+// stacks: what a conversion really holds) apart from file-backed ones (the mapped source shards,
+// page cache the kernel may drop at any time). Zeros where /proc is not there.
+struct ResidentMemory {
+  uint64_t anon_bytes = 0;  // RssAnon
+  uint64_t file_bytes = 0;  // RssFile (+ RssShmem)
+};
+ResidentMemory resident_memory();
+
+// Samples resident_memory() on a thread of its own every `period_ms` from construction until
+// stop() (or destruction) and keeps the peaks. A read of /proc/self/status costs a few
+// microseconds; at 10 ms that is far below 0.1 % of one core.
+class PeakMemorySampler {
+ public:
+  explicit PeakMemorySampler(int period_ms = 10);
+  ~PeakMemorySampler();
+  PeakMemorySampler(const PeakMemorySampler&) = delete;
+  PeakMemorySampler& operator=(const PeakMemorySampler&) = delete;
+  // Stops sampling (idempotent) and returns the peaks, each taken separately, including one last
+  // sample at the stop.
+  ResidentMemory stop();
+
+ private:
+  void sample();
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> peak_anon_{0}, peak_file_{0};
+  std::thread thread_;
+};
+
+// Brings the pages of [data, data + len) of a read-only file mapping into the page cache and this
+// process's page table ahead of use (madvise WILLNEED, then one read per page), so that the thread
+// that later reads them does not stop on page faults or disk reads. Touches nothing else and
+// changes no byte; a no-op for len == 0.
+void prefetch_mapped(const void* data, size_t len);
 
 }  // namespace moepack

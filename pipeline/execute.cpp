@@ -2,13 +2,19 @@
 #include "pipeline/execute.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/sha256.h"
 #include "core/threads.h"
 #include "io/atomic_dir.h"
@@ -97,66 +103,245 @@ void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes) 
   }
 }
 
+namespace {
+
+// A FIFO of at most `capacity` items between the converting thread and the writer. close() wakes
+// both sides: push() then refuses (the writer has stopped), pop() drains what is left, then
+// reports the end.
+template <class T>
+class BoundedQueue {
+ public:
+  explicit BoundedQueue(size_t capacity) : capacity_(capacity) {}
+  bool push(T item) {
+    std::unique_lock<std::mutex> lock(mu_);
+    not_full_.wait(lock, [&] { return closed_ || items_.size() < capacity_; });
+    if (closed_) return false;
+    items_.push_back(std::move(item));
+    not_empty_.notify_one();
+    return true;
+  }
+  bool pop(T& item) {
+    std::unique_lock<std::mutex> lock(mu_);
+    not_empty_.wait(lock, [&] { return closed_ || !items_.empty(); });
+    if (items_.empty()) return false;
+    item = std::move(items_.front());
+    items_.pop_front();
+    not_full_.notify_one();
+    return true;
+  }
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    not_full_.notify_all();
+    not_empty_.notify_all();
+  }
+
+ private:
+  const size_t capacity_;
+  std::mutex mu_;
+  std::condition_variable not_full_, not_empty_;
+  std::deque<T> items_;
+  bool closed_ = false;
+};
+
+// Busy time per stage of one thread.
+class StageClock {
+ public:
+  explicit StageClock(std::map<std::string, double>& seconds) : seconds_(seconds) {}
+  void operator()(const char* stage) {
+    const auto now = std::chrono::steady_clock::now();
+    seconds_[stage] += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  std::map<std::string, double>& seconds_;
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+struct ChunkRef {
+  const PlannedLayer* pl;
+  int64_t e0, e1;
+  bool ends_layer;
+};
+
+// A converted chunk on its way to the writer: its tensors and each one's byte offset in the
+// output tensor.
+struct ConvertedChunk {
+  std::vector<Tensor> params;
+  std::vector<uint64_t> offsets;
+  bool ends_layer = false;
+};
+
+// The mapped source bytes a chunk's conversion reads: its experts' tensors (per-expert families),
+// or the experts' share of each fused tensor (experts are the leading dimension).
+void prefetch_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1) {
+  if (!L.experts.empty()) {
+    for (int64_t e = e0; e < e1 && e < static_cast<int64_t>(L.experts.size()); ++e)
+      for (const auto& proj : L.experts[static_cast<size_t>(e)])
+        for (const auto& [suffix, name] : proj) {
+          const TensorView v = ckpt.view(name);
+          prefetch_mapped(v.data, v.nbytes);
+        }
+    return;
+  }
+  const uint64_t E = static_cast<uint64_t>(std::max<int64_t>(1, L.num_experts));
+  for (const auto* fused : {&L.fused_gate_up, &L.fused_down})
+    for (const auto& [suffix, name] : *fused) {
+      const TensorView v = ckpt.view(name);
+      const uint64_t b = v.nbytes * static_cast<uint64_t>(e0) / E;
+      const uint64_t e = v.nbytes * static_cast<uint64_t>(e1) / E;
+      prefetch_mapped(v.data + b, e - b);
+    }
+}
+
+}  // namespace
+
 void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
                            const std::vector<size_t>& tensors, const ProgressFn& progress,
                            std::map<std::string, double>& stage_seconds) {
-  auto lap = [&stage_seconds, last = std::chrono::steady_clock::now()](const char* stage) mutable {
-    const auto now = std::chrono::steady_clock::now();
-    stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
-    last = now;
-  };
+  const auto t_start = std::chrono::steady_clock::now();
   const int threads = plan.threads;
   std::set<int64_t> layers_wanted;
   std::vector<const PlannedTensor*> copies;
+  ConvertProgress state;
   for (size_t i : tensors) {
     const PlannedTensor& t = plan.tensors.at(i);
+    state.bytes_total += t.bytes;
     if (t.converted)
       layers_wanted.insert(t.layer);
     else
       copies.push_back(&t);
   }
+  state.layers_total = static_cast<int64_t>(layers_wanted.size());
 
-  // Copy-through tensors, straight from the mapped source.
-  parallel_for(static_cast<int64_t>(copies.size()), threads, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const TensorView v = ckpt.view(copies[static_cast<size_t>(i)]->name);
-      writer.write(v.name, v.data, v.nbytes);
-    }
-  });
-  lap("copy");
-  if (progress)
-    progress("copy", static_cast<int64_t>(copies.size()), static_cast<int64_t>(copies.size()));
-
-  // MoE layers one at a time, each in the plan's chunks of experts: memory is bounded by one
-  // chunk, not the model.
-  int64_t layers_done = 0;
-  for (size_t i = 0; i < plan.layers.size(); ++i) {
-    const PlannedLayer& pl = plan.layers[i];
+  // Every chunk of every wanted MoE layer, in the order the writer needs them (a tensor's parts
+  // arrive in order).
+  std::vector<ChunkRef> chunks;
+  for (const PlannedLayer& pl : plan.layers) {
     if (!layers_wanted.count(pl.index)) continue;
-    const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
-    const std::vector<const PlannedTensor*> planned = planned_params(plan, pl);
-    const int64_t chunk = pl.experts_per_chunk;
-    for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
-      const int64_t e1 = std::min(L.num_experts, e0 + chunk);
-      const std::vector<Tensor> params = convert_chunk(plan, ckpt, pl, e0, e1, std::ref(lap));
-      std::vector<std::pair<const Tensor*, uint64_t>> parts;  // tensor, byte offset in the output
-      for (const Tensor& t : params) {
-        const PlannedTensor* want = nullptr;
-        for (const PlannedTensor* p : planned)
-          if (p->name == t.name) want = p;
-        parts.emplace_back(
-            &t, want->bytes / static_cast<uint64_t>(L.num_experts) * static_cast<uint64_t>(e0));
-      }
-      parallel_for(static_cast<int64_t>(parts.size()), threads, [&](int64_t b, int64_t e) {
-        for (int64_t k = b; k < e; ++k) {
-          const auto& [t, offset] = parts[static_cast<size_t>(k)];
-          writer.write_part(t->name, t->data.data(), t->data.size(), offset);
+    const int64_t E = ckpt.moe_layers()[static_cast<size_t>(pl.index)].num_experts;
+    for (int64_t e0 = 0; e0 < E; e0 += pl.experts_per_chunk) {
+      const int64_t e1 = std::min(E, e0 + pl.experts_per_chunk);
+      chunks.push_back({&pl, e0, e1, e1 == E});
+    }
+  }
+
+  // kChunksInFlight = the chunk being converted + one queued + the one being written.
+  BoundedQueue<ConvertedChunk> queue(static_cast<size_t>(kChunksInFlight - 2));
+  std::map<std::string, double> writer_seconds;
+  std::exception_ptr writer_error;
+  auto report = [&](uint64_t bytes, bool ends_layer) {
+    state.bytes_done += bytes;
+    if (ends_layer) ++state.layers_done;
+    state.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (progress) progress(state);
+  };
+  std::thread writer_thread([&] {
+    try {
+      StageClock lap(writer_seconds);
+      // Copy-through tensors straight from the mapped source (no copies held), while the
+      // converting thread starts on the first chunk.
+      std::atomic<uint64_t> copied{0};
+      parallel_for(static_cast<int64_t>(copies.size()), threads, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const TensorView v = ckpt.view(copies[static_cast<size_t>(i)]->name);
+          writer.write(v.name, v.data, v.nbytes);
+          copied += v.nbytes;
         }
       });
-      lap("write");
+      lap("copy");
+      report(copied.load(), false);
+      ConvertedChunk c;
+      while (true) {
+        lap("write");
+        const bool more = queue.pop(c);
+        lap("writer_idle");
+        if (!more) break;
+        uint64_t bytes = 0;
+        for (const Tensor& t : c.params) bytes += t.data.size();
+        parallel_for(static_cast<int64_t>(c.params.size()), threads, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            const Tensor& t = c.params[static_cast<size_t>(k)];
+            writer.write_part(t.name, t.data.data(), t.data.size(),
+                              c.offsets[static_cast<size_t>(k)]);
+          }
+        });
+        const bool ends_layer = c.ends_layer;
+        c = ConvertedChunk();  // free the chunk before waiting for the next one
+        report(bytes, ends_layer);
+      }
+    } catch (...) {
+      writer_error = std::current_exception();
+      queue.close();  // the converting thread stops at its next push
     }
-    if (progress) progress("layers", ++layers_done, static_cast<int64_t>(layers_wanted.size()));
+  });
+
+  // The reader: prefetches the source pages of chunk n+1 while chunk n is converted.
+  std::mutex read_mu;
+  std::condition_variable read_cv;
+  size_t converting = 0;  // index of the chunk the converting thread is on
+  bool stop_reading = false;
+  std::thread reader_thread([&] {
+    for (size_t n = 0; n < chunks.size(); ++n) {
+      {
+        std::unique_lock<std::mutex> lock(read_mu);
+        read_cv.wait(lock, [&] { return stop_reading || n <= converting + 1; });
+        if (stop_reading) return;
+      }
+      const ChunkRef& c = chunks[n];
+      try {
+        prefetch_chunk(ckpt, ckpt.moe_layers()[static_cast<size_t>(c.pl->index)], c.e0, c.e1);
+      } catch (...) {
+        // Only advice: the converting thread meets (and reports) any real problem itself.
+      }
+    }
+  });
+
+  // Stops and joins the other two threads however this scope is left.
+  struct Join {
+    std::function<void()> fn;
+    ~Join() { fn(); }
+  } join{[&] {
+    queue.close();
+    {
+      std::lock_guard<std::mutex> lock(read_mu);
+      stop_reading = true;
+    }
+    read_cv.notify_all();
+    if (writer_thread.joinable()) writer_thread.join();
+    if (reader_thread.joinable()) reader_thread.join();
+  }};
+
+  StageClock lap(stage_seconds);
+  for (size_t n = 0; n < chunks.size(); ++n) {
+    {
+      std::lock_guard<std::mutex> lock(read_mu);
+      converting = n;
+    }
+    read_cv.notify_all();
+    const ChunkRef& ref = chunks[n];
+    const PlannedLayer& pl = *ref.pl;
+    const int64_t E = ckpt.moe_layers()[static_cast<size_t>(pl.index)].num_experts;
+    const std::vector<const PlannedTensor*> planned = planned_params(plan, pl);
+    ConvertedChunk c;
+    c.params = convert_chunk(plan, ckpt, pl, ref.e0, ref.e1, std::ref(lap));
+    for (const Tensor& t : c.params) {
+      const PlannedTensor* want = nullptr;
+      for (const PlannedTensor* p : planned)
+        if (p->name == t.name) want = p;
+      c.offsets.push_back(want->bytes / static_cast<uint64_t>(E) * static_cast<uint64_t>(ref.e0));
+    }
+    c.ends_layer = ref.ends_layer;
+    const bool taken = queue.push(std::move(c));
+    lap("write_wait");
+    if (!taken) break;  // the writer failed: its error is rethrown below
   }
+  join.fn();
+  join.fn = [] {};
+  for (const auto& [stage, s] : writer_seconds) stage_seconds[stage] += s;
+  if (writer_error) std::rethrow_exception(writer_error);
 }
 
 void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir,
@@ -193,6 +378,7 @@ void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std:
 
 ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress) {
   const auto t0 = std::chrono::steady_clock::now();
+  PeakMemorySampler memory;
   ConvertResult r;
   AtomicOutputDir out(plan.options.dst, plan.options.force, {plan.options.src});
   ShardedWriter writer(out.path(), plan.shards);
@@ -206,6 +392,9 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
 
   const auto t1 = std::chrono::steady_clock::now();
   r.stage_seconds["finish"] += std::chrono::duration<double>(t1 - t_finish).count();
+  const ResidentMemory peak = memory.stop();
+  r.peak_rss_anon_bytes = peak.anon_bytes;
+  r.peak_rss_file_bytes = peak.file_bytes;
   r.dst = plan.options.dst;
   r.bytes_written = plan.total_bytes();
   r.tensors = static_cast<int64_t>(plan.tensors.size());

@@ -7,20 +7,27 @@
 #include <vector>
 
 #include "pipeline/plan.h"
+#include "pipeline/progress.h"
 
 namespace moepack {
-
-using ProgressFn = std::function<void(const std::string& stage, int64_t done, int64_t total)>;
 
 struct ConvertResult {
   std::string dst;
   uint64_t bytes_written = 0;
   int64_t tensors = 0;
   double seconds = 0;
-  // Wall time per stage: copy (copy-through tensors), load (read + unpack to canonical or
-  // quantise), pack (backend layout), write (checksum + write of converted tensors), finish
-  // (fsync, config, manifest, rename).
+  // Busy time per stage. The converting thread: load (read + unpack to canonical or quantise),
+  // pack (backend layout), write_wait (waiting for the writer to take a chunk: the writer is the
+  // bottleneck). The writer thread, at the same time: copy (checksum + write of copy-through
+  // tensors), write (checksum + write of converted chunks), writer_idle (waiting for a chunk: the
+  // converter is the bottleneck). Then finish (fsync, config, manifest, rename). The two threads
+  // overlap, so the stages add up to more than `seconds`.
   std::map<std::string, double> stage_seconds;
+  // Peak resident memory during the conversion, sampled every 10 ms: anonymous (what the
+  // conversion holds; bounded by the chunks in flight) apart from file-backed (mapped source pages,
+  // which the kernel can drop).
+  uint64_t peak_rss_anon_bytes = 0;
+  uint64_t peak_rss_file_bytes = 0;
 };
 
 // One chunk [e0, e1) of a planned layer, loaded through the source codec (or quantised) and
@@ -47,9 +54,15 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
                            const ProgressFn& progress = {});
 
 // The steps execute_plan is made of, shared with the shard-parallel path (pipeline/parts.h).
-// Writes the planned tensors with these indices into plan.tensors (copy-through ones from the
-// mapped source, converted ones by whole MoE layers, chunk by chunk) through `writer`, which
-// must hold exactly them; wall time per stage is added to stage_seconds.
+// Writes the planned tensors with these indices into plan.tensors through `writer`, which must
+// hold exactly them; busy time per stage is added to stage_seconds. Three threads overlap:
+// a reader prefetches the mapped source pages of chunk n+1, the calling thread converts chunk n
+// (convert_chunk, itself multi-threaded), a writer checksums and writes chunk n-1 (after the
+// copy-through tensors, straight from the mapped source). At most kChunksInFlight converted
+// chunks exist at once, so memory is bounded by chunks, not layers. The bytes written and
+// their order per tensor are those of the plain one-chunk-after-the-other loop, so the output
+// does not depend on the overlap or the thread count.
+constexpr int kChunksInFlight = 3;  // being converted, queued, being written
 void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
                            const std::vector<size_t>& tensors, const ProgressFn& progress,
                            std::map<std::string, double>& stage_seconds);

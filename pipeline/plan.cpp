@@ -247,7 +247,12 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
     // per weight when quantising.
     const uint64_t per_expert = static_cast<uint64_t>((pl.shape.w13.n + L.inter) * L.hidden) *
                                 (plan.quantize_recipe ? 4 : 1);
-    pl.experts_per_chunk = experts_per_chunk(opts.chunk_bytes, L.num_experts, per_expert);
+    // And at least kMinChunksPerLayer chunks a layer: the convert pipeline holds up to
+    // kChunksInFlight converted chunks plus one chunk's canonical form, which then stays within
+    // about 1.25 packed layers (int4: canonical = 2 x packed) instead of 4.
+    pl.experts_per_chunk = std::min(
+        experts_per_chunk(opts.chunk_bytes, L.num_experts, per_expert),
+        std::max<int64_t>(1, (L.num_experts + kMinChunksPerLayer - 1) / kMinChunksPerLayer));
     pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
 
     const std::string src_codec = plan.quantize_recipe

@@ -59,7 +59,7 @@ struct PlannedLayer {
   MoeShape shape;            // what the layout was judged and sized on
   int64_t inter_padded = 0;  // the I the parameters carry (> shape.inter() where the target pads)
   LayoutOptions layout_options;   // exactly what pack takes for this layer
-  int64_t experts_per_chunk = 0;  // experts converted at once (the --chunk-size budget)
+  int64_t experts_per_chunk = 0;  // experts converted at once (--chunk-size, kMinChunksPerLayer)
   int64_t chunks = 0;
 };
 
@@ -94,6 +94,10 @@ struct Plan {
 // least 1, at most `experts`). convert (PlannedLayer::experts_per_chunk) and verify share it, so
 // verify holds what convert holds.
 int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_per_expert);
+// make_plan splits every layer of more than one expert into at least this many chunks (fewer
+// experts each than --chunk-size allows where needed), so that the overlapped convert pipeline
+// (pipeline/execute.h) holds a bounded fraction of a layer, not several layers.
+constexpr int64_t kMinChunksPerLayer = 4;
 
 // Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);

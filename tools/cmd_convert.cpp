@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
 #include "pipeline/parts.h"
+#include "pipeline/progress.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {
@@ -109,16 +110,28 @@ Runner add_convert(CLI::App& app, Globals& g) {
       }
       return 0;
     }
-    const bool tty = stderr_is_terminal();
+    // One updating line on a terminal (layers, bytes, rate, ETA), cleared at the end; nothing
+    // when stderr is not a terminal or the result goes out as JSON.
     ProgressFn progress;
-    if (tty)
-      progress = [](const std::string& stage, int64_t done, int64_t total) {
-        std::fprintf(stderr, "\r[%s %lld/%lld]", stage.c_str(), static_cast<long long>(done),
-                     static_cast<long long>(total));
-        if (done == total) std::fprintf(stderr, "\n");
+    bool progress_shown = false;
+    if (!g.json && stderr_is_terminal())
+      progress = [&progress_shown](const ConvertProgress& p) {
+        std::fprintf(stderr, "\r\033[K%s", progress_line(p).c_str());
+        std::fflush(stderr);
+        progress_shown = true;
       };
+    // Clears the line before the result or an error message is printed.
+    struct ClearLine {
+      bool& shown;
+      void operator()() {
+        if (shown) std::fprintf(stderr, "\r\033[K");
+        shown = false;
+      }
+      ~ClearLine() { (*this)(); }
+    } clear_line{progress_shown};
     if (spec) {
       const PartResult p = execute_part(plan, *ckpt, *spec, progress);
+      clear_line();
       if (g.json)
         print_json({{"ok", true},
                     {"part", p.dir},
@@ -139,6 +152,7 @@ Runner add_convert(CLI::App& app, Globals& g) {
       return 0;
     }
     const ConvertResult r = execute_plan(plan, *ckpt, progress);
+    clear_line();
     if (g.json)
       print_json({{"ok", true},
                   {"dst", r.dst},
@@ -149,6 +163,8 @@ Runner add_convert(CLI::App& app, Globals& g) {
                   {"shards", plan.shards.shard_names.size()},
                   {"seconds", r.seconds},
                   {"stage_seconds", r.stage_seconds},
+                  {"peak_rss_anon_bytes", r.peak_rss_anon_bytes},
+                  {"peak_rss_file_bytes", r.peak_rss_file_bytes},
                   {"deviations_from_vllm", plan.deviations}});
     else
       std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
