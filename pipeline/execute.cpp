@@ -238,7 +238,28 @@ void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWrit
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     if (progress) progress(state);
   };
-  std::thread writer_thread([&] {
+  std::mutex read_mu;
+  std::condition_variable read_cv;
+  size_t converting = 0;  // index of the chunk the converting thread is on
+  bool stop_reading = false;
+  std::thread writer_thread, reader_thread;
+  // Stops and joins the other two threads however this scope is left -- also when starting the
+  // second one fails (out of memory), since a joinable std::thread must never be destroyed.
+  struct Join {
+    std::function<void()> fn;
+    ~Join() { fn(); }
+  } join{[&] {
+    queue.close();
+    {
+      std::lock_guard<std::mutex> lock(read_mu);
+      stop_reading = true;
+    }
+    read_cv.notify_all();
+    if (writer_thread.joinable()) writer_thread.join();
+    if (reader_thread.joinable()) reader_thread.join();
+  }};
+
+  writer_thread = std::thread([&] {
     try {
       StageClock lap(writer_seconds);
       // Copy-through tensors straight from the mapped source (no copies held), while the
@@ -279,11 +300,7 @@ void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWrit
   });
 
   // The reader: prefetches the source pages of chunk n+1 while chunk n is converted.
-  std::mutex read_mu;
-  std::condition_variable read_cv;
-  size_t converting = 0;  // index of the chunk the converting thread is on
-  bool stop_reading = false;
-  std::thread reader_thread([&] {
+  reader_thread = std::thread([&] {
     for (size_t n = 0; n < chunks.size(); ++n) {
       {
         std::unique_lock<std::mutex> lock(read_mu);
@@ -298,21 +315,6 @@ void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWrit
       }
     }
   });
-
-  // Stops and joins the other two threads however this scope is left.
-  struct Join {
-    std::function<void()> fn;
-    ~Join() { fn(); }
-  } join{[&] {
-    queue.close();
-    {
-      std::lock_guard<std::mutex> lock(read_mu);
-      stop_reading = true;
-    }
-    read_cv.notify_all();
-    if (writer_thread.joinable()) writer_thread.join();
-    if (reader_thread.joinable()) reader_thread.join();
-  }};
 
   StageClock lap(stage_seconds);
   for (size_t n = 0; n < chunks.size(); ++n) {

@@ -472,13 +472,16 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   job.spec.gated = job.lo.gated;
   job.spec.activation = run.activation;
   job.spec.threads = run.threads;
-  // Expert chunks by convert's --chunk-size rule: the packed chunk, its decoding and the
-  // source's chunk are all that is held (the mapped shards are read, not copied). With a
-  // source verify holds two canonical forms where convert holds one, so it takes half the
-  // experts convert takes: its peak stays within convert's for the same --chunk-size.
+  // Expert chunks by convert's rule (--chunk-size, and at least kMinChunksPerLayer chunks a
+  // layer, as make_plan): the packed chunk, its decoding and the source's chunk are all that is
+  // held (the mapped shards are read, not copied). With a source verify holds two canonical
+  // forms where convert holds one, so it takes half the experts convert takes: its peak stays
+  // within convert's for the same --chunk-size.
   const uint64_t per_expert =
       static_cast<uint64_t>((job.spec.w13_rows() + ml.inter) * ml.hidden) * (run.recipe ? 4 : 1);
-  const int64_t convert_chunk = experts_per_chunk(run.opts->chunk_bytes, ml.experts, per_expert);
+  const int64_t convert_chunk =
+      std::min(experts_per_chunk(run.opts->chunk_bytes, ml.experts, per_expert),
+               std::max<int64_t>(1, (ml.experts + kMinChunksPerLayer - 1) / kMinChunksPerLayer));
   job.chunk = run.src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
   for (const auto& p : ml.params) {
     const TensorView v = run.out->view(p);
