@@ -12,8 +12,8 @@
 # count those too, and no cgroup is writable on the machines this runs on). A first check shows
 # the cap is enforced here: a 3 GiB allocation under it fails.
 #
-# Default: 20 MoE layers x 64 experts, H 2048, I 1536, int4 g128 = 6.1 GB of tensors, under a
-# 2 GiB cap. Environment: MEMCAP_KIB (cap), MEMCAP_KEEP_SOURCE=1 (keep WORKDIR/src for a rerun).
+# Default: 20 MoE layers x 64 experts, H 2048, I 1536, int4 g128 = 7.1 GB (6.6 GiB) on disk,
+# under a 2 GiB cap. Environment: MEMCAP_KIB (cap), MEMCAP_KEEP_SOURCE=1 (keep WORKDIR/src for a rerun).
 # Exit 77 (skipped) unless MOEPACK_MEMCAP=1 or run by hand with arguments, or when the disk lacks
 # room for the source and the output.
 set -euo pipefail
