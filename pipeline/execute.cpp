@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -34,6 +35,36 @@ std::vector<const PlannedTensor*> planned_params(const Plan& plan, const Planned
   return planned;
 }
 
+// The chunk's source tensors as views into the mapped checkpoint, with the quantization params
+// refined as load_moe_experts refines them (the codec's refine on expert 0's first Linear).
+DirectSource direct_source(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1,
+                           bool g_idx_w13, bool g_idx_w2) {
+  DirectSource src;
+  src.quant = ckpt.quant();
+  const SourceCodec* codec = find_source_codec(src.quant.method);
+  if (codec && codec->refine && !L.experts.empty()) {
+    std::map<std::string, TensorView> first;
+    for (const auto& [suffix, name] : L.experts[0][L.gated ? kGate : kUp])
+      first[suffix] = ckpt.view(name);
+    src.quant = codec->refine(src.quant, first);
+  }
+  src.hidden = L.hidden;
+  src.inter = L.inter;
+  src.gated = L.gated;
+  src.g_idx_w13 = g_idx_w13;
+  src.g_idx_w2 = g_idx_w2;
+  src.linears.resize(static_cast<size_t>(e1 - e0));
+  for (int64_t e = e0; e < e1 && e < static_cast<int64_t>(L.experts.size()); ++e)
+    for (int p = 0; p < 3; ++p)
+      for (const auto& [suffix, name] : L.experts[static_cast<size_t>(e)][p])
+        src.linears[static_cast<size_t>(e - e0)][p][suffix] = ckpt.view(name);
+  return src;
+}
+
+void check_chunk_params(const std::vector<Tensor>& params,
+                        const std::vector<const PlannedTensor*>& planned, const MoeLayer& L,
+                        int64_t e0, int64_t e1);
+
 }  // namespace
 
 std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
@@ -41,6 +72,24 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
                                   const std::function<void(const char*)>& lap) {
   const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
   const std::vector<const PlannedTensor*> planned = planned_params(plan, pl);
+  std::optional<std::vector<Tensor>> params;
+  if (pl.direct) {
+    if (lap) lap("load");  // views into the mapped source: nothing to load
+    params = pl.direct->convert(pl.layout_options,
+                                direct_source(ckpt, L, e0, e1, pl.act_order_w13, pl.act_order_w2));
+    if (params && lap) lap("pack");
+  }
+  // A chunk the direct path declines goes the canonical way, which gives the reference bytes or
+  // the reference error.
+  if (!params) params = convert_chunk_canonical(plan, ckpt, pl, e0, e1, lap);
+  check_chunk_params(*params, planned, L, e0, e1);
+  return std::move(*params);
+}
+
+std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& ckpt,
+                                            const PlannedLayer& pl, int64_t e0, int64_t e1,
+                                            const std::function<void(const char*)>& lap) {
+  const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
   ExpertRange range;
   range.begin = e0;
   range.end = e1;
@@ -58,6 +107,14 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
   std::vector<Tensor> params = plan.layout->pack(pl.layout_options, experts);
   experts = MoeExperts();  // release the canonical form before writing
   if (lap) lap("pack");
+  return params;
+}
+
+namespace {
+
+void check_chunk_params(const std::vector<Tensor>& params,
+                        const std::vector<const PlannedTensor*>& planned, const MoeLayer& L,
+                        int64_t e0, int64_t e1) {
   if (params.size() != planned.size())
     throw Error(ErrorCode::kInternal, "", L.param_prefix,
                 "layout produced a different parameter set than planned");
@@ -71,8 +128,9 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
       throw Error(ErrorCode::kInternal, "", t.name,
                   "layout output differs from the plan (" + shape_str(t.shape) + ")");
   }
-  return params;
 }
+
+}  // namespace
 
 void validate_plan(const Plan& plan, const Checkpoint& ckpt) {
   for (const PlannedLayer& pl : plan.layers) {

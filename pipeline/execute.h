@@ -30,13 +30,22 @@ struct ConvertResult {
   uint64_t peak_rss_file_bytes = 0;
 };
 
-// One chunk [e0, e1) of a planned layer, loaded through the source codec (or quantised) and
-// packed into the layout, each parameter checked against the plan (kInternal when it differs):
-// everything convert does to those experts except writing. `lap(stage)` is called after "load"
+// One chunk [e0, e1) of a planned layer, converted by the layer's direct path (pl.direct) or
+// loaded through the source codec (or quantised) and packed into the layout, each parameter
+// checked against the plan (kInternal when it differs): everything convert does to those experts
+// except writing. `lap(stage)` is called after "load"
 // and "pack" when given.
 std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
                                   int64_t e0, int64_t e1,
                                   const std::function<void(const char*)>& lap = {});
+
+// The chunk's planned parameters through the canonical form only (load_moe_experts or the
+// quantise recipe, then the layout's pack), unchecked against the plan: what convert_chunk
+// falls back to when a layer has no direct path (formats/fast_path.h) or its direct path declines
+// the chunk's bytes. The reference every direct path must equal byte for byte.
+std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& ckpt,
+                                            const PlannedLayer& pl, int64_t e0, int64_t e1,
+                                            const std::function<void(const char*)>& lap = {});
 
 // Runs convert_chunk over every chunk of every planned layer and discards the bytes: refuses
 // (throws the same Error) exactly what execute_plan would refuse while reading the source.

@@ -239,6 +239,16 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                              q.act_order_w13, q.act_order_w2);
     pl.inter_padded =
         plan.layout->padded_inter ? plan.layout->padded_inter(lo, pl.shape) : pl.shape.inter();
+    if (plan.quantize_recipe) {
+      pl.canonical_why = "--quantize: the experts are quantised here";
+    } else if (opts.no_fast_path) {
+      pl.canonical_why = "--no-fast-path";
+    } else {
+      std::vector<std::string> why;
+      pl.direct = find_direct_path(plan.source_quant.method, plan.layout->name, plan.source_quant,
+                                   lo, pl.shape, &why);
+      for (const auto& w : why) pl.canonical_why += (pl.canonical_why.empty() ? "" : "; ") + w;
+    }
     for (const auto& d : plan.layout->deviations_from_vllm(lo, pl.shape)) {
       pl.deviations.push_back(d);
       deviations.insert(d);
@@ -339,14 +349,17 @@ json Plan::to_json() const {
   j["deviations_from_vllm"] = deviations;
   j["layers"] = json::array();
   for (const auto& l : layers)
-    j["layers"].push_back({{"module", l.module},
-                           {"backend", l.decision.chosen},
-                           {"oracle", l.decision.to_json()},
-                           {"experts_per_chunk", l.experts_per_chunk},
-                           {"chunks", l.chunks},
-                           {"inter", l.shape.inter()},
-                           {"inter_padded", l.inter_padded},
-                           {"deviations_from_vllm", l.deviations}});
+    j["layers"].push_back(
+        {{"module", l.module},
+         {"backend", l.decision.chosen},
+         {"oracle", l.decision.to_json()},
+         {"experts_per_chunk", l.experts_per_chunk},
+         {"chunks", l.chunks},
+         {"inter", l.shape.inter()},
+         {"inter_padded", l.inter_padded},
+         {"conversion", l.direct ? json{{"path", "direct"}, {"direct_path", l.direct->name}}
+                                 : json{{"path", "canonical"}, {"why", l.canonical_why}}},
+         {"deviations_from_vllm", l.deviations}});
   j["tensors"] = json::array();
   uint64_t converted = 0, copied = 0;
   for (const auto& t : tensors) {
@@ -415,6 +428,18 @@ std::string Plan::to_text() const {
     s << "  chunking        " << layers.front().experts_per_chunk << " experts at a time ("
       << layers.front().chunks << " chunk(s) in " << layers.front().module << "; " << chunked
       << " of " << layers.size() << " layers in more than one)\n";
+    int64_t direct = 0;
+    const DirectPath* first_direct = nullptr;
+    for (const auto& l : layers) {
+      direct += l.direct != nullptr;
+      if (!first_direct) first_direct = l.direct;
+    }
+    s << "  conversion      ";
+    if (first_direct)
+      s << "direct " << first_direct->name << " (" << direct << " of " << layers.size()
+        << " layers; --no-fast-path forces the canonical form)\n";
+    else
+      s << "canonical (" << layers.front().canonical_why << ")\n";
     s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
   }
   s << "  converted tensors:\n";

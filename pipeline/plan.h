@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/fast_path.h"
 #include "io/shard_writer.h"
 #include "model/checkpoint.h"
 #include "pipeline/oracle.h"
@@ -35,6 +36,10 @@ struct ConvertOptions {
   // Canonical-form bytes of experts converted at once within a layer (one code per byte, or a
   // float per weight with --quantize): bounds memory for layers larger than RAM allows.
   uint64_t chunk_bytes = 1ull << 30;
+  // --no-fast-path: every layer through the canonical form (load_moe_experts + pack), never a
+  // direct path (formats/fast_path.h). Output bytes are the same either way, so it is not a
+  // part option.
+  bool no_fast_path = false;
 };
 
 struct PlannedTensor {
@@ -61,6 +66,11 @@ struct PlannedLayer {
   LayoutOptions layout_options;   // exactly what pack takes for this layer
   int64_t experts_per_chunk = 0;  // experts converted at once (--chunk-size, kMinChunksPerLayer)
   int64_t chunks = 0;
+  // The direct fast path that converts this layer's chunks (byte-identical to the canonical
+  // path, which takes any chunk whose bytes it declines), or null: the canonical path, for
+  // `canonical_why`. In --dry-run / inspect output only, never in moepack.json.
+  const DirectPath* direct = nullptr;
+  std::string canonical_why;
 };
 
 struct Plan {

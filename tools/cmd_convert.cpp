@@ -62,6 +62,9 @@ Runner add_convert(CLI::App& app, Globals& g) {
                  "Experts of a layer converted at once, as canonical bytes (bounds memory for very "
                  "large layers; output bytes do not depend on it)")
       ->capture_default_str();
+  app.add_flag("--no-fast-path", a->o.no_fast_path,
+               "Convert every layer through the canonical one-byte-per-code form instead of a "
+               "direct fast path (same output bytes; for debugging and tests)");
   app.add_flag("--force", a->o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a->dry_run, "Print the plan and write nothing");
   app.add_option("--shard", a->shard,

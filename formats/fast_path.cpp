@@ -1,0 +1,647 @@
+// Direct fast paths (formats/fast_path.h): GPTQ / compressed-tensors pack-quantized / AWQ ->
+// Marlin and ModelOpt / compressed-tensors MXFP8 -> TRT-LLM MXFP8, byte-identical to
+// SourceCodec.unpack + stack + TargetLayout.pack.
+//
+// What each path replicates of the canonical one:
+//   - the codec's input checks (suffix set, dtypes, shapes, finite scales, g_idx range and
+//     consistency with the config, compressed-tensors weight_shape and symmetric zero points) --
+//     as "decline" instead of an error;
+//   - load_moe_experts' stacking: w13 = [gate; up] on N; explicit (trivial) g_idx when the plan
+//     forces them; gate and up must carry the same g_idx; mixed scale dtypes (the canonical path
+//     widens them to F32 first, which is exact, so converting each from its own dtype through
+//     float32 gives the same bytes);
+//   - the layout's pack: Marlin tiles (marlin::word_field_coords, unrolled as repack_16bit_act
+//     does), scale conversion and permutation, zero points, act-order sort indices, vLLM 0.33's
+//     intermediate padding; TRT-LLM MXFP8 row maps and the 128x4 scale interleave.
+#include "formats/fast_path.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "core/half.h"
+#include "core/threads.h"
+#include "formats/awq.h"
+#include "formats/layout/marlin_layout.h"
+#include "formats/marlin.h"
+#include "formats/trtllm_mxfp8.h"
+#include "formats/wna16_util.h"
+
+namespace moepack {
+namespace {
+
+using LinearViews = std::map<std::string, TensorView>;
+
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
+
+const TensorView* find_view(const LinearViews& m, const char* suffix) {
+  auto it = m.find(suffix);
+  return it == m.end() ? nullptr : &it->second;
+}
+
+bool dtype_in(DType d, std::initializer_list<DType> ok) {
+  return std::find(ok.begin(), ok.end(), d) != ok.end();
+}
+
+bool is_float_scale(DType d) {
+  return dtype_in(d, {DType::kF16, DType::kBF16, DType::kF32});
+}
+
+// The codec's suffix rule (load_moe_experts): every required suffix present, nothing unknown.
+bool suffixes_as_codec_reads(const QuantParams& q, const LinearViews& m) {
+  const SourceCodec* codec = find_source_codec(q.method);
+  if (!codec) return false;
+  std::set<std::string> known;
+  for (const auto& s : codec->required_suffixes(q)) {
+    if (!m.count(s)) return false;
+    known.insert(s);
+  }
+  for (const auto& s : codec->optional_suffixes(q)) known.insert(s);
+  for (const auto& kv : m)
+    if (!known.count(kv.first)) return false;
+  return true;
+}
+
+int64_t groups_of(int64_t k, int64_t group_size) {
+  return group_size > 0 ? (k + group_size - 1) / group_size : 1;
+}
+
+// Runs a direct conversion; any Error (a scale that overflows the activation dtype, ...) means
+// the bytes hold something the canonical path decides on, so the chunk goes there.
+template <typename Fn>
+std::optional<std::vector<Tensor>> declining_errors(Fn fn) {
+  try {
+    return fn();
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// Whether the layout itself takes a layer of this chunk's shape (the plan checked it; tests and
+// other callers may not have).
+bool layout_takes(const char* layout, const LayoutOptions& opts, const DirectSource& src) {
+  const TargetLayout* row = find_target_layout(layout);
+  if (!row) return false;
+  const MoeShape shape = moe_shape_for(src.quant, src.experts(), src.hidden, src.inter, src.gated,
+                                       src.g_idx_w13 ? 1 : 0, src.g_idx_w2 ? 1 : 0);
+  return row->unsupported_reasons(opts, shape).empty();
+}
+
+// ---- WNA16 sources ------------------------------------------------------------------------------
+
+enum class WordOrder : uint8_t {
+  kGptq,  // qweight [K/pf, N]: word (kw, n) holds k = pf*kw .. pf*kw+pf-1, low bits first
+  kCt,    // weight_packed [N, K/pf]: the same words, stored row n first
+  kAwq,   // qweight [K, N/8]: word (k, c) holds n = 8c + kAwqOrder[p] in field p
+};
+
+// One source Linear of one expert, validated.
+struct WnaLinear {
+  const uint8_t* words = nullptr;   // packed codes (unaligned little-endian words)
+  const uint8_t* scales = nullptr;  // GPTQ / AWQ [G, N], compressed-tensors [N, G]
+  DType scale_dtype = DType::kF16;
+  const uint8_t* zeros = nullptr;  // AWQ qzeros [G, N/8]
+  std::vector<int32_t> g_idx;      // [K], empty when trivial (k / group_size)
+  int64_t n = 0, k = 0, g = 0;
+};
+
+// AWQ field of logical column n % 8 (inverse of kAwqOrder).
+constexpr int kAwqField[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// Reads one Linear's tensors as the codec's unpack would accept them; false where it would not.
+bool read_wna_linear(const QuantParams& q, WordOrder order, const LinearViews& m, int64_t n,
+                     int64_t k, WnaLinear* out) {
+  if (!suffixes_as_codec_reads(q, m)) return false;
+  const int bits = q.bits, pf = 32 / bits;
+  if (n <= 0 || k <= 0 || (bits != 4 && bits != 8) || k % pf != 0) return false;
+  if (q.group_size == 0 || q.group_size < -1) return false;
+  const int64_t G = groups_of(k, q.group_size);
+  out->n = n;
+  out->k = k;
+  out->g = G;
+  const char* qname = order == WordOrder::kCt ? "weight_packed" : "qweight";
+  const char* sname = order == WordOrder::kCt ? "weight_scale" : "scales";
+  const TensorView* qw = find_view(m, qname);
+  const TensorView* sc = find_view(m, sname);
+  if (!qw || !sc || !dtype_in(qw->dtype, {DType::kI32, DType::kU32})) return false;
+  const Shape want_q = order == WordOrder::kGptq ? Shape{k / pf, n}
+                       : order == WordOrder::kCt ? Shape{n, k / pf}
+                                                 : Shape{k, n / 8};
+  if (qw->shape != want_q) return false;
+  if (!is_float_scale(sc->dtype)) return false;
+  if (sc->shape != (order == WordOrder::kCt ? Shape{n, G} : Shape{G, n})) return false;
+  out->words = qw->data;
+  out->scales = sc->data;
+  out->scale_dtype = sc->dtype;
+
+  if (order == WordOrder::kAwq) {
+    if (bits != 4 || q.group_size <= 0 || n % 8 != 0) return false;
+    const TensorView* qz = find_view(m, "qzeros");
+    if (!qz || !dtype_in(qz->dtype, {DType::kI32, DType::kU32}) || qz->shape != Shape{G, n / 8})
+      return false;
+    out->zeros = qz->data;
+    return true;
+  }
+  if (!q.symmetric) return false;  // Marlin takes zero points from AWQ only
+  if (order == WordOrder::kCt) {
+    if (const TensorView* ws = find_view(m, "weight_shape")) {
+      if (!dtype_in(ws->dtype, {DType::kI64, DType::kI32}) || ws->shape != Shape{2}) return false;
+      int64_t v[2];
+      for (int i = 0; i < 2; ++i) {
+        if (ws->dtype == DType::kI64) {
+          std::memcpy(&v[i], ws->data + 8 * i, 8);
+        } else {
+          int32_t x;
+          std::memcpy(&x, ws->data + 4 * i, 4);
+          v[i] = x;
+        }
+      }
+      if (v[0] != n || v[1] != k) return false;
+    }
+    // A symmetric scheme's zero points, if written at all, must be the symmetric zero.
+    if (const TensorView* zp = find_view(m, "weight_zero_point")) {
+      const uint32_t mask = (1u << bits) - 1u, packed_zero = 1u << (bits - 1);
+      if (dtype_in(zp->dtype, {DType::kI32, DType::kU32})) {
+        for (uint64_t i = 0; i + 4 <= zp->nbytes; i += 4) {
+          const uint32_t w = wna16::load_u32(zp->data + i);
+          if (w == 0) continue;
+          for (int f = 0; f < pf; ++f)
+            if (((w >> (bits * f)) & mask) != packed_zero) return false;
+        }
+      } else {
+        for (uint64_t i = 0; i < zp->nbytes; ++i)
+          if (zp->data[i] != 0) return false;
+      }
+    }
+  }
+  const char* gname = order == WordOrder::kCt ? "weight_g_idx" : "g_idx";
+  if (const TensorView* gi = find_view(m, gname)) {
+    if (gi->dtype != DType::kI32 || gi->shape != Shape{k}) return false;
+    out->g_idx.resize(static_cast<size_t>(k));
+    std::memcpy(out->g_idx.data(), gi->data, static_cast<size_t>(k) * 4);
+    bool trivial = true;
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t g = out->g_idx[static_cast<size_t>(i)];
+      if (g < 0 || g >= G) return false;
+      trivial = trivial && g == wna16::trivial_group(i, q.group_size);
+    }
+    if (trivial) out->g_idx.clear();
+    if (!q.act_order && !out->g_idx.empty()) return false;
+  } else if (q.act_order) {
+    return false;
+  }
+  return true;
+}
+
+// Logical row n of a projection: the Linear and row it comes from, or padding (lin == nullptr).
+struct RowRef {
+  const WnaLinear* lin = nullptr;
+  int64_t row = 0;
+};
+
+// One projection of one expert as the layout sees it: N x K logical (padding included), of which
+// the source holds k_real columns of K.
+struct ProjSource {
+  std::vector<RowRef> rows;  // [N]
+  int64_t n = 0, k = 0, k_real = 0, g = 0;
+};
+
+// The word of codes k = pf*kw .. pf*kw+pf-1 of a K-packed source row (GPTQ / CT), 0 in padding.
+template <WordOrder kOrder>
+inline uint32_t kpacked_word(const RowRef& r, int64_t kw, int64_t kw_real) {
+  if (!r.lin || kw >= kw_real) return 0;
+  const int64_t off = kOrder == WordOrder::kGptq ? kw * r.lin->n + r.row : r.row * kw_real + kw;
+  return wna16::load_u32(r.lin->words + off * 4);
+}
+
+// Marlin 16-bit-activation tiles straight from K-packed words, no act-order: each Marlin word
+// takes one byte (int4: two codes) or half-word (int8) of four (two) source words. The field map
+// is marlin::word_field_coords as repack_16bit_act unrolls it:
+//   int4 word: (k, n) = (b,c0) (b+8,c0) (b,c0+8) (b+8,c0+8) (b+1,c0) (b+9,c0) (b+1,c0+8) (b+9,c0+8)
+//   int8 word: k = b, b+8, b+1, b+9 of row n = c0 + 8h
+template <WordOrder kOrder>
+void marlin_words_kpacked(int bits, const ProjSource& p, uint32_t* out) {
+  const int pf = 32 / bits, T = marlin::words_per_tile(bits);
+  const int64_t ntiles_n = p.n / 64, kw_real = p.k_real / pf;
+  for (int64_t kt = 0; kt < p.k / 16; ++kt)
+    for (int64_t nt = 0; nt < ntiles_n; ++nt) {
+      uint32_t* dst = out + (kt * ntiles_n + nt) * T;
+      for (int r = 0; r < T; ++r) {
+        uint32_t w;
+        if (bits == 4) {
+          const int t = r >> 2, j = r & 3, b = 2 * (t & 3);
+          const int64_t c0 = 64 * nt + 16 * j + (t >> 2);
+          const RowRef& ra = p.rows[static_cast<size_t>(c0)];
+          const RowRef& rb = p.rows[static_cast<size_t>(c0 + 8)];
+          const int sh = 4 * b;
+          const uint32_t a = (kpacked_word<kOrder>(ra, 2 * kt, kw_real) >> sh) & 0xffu;
+          const uint32_t a8 = (kpacked_word<kOrder>(ra, 2 * kt + 1, kw_real) >> sh) & 0xffu;
+          const uint32_t c = (kpacked_word<kOrder>(rb, 2 * kt, kw_real) >> sh) & 0xffu;
+          const uint32_t c8 = (kpacked_word<kOrder>(rb, 2 * kt + 1, kw_real) >> sh) & 0xffu;
+          w = (a & 15u) | (a8 & 15u) << 4 | (c & 15u) << 8 | (c8 & 15u) << 12 | (a >> 4) << 16 |
+              (a8 >> 4) << 20 | (c >> 4) << 24 | (c8 >> 4) << 28;
+        } else {
+          const int t = r >> 3, j = (r & 7) >> 1, h = r & 1, b = 2 * (t & 3);
+          const RowRef& row = p.rows[static_cast<size_t>(64 * nt + 16 * j + (t >> 2) + 8 * h)];
+          const int sh = 8 * (b & 3);
+          const uint32_t lo = (kpacked_word<kOrder>(row, 4 * kt + b / 4, kw_real) >> sh) & 0xffffu;
+          const uint32_t hi =
+              (kpacked_word<kOrder>(row, 4 * kt + 2 + b / 4, kw_real) >> sh) & 0xffffu;
+          w = (lo & 0xffu) | (hi & 0xffu) << 8 | (lo >> 8) << 16 | (hi >> 8) << 24;
+        }
+        dst[r] = w;
+      }
+    }
+}
+
+// Code (k, n) of a source row, 0 in padding.
+inline uint32_t wna_code(WordOrder order, int bits, const RowRef& r, int64_t k, int64_t k_real) {
+  if (!r.lin || k >= k_real) return 0;
+  const WnaLinear& L = *r.lin;
+  if (order == WordOrder::kAwq) {
+    const uint32_t w = wna16::load_u32(L.words + (k * (L.n / 8) + r.row / 8) * 4);
+    return (w >> (4 * kAwqField[r.row % 8])) & 15u;
+  }
+  const int pf = 32 / bits;
+  const int64_t kw = k / pf;
+  const int64_t off = order == WordOrder::kGptq ? kw * L.n + r.row : r.row * (L.k / pf) + kw;
+  return (wna16::load_u32(L.words + off * 4) >> (bits * (k % pf))) & ((1u << bits) - 1u);
+}
+
+// Marlin 16-bit-activation tiles field by field (act-order rows `perm`, AWQ's N-packed words):
+// the same unrolled map as marlin_words_kpacked, one code at a time.
+void marlin_words_generic(WordOrder order, int bits, const ProjSource& p, const int32_t* perm,
+                          uint32_t* out) {
+  const int T = marlin::words_per_tile(bits);
+  const int64_t ntiles_n = p.n / 64;
+  int64_t kx[16];
+  for (int64_t kt = 0; kt < p.k / 16; ++kt) {
+    for (int i = 0; i < 16; ++i) kx[i] = perm ? perm[16 * kt + i] : 16 * kt + i;
+    for (int64_t nt = 0; nt < ntiles_n; ++nt) {
+      uint32_t* dst = out + (kt * ntiles_n + nt) * T;
+      for (int r = 0; r < T; ++r) {
+        uint32_t w;
+        const auto code = [&](const RowRef& row, int64_t k) {
+          return wna_code(order, bits, row, k, p.k_real);
+        };
+        if (bits == 4) {
+          const int t = r >> 2, j = r & 3, b = 2 * (t & 3);
+          const int64_t c0 = 64 * nt + 16 * j + (t >> 2);
+          const RowRef& A = p.rows[static_cast<size_t>(c0)];
+          const RowRef& B = p.rows[static_cast<size_t>(c0 + 8)];
+          w = code(A, kx[b]) | code(A, kx[b + 8]) << 4 | code(B, kx[b]) << 8 |
+              code(B, kx[b + 8]) << 12 | code(A, kx[b + 1]) << 16 | code(A, kx[b + 9]) << 20 |
+              code(B, kx[b + 1]) << 24 | code(B, kx[b + 9]) << 28;
+        } else {
+          const int t = r >> 3, j = (r & 7) >> 1, h = r & 1, b = 2 * (t & 3);
+          const RowRef& R = p.rows[static_cast<size_t>(64 * nt + 16 * j + (t >> 2) + 8 * h)];
+          w = code(R, kx[b]) | code(R, kx[b + 8]) << 8 | code(R, kx[b + 1]) << 16 |
+              code(R, kx[b + 9]) << 24;
+        }
+        dst[r] = w;
+      }
+    }
+  }
+}
+
+// Scale (g, n) of a source Linear.
+inline const uint8_t* wna_scale(WordOrder order, const WnaLinear& L, int64_t g, int64_t n) {
+  const int64_t eb = dtype_bits(L.scale_dtype) / 8;
+  return L.scales + (order == WordOrder::kCt ? n * L.g + g : g * L.n + n) * eb;
+}
+
+struct MarlinProjOut {
+  MoeProj proj;
+  MarlinParamNames names;
+  int64_t n = 0, k = 0, k_real = 0, g = 0;
+  bool act_order = false, grouped = false;
+  Tensor qweight, scales, qzeros, g_idx, sort;
+};
+
+std::optional<std::vector<Tensor>> marlin_direct(const LayoutOptions& opts, const DirectSource& src,
+                                                 WordOrder order) {
+  const QuantParams& q = src.quant;
+  const int bits = q.bits;
+  if (opts.a8 || (bits != 4 && bits != 8) || src.experts() < 1) return std::nullopt;
+  if (opts.source_method != q.method || !layout_takes("marlin", opts, src)) return std::nullopt;
+  if (!dtype_in(opts.act_dtype, {DType::kF16, DType::kBF16})) return std::nullopt;
+  const int pf = 32 / bits;
+  const int64_t E = src.experts(), H = src.hidden, I = src.inter;
+  const int64_t shards = src.gated ? 2 : 1;
+  MoeShape real;
+  real.experts = E;
+  real.w13.n = shards * I;
+  real.w13.k = H;
+  real.w2.n = H;
+  real.w2.k = I;
+  real.w13.quant.group_size = real.w2.quant.group_size = q.group_size;
+  const int64_t ip = marlin_padded_inter(opts, real);
+  if (ip != I && (src.g_idx_w13 || src.g_idx_w2)) return std::nullopt;  // never both
+
+  // Every Linear of the chunk, validated as its codec would.
+  std::vector<std::array<WnaLinear, 3>> lins(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    for (int p = 0; p < 3; ++p) {
+      if (p == 0 && !src.gated) continue;
+      const int64_t n = p == 2 ? H : I, k = p == 2 ? I : H;
+      if (!read_wna_linear(q, order, src.linears[static_cast<size_t>(e)][p], n, k,
+                           &lins[static_cast<size_t>(e)][p]))
+        return std::nullopt;
+    }
+
+  const bool index_params = vllm_target_row(opts.vllm_target).moe_act_order;
+  MarlinProjOut outs[2];
+  for (int i = 0; i < 2; ++i) {
+    MarlinProjOut& o = outs[i];
+    o.proj = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
+    o.names = marlin_param_names(opts.source_method, o.proj);
+    o.n = i == 0 ? shards * ip : H;
+    o.k = i == 0 ? H : ip;
+    o.k_real = i == 0 ? H : I;
+    o.g = groups_of(o.k, q.group_size);
+    o.act_order = i == 0 ? src.g_idx_w13 : src.g_idx_w2;
+    if (o.n % 64 != 0 || o.k % 16 != 0) return std::nullopt;
+    // The scale rule's size_k is the real I (vLLM passes intermediate_size_per_partition).
+    o.grouped =
+        marlin_scales_grouped(opts, o.proj, q.group_size, o.g, I, bits, opts.vllm_w13_scale_size_k);
+    const std::string& pre = opts.prefix;
+    o.qweight = Tensor(pre + o.names.qweight, DType::kI32, {E, o.k / 16, o.n * 16 / pf});
+    o.scales = Tensor(pre + o.names.scales, opts.act_dtype, {E, o.g, o.n});
+    if (!o.names.qzeros.empty())
+      o.qzeros = Tensor(pre + o.names.qzeros, DType::kI32, {E, o.g, o.n / pf});
+    const int64_t gk = o.act_order ? o.k : 0;
+    if (!o.names.g_idx.empty() && index_params)
+      o.g_idx = Tensor(pre + o.names.g_idx, DType::kI32, {E, gk});
+    o.sort = Tensor(pre + o.names.sort_indices, DType::kI32, {E, index_params ? gk : 0});
+    // g_idx the plan does not expect: the canonical path refuses them (kInternal).
+    if (!o.act_order)
+      for (const auto& l : lins)
+        for (int p = i == 0 ? 0 : 2; p < (i == 0 ? 2 : 3); ++p)
+          if (!l[p].g_idx.empty()) return std::nullopt;
+  }
+
+  std::atomic<bool> declined{false};
+  parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
+    std::vector<uint16_t> s;
+    std::vector<uint8_t> zp;
+    for (int64_t e = e0; e < e1 && !declined; ++e) {
+      const auto& L = lins[static_cast<size_t>(e)];
+      for (MarlinProjOut& o : outs) {
+        const bool w13 = o.proj == MoeProj::kW13;
+        ProjSource ps;
+        ps.n = o.n;
+        ps.k = o.k;
+        ps.k_real = o.k_real;
+        ps.g = o.g;
+        ps.rows.resize(static_cast<size_t>(o.n));
+        for (int64_t n = 0; n < o.n; ++n) {
+          RowRef& rr = ps.rows[static_cast<size_t>(n)];
+          if (!w13) {
+            rr = {&L[2], n};
+          } else if (n % ip < I) {
+            rr = {&L[src.gated && n / ip == 0 ? 0 : 1], n % ip};
+          }
+        }
+        // Act-order: the layer's g_idx for this projection (gate's and up's must agree),
+        // trivial ones made explicit; each group must hold exactly group_size rows.
+        std::vector<int32_t> gi, perm;
+        if (o.act_order) {
+          for (int p = w13 ? (src.gated ? 0 : 1) : 2; p < (w13 ? 2 : 3); ++p) {
+            std::vector<int32_t> g = L[p].g_idx;
+            if (g.empty()) {
+              g.resize(static_cast<size_t>(o.k));
+              for (int64_t k = 0; k < o.k; ++k)
+                g[static_cast<size_t>(k)] = wna16::trivial_group(k, q.group_size);
+            }
+            if (gi.empty())
+              gi = std::move(g);
+            else if (g != gi)
+              declined = true;
+          }
+          if (q.group_size > 0 && o.k % q.group_size == 0) {
+            std::vector<int64_t> count(static_cast<size_t>(o.g), 0);
+            for (int32_t g : gi) ++count[static_cast<size_t>(g)];
+            for (int64_t c : count)
+              if (c != q.group_size) declined = true;
+          }
+          if (declined) return;
+          perm = stable_argsort(gi.data(), o.k);
+          int32_t* sort_out = o.sort.as<int32_t>() + e * o.k;
+          int32_t* g_out = o.g_idx.data.empty() ? nullptr : o.g_idx.as<int32_t>() + e * o.k;
+          for (int64_t k = 0; k < o.k; ++k) {
+            sort_out[k] = perm[static_cast<size_t>(k)];
+            if (g_out) g_out[k] = gi[static_cast<size_t>(perm[static_cast<size_t>(k)])];
+          }
+        }
+
+        uint32_t* words = o.qweight.as<uint32_t>() + e * (o.k * o.n / pf);
+        if (!perm.empty() || order == WordOrder::kAwq)
+          marlin_words_generic(order, bits, ps, perm.empty() ? nullptr : perm.data(), words);
+        else if (order == WordOrder::kGptq)
+          marlin_words_kpacked<WordOrder::kGptq>(bits, ps, words);
+        else
+          marlin_words_kpacked<WordOrder::kCt>(bits, ps, words);
+
+        // Scales [G, N] in the activation dtype (padding 0), then permuted.
+        s.assign(static_cast<size_t>(o.g * o.n), 0);
+        const std::string what = opts.prefix + o.names.scales;
+        for (int64_t n = 0; n < o.n; ++n) {
+          const RowRef& rr = ps.rows[static_cast<size_t>(n)];
+          if (!rr.lin) continue;
+          for (int64_t g = 0; g < rr.lin->g; ++g) {
+            const uint8_t* p = wna_scale(order, *rr.lin, g, rr.row);
+            if (!std::isfinite(scale_to_float(p, rr.lin->scale_dtype))) {
+              declined = true;
+              return;
+            }
+            convert_scale(p, rr.lin->scale_dtype, opts.act_dtype,
+                          reinterpret_cast<uint8_t*>(&s[static_cast<size_t>(g * o.n + n)]), what);
+          }
+        }
+        marlin_permute_scales(reinterpret_cast<uint8_t*>(s.data()), o.g, o.n, 2, o.grouped);
+        std::memcpy(o.scales.data.data() + e * o.g * o.n * 2, s.data(), s.size() * 2);
+
+        if (!o.names.qzeros.empty()) {
+          if (order != WordOrder::kAwq) {
+            declined = true;
+            return;
+          }
+          zp.assign(static_cast<size_t>(o.g * o.n), 0);
+          for (int64_t n = 0; n < o.n; ++n) {
+            const RowRef& rr = ps.rows[static_cast<size_t>(n)];
+            if (!rr.lin) continue;
+            const WnaLinear& l = *rr.lin;
+            for (int64_t g = 0; g < l.g; ++g) {
+              const uint32_t w = wna16::load_u32(l.zeros + (g * (l.n / 8) + rr.row / 8) * 4);
+              zp[static_cast<size_t>(g * o.n + n)] =
+                  static_cast<uint8_t>((w >> (4 * kAwqField[rr.row % 8])) & 15u);
+            }
+          }
+          const std::vector<uint32_t> zw =
+              marlin_pack_zero_points(zp.data(), o.g, o.n, bits, false);
+          std::memcpy(o.qzeros.data.data() + e * o.g * (o.n / pf) * 4, zw.data(), zw.size() * 4);
+        }
+      }
+    }
+  });
+  if (declined) return std::nullopt;
+
+  std::vector<Tensor> out;
+  for (MarlinProjOut& o : outs) {
+    out.push_back(std::move(o.qweight));
+    out.push_back(std::move(o.scales));
+    if (!o.names.qzeros.empty()) out.push_back(std::move(o.qzeros));
+    if (!o.names.g_idx.empty() && index_params) out.push_back(std::move(o.g_idx));
+    if (index_params) out.push_back(std::move(o.sort));
+  }
+  return out;
+}
+
+std::optional<std::vector<Tensor>> gptq_to_marlin(const LayoutOptions& o, const DirectSource& s) {
+  return declining_errors([&] { return marlin_direct(o, s, WordOrder::kGptq); });
+}
+std::optional<std::vector<Tensor>> ct_pack_to_marlin(const LayoutOptions& o,
+                                                     const DirectSource& s) {
+  return declining_errors([&] { return marlin_direct(o, s, WordOrder::kCt); });
+}
+std::optional<std::vector<Tensor>> awq_to_marlin(const LayoutOptions& o, const DirectSource& s) {
+  return declining_errors([&] { return marlin_direct(o, s, WordOrder::kAwq); });
+}
+
+std::vector<std::string> marlin_direct_refusals(const QuantParams& q, const LayoutOptions& opts,
+                                                const MoeShape&) {
+  std::vector<std::string> why;
+  if (q.bits != 4 && q.bits != 8) why.push_back("bits=" + num(q.bits) + " (direct: 4 or 8)");
+  if (q.method != QuantMethod::kAwq && !q.symmetric)
+    why.push_back("asymmetric codes (Marlin takes zero points from AWQ only)");
+  if (opts.a8) why.push_back("8-bit-activation tiles (no direct path)");
+  if (opts.source_method != q.method) why.push_back("layout options for another source method");
+  return why;
+}
+
+// ---- MXFP8 -> TRT-LLM MXFP8 -------------------------------------------------------------------
+
+constexpr int64_t kMxBlock = 32;
+
+struct MxLinear {
+  const uint8_t* codes = nullptr;   // F8_E4M3 [N, K]
+  const uint8_t* scales = nullptr;  // E8M0 [N, K/32]
+};
+
+bool read_mx_linear(const QuantParams& q, const LinearViews& m, int64_t n, int64_t k,
+                    MxLinear* out) {
+  if (!suffixes_as_codec_reads(q, m) || n <= 0 || k <= 0 || k % kMxBlock != 0) return false;
+  const TensorView* w = find_view(m, "weight");
+  const TensorView* s = find_view(m, "weight_scale");
+  if (!w || !s || w->dtype != DType::kF8_E4M3 || !is_scale_byte_dtype(s->dtype)) return false;
+  if (w->shape != Shape{n, k} || s->shape != Shape{n, k / kMxBlock}) return false;
+  if (std::memchr(s->data, 255, s->nbytes)) return false;  // E8M0 NaN: the codec refuses it
+  out->codes = w->data;
+  out->scales = s->data;
+  return true;
+}
+
+std::optional<std::vector<Tensor>> mxfp8_to_trtllm(const LayoutOptions& opts,
+                                                   const DirectSource& src) {
+  return declining_errors([&]() -> std::optional<std::vector<Tensor>> {
+    const int64_t E = src.experts(), H = src.hidden, I = src.inter;
+    const int64_t R13 = src.gated ? 2 * I : I;
+    if (E < 1 || src.g_idx_w13 || src.g_idx_w2) return std::nullopt;
+    if (!layout_takes("trtllm-mxfp8", opts, src)) return std::nullopt;
+    std::vector<std::array<MxLinear, 3>> lins(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e)
+      for (int p = 0; p < 3; ++p) {
+        if (p == 0 && !src.gated) continue;
+        const int64_t n = p == 2 ? H : I, k = p == 2 ? I : H;
+        if (!read_mx_linear(src.quant, src.linears[static_cast<size_t>(e)][p], n, k,
+                            &lins[static_cast<size_t>(e)][p]))
+          return std::nullopt;
+      }
+    if (R13 % 128 != 0 || H % 128 != 0 || I % 128 != 0) return std::nullopt;
+    const std::vector<int32_t> src13 = trtllm_w13_rows(R13, src.gated);
+    const std::vector<int32_t> src2 = trtllm_w2_rows(H);
+    const std::string& pre = opts.prefix;
+    Tensor w13(pre + "w13_weight", DType::kF8_E4M3, {E, R13, H});
+    Tensor w2(pre + "w2_weight", DType::kF8_E4M3, {E, H, I});
+    Tensor s13(pre + "w13_weight_scale", DType::kU8, {E, R13, H / kMxBlock});
+    Tensor s2(pre + "w2_weight_scale", DType::kU8, {E, H, I / kMxBlock});
+    // Row r of the output takes source row src[r] of [gate; up] (w13) or down (w2), codes by one
+    // copy and scales into their 128x4 tile positions.
+    const auto rows = [](const std::vector<int32_t>& map, const auto& row_of, int64_t k,
+                         uint8_t* out_codes, uint8_t* out_scales) {
+      const int64_t cols = k / kMxBlock;
+      for (int64_t r = 0; r < static_cast<int64_t>(map.size()); ++r) {
+        const auto [lin, row] = row_of(map[static_cast<size_t>(r)]);
+        std::memcpy(out_codes + r * k, lin->codes + row * k, static_cast<size_t>(k));
+        for (int64_t b = 0; b < cols; ++b)
+          out_scales[scale_128x4_offset(r, b, cols)] = lin->scales[row * cols + b];
+      }
+    };
+    parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        const auto& L = lins[static_cast<size_t>(e)];
+        rows(
+            src13,
+            [&](int64_t s) {
+              return std::pair<const MxLinear*, int64_t>(src.gated && s < I ? &L[0] : &L[1],
+                                                         src.gated ? s % I : s);
+            },
+            H, w13.data.data() + e * R13 * H, s13.data.data() + e * R13 * (H / kMxBlock));
+        rows(
+            src2, [&](int64_t s) { return std::pair<const MxLinear*, int64_t>(&L[2], s); }, I,
+            w2.data.data() + e * H * I, s2.data.data() + e * H * (I / kMxBlock));
+      }
+    });
+    std::vector<Tensor> out;
+    out.push_back(std::move(w13));
+    out.push_back(std::move(w2));
+    out.push_back(std::move(s13));
+    out.push_back(std::move(s2));
+    return out;
+  });
+}
+
+std::vector<std::string> mxfp8_direct_refusals(const QuantParams& q, const LayoutOptions&,
+                                               const MoeShape&) {
+  std::vector<std::string> why;
+  if (q.bits != 8) why.push_back("bits=" + num(q.bits) + " (MXFP8 codes are 8-bit)");
+  return why;
+}
+
+}  // namespace
+
+const std::vector<DirectPath>& direct_paths() {
+  // {name, source method, target layout, refusals, convert}
+  static const std::vector<DirectPath> rows = {
+      {"gptq->marlin", QuantMethod::kGptq, "marlin", marlin_direct_refusals, gptq_to_marlin},
+      {"ct-pack->marlin", QuantMethod::kCtPackQuantized, "marlin", marlin_direct_refusals,
+       ct_pack_to_marlin},
+      {"awq->marlin", QuantMethod::kAwq, "marlin", marlin_direct_refusals, awq_to_marlin},
+      {"modelopt-mxfp8->trtllm-mxfp8", QuantMethod::kModeloptMxfp8, "trtllm-mxfp8",
+       mxfp8_direct_refusals, mxfp8_to_trtllm},
+      {"ct-mxfp8->trtllm-mxfp8", QuantMethod::kCtMxfp8, "trtllm-mxfp8", mxfp8_direct_refusals,
+       mxfp8_to_trtllm},
+  };
+  return rows;
+}
+
+const DirectPath* find_direct_path(QuantMethod source, const std::string& layout,
+                                   const QuantParams& q, const LayoutOptions& opts,
+                                   const MoeShape& shape, std::vector<std::string>* why_not) {
+  for (const DirectPath& row : direct_paths()) {
+    if (row.source != source || layout != row.layout) continue;
+    std::vector<std::string> why = row.refusals(q, opts, shape);
+    if (why.empty()) return &row;
+    if (why_not) *why_not = std::move(why);
+    return nullptr;
+  }
+  if (why_not)
+    *why_not = {std::string("no direct path from ") + quant_method_name(source) + " to " + layout};
+  return nullptr;
+}
+
+}  // namespace moepack
