@@ -147,6 +147,17 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
       const Plan plan = make_plan(*ckpt, opts);
       validate_plan(plan, *ckpt);
       validation = "validated: every expert read and packed for " + plan.backend;
+      // The conversion path convert would take (formats/fast_path.h).
+      const DirectPath* direct = nullptr;
+      for (const auto& l : plan.layers)
+        if (!direct) direct = l.direct;
+      j["conversion"] =
+          direct ? json{{"path", "direct"}, {"direct_path", direct->name}}
+                 : json{{"path", "canonical"},
+                        {"why",
+                         plan.layers.empty() ? std::string() : plan.layers.front().canonical_why}};
+      validation += direct ? std::string(" (direct path ") + direct->name + ")"
+                           : std::string(" (canonical path)");
     } else {
       validate_source(*ckpt, resolve_threads(0));
       validation = "validated: every expert read through the source codec";

@@ -142,6 +142,15 @@ TEST_P(FastPathE2e, SameBytesAsCanonical) {
             0);
   expect_identical_outputs(src, c.flags, "direct", tmp);
   expect_direct_takes_every_chunk(src, c.flags);
+  // inspect validates through the same path and says which.
+  std::string out, err;
+  const std::string arch = c.flags.find("sm100") != std::string::npos ? " --target-arch sm100" : "";
+  const std::string target =
+      c.flags.find("2026-05") != std::string::npos ? " --vllm-target 2026-05" : "";
+  ASSERT_EQ(moepack("inspect " + src + arch + target + " --json", &out, &err), 0) << err;
+  const json j = json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.contains("conversion")) << out;
+  EXPECT_EQ(j["conversion"]["path"], "direct");
 }
 
 INSTANTIATE_TEST_SUITE_P(
