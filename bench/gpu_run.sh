@@ -1,30 +1,51 @@
 #!/usr/bin/env bash
-# One device call: build with CUDA (sm_90a + portable sm_80), run every test (GPU tests run for
-# real there), and the whole-model GPU verify benchmark. Logs under $OUT. Needs .devdeps/ (headers of CLI11,
-# nlohmann_json, Eigen, googletest sources and ../shared), carried with the call: the device
-# machine has no package registry.
+# The device calls (H100, 16 cores) behind bench/RESULTS.md. Logs under $OUT. Needs .devdeps/
+# (headers of CLI11, nlohmann_json, Eigen, googletest sources and ../shared), carried with the
+# call: the device machine has no package registry.
+#
+#   bash bench/gpu_run.sh test     build with CUDA (sm_90a + portable), every test (GPU tests for
+#                                  real), each GPU test binary's own log, the fused Marlin kernel
+#                                  benchmark (bench/bench_marlin_moe.py)
+#   bash bench/gpu_run.sh convert  the conversion benchmark on the device's cores
+#                                  (bench/bench_convert.sh: four paths, cp -r ratio, RSS, threads)
+#   bash bench/gpu_run.sh verify   whole-model verify --device cuda against cat (bench/verify_gpu.sh)
+# `convert` and `verify` reuse build-gpu/ from `test` when the machine is still warm, else build.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-D=$PWD/.devdeps
+D=${DEVDEPS:-$PWD/.devdeps}
+what=${1:-test}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   nvcc --version | tail -2; g++ --version | head -1; cmake --version | head -1; nproc
-} 2>&1 | tee "$OUT/env.txt"
-cmake -S "$D/googletest" -B /tmp/gtb -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gt -DBUILD_GMOCK=OFF >/dev/null &&
-  ninja -C /tmp/gtb install >/dev/null || { echo "googletest build failed"; exit 1; }
-cmake -S . -B build-gpu -G Ninja -DMOEPACK_CUDA=ON -DCMAKE_PREFIX_PATH="$D/usr;/tmp/gt" \
-  -DMOEPACK_SHARED_DIR="$D/shared" 2>&1 | tail -3 | tee "$OUT/configure.txt"
-cmake --build build-gpu -j 16 2>&1 | tail -5 | tee "$OUT/build.txt"
-ctest --test-dir build-gpu -j 8 --output-on-failure 2>&1 | tee "$OUT/ctest.txt" | tail -15
-build-gpu/bin/test_cuda_moe_runtime_cuda 2>&1 | tee "$OUT/cuda_tests.txt" | tail -8
-cuobjdump --list-elf build-gpu/kernels/libmoepack_kernels.a 2>&1 | tee "$OUT/cuobjdump.txt" | head -5
-# verify --device cuda of a >= 8 GB checkpoint against cat of its files.
-OUT=$OUT bash bench/verify_gpu.sh build-gpu/bin/moepack /tmp/verify-bench 2>&1 | tail -8
-# Conversion on the device's 16 cores: the cp -r ratio, then thread scaling with identical bytes.
-MOEPACK=$PWD/build-gpu/bin/moepack bash bench/bench_convert.sh /tmp/bench 2>&1 | tee "$OUT/bench_convert.txt" | tail -6
-for t in 1 4 16; do
-  s=$(build-gpu/bin/moepack convert /tmp/bench/src /tmp/bench/t$t --threads $t --json |
-      python3 -c "import json,sys; print(json.load(sys.stdin)['seconds'])")
-  echo "threads=$t seconds=$s sha256=$(sha256sum /tmp/bench/t$t/model.safetensors | cut -c1-16)"
-done 2>&1 | tee "$OUT/bench_threads.txt"
+} > "$OUT/env.txt" 2>&1
+if [ ! -x build-gpu/bin/moepack ] || [ "$what" = test ]; then
+  cmake -S "$D/googletest" -B /tmp/gtb -G Ninja -DCMAKE_INSTALL_PREFIX=/tmp/gt -DBUILD_GMOCK=OFF >/dev/null &&
+    ninja -C /tmp/gtb install >/dev/null || { echo "googletest build failed"; exit 1; }
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEPACK_CUDA=ON \
+    -DCMAKE_PREFIX_PATH="$D/usr;/tmp/gt" -DMOEPACK_SHARED_DIR="$D/shared" > "$OUT/configure.txt" 2>&1
+  cmake --build build-gpu -j 16 > "$OUT/build.txt" 2>&1 || { tail -40 "$OUT/build.txt"; exit 1; }
+  tail -1 "$OUT/build.txt"
+fi
+case "$what" in
+  test)
+    ctest --test-dir build-gpu -j 16 -LE "vllm|memcap" --output-on-failure > "$OUT/ctest.txt" 2>&1
+    tail -4 "$OUT/ctest.txt"
+    for b in build-gpu/bin/test_cuda_*; do
+      "$b" > "$OUT/$(basename "$b").txt" 2>&1
+      echo "$(basename "$b"): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$(basename "$b").txt" | tr '\n' ' ')"
+    done
+    cuobjdump --list-elf build-gpu/kernels/libmoepack_kernels.a > "$OUT/cuobjdump.txt" 2>&1
+    sort -u "$OUT/cuobjdump.txt" | grep -o 'sm_[0-9a]*' | sort -u | tr '\n' ' '; echo
+    python3 bench/bench_marlin_moe.py --lib build-gpu/bin/libmoepack_marlin_moe_bench.so \
+      --out "$OUT/bench_marlin_moe.md" > "$OUT/bench_marlin_moe.txt" 2>&1
+    tail -12 "$OUT/bench_marlin_moe.txt"
+    ;;
+  convert)
+    MOEPACK=$PWD/build-gpu/bin/moepack bash bench/bench_convert.sh /tmp/bench > "$OUT/bench_convert.md" 2>&1
+    tail -60 "$OUT/bench_convert.md"
+    ;;
+  verify)
+    OUT=$OUT bash bench/verify_gpu.sh build-gpu/bin/moepack /tmp/verify-bench 2>&1 | tail -12
+    ;;
+esac
