@@ -5,8 +5,7 @@
 
 namespace moepack {
 
-namespace {
-std::string binary_bytes(uint64_t b) {
+std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);
   int u = 0;
@@ -18,7 +17,6 @@ std::string binary_bytes(uint64_t b) {
   std::snprintf(buf, sizeof(buf), u ? "%.1f %s" : "%.0f %s", v, units[u]);
   return buf;
 }
-}  // namespace
 
 std::string progress_line(const ConvertProgress& p) {
   char buf[160];
@@ -39,7 +37,7 @@ std::string progress_line(const ConvertProgress& p) {
   }
   std::snprintf(buf, sizeof(buf), "layers %lld/%lld  %s/%s  %.0f MB/s  ETA %s",
                 static_cast<long long>(p.layers_done), static_cast<long long>(p.layers_total),
-                binary_bytes(p.bytes_done).c_str(), binary_bytes(p.bytes_total).c_str(), rate / 1e6,
+                human_bytes(p.bytes_done).c_str(), human_bytes(p.bytes_total).c_str(), rate / 1e6,
                 eta.c_str());
   return buf;
 }

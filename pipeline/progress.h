@@ -20,4 +20,8 @@ using ProgressFn = std::function<void(const ConvertProgress&)>;
 // written over time so far; the ETA is the bytes left at that rate ("ETA ?" before any byte).
 std::string progress_line(const ConvertProgress& p);
 
+// "0 B", "1.5 KiB", "612.0 MiB", "1.6 GiB" (powers of 1024): the CLI's byte counts and the
+// progress line's.
+std::string human_bytes(uint64_t bytes);
+
 }  // namespace moepack

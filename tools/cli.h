@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "pipeline/progress.h"  // human_bytes
+
 namespace moepack::cli {
 
 struct Globals {
@@ -25,6 +27,5 @@ Runner add_merge(CLI::App& app, Globals& g);
 // Progress lines go to stderr, and only when stderr is a terminal.
 bool stderr_is_terminal();
 void print_json(const nlohmann::json& j);
-std::string human_bytes(uint64_t bytes);
 
 }  // namespace moepack::cli
