@@ -319,4 +319,20 @@ const char* group_score_name(GroupScore g) {
   return "?";
 }
 
+MoeRouterSpec runtime_router_spec(const RouterConfig& c) {
+  MoeRouterSpec s;
+  s.experts = c.num_experts;
+  s.top_k = c.top_k;
+  s.sigmoid = c.scoring == RouterScoring::kSigmoid;
+  s.renormalize = c.renormalize;
+  s.n_group = c.n_group;
+  s.topk_group = c.topk_group;
+  s.group_score = c.group_score == GroupScore::kNone  ? 0
+                  : c.group_score == GroupScore::kMax ? 1
+                                                      : 2;
+  s.routed_scaling_factor = c.routed_scaling_factor;
+  s.correction_bias = c.has_correction_bias;
+  return s;
+}
+
 }  // namespace moepack::ref

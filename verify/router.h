@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe_runtime.h"
+
 namespace moepack::ref {
 
 enum class RouterScoring : uint8_t { kSoftmax, kSigmoid };
@@ -82,5 +84,8 @@ Routing route(const std::vector<float>& logits, const std::vector<float>& correc
 
 const char* router_scoring_name(RouterScoring s);  // "softmax" / "sigmoid"
 const char* group_score_name(GroupScore g);        // "none" / "max" / "sum_top2"
+
+// The router as the CUDA runtime's routing kernels take it (kernels/moe_runtime.h).
+MoeRouterSpec runtime_router_spec(const RouterConfig& c);
 
 }  // namespace moepack::ref

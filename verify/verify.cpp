@@ -643,22 +643,6 @@ ref::Routing routing_from_device(const MoeDeviceRouting& d) {
   return r;
 }
 
-MoeRouterSpec router_spec(const ref::RouterConfig& c) {
-  MoeRouterSpec s;
-  s.experts = c.num_experts;
-  s.top_k = c.top_k;
-  s.sigmoid = c.scoring == ref::RouterScoring::kSigmoid;
-  s.renormalize = c.renormalize;
-  s.n_group = c.n_group;
-  s.topk_group = c.topk_group;
-  s.group_score = c.group_score == ref::GroupScore::kNone  ? 0
-                  : c.group_score == ref::GroupScore::kMax ? 1
-                                                           : 2;
-  s.routed_scaling_factor = c.routed_scaling_factor;
-  s.correction_bias = c.has_correction_bias;
-  return s;
-}
-
 // The CUDA path: the same chunks, decoded and compared on the CPU (shared code above) one chunk
 // ahead on a second thread, across layers; each chunk's layout parameters and reference experts
 // uploaded through pinned staging and evaluated on the device (kernels/moe_runtime.h): routing,
@@ -745,7 +729,7 @@ void verify_layers_cuda(LayerRun& run) {
       spec.gated = job.spec.gated;
       spec.relu2 = job.spec.activation == ref::Activation::kRelu2;
       routing =
-          rt.begin_layer(spec, router_spec(run.router), job.x.data(), run.opts->tokens,
+          rt.begin_layer(spec, ref::runtime_router_spec(run.router), job.x.data(), run.opts->tokens,
                          job.router_w.data(), job.router_b.empty() ? nullptr : job.router_b.data(),
                          job.corr.empty() ? nullptr : job.corr.data());
     } catch (const Error& e) {

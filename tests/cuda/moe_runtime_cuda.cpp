@@ -43,22 +43,6 @@ std::vector<float> normal_floats(test::Rng& rng, size_t n, float scale) {
   return v;
 }
 
-MoeRouterSpec spec_of(const ref::RouterConfig& c) {
-  MoeRouterSpec s;
-  s.experts = c.num_experts;
-  s.top_k = c.top_k;
-  s.sigmoid = c.scoring == ref::RouterScoring::kSigmoid;
-  s.renormalize = c.renormalize;
-  s.n_group = c.n_group;
-  s.topk_group = c.topk_group;
-  s.group_score = c.group_score == ref::GroupScore::kNone  ? 0
-                  : c.group_score == ref::GroupScore::kMax ? 1
-                                                           : 2;
-  s.routed_scaling_factor = c.routed_scaling_factor;
-  s.correction_bias = c.has_correction_bias;
-  return s;
-}
-
 // The routers of the supported families (verify/router.h), small enough to test quickly.
 std::vector<ref::RouterConfig> router_configs() {
   std::vector<ref::RouterConfig> v;
@@ -131,7 +115,7 @@ TEST(MoeRuntimeCuda, RouterKernelsEqualRouterCpp) {
     // The routing of the same logits.
     const ref::Routing want = ref::route(want_logits, corr, cfg);
     const MoeDeviceRouting got =
-        rt.route(want_logits, corr.empty() ? nullptr : corr.data(), spec_of(cfg));
+        rt.route(want_logits, corr.empty() ? nullptr : corr.data(), ref::runtime_router_spec(cfg));
     ASSERT_EQ(got.expert_ids, want.expert_ids);
     for (size_t i = 0; i < want.weights.size(); ++i)
       ASSERT_NEAR(got.weights[i], want.weights[i], 1e-12 * std::fabs(want.weights[i]))
@@ -141,7 +125,7 @@ TEST(MoeRuntimeCuda, RouterKernelsEqualRouterCpp) {
     bad[static_cast<size_t>(5 * E + 3)] = std::nanf("");
     bad[static_cast<size_t>(9 * E + 1)] = INFINITY;
     const Error e = test::expect_error(
-        [&] { rt.route(bad, corr.empty() ? nullptr : corr.data(), spec_of(cfg)); },
+        [&] { rt.route(bad, corr.empty() ? nullptr : corr.data(), ref::runtime_router_spec(cfg)); },
         ErrorCode::kBadValue);
     EXPECT_NE(std::string(e.what()).find("token 5, expert 3"), std::string::npos) << e.what();
   }
@@ -162,9 +146,10 @@ TEST(MoeRuntimeCuda, SortGroupsSlotsByExpertInTokenOrder) {
     layer.experts = E;
     layer.hidden = H;
     layer.inter = 64;
-    const MoeDeviceRouting routing = rt.begin_layer(
-        layer, spec_of(cfg), x.data(), T, w.data(), cfg.has_router_bias ? bias.data() : nullptr,
-        cfg.has_correction_bias ? corr.data() : nullptr);
+    const MoeDeviceRouting routing =
+        rt.begin_layer(layer, ref::runtime_router_spec(cfg), x.data(), T, w.data(),
+                       cfg.has_router_bias ? bias.data() : nullptr,
+                       cfg.has_correction_bias ? corr.data() : nullptr);
     std::vector<int32_t> offsets, sorted;
     rt.sorted_slots(&offsets, &sorted);
     ASSERT_EQ(offsets.size(), static_cast<size_t>(E + 1));
@@ -267,8 +252,8 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         layer.inter = d.inter;
         layer.gated = gated;
         layer.relu2 = !gated;
-        const MoeDeviceRouting dr =
-            rt.begin_layer(layer, spec_of(router), x.data(), T, rw.data(), nullptr, nullptr);
+        const MoeDeviceRouting dr = rt.begin_layer(layer, ref::runtime_router_spec(router),
+                                                   x.data(), T, rw.data(), nullptr, nullptr);
         // Two chunks: the staging areas alternate and the expert offsets are exercised.
         const int64_t split = E / 2;
         const reader::ActQuant act = act_quant_of(row, o);
