@@ -34,8 +34,17 @@ for fam in qwen3 mixtral deepseek fused3d; do
       name=${v%%:*}
       extra=${v#*:}
       dst="$work/dst-$fmt-$fam-$name"
+      # A conversion the target refuses (act-order for vLLM 0.33: exit 4) is part of the
+      # comparison too: its exit code and first error line, never a silent stop of the script.
+      rc=0
       # shellcheck disable=SC2086
-      "$bin" convert "$src" "$dst" --force "${flags[@]}" $extra ${MOEPACK_CONVERT_FLAGS:-} >/dev/null
+      "$bin" convert "$src" "$dst" --force "${flags[@]}" $extra ${MOEPACK_CONVERT_FLAGS:-} \
+        >/dev/null 2>"$work/err" || rc=$?
+      if [ "$rc" != 0 ]; then
+        echo "exit $rc: $(head -n 1 "$work/err" | sed "s|$work|WORK|g")  $fmt/$fam/$name"
+        [ "$rc" = 4 ] || { cat "$work/err" >&2; exit 1; }
+        continue
+      fi
       (cd "$dst" && find . -type f | LC_ALL=C sort | xargs sha256sum) |
         sed "s|  \./|  $fmt/$fam/$name/|"
     done

@@ -158,12 +158,14 @@ struct SourceCodec {
                                                const std::map<std::string, TensorView>& by_suffix);
   // Optional (nullptr): params corrected from the first Linear's tensors (e.g. GPTQ v1/v2 zero
   // convention detected from stored qzeros).
-  QuantParams (*refine)(const QuantParams&, const std::map<std::string, TensorView>& by_suffix);
+  QuantParams (*refine)(const QuantParams&,
+                        const std::map<std::string, TensorView>& by_suffix) = nullptr;
   // Optional (nullptr: never): whether one Linear's tensors carry a non-trivial act-order g_idx
   // (not k / group_size). Codecs drop trivial ones, so the layout's output shapes depend on it.
-  bool (*has_act_order)(const QuantParams&, const std::map<std::string, TensorView>& by_suffix);
+  bool (*has_act_order)(const QuantParams&,
+                        const std::map<std::string, TensorView>& by_suffix) = nullptr;
   // Optional (nullptr): why no target can serve checkpoints with these params at all.
-  std::vector<std::string> (*refusals)(const QuantParams&);
+  std::vector<std::string> (*refusals)(const QuantParams&) = nullptr;
   // Tensor suffixes one Linear has on disk, e.g. {"qweight","qzeros","scales","g_idx"}; the
   // optional ones are listed by `optional_suffixes`.
   std::vector<std::string> (*required_suffixes)(const QuantParams&);
@@ -197,7 +199,7 @@ struct VllmTargetRow {
   bool marlin_pads_intermediate;
   // Target archs on which vLLM's own WNA16 oracle ranks Humming ahead of Marlin
   // (prioritize_humming); empty: never.
-  std::vector<TargetArch> wna16_prefers_humming;
+  std::vector<TargetArch> wna16_prefers_humming = {};
 };
 const std::vector<VllmTargetRow>& vllm_target_rows();
 const VllmTargetRow& vllm_target_row(VllmTarget t);
@@ -277,10 +279,10 @@ struct TargetLayout {
   // for experts of this shape (recorded per layer in moepack.json); empty when identical.
   std::vector<std::string> (*deviations_from_vllm)(const LayoutOptions&, const MoeShape&);
   // Optional (nullptr): deviations an option causes whatever the layer (recorded once).
-  std::vector<std::string> (*option_deviations)(const LayoutOptions&);
+  std::vector<std::string> (*option_deviations)(const LayoutOptions&) = nullptr;
   // Optional (nullptr: never pads): the intermediate size the parameters carry for a layer of
   // this shape (> shape.inter() where the target pads it, as vLLM 0.33's Marlin does).
-  int64_t (*padded_inter)(const LayoutOptions&, const MoeShape&);
+  int64_t (*padded_inter)(const LayoutOptions&, const MoeShape&) = nullptr;
 };
 
 // `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.

@@ -615,16 +615,32 @@ std::vector<std::string> mxfp8_direct_refusals(const QuantParams& q, const Layou
 }  // namespace
 
 const std::vector<DirectPath>& direct_paths() {
-  // {name, source method, target layout, refusals, convert}
   static const std::vector<DirectPath> rows = {
-      {"gptq->marlin", QuantMethod::kGptq, "marlin", marlin_direct_refusals, gptq_to_marlin},
-      {"ct-pack->marlin", QuantMethod::kCtPackQuantized, "marlin", marlin_direct_refusals,
-       ct_pack_to_marlin},
-      {"awq->marlin", QuantMethod::kAwq, "marlin", marlin_direct_refusals, awq_to_marlin},
-      {"modelopt-mxfp8->trtllm-mxfp8", QuantMethod::kModeloptMxfp8, "trtllm-mxfp8",
-       mxfp8_direct_refusals, mxfp8_to_trtllm},
-      {"ct-mxfp8->trtllm-mxfp8", QuantMethod::kCtMxfp8, "trtllm-mxfp8", mxfp8_direct_refusals,
-       mxfp8_to_trtllm},
+      {.name = "gptq->marlin",
+       .source = QuantMethod::kGptq,
+       .layout = "marlin",
+       .refusals = marlin_direct_refusals,
+       .convert = gptq_to_marlin},
+      {.name = "ct-pack->marlin",
+       .source = QuantMethod::kCtPackQuantized,
+       .layout = "marlin",
+       .refusals = marlin_direct_refusals,
+       .convert = ct_pack_to_marlin},
+      {.name = "awq->marlin",
+       .source = QuantMethod::kAwq,
+       .layout = "marlin",
+       .refusals = marlin_direct_refusals,
+       .convert = awq_to_marlin},
+      {.name = "modelopt-mxfp8->trtllm-mxfp8",
+       .source = QuantMethod::kModeloptMxfp8,
+       .layout = "trtllm-mxfp8",
+       .refusals = mxfp8_direct_refusals,
+       .convert = mxfp8_to_trtllm},
+      {.name = "ct-mxfp8->trtllm-mxfp8",
+       .source = QuantMethod::kCtMxfp8,
+       .layout = "trtllm-mxfp8",
+       .refusals = mxfp8_direct_refusals,
+       .convert = mxfp8_to_trtllm},
   };
   return rows;
 }
