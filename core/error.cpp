@@ -9,13 +9,10 @@ ExitCode exit_code_for(ErrorCode code) {
     case ErrorCode::kOutputAliasesInput:
       return ExitCode::kUsage;
     case ErrorCode::kUnsupported:
-    case ErrorCode::kNoBackend:
     case ErrorCode::kNoCuda:
       return ExitCode::kUnsupported;
     case ErrorCode::kIo:
       return ExitCode::kIo;
-    case ErrorCode::kVerifyFailed:
-      return ExitCode::kVerifyFailed;
     case ErrorCode::kInternal:
       return ExitCode::kInternal;
     default:
@@ -67,14 +64,11 @@ const char* error_code_name(ErrorCode code) {
       return "bad_value";
     case ErrorCode::kUnsupported:
       return "unsupported";
-    case ErrorCode::kNoBackend:
       return "no_backend";
     case ErrorCode::kNoCuda:
       return "no_cuda";
     case ErrorCode::kIo:
       return "io";
-    case ErrorCode::kVerifyFailed:
-      return "verify_failed";
     case ErrorCode::kInternal:
       return "internal";
   }

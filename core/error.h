@@ -18,7 +18,8 @@ enum class ExitCode : int {
   kInternal = 70,  // a bug in moepack (EX_SOFTWARE)
 };
 
-// Fine-grained error codes. Each maps to one ExitCode (exit_code_for).
+// Fine-grained error codes. Each maps to one ExitCode (exit_code_for). A failed verification is
+// not an error: verify reports it and exits ExitCode::kVerifyFailed.
 enum class ErrorCode {
   // usage (exit 2)
   kUsage,
@@ -44,13 +45,11 @@ enum class ErrorCode {
   kBadDtype,
   kBadValue,  // NaN/Inf scale, out-of-range g_idx, ...
   // unsupported (exit 4)
-  kUnsupported,  // known but not supported (format, shape constraint, backend)
-  kNoBackend,
-  kNoCuda,  // built without CUDA / no device
+  kUnsupported,  // known but not supported (format, shape constraint, no backend for a layer)
+  kNoCuda,       // built without CUDA / no device
   // I/O (exit 5)
   kIo,
-  // verification (exit 1)
-  kVerifyFailed,
+  // a bug in moepack (exit 70)
   kInternal,
 };
 
@@ -74,11 +73,5 @@ class Error : public std::runtime_error {
   ErrorCode code_;
   std::string file_, tensor_, message_;
 };
-
-// Precondition helper for codecs: MOEPACK_CHECK(cond, code, "message " + std::to_string(x)).
-#define MOEPACK_CHECK(cond, code, msg)                  \
-  do {                                                  \
-    if (!(cond)) throw ::moepack::Error((code), (msg)); \
-  } while (0)
 
 }  // namespace moepack

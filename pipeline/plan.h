@@ -109,7 +109,7 @@ int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_
 // (pipeline/execute.h) holds a bounded fraction of a layer, not several layers.
 constexpr int64_t kMinChunksPerLayer = 4;
 
-// Throws kUnsupported / kNoBackend listing every reason when a layer cannot be converted.
+// Throws kUnsupported listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
 
 }  // namespace moepack
