@@ -1,6 +1,5 @@
 #include "io/shard_writer.h"
 
-#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -44,37 +43,6 @@ ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max
     p.shards.push_back(std::move(laid));
   }
   return p;
-}
-
-uint64_t parse_size(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
-    ++i;
-  if (i == 0) throw Error(ErrorCode::kUsage, "invalid size \"" + text + "\"");
-  const double v = std::stod(text.substr(0, i));
-  std::string unit = text.substr(i);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (unit.empty() || unit == "B")
-    mult = 1;
-  else if (unit == "KB")
-    mult = 1e3;
-  else if (unit == "MB")
-    mult = 1e6;
-  else if (unit == "GB")
-    mult = 1e9;
-  else if (unit == "TB")
-    mult = 1e12;
-  else if (unit == "KIB")
-    mult = 1024.0;
-  else if (unit == "MIB")
-    mult = 1024.0 * 1024;
-  else if (unit == "GIB")
-    mult = 1024.0 * 1024 * 1024;
-  else
-    throw Error(ErrorCode::kUsage,
-                "invalid size unit in \"" + text + "\" (B, KB, MB, GB, KiB, MiB, GiB)");
-  return static_cast<uint64_t>(v * mult);
 }
 
 ShardedWriter::ShardedWriter(const std::string& dir, ShardPlan plan)

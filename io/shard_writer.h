@@ -29,9 +29,6 @@ struct ShardPlan {
 // one's tensor bytes past max_shard_bytes (a single larger tensor gets a shard of its own).
 ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max_shard_bytes);
 
-// Parses "5GB", "500MB", "2GiB", "1048576" (bytes). Throws kUsage.
-uint64_t parse_size(const std::string& text);
-
 class ShardedWriter {
  public:
   ShardedWriter(const std::string& dir, ShardPlan plan);

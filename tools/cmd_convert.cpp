@@ -5,12 +5,12 @@
 #include <iostream>
 #include <optional>
 
-#include "core/error.h"
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
 #include "pipeline/parts.h"
 #include "pipeline/progress.h"
 #include "tools/cli.h"
+#include "tools/flags.h"
 
 namespace moepack::cli {
 
@@ -23,17 +23,16 @@ struct ConvertArgs {
   bool dry_run = false;
   std::string shard;  // "I/N": convert only unit I of N into DST.parts/I-of-N (pipeline/parts.h)
 };
-}  // namespace
 
-Runner add_convert(CLI::App& app, Globals& g) {
-  auto a = std::make_shared<ConvertArgs>();
-  app.add_option("src", a->o.src, "Source checkpoint directory")->required();
-  app.add_option("dst", a->o.dst, "Output directory (written atomically)")->required();
-  app.add_option("--backend", a->o.backend, "auto|" + target_layout_names("|"))
+// The options, into `a`: convert's flags and their help text.
+void add_convert_options(CLI::App& app, ConvertArgs& a) {
+  app.add_option("src", a.o.src, "Source checkpoint directory")->required();
+  app.add_option("dst", a.o.dst, "Output directory (written atomically)")->required();
+  app.add_option("--backend", a.o.backend, "auto|" + target_layout_names("|"))
       ->capture_default_str();
-  app.add_option("--target-arch", a->o.target_arch, "Target GPU: " + target_arch_names("|"))
+  app.add_option("--target-arch", a.o.target_arch, "Target GPU: " + target_arch_names("|"))
       ->capture_default_str();
-  app.add_option("--act-dtype", a->act_dtype,
+  app.add_option("--act-dtype", a.act_dtype,
                  "Serving activation dtype bf16|fp16 (Marlin scales are stored in it)")
       ->capture_default_str();
   std::string formats, recipes;
@@ -42,140 +41,166 @@ Runner add_convert(CLI::App& app, Globals& g) {
       formats += std::string(formats.empty() ? "" : "|") + r.format;
     recipes += std::string(recipes.empty() ? "" : "|") + r.recipe;
   }
-  app.add_option("--quantize", a->o.quantize, "Quantise unquantised experts first: " + formats);
-  app.add_option("--mx-recipe", a->o.mx_recipe, "Scale rule of --quantize: " + recipes)
+  app.add_option("--quantize", a.o.quantize, "Quantise unquantised experts first: " + formats);
+  app.add_option("--mx-recipe", a.o.mx_recipe, "Scale rule of --quantize: " + recipes)
       ->capture_default_str();
   app.add_flag(
-      "--vllm-w13-scale-size-k", a->o.vllm_w13_scale_size_k,
+      "--vllm-w13-scale-size-k", a.o.vllm_w13_scale_size_k,
       "Marlin: permute w13 scales exactly as vLLM's loader does (size_k = I) even where its kernel "
       "expects otherwise");
-  app.add_option("--vllm-target", a->o.vllm_target,
+  app.add_option("--vllm-target", a.o.vllm_target,
                  "The vLLM the output is for: " + vllm_target_names("|") +
                      " (parameter names, shapes, act-order, padding; docs/vllm_targets.md)")
       ->capture_default_str();
-  app.add_option("--threads", a->o.threads,
+  app.add_option("--threads", a.o.threads,
                  "Worker threads (0: all cores); output bytes do not depend on it")
       ->capture_default_str();
-  app.add_option("--max-shard-size", a->max_shard, "Shard size limit (e.g. 5GB, 500MB)")
+  app.add_option("--max-shard-size", a.max_shard, "Shard size limit (e.g. 5GB, 500MB)")
       ->capture_default_str();
-  app.add_option("--chunk-size", a->chunk,
+  app.add_option("--chunk-size", a.chunk,
                  "Experts of a layer converted at once, as canonical bytes (bounds memory for very "
                  "large layers; output bytes do not depend on it)")
       ->capture_default_str();
-  app.add_flag("--no-fast-path", a->o.no_fast_path,
+  app.add_flag("--no-fast-path", a.o.no_fast_path,
                "Convert every layer through the canonical one-byte-per-code form instead of a "
                "direct fast path (same output bytes; for debugging and tests)");
-  app.add_flag("--force", a->o.force, "Replace an existing output directory");
-  app.add_flag("--dry-run", a->dry_run, "Print the plan and write nothing");
-  app.add_option("--shard", a->shard,
+  app.add_flag("--force", a.o.force, "Replace an existing output directory");
+  app.add_flag("--dry-run", a.dry_run, "Print the plan and write nothing");
+  app.add_option("--shard", a.shard,
                  "Convert only work unit I of N (0-based) into DST.parts/I-of-N, skipped when "
                  "already complete; `moepack merge DST` assembles the parts. With --dry-run: the "
                  "units and their bytes");
-  return [a, &g] {
-    if (a->act_dtype == "bf16")
-      a->o.act_dtype = DType::kBF16;
-    else if (a->act_dtype == "fp16")
-      a->o.act_dtype = DType::kF16;
-    else
-      throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
-    a->o.max_shard_bytes = parse_size(a->max_shard);
-    a->o.chunk_bytes = parse_size(a->chunk);
-    std::optional<ShardSpec> spec;
-    if (!a->shard.empty()) spec = parse_shard_spec(a->shard);
-    const auto ckpt = Checkpoint::open(a->o.src);
-    const Plan plan = make_plan(*ckpt, a->o);
-    std::vector<WorkUnit> units;
-    if (spec) units = split_plan(plan, spec->count);
-    if (a->dry_run) {
-      if (g.json) {
-        auto j = plan.to_json();
-        j["ok"] = true;
-        j["dry_run"] = true;
-        if (spec) {
-          j["shard"] = {{"index", spec->index},
-                        {"count", spec->count},
-                        {"parts_dir", parts_dir(a->o.dst)},
-                        {"plan_digest", plan_digest(plan, *ckpt)}};
-          j["units"] = units_json(plan, units);
-        }
-        print_json(j);
-      } else {
-        std::cout << plan.to_text();
-        if (spec) {
-          std::cout << "  work units      " << spec->count << " (into " << parts_dir(a->o.dst)
-                    << "/)\n";
-          for (const auto& u : units)
-            std::cout << "    " << part_dir_name(u.index, spec->count) << "  " << u.tensors.size()
-                      << " tensors, " << u.modules.size() << " MoE layers, " << u.bytes << " bytes"
-                      << (u.index == spec->index ? "  <- --shard" : "") << "\n";
-        }
-        std::cout << "dry run: nothing written\n";
-      }
-      return 0;
+}
+
+// --dry-run: the plan (and with --shard, the work units), nothing written.
+void print_dry_run(const Plan& plan, const Checkpoint& ckpt, const std::optional<ShardSpec>& spec,
+                   const Globals& g) {
+  std::vector<WorkUnit> units;
+  if (spec) units = split_plan(plan, spec->count);
+  if (g.json) {
+    auto j = plan.to_json();
+    j["ok"] = true;
+    j["dry_run"] = true;
+    if (spec) {
+      j["shard"] = {{"index", spec->index},
+                    {"count", spec->count},
+                    {"parts_dir", parts_dir(plan.options.dst)},
+                    {"plan_digest", plan_digest(plan, ckpt)}};
+      j["units"] = units_json(plan, units);
     }
-    // One updating line on a terminal (layers, bytes, rate, ETA), cleared at the end; nothing
-    // when stderr is not a terminal or the result goes out as JSON.
-    ProgressFn progress;
-    bool progress_shown = false;
-    if (!g.json && stderr_is_terminal())
-      progress = [&progress_shown](const ConvertProgress& p) {
+    print_json(j);
+    return;
+  }
+  std::cout << plan.to_text();
+  if (spec) {
+    std::cout << "  work units      " << spec->count << " (into " << parts_dir(plan.options.dst)
+              << "/)\n";
+    for (const auto& u : units)
+      std::cout << "    " << part_dir_name(u.index, spec->count) << "  " << u.tensors.size()
+                << " tensors, " << u.modules.size() << " MoE layers, " << u.bytes << " bytes"
+                << (u.index == spec->index ? "  <- --shard" : "") << "\n";
+  }
+  std::cout << "dry run: nothing written\n";
+}
+
+// One updating line on a terminal (layers, bytes, rate, ETA), cleared before the result or an
+// error message is printed; nothing when stderr is not a terminal or the result goes out as JSON.
+class TerminalProgress {
+ public:
+  explicit TerminalProgress(bool wanted) {
+    if (wanted)
+      fn_ = [this](const ConvertProgress& p) {
         std::fprintf(stderr, "\r\033[K%s", progress_line(p).c_str());
         std::fflush(stderr);
-        progress_shown = true;
+        shown_ = true;
       };
-    // Clears the line before the result or an error message is printed.
-    struct ClearLine {
-      bool& shown;
-      void operator()() {
-        if (shown) std::fprintf(stderr, "\r\033[K");
-        shown = false;
-      }
-      ~ClearLine() { (*this)(); }
-    } clear_line{progress_shown};
-    if (spec) {
-      const PartResult p = execute_part(plan, *ckpt, *spec, progress);
-      clear_line();
-      if (g.json)
-        print_json({{"ok", true},
-                    {"part", p.dir},
-                    {"unit", spec->index},
-                    {"units", spec->count},
-                    {"skipped", p.skipped},
-                    {"tensors", p.unit.tensors.size()},
-                    {"tensor_bytes", p.unit.bytes},
-                    {"layers", p.unit.modules},
-                    {"seconds", p.convert.seconds},
-                    {"stage_seconds", p.convert.stage_seconds}});
-      else if (p.skipped)
-        std::cout << "part " << p.dir << " is already complete for this plan: skipped\n";
-      else
-        std::cout << "wrote part " << p.dir << ": " << p.unit.modules.size() << " MoE layers, "
-                  << p.unit.tensors.size() << " tensors, " << human_bytes(p.unit.bytes) << ", "
-                  << p.convert.seconds << " s\n";
-      return 0;
-    }
-    const ConvertResult r = execute_plan(plan, *ckpt, progress);
-    clear_line();
-    if (g.json)
-      print_json({{"ok", true},
-                  {"dst", r.dst},
-                  {"backend", plan.backend},
-                  {"target_arch", target_arch_name(plan.arch)},
-                  {"tensors", r.tensors},
-                  {"tensor_bytes", r.bytes_written},
-                  {"shards", plan.shards.shard_names.size()},
-                  {"seconds", r.seconds},
-                  {"stage_seconds", r.stage_seconds},
-                  {"peak_rss_anon_bytes", r.peak_rss_anon_bytes},
-                  {"peak_rss_file_bytes", r.peak_rss_file_bytes},
-                  {"deviations_from_vllm", plan.deviations}});
-    else
-      std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
-                << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
-                << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
-                << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
+  }
+  TerminalProgress(const TerminalProgress&) = delete;
+  TerminalProgress& operator=(const TerminalProgress&) = delete;
+  ~TerminalProgress() { clear(); }
+  const ProgressFn& fn() const { return fn_; }
+  void clear() {
+    if (shown_) std::fprintf(stderr, "\r\033[K");
+    shown_ = false;
+  }
+
+ private:
+  ProgressFn fn_;
+  bool shown_ = false;
+};
+
+void print_part_result(const PartResult& p, const ShardSpec& spec, const Globals& g) {
+  if (g.json)
+    print_json({{"ok", true},
+                {"part", p.dir},
+                {"unit", spec.index},
+                {"units", spec.count},
+                {"skipped", p.skipped},
+                {"tensors", p.unit.tensors.size()},
+                {"tensor_bytes", p.unit.bytes},
+                {"layers", p.unit.modules},
+                {"seconds", p.convert.seconds},
+                {"stage_seconds", p.convert.stage_seconds}});
+  else if (p.skipped)
+    std::cout << "part " << p.dir << " is already complete for this plan: skipped\n";
+  else
+    std::cout << "wrote part " << p.dir << ": " << p.unit.modules.size() << " MoE layers, "
+              << p.unit.tensors.size() << " tensors, " << human_bytes(p.unit.bytes) << ", "
+              << p.convert.seconds << " s\n";
+}
+
+void print_convert_result(const ConvertResult& r, const Plan& plan, const Globals& g) {
+  if (g.json)
+    print_json({{"ok", true},
+                {"dst", r.dst},
+                {"backend", plan.backend},
+                {"target_arch", target_arch_name(plan.arch)},
+                {"tensors", r.tensors},
+                {"tensor_bytes", r.bytes_written},
+                {"shards", plan.shards.shard_names.size()},
+                {"seconds", r.seconds},
+                {"stage_seconds", r.stage_seconds},
+                {"peak_rss_anon_bytes", r.peak_rss_anon_bytes},
+                {"peak_rss_file_bytes", r.peak_rss_file_bytes},
+                {"deviations_from_vllm", plan.deviations}});
+  else
+    std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
+              << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
+              << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
+              << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
+}
+
+int run_convert(ConvertArgs& a, const Globals& g) {
+  a.o.act_dtype = parse_act_dtype(a.act_dtype);
+  a.o.max_shard_bytes = parse_size("--max-shard-size", a.max_shard);
+  a.o.chunk_bytes = parse_size("--chunk-size", a.chunk);
+  std::optional<ShardSpec> spec;
+  if (!a.shard.empty()) spec = parse_shard_spec(a.shard);
+  const auto ckpt = Checkpoint::open(a.o.src);
+  const Plan plan = make_plan(*ckpt, a.o);
+  if (a.dry_run) {
+    print_dry_run(plan, *ckpt, spec, g);
     return 0;
-  };
+  }
+  TerminalProgress progress(!g.json && stderr_is_terminal());
+  if (spec) {
+    const PartResult p = execute_part(plan, *ckpt, *spec, progress.fn());
+    progress.clear();
+    print_part_result(p, *spec, g);
+    return 0;
+  }
+  const ConvertResult r = execute_plan(plan, *ckpt, progress.fn());
+  progress.clear();
+  print_convert_result(r, plan, g);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_convert(CLI::App& app, Globals& g) {
+  auto a = std::make_shared<ConvertArgs>();
+  add_convert_options(app, *a);
+  return [a, &g] { return run_convert(*a, g); };
 }
 
 }  // namespace moepack::cli

@@ -13,6 +13,7 @@
 #include "pipeline/manifest.h"
 #include "pipeline/oracle.h"
 #include "tools/cli.h"
+#include "tools/flags.h"
 
 namespace moepack::cli {
 using nlohmann::json;
@@ -51,14 +52,11 @@ json format_params_json(const QuantParams& q) {
   return out;
 }
 
-int run_inspect(const InspectArgs& a, const Globals& g) {
-  const auto ckpt = Checkpoint::open(a.dir);
-  const HfConfig& cfg = ckpt->config();
-  const TargetArch arch = parse_target_arch(a.target_arch);
-  const VllmTarget target = parse_vllm_target(a.vllm_target);
+// What the checkpoint is: model, source format and the config's sizes.
+json checkpoint_json(const std::string& dir, const HfConfig& cfg) {
   json j;
   j["schema"] = "moepack.inspect/1";
-  j["path"] = a.dir;
+  j["path"] = dir;
   j["model_type"] = cfg.model_type;
   j["architecture"] = cfg.architecture;
   j["dtype"] = dtype_name(cfg.dtype);
@@ -70,27 +68,32 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
       {"hidden_size", cfg.hidden_size},      {"moe_intermediate_size", cfg.moe_intermediate_size},
       {"num_experts", cfg.num_experts},      {"num_experts_per_tok", cfg.top_k},
       {"num_hidden_layers", cfg.num_layers}, {"hidden_act", cfg.hidden_act}};
-  std::optional<Manifest> manifest;
-  if (std::filesystem::exists(manifest_path(a.dir))) manifest = read_manifest(a.dir);
-  const bool converted = manifest.has_value();
-  if (converted) {
-    const Manifest& m = *manifest;
-    json layers = json::array();
-    for (const auto& l : m.layers) layers.push_back(to_json(l));
-    j["moepack"] = {{"backend", m.backend},
-                    {"layout", {{"name", m.layout.name}, {"version", m.layout.version}}},
-                    {"target_arch", m.target_arch},
-                    {"vllm_target", vllm_target_name(m.vllm_target)},
-                    {"act_dtype", dtype_name(m.act_dtype)},
-                    {"source_format", m.source.format},
-                    {"moe_layers", m.layers.size()},
-                    {"layers", layers},
-                    {"deviations_from_vllm", m.deviations_from_vllm}};
-  }
+  return j;
+}
+
+// A checkpoint converted by moepack, as its moepack.json describes it.
+json converted_json(const Manifest& m) {
   json layers = json::array();
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::string>, std::vector<std::string>>
-      kinds;
-  for (const auto& L : ckpt->moe_layers()) {
+  for (const auto& l : m.layers) layers.push_back(to_json(l));
+  return {{"backend", m.backend},
+          {"layout", {{"name", m.layout.name}, {"version", m.layout.version}}},
+          {"target_arch", m.target_arch},
+          {"vllm_target", vllm_target_name(m.vllm_target)},
+          {"act_dtype", dtype_name(m.act_dtype)},
+          {"source_format", m.source.format},
+          {"moe_layers", m.layers.size()},
+          {"layers", layers},
+          {"deviations_from_vllm", m.deviations_from_vllm}};
+}
+
+// Layers the oracle judges alike: (experts, hidden, inter, gated, family) -> their modules.
+using LayerKinds =
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::string>, std::vector<std::string>>;
+
+// The MoE layers as discovered, and into `kinds` the distinct kinds among them.
+json moe_layers_json(const Checkpoint& ckpt, LayerKinds* kinds) {
+  json layers = json::array();
+  for (const auto& L : ckpt.moe_layers()) {
     layers.push_back({{"module", L.module},
                       {"layer", L.layer},
                       {"family", moe_family_name(L.family)},
@@ -100,10 +103,15 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                       {"gated", L.gated},
                       {"param_prefix", L.param_prefix},
                       {"source_tensors", L.source_tensors.size()}});
-    kinds[{L.num_experts, L.hidden, L.inter, L.gated, moe_family_name(L.family)}].push_back(
+    (*kinds)[{L.num_experts, L.hidden, L.inter, L.gated, moe_family_name(L.family)}].push_back(
         L.module);
   }
-  j["moe"] = {{"layers", layers.size()}, {"layer_list", layers}};
+  return {{"layers", layers.size()}, {"layer_list", layers}};
+}
+
+// The oracle's decision and explanation for each kind of layer.
+json oracle_kinds_json(const HfConfig& cfg, const LayerKinds& kinds, const InspectArgs& a,
+                       TargetArch arch, VllmTarget target, DType act_dtype) {
   json oracle = json::array();
   for (const auto& [k, modules] : kinds) {
     OracleQuery q;
@@ -112,7 +120,7 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     q.arch = arch;
     q.requested = a.backend;
     q.vllm_target = target;
-    q.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
+    q.act_dtype = act_dtype;
     const OracleDecision d = choose_backend(q);
     json o = d.to_json();
     o["layers"] = modules;
@@ -122,69 +130,64 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     o["explanation"] = d.explain();
     oracle.push_back(o);
   }
-  j["oracle"] = {{"target_arch", target_arch_name(arch)},
-                 {"vllm_target", vllm_target_name(target)},
-                 {"vllm_follows", vllm_target_row(target).follows},
-                 {"requested", a.backend},
-                 {"kinds", oracle}};
-  // inspect refuses what convert refuses: the plan convert would make for this target, and every
-  // expert read and packed as convert would (nothing written). Without a backend on the target,
-  // the experts are still read through the source codec. A converted checkpoint is verify's job.
-  std::string validation = "not validated (--no-validate)";
-  if (converted) {
-    validation = "not validated here: converted by moepack (run moepack verify)";
-  } else if (!a.no_validate && !ckpt->moe_layers().empty()) {
-    bool every_kind_has_backend = cfg.quant.method != QuantMethod::kNone;
-    for (const auto& o : oracle)
-      every_kind_has_backend &= !o["chosen"].is_null() && !o["chosen"].get<std::string>().empty();
-    if (every_kind_has_backend) {
-      ConvertOptions opts;
-      opts.src = a.dir;
-      opts.target_arch = a.target_arch;
-      opts.backend = a.backend;
-      opts.vllm_target = a.vllm_target;
-      opts.act_dtype = *parse_dtype(a.act_dtype == "fp16" ? "F16" : "BF16");
-      const Plan plan = make_plan(*ckpt, opts);
-      validate_plan(plan, *ckpt);
-      validation = "validated: every expert read and packed for " + plan.backend;
-      // The conversion path convert would take (formats/fast_path.h).
-      const DirectPath* direct = nullptr;
-      for (const auto& l : plan.layers)
-        if (!direct) direct = l.direct;
-      j["conversion"] =
-          direct ? json{{"path", "direct"}, {"direct_path", direct->name}}
-                 : json{{"path", "canonical"},
-                        {"why",
-                         plan.layers.empty() ? std::string() : plan.layers.front().canonical_why}};
-      validation += direct ? std::string(" (direct path ") + direct->name + ")"
-                           : std::string(" (canonical path)");
-    } else {
-      validate_source(*ckpt, resolve_threads(0));
-      validation = "validated: every expert read through the source codec";
-    }
-  } else if (!a.no_validate) {
-    validation = "validated: no MoE layers";
+  return oracle;
+}
+
+// inspect refuses what convert refuses: the plan convert would make for this target, and every
+// expert read and packed as convert would (nothing written). Without a backend on the target,
+// the experts are still read through the source codec. A converted checkpoint is verify's job.
+// Returns the verdict line; sets j["conversion"] to the path convert would take.
+std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a, DType act_dtype,
+                                bool converted, json& j) {
+  if (converted) return "not validated here: converted by moepack (run moepack verify)";
+  if (a.no_validate) return "not validated (--no-validate)";
+  if (ckpt.moe_layers().empty()) return "validated: no MoE layers";
+  bool every_kind_has_backend = ckpt.config().quant.method != QuantMethod::kNone;
+  for (const auto& o : j["oracle"]["kinds"])
+    every_kind_has_backend &= !o["chosen"].is_null() && !o["chosen"].get<std::string>().empty();
+  if (!every_kind_has_backend) {
+    validate_source(ckpt, resolve_threads(0));
+    return "validated: every expert read through the source codec";
   }
-  j["validation"] = validation;
+  ConvertOptions opts;
+  opts.src = a.dir;
+  opts.target_arch = a.target_arch;
+  opts.backend = a.backend;
+  opts.vllm_target = a.vllm_target;
+  opts.act_dtype = act_dtype;
+  const Plan plan = make_plan(ckpt, opts);
+  validate_plan(plan, ckpt);
+  // The conversion path convert would take (formats/fast_path.h).
+  const DirectPath* direct = nullptr;
+  for (const auto& l : plan.layers)
+    if (!direct) direct = l.direct;
+  j["conversion"] =
+      direct
+          ? json{{"path", "direct"}, {"direct_path", direct->name}}
+          : json{{"path", "canonical"},
+                 {"why", plan.layers.empty() ? std::string() : plan.layers.front().canonical_why}};
+  return "validated: every expert read and packed for " + plan.backend +
+         (direct ? std::string(" (direct path ") + direct->name + ")"
+                 : std::string(" (canonical path)"));
+}
+
+json tensors_json(const Checkpoint& ckpt) {
   json tensors = json::array();
-  for (const auto& name : ckpt->tensor_names()) {
-    const TensorView v = ckpt->view(name);
+  for (const auto& name : ckpt.tensor_names()) {
+    const TensorView v = ckpt.view(name);
     tensors.push_back({{"name", name},
                        {"dtype", dtype_name(v.dtype)},
                        {"shape", v.shape},
                        {"bytes", v.nbytes},
-                       {"shard", ckpt->shard_of(name)}});
+                       {"shard", ckpt.shard_of(name)}});
   }
-  j["totals"] = {{"tensors", tensors.size()},
-                 {"tensor_bytes", ckpt->total_tensor_bytes()},
-                 {"shards", ckpt->shard_names().size()},
-                 {"copy_through_tensors", ckpt->other_tensors().size()},
-                 {"other_files", ckpt->other_files()}};
-  j["tensors"] = tensors;
-  if (g.json) {
-    print_json(j);
-    return 0;
-  }
+  return tensors;
+}
+
+// The text report: the same facts as the JSON `j`, for a person.
+void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
+                        const std::optional<Manifest>& manifest, const json& j) {
+  const HfConfig& cfg = ckpt.config();
   std::cout << a.dir << "\n"
             << "  model          " << cfg.architecture << " (" << cfg.model_type << "), "
             << dtype_name(cfg.dtype) << "\n"
@@ -193,10 +196,10 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
     std::cout << "  bits=" << cfg.quant.bits << " group_size=" << cfg.quant.group_size
               << (cfg.quant.symmetric ? " sym" : " asym")
               << (cfg.quant.act_order ? " act-order" : "");
-  std::cout << "\n  validation     " << validation;
-  std::cout << "\n  tensors        " << tensors.size() << " in " << ckpt->shard_names().size()
-            << " shard(s), " << human_bytes(ckpt->total_tensor_bytes()) << "\n";
-  if (converted) {
+  std::cout << "\n  validation     " << j["validation"].get<std::string>();
+  std::cout << "\n  tensors        " << j["tensors"].size() << " in " << ckpt.shard_names().size()
+            << " shard(s), " << human_bytes(ckpt.total_tensor_bytes()) << "\n";
+  if (manifest) {
     const Manifest& m = *manifest;
     std::cout << "  converted by moepack: backend " << m.backend << ", target " << m.target_arch
               << ", vLLM " << vllm_target_name(m.vllm_target) << ", activations "
@@ -212,16 +215,18 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                 << (l.gated ? " gated" : " non-gated") << ", " << l.params.size() << " parameters ("
                 << l.param_prefix << "*)\n";
   }
+  const json& layers = j["moe"]["layer_list"];
   std::cout << "  MoE layers     " << layers.size()
-            << (converted ? " (unconverted expert tensors)" : "") << "\n";
+            << (manifest ? " (unconverted expert tensors)" : "") << "\n";
   for (const auto& l : layers)
     std::cout << "    " << l["module"].get<std::string>() << "  " << l["family"].get<std::string>()
               << "  E=" << l["experts"] << " H=" << l["hidden"] << " I=" << l["inter"]
               << (l["gated"].get<bool>() ? " gated" : " non-gated") << "\n";
-  if (!kinds.empty()) {
-    std::cout << "  oracle for " << target_arch_name(arch) << ", vLLM " << vllm_target_name(target)
-              << " (--backend " << a.backend << "):\n";
-    for (const auto& o : oracle) {
+  const json& oracle = j["oracle"];
+  if (!oracle["kinds"].empty()) {
+    std::cout << "  oracle for " << oracle["target_arch"].get<std::string>() << ", vLLM "
+              << oracle["vllm_target"].get<std::string>() << " (--backend " << a.backend << "):\n";
+    for (const auto& o : oracle["kinds"]) {
       std::cout << "    layers E=" << o["experts"] << " H=" << o["hidden"] << " I=" << o["inter"]
                 << " (" << o["layers"].size() << " layers):\n";
       std::istringstream lines(o["explanation"].get<std::string>());
@@ -230,10 +235,41 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
   }
   if (a.tensors) {
     std::cout << "  tensors:\n";
-    for (const auto& t : tensors)
+    for (const auto& t : j["tensors"])
       std::cout << "    " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>()
                 << " " << t["shape"].dump() << "  " << t["shard"].get<std::string>() << "\n";
   }
+}
+
+int run_inspect(const InspectArgs& a, const Globals& g) {
+  const auto ckpt = Checkpoint::open(a.dir);
+  const HfConfig& cfg = ckpt->config();
+  const TargetArch arch = parse_target_arch(a.target_arch);
+  const VllmTarget target = parse_vllm_target(a.vllm_target);
+  const DType act_dtype = parse_act_dtype(a.act_dtype);
+  json j = checkpoint_json(a.dir, cfg);
+  std::optional<Manifest> manifest;
+  if (std::filesystem::exists(manifest_path(a.dir))) manifest = read_manifest(a.dir);
+  if (manifest) j["moepack"] = converted_json(*manifest);
+  LayerKinds kinds;
+  j["moe"] = moe_layers_json(*ckpt, &kinds);
+  j["oracle"] = {{"target_arch", target_arch_name(arch)},
+                 {"vllm_target", vllm_target_name(target)},
+                 {"vllm_follows", vllm_target_row(target).follows},
+                 {"requested", a.backend},
+                 {"kinds", oracle_kinds_json(cfg, kinds, a, arch, target, act_dtype)}};
+  j["validation"] = validate_as_convert(*ckpt, a, act_dtype, manifest.has_value(), j);
+  const json tensors = tensors_json(*ckpt);
+  j["totals"] = {{"tensors", tensors.size()},
+                 {"tensor_bytes", ckpt->total_tensor_bytes()},
+                 {"shards", ckpt->shard_names().size()},
+                 {"copy_through_tensors", ckpt->other_tensors().size()},
+                 {"other_files", ckpt->other_files()}};
+  j["tensors"] = tensors;
+  if (g.json)
+    print_json(j);
+  else
+    print_inspect_text(a, *ckpt, manifest, j);
   return 0;
 }
 }  // namespace

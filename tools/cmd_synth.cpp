@@ -1,10 +1,9 @@
 // moepack synth OUT --format F [--family qwen3|mixtral|deepseek|fused3d] [...]
 #include <iostream>
 
-#include "core/error.h"
-#include "io/shard_writer.h"
 #include "synth/synth.h"
 #include "tools/cli.h"
+#include "tools/flags.h"
 
 namespace moepack::cli {
 
@@ -37,13 +36,8 @@ Runner add_synth(CLI::App& app, Globals& g) {
   app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
   app.add_flag("--force", o->force, "Replace an existing output directory");
   return [o, out, dtype, shard, &g] {
-    if (*dtype == "bf16")
-      o->dtype = DType::kBF16;
-    else if (*dtype == "fp16")
-      o->dtype = DType::kF16;
-    else
-      throw Error(ErrorCode::kUsage, "--dtype must be fp16 or bf16");
-    o->max_shard_bytes = parse_size(*shard);
+    o->dtype = parse_half_dtype("--dtype", *dtype);
+    o->max_shard_bytes = parse_size("--max-shard-size", *shard);
     const SynthResult r = synth_checkpoint(*out, *o);
     if (g.json)
       print_json({{"ok", true},

@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "io/shard_writer.h"
 #include "tools/cli.h"
+#include "tools/flags.h"
 #include "verify/verify.h"
 
 namespace moepack::cli {
@@ -30,7 +30,7 @@ Runner add_verify(CLI::App& app, Globals& g) {
       ->capture_default_str();
   app.add_option("--report", *report, "Write a self-contained HTML report");
   return [o, report, chunk, &g] {
-    o->chunk_bytes = parse_size(*chunk);
+    o->chunk_bytes = parse_size("--chunk-size", *chunk);
     const VerifyReport r = run_verify(*o);
     if (!report->empty()) {
       std::ofstream f(*report);

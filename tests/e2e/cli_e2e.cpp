@@ -255,6 +255,24 @@ TEST(Cli, ExitCodes) {
   EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "o2") + " --target-arch sm100 --force"), 0);
   // Output inside the input is refused.
   EXPECT_EQ(moepack_cli("convert " + src + " " + (src + "/out") + " --target-arch sm100"), 2);
+  // A bad flag value is a usage error naming the flag, in every command that takes the flag
+  // (inspect once read any --act-dtype but fp16 as bf16; a size of 2^64 bytes once wrapped).
+  for (const std::string& cmd : {"inspect " + src, "convert " + src + " " + (tmp / "o3")}) {
+    err.clear();
+    EXPECT_EQ(moepack_cli(cmd + " --target-arch sm100 --act-dtype fp32", nullptr, &err), 2) << cmd;
+    EXPECT_NE(err.find("--act-dtype must be bf16 or fp16, got \"fp32\""), std::string::npos) << err;
+  }
+  for (const std::string& cmd :
+       {"convert " + src + " " + (tmp / "o3") + " --target-arch sm100 --max-shard-size ",
+        "convert " + src + " " + (tmp / "o3") + " --target-arch sm100 --chunk-size ",
+        "synth " + (tmp / "o3") + " --format gptq --max-shard-size ",
+        "verify " + (tmp / "o2") + " --chunk-size "})
+    for (const char* size : {".", "5XB", "18446744073709551616"}) {
+      err.clear();
+      EXPECT_EQ(moepack_cli(cmd + size, nullptr, &err), 2) << cmd << size;
+      EXPECT_NE(err.find(std::string("-size \"") + size + "\": "), std::string::npos) << err;
+    }
+  EXPECT_FALSE(fs::exists(tmp / "o3"));
   // A missing input is an input error; --json reports it on stdout.
   const json j = run_json("inspect " + (tmp / "nope"), 5);
   EXPECT_EQ(j["ok"], false);

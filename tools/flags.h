@@ -1,0 +1,27 @@
+// Flag values more than one subcommand takes, each parsed in one place: a bad value is
+// Error{kUsage} naming the flag and the value (exit 2, and main()'s --json error object).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace moepack::cli {
+
+// A byte count: "5GB", "500MB", "2GiB", "100KB", "1.5GB", "1048576" (bytes). Decimal units
+// (KB, MB, GB, TB) and binary ones (KiB, MiB, GiB), case-insensitive; the fractional bytes of
+// "1.5KiB"-like values are dropped. Throws kUsage naming `flag` for anything else, and for a
+// count of 2^64 bytes or more.
+uint64_t parse_size(const std::string& flag, const std::string& text);
+
+// A 16-bit float dtype as the flags spell it: "bf16" -> kBF16, "fp16" -> kF16. Throws kUsage
+// naming `flag` for anything else.
+DType parse_half_dtype(const std::string& flag, const std::string& text);
+
+// --act-dtype (convert, inspect): the serving activation dtype, bf16|fp16.
+inline DType parse_act_dtype(const std::string& text) {
+  return parse_half_dtype("--act-dtype", text);
+}
+
+}  // namespace moepack::cli
