@@ -624,9 +624,8 @@ QuantParams normalize_quant_config(const json& qc, const std::string& file, DTyp
 
 HfConfig load_hf_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  if (regular_file_or_missing(path) == PathKind::kMissing)
-    throw Error(ErrorCode::kBadConfig, path, "", "config.json not found");
-  return hf_config_from_json(read_json_file(path), path, dir);
+  return hf_config_from_json(read_json_file(path, {.if_missing = "config.json not found"}), path,
+                             dir);
 }
 
 HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const std::string& dir) {

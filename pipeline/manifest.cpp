@@ -1,18 +1,13 @@
 #include "pipeline/manifest.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <climits>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <system_error>
 
 #include "core/error.h"
 #include "core/version.h"
+#include "io/json_file.h"
 #include "model/checkpoint.h"
 #include "pipeline/oracle.h"
 #include "pipeline/plan.h"
@@ -159,106 +154,9 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
 
 namespace {
 
-// A value for an error message: ASCII only (so the message is valid UTF-8 whatever the input)
-// and short.
-std::string describe(const json& j) {
-  if (j.is_object()) return "an object";
-  if (j.is_array()) return "an array";
-  std::string s = j.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
-
 std::string json_quoted(const std::string& s) {
-  return describe(json(s));
+  return json_excerpt(json(s));
 }
-
-// One JSON value and where it sits in the manifest ("layers[0].experts").
-class Field {
- public:
-  Field(const json& j, std::string path, const std::string& file)
-      : j_(j), path_(std::move(path)), file_(file) {}
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(ErrorCode::kBadConfig, file_, "",
-                (path_.empty() ? "top level" : path_) + ": " + what);
-  }
-  const json& value() const { return j_; }
-  // The member KEY of this object, named path["KEY"] (for keys that are data, like tensor names).
-  Field member(const std::string& key) const {
-    return Field(j_.at(key), path_ + "[" + describe(json(key)) + "]", file_);
-  }
-
-  void expect_object() const {
-    if (!j_.is_object()) fail("expected an object, got " + describe(j_));
-  }
-  bool has(const char* key) const {
-    expect_object();
-    return j_.contains(key);
-  }
-  Field operator[](const char* key) const {
-    expect_object();
-    const std::string p = path_.empty() ? std::string(key) : path_ + "." + key;
-    const auto it = j_.find(key);
-    if (it == j_.end()) throw Error(ErrorCode::kBadConfig, file_, "", p + ": missing");
-    return Field(*it, p, file_);
-  }
-  size_t array_size() const {
-    if (!j_.is_array()) fail("expected an array, got " + describe(j_));
-    return j_.size();
-  }
-  Field item(size_t i) const {  // i < array_size()
-    return Field(j_[i], path_ + "[" + std::to_string(i) + "]", file_);
-  }
-
-  std::string str() const {
-    if (!j_.is_string()) fail("expected a string, got " + describe(j_));
-    return j_.get<std::string>();
-  }
-  std::string nonempty_str() const {
-    std::string s = str();
-    if (s.empty()) fail("must not be empty");
-    return s;
-  }
-  bool boolean() const {
-    if (!j_.is_boolean()) fail("expected true or false, got " + describe(j_));
-    return j_.get<bool>();
-  }
-  int64_t integer(int64_t lo, int64_t hi) const {
-    if (!j_.is_number_integer()) fail("expected an integer, got " + describe(j_));
-    const bool too_big = j_.is_number_unsigned() && j_.get<uint64_t>() > static_cast<uint64_t>(hi);
-    const int64_t v = too_big ? hi : j_.get<int64_t>();
-    if (too_big || v < lo || v > hi)
-      fail((hi == INT64_MAX
-                ? "must be >= " + std::to_string(lo)
-                : "must be between " + std::to_string(lo) + " and " + std::to_string(hi)) +
-           ", got " + describe(j_));
-    return v;
-  }
-  uint64_t size() const {  // a byte count
-    if (!j_.is_number_integer()) fail("expected a non-negative integer, got " + describe(j_));
-    if (!j_.is_number_unsigned() && j_.get<int64_t>() < 0)
-      fail("must be non-negative, got " + describe(j_));
-    return j_.get<uint64_t>();
-  }
-  std::vector<std::string> strings() const {
-    std::vector<std::string> out(array_size());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = item(i).str();
-    return out;
-  }
-  DType dtype() const {
-    const std::string s = str();
-    const auto d = parse_dtype(s);
-    // Only the canonical spelling: verify compares dtypes by name.
-    if (!d || dtype_name(*d) != s) fail("unknown dtype " + describe(j_));
-    return *d;
-  }
-
- private:
-  const json& j_;
-  std::string path_;
-  const std::string& file_;
-};
 
 std::string known_quant_methods() {
   std::string out;
@@ -269,31 +167,31 @@ std::string known_quant_methods() {
   return out;
 }
 
-QuantMethod parse_method_field(const Field& f) {
+QuantMethod parse_method_field(const JsonField& f) {
   const auto m = parse_quant_method(f.str());
   if (!m)
-    f.fail("unknown quantization method " + describe(f.value()) + " (" + known_quant_methods() +
+    f.fail("unknown quantization method " + json_excerpt(f.value()) + " (" + known_quant_methods() +
            ")");
   return *m;
 }
 
-QuantParams parse_quant_params(const Field& f) {
+QuantParams parse_quant_params(const JsonField& f) {
   f.expect_object();
   QuantParams q;
   q.method = parse_method_field(f["method"]);
   q.bits = static_cast<int>(f["bits"].integer(1, 64));
-  const Field group = f["group_size"];
+  const JsonField group = f["group_size"];
   q.group_size = group.integer(-1, INT64_MAX);
   if (q.group_size == 0) group.fail("must be -1 (one group) or positive, got 0");
   q.symmetric = f["symmetric"].boolean();
   q.act_order = f["act_order"].boolean();
-  const Field format = f["gptq_format"];
+  const JsonField format = f["gptq_format"];
   const std::string fmt = format.str();
   if (fmt != "gptq" && fmt != "gptq_v2")
-    format.fail("expected \"gptq\" or \"gptq_v2\", got " + describe(format.value()));
+    format.fail("expected \"gptq\" or \"gptq_v2\", got " + json_excerpt(format.value()));
   q.gptq_format = fmt == "gptq_v2" ? GptqFormat::kV2 : GptqFormat::kV1;
   q.actorder = f["actorder"].str();
-  const Field block = f["block"];
+  const JsonField block = f["block"];
   if (block.array_size() != 2)
     block.fail("expected [block_n, block_k], got " + std::to_string(block.array_size()) +
                " elements");
@@ -325,13 +223,13 @@ bool is_moe_family(const std::string& s) {
   return false;
 }
 
-ManifestTensor parse_tensor(const Field& f, const std::set<std::string>& shards) {
+ManifestTensor parse_tensor(const JsonField& f, const std::set<std::string>& shards) {
   ManifestTensor t;
-  const Field shard = f["shard"];
+  const JsonField shard = f["shard"];
   t.shard = shard.str();
   if (!shards.count(t.shard)) shard.fail(json_quoted(t.shard) + " is not listed in shards");
   t.dtype = f["dtype"].dtype();
-  const Field shape = f["shape"];
+  const JsonField shape = f["shape"];
   t.shape.resize(shape.array_size());
   uint64_t numel = 1;
   bool overflow = false;
@@ -343,40 +241,41 @@ ManifestTensor parse_tensor(const Field& f, const std::set<std::string>& shards)
   if (!expect)
     shape.fail(shape_str(t.shape) + " of " + dtype_name(t.dtype) +
                (overflow ? ": the element count overflows" : " is not a whole byte count"));
-  const Field bytes = f["bytes"];
+  const JsonField bytes = f["bytes"];
   t.bytes = bytes.size();
   if (t.bytes != *expect)
     bytes.fail(std::to_string(t.bytes) + ", but shape " + shape_str(t.shape) + " of " +
                dtype_name(t.dtype) + " holds " + std::to_string(*expect));
-  const Field sha = f["sha256"];
+  const JsonField sha = f["sha256"];
   t.sha256 = sha.str();
   if (!is_hex_digest(t.sha256))
-    sha.fail("expected 64 lowercase hex digits, got " + describe(sha.value()));
-  const Field action = f["action"];
+    sha.fail("expected 64 lowercase hex digits, got " + json_excerpt(sha.value()));
+  const JsonField action = f["action"];
   const std::string a = action.str();
   if (a != "convert" && a != "copy")
-    action.fail("expected \"convert\" or \"copy\", got " + describe(action.value()));
+    action.fail("expected \"convert\" or \"copy\", got " + json_excerpt(action.value()));
   t.converted = a == "convert";
   t.codec = f["codec"].str();
   t.sources = f["sources"].strings();
   return t;
 }
 
-ManifestLayer parse_layer(const Field& f, const std::map<std::string, ManifestTensor>& tensors) {
+ManifestLayer parse_layer(const JsonField& f,
+                          const std::map<std::string, ManifestTensor>& tensors) {
   f.expect_object();
   ManifestLayer l;
   l.module = f["module"].nonempty_str();
   l.layer = f["layer"].integer(-1, INT64_MAX);
-  const Field family = f["family"];
+  const JsonField family = f["family"];
   l.family = family.str();
-  if (!is_moe_family(l.family)) family.fail("unknown MoE family " + describe(family.value()));
+  if (!is_moe_family(l.family)) family.fail("unknown MoE family " + json_excerpt(family.value()));
   l.param_prefix = f["param_prefix"].str();
   l.experts = f["experts"].integer(1, INT64_MAX);
   l.hidden = f["hidden"].integer(1, INT64_MAX);
   l.inter = f["inter"].integer(1, INT64_MAX);
   l.inter_padded = f.has("inter_padded") ? f["inter_padded"].integer(l.inter, INT64_MAX) : l.inter;
   l.gated = f["gated"].boolean();
-  const Field params = f["params"];
+  const JsonField params = f["params"];
   l.params = params.strings();
   if (l.params.empty()) params.fail("empty: a converted layer has parameters");
   for (size_t i = 0; i < l.params.size(); ++i)
@@ -386,24 +285,25 @@ ManifestLayer parse_layer(const Field& f, const std::map<std::string, ManifestTe
   return l;
 }
 
-Manifest parse_fields(const Field& root) {
+Manifest parse_fields(const JsonField& root) {
   root.expect_object();
   Manifest m;
   {
-    const Field v = root["manifest_version"];
-    if (!v.value().is_number_integer()) v.fail("expected an integer, got " + describe(v.value()));
+    const JsonField v = root["manifest_version"];
+    if (!v.value().is_number_integer())
+      v.fail("expected an integer, got " + json_excerpt(v.value()));
     if (v.value() != kManifestVersion)
-      v.fail("unsupported version " + describe(v.value()) + " (this moepack reads " +
+      v.fail("unsupported version " + json_excerpt(v.value()) + " (this moepack reads " +
              std::to_string(kManifestVersion) + ")");
     m.manifest_version = kManifestVersion;
   }
-  const Field tool = root["tool"];
+  const JsonField tool = root["tool"];
   m.tool.name = tool["name"].str();
   m.tool.version = tool["version"].str();
 
-  const Field source = root["source"];
+  const JsonField source = root["source"];
   m.source.name = source["name"].str();
-  const Field format = source["format"];
+  const JsonField format = source["format"];
   parse_method_field(format);
   m.source.format = format.str();
   m.source.quant_params = parse_quant_params(source["quant_params"]);
@@ -412,8 +312,8 @@ Manifest parse_fields(const Field& root) {
   m.source.tensor_bytes = source["tensor_bytes"].size();
   m.target_quant_params = parse_quant_params(root["target_quant_params"]);
   if (root.has("quantize")) {
-    const Field q = root["quantize"];
-    const Field qf = q["format"], qr = q["recipe"];
+    const JsonField q = root["quantize"];
+    const JsonField qf = q["format"], qr = q["recipe"];
     ManifestQuantize mq{qf.str(), qr.str()};
     bool format_known = false, recipe_known = false;
     std::string recipes;
@@ -422,27 +322,27 @@ Manifest parse_fields(const Field& root) {
       if (mq.format == r.format) recipe_known |= mq.recipe == r.recipe;
       recipes += std::string(recipes.empty() ? "" : ", ") + r.format + "/" + r.recipe;
     }
-    if (!format_known) qf.fail("expected one of " + recipes + ", got " + describe(qf.value()));
-    if (!recipe_known) qr.fail("expected one of " + recipes + ", got " + describe(qr.value()));
+    if (!format_known) qf.fail("expected one of " + recipes + ", got " + json_excerpt(qf.value()));
+    if (!recipe_known) qr.fail("expected one of " + recipes + ", got " + json_excerpt(qr.value()));
     m.quantize = mq;
   }
 
   m.backend = root["backend"].nonempty_str();
-  const Field layout = root["layout"];
+  const JsonField layout = root["layout"];
   m.layout.name = layout["name"].nonempty_str();
   m.layout.version = static_cast<int>(layout["version"].integer(0, INT_MAX));
   {
-    const Field arch = root["target_arch"];
+    const JsonField arch = root["target_arch"];
     m.target_arch = arch.str();
     bool known = false;
     try {
       known = target_arch_name(parse_target_arch(m.target_arch)) == m.target_arch;
     } catch (const Error&) {
     }
-    if (!known) arch.fail("unknown target arch " + describe(arch.value()));
+    if (!known) arch.fail("unknown target arch " + json_excerpt(arch.value()));
   }
   if (root.has("vllm_target")) {
-    const Field target = root["vllm_target"];
+    const JsonField target = root["vllm_target"];
     const std::string name = target.str();
     bool known = false;
     for (const auto& r : vllm_target_rows())
@@ -451,37 +351,38 @@ Manifest parse_fields(const Field& root) {
         known = true;
       }
     if (!known)
-      target.fail("expected one of " + vllm_target_names() + ", got " + describe(target.value()));
+      target.fail("expected one of " + vllm_target_names() + ", got " +
+                  json_excerpt(target.value()));
   }
   {
-    const Field act = root["act_dtype"];
+    const JsonField act = root["act_dtype"];
     m.act_dtype = act.dtype();
     if (m.act_dtype != DType::kBF16 && m.act_dtype != DType::kF16)
-      act.fail("expected \"BF16\" or \"F16\", got " + describe(act.value()));
+      act.fail("expected \"BF16\" or \"F16\", got " + json_excerpt(act.value()));
   }
   m.options.vllm_w13_scale_size_k = root["options"]["vllm_w13_scale_size_k"].boolean();
   m.deviations_from_vllm = root["deviations_from_vllm"].strings();
 
-  const Field shards = root["shards"];
+  const JsonField shards = root["shards"];
   std::set<std::string> shard_names;
   for (size_t i = 0, n = shards.array_size(); i < n; ++i) {
-    const Field s = shards.item(i);
-    const Field name = s["name"];
+    const JsonField s = shards.item(i);
+    const JsonField name = s["name"];
     ManifestShard ms{name.str(), s["file_bytes"].size()};
     if (!is_plain_file_name(ms.name))
-      name.fail("expected a file name inside the checkpoint, got " + describe(name.value()));
+      name.fail("expected a file name inside the checkpoint, got " + json_excerpt(name.value()));
     if (!shard_names.insert(ms.name).second) name.fail(json_quoted(ms.name) + " is listed twice");
     m.shards.push_back(std::move(ms));
   }
   m.files = root["files"].strings();
 
-  const Field tensors = root["tensors"];
+  const JsonField tensors = root["tensors"];
   tensors.expect_object();
   for (auto it = tensors.value().begin(); it != tensors.value().end(); ++it) {
     if (it.key().empty()) tensors.fail("a tensor has an empty name");
     m.tensors.emplace(it.key(), parse_tensor(tensors.member(it.key()), shard_names));
   }
-  const Field layers = root["layers"];
+  const JsonField layers = root["layers"];
   const size_t n = layers.array_size();
   if (n == 0) layers.fail("empty: a converted checkpoint has at least one MoE layer");
   for (size_t i = 0; i < n; ++i) m.layers.push_back(parse_layer(layers.item(i), m.tensors));
@@ -491,12 +392,12 @@ Manifest parse_fields(const Field& root) {
   std::map<std::string, size_t> layer_of_module, layer_of_param;
   for (size_t i = 0; i < n; ++i) {
     const ManifestLayer& l = m.layers[i];
-    const Field item = layers.item(i);
+    const JsonField item = layers.item(i);
     if (!layer_of_module.emplace(l.module, i).second)
       item["module"].fail(json_quoted(l.module) + " is also layers[" +
                           std::to_string(layer_of_module[l.module]) + "]");
     for (size_t k = 0; k < l.params.size(); ++k) {
-      const Field param = item["params"].item(k);
+      const JsonField param = item["params"].item(k);
       const ManifestTensor& t = m.tensors.at(l.params[k]);
       if (!t.converted)
         param.fail(json_quoted(l.params[k]) + " is a copied tensor (\"action\": \"copy\")");
@@ -524,7 +425,7 @@ std::string manifest_path(const std::string& dir) {
 
 QuantParams quant_params_from_json(const json& j, const std::string& file) {
   try {
-    return parse_quant_params(Field(j, "", file));
+    return parse_quant_params(JsonField(j, "", file));
   } catch (const json::exception& e) {  // not expected: every access is checked first
     throw Error(ErrorCode::kBadConfig, file, "",
                 std::string("malformed quant params: ") + e.what());
@@ -533,87 +434,17 @@ QuantParams quant_params_from_json(const json& j, const std::string& file) {
 
 Manifest parse_manifest(const json& j, const std::string& file) {
   try {
-    return parse_fields(Field(j, "", file));
+    return parse_fields(JsonField(j, "", file));
   } catch (const json::exception& e) {  // not expected: every access is checked first
     throw Error(ErrorCode::kBadConfig, file, "", std::string("malformed manifest: ") + e.what());
   }
 }
 
-namespace {
-
-std::string errno_message(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
-
-// The whole file, refusing anything but a regular file of at most kMaxManifestBytes. Checked
-// before opening (a FIFO would block an open for reading) and again on the open descriptor
-// (the path may have been replaced in between; O_NONBLOCK keeps even that open from blocking).
-std::string read_manifest_text(const std::string& path) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (st.type() == fs::file_type::not_found)
-    throw Error(ErrorCode::kBadConfig, path, "",
-                "no moepack.json: not a moepack-converted checkpoint");
-  if (ec) throw Error(ErrorCode::kIo, path, "", "cannot stat: " + ec.message());
-  if (st.type() != fs::file_type::regular)
-    throw Error(ErrorCode::kBadConfig, path, "",
-                st.type() == fs::file_type::directory ? "is a directory, not a file"
-                                                      : "not a regular file");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(ErrorCode::kIo, path, "", "cannot open: " + errno_message(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat s;
-  if (::fstat(fd, &s) != 0)
-    throw Error(ErrorCode::kIo, path, "", "cannot stat: " + errno_message(errno));
-  if (!S_ISREG(s.st_mode)) throw Error(ErrorCode::kBadConfig, path, "", "not a regular file");
-  const auto too_large = [&](uint64_t n) {
-    return Error(ErrorCode::kBadConfig, path, "",
-                 std::to_string(n) + " bytes: larger than the " +
-                     std::to_string(kMaxManifestBytes) + " a manifest may have");
-  };
-  if (static_cast<uint64_t>(s.st_size) > kMaxManifestBytes)
-    throw too_large(static_cast<uint64_t>(s.st_size));
-  std::string text(static_cast<size_t>(s.st_size), '\0');
-  size_t got = 0;
-  for (;;) {
-    if (got == text.size()) {  // the file may have grown since fstat
-      if (text.size() > kMaxManifestBytes) throw too_large(text.size());
-      text.resize(text.size() + 4096);
-    }
-    const ssize_t r = ::read(fd, &text[got], text.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw Error(ErrorCode::kIo, path, "", "read failed: " + errno_message(errno));
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  text.resize(got);
-  return text;
-}
-
-// nlohmann's parser is iterative, but copying and printing a value recurse: bound the nesting.
-// A real manifest nests about 6 deep (source.quantization_config.config_groups...).
-constexpr int kMaxManifestDepth = 64;
-
-}  // namespace
-
 Manifest read_manifest(const std::string& dir) {
   const std::string path = manifest_path(dir);
-  const std::string text = read_manifest_text(path);
-  json j;
-  try {
-    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxManifestDepth)
-        throw Error(
-            ErrorCode::kBadConfig, path, "",
-            "invalid JSON: nested more than " + std::to_string(kMaxManifestDepth) + " levels deep");
-      return true;
-    });
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kBadConfig, path, "", std::string("invalid JSON: ") + e.what());
-  }
+  const json j =
+      read_json_file(path, {.if_missing = "no moepack.json: not a moepack-converted checkpoint",
+                            .max_bytes = kMaxManifestBytes});
   return parse_manifest(j, path);
 }
 

@@ -1,8 +1,6 @@
 // Shard-parallel conversion and merge (pipeline/parts.h, docs/scale-out.md).
 #include "pipeline/parts.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -12,12 +10,12 @@
 #include <optional>
 #include <queue>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/sha256.h"
 #include "core/threads.h"
 #include "io/atomic_dir.h"
+#include "io/json_file.h"
 #include "pipeline/manifest.h"
 
 namespace moepack {
@@ -109,59 +107,35 @@ struct PartRecord {
   throw Error(ErrorCode::kBadConfig, file, "", message);
 }
 
-const json& field(const json& j, const char* key, const std::string& file) {
-  if (!j.is_object() || !j.contains(key))
-    bad_part(file, std::string("missing field \"") + key + "\"");
-  return j.at(key);
-}
-std::string string_field(const json& j, const char* key, const std::string& file) {
-  const json& v = field(j, key, file);
-  if (!v.is_string()) bad_part(file, std::string("field \"") + key + "\" is not a string");
-  return v.get<std::string>();
-}
-int64_t int_field(const json& j, const char* key, const std::string& file) {
-  const json& v = field(j, key, file);
-  if (!v.is_number_integer())
-    bad_part(file, std::string("field \"") + key + "\" is not an integer");
-  return v.get<int64_t>();
-}
-
 PartRecord read_part_json(const std::string& dir) {
   PartRecord r;
   r.dir = dir;
   r.file = dir + "/" + kPartJsonFile;
-  struct stat st {};
-  if (::lstat(r.file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-    bad_part(r.file, "missing or not a regular file (the part is incomplete)");
-  if (static_cast<uint64_t>(st.st_size) > kMaxPartJsonBytes)
-    bad_part(r.file, "larger than " + std::to_string(kMaxPartJsonBytes) + " bytes");
-  std::ifstream f(r.file, std::ios::binary);
-  if (!f) throw Error(ErrorCode::kIo, r.file, "", "cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  // Values nested deeper than any part.json has are dropped while parsing (so a hostile file
-  // cannot build a structure whose destruction recurses without bound); the field checks below
-  // then fail.
-  const json::parser_callback_t shallow = [](int depth, json::parse_event_t, json&) {
-    return depth <= 16;
-  };
-  json j = json::parse(ss.str(), shallow, false);
-  if (j.is_discarded()) bad_part(r.file, "not valid JSON");
-  if (int_field(j, "moepack_part", r.file) != kPartFormatVersion)
-    bad_part(r.file, "unknown part format version");
-  r.unit = int_field(j, "unit", r.file);
-  r.units = int_field(j, "units", r.file);
-  r.digest = string_field(j, "plan_digest", r.file);
-  r.source = string_field(j, "source", r.file);
-  r.options = field(j, "options", r.file);
-  const json& tensors = field(j, "tensors", r.file);
-  if (!tensors.is_array()) bad_part(r.file, "field \"tensors\" is not an array");
-  for (const auto& t : tensors) {
-    const std::string name = string_field(t, "name", r.file);
-    const std::string sha = string_field(t, "sha256", r.file);
-    if (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)
-      throw Error(ErrorCode::kBadConfig, r.file, name, "sha256 is not 64 lowercase hex digits");
-    r.tensors.emplace_back(name, sha);
+  const json j = read_json_file(
+      r.file, {.if_missing = "missing: the part is incomplete (written by `convert --shard` last, "
+                             "after its tensors)",
+               .max_bytes = kMaxPartJsonBytes});
+  const JsonField root(j, "", r.file);
+  const JsonField version = root["moepack_part"];
+  if (version.integer(INT64_MIN, INT64_MAX) != kPartFormatVersion)
+    version.fail("unknown part format version " + json_excerpt(version.value()) +
+                 " (this moepack reads " + std::to_string(kPartFormatVersion) + ")");
+  r.unit = root["unit"].integer(0, kMaxShards - 1);
+  r.units = root["units"].integer(1, kMaxShards);
+  r.digest = root["plan_digest"].str();
+  r.source = root["source"].str();
+  r.options = root["options"].value();
+  const JsonField tensors = root["tensors"];
+  for (size_t i = 0, n = tensors.array_size(); i < n; ++i) {
+    const JsonField t = tensors.item(i);
+    const std::string name = t["name"].str();
+    const JsonField sha = t["sha256"];
+    if (sha.str().size() != 64 ||
+        sha.str().find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw Error(
+          ErrorCode::kBadConfig, r.file, name,
+          sha.path() + ": expected 64 lowercase hex digits, got " + json_excerpt(sha.value()));
+    r.tensors.emplace_back(name, sha.str());
   }
   return r;
 }
@@ -350,32 +324,26 @@ json part_options_json(const ConvertOptions& o) {
 }
 
 ConvertOptions part_options_from_json(const json& j, const std::string& file) {
-  if (!j.is_object()) bad_part(file, "field \"options\" is not an object");
+  const JsonField options(j, "options", file);
   ConvertOptions o;
-  o.backend = string_field(j, "backend", file);
-  o.target_arch = string_field(j, "target_arch", file);
-  const std::string act = string_field(j, "act_dtype", file);
-  if (act == dtype_name(DType::kBF16))
-    o.act_dtype = DType::kBF16;
-  else if (act == dtype_name(DType::kF16))
-    o.act_dtype = DType::kF16;
-  else
-    bad_part(file, "options.act_dtype \"" + act + "\" is not bf16 or fp16");
-  o.quantize = string_field(j, "quantize", file);
-  o.mx_recipe = string_field(j, "mx_recipe", file);
-  const json& v = field(j, "vllm_w13_scale_size_k", file);
-  if (!v.is_boolean()) bad_part(file, "options.vllm_w13_scale_size_k is not a boolean");
-  o.vllm_w13_scale_size_k = v.get<bool>();
-  o.vllm_target = string_field(j, "vllm_target", file);
+  o.backend = options["backend"].str();
+  o.target_arch = options["target_arch"].str();
+  const JsonField act = options["act_dtype"];
+  o.act_dtype = act.dtype();
+  if (o.act_dtype != DType::kBF16 && o.act_dtype != DType::kF16)
+    act.fail("expected \"BF16\" or \"F16\", got " + json_excerpt(act.value()));
+  o.quantize = options["quantize"].str();
+  o.mx_recipe = options["mx_recipe"].str();
+  o.vllm_w13_scale_size_k = options["vllm_w13_scale_size_k"].boolean();
+  const JsonField target = options["vllm_target"];
+  o.vllm_target = target.str();
   bool known_target = false;
   for (const std::string& name : split_names(vllm_target_names("|")))
     known_target |= name == o.vllm_target;
   if (!known_target)
-    bad_part(file, "options.vllm_target \"" + o.vllm_target + "\" is not one of " +
-                       vllm_target_names("|"));
-  const json& m = field(j, "max_shard_bytes", file);
-  if (!m.is_number_unsigned()) bad_part(file, "options.max_shard_bytes is not an unsigned integer");
-  o.max_shard_bytes = m.get<uint64_t>();
+    target.fail("expected one of " + vllm_target_names("|") + ", got " +
+                json_excerpt(target.value()));
+  o.max_shard_bytes = options["max_shard_bytes"].size();
   return o;
 }
 

@@ -16,6 +16,7 @@
 #include "core/threads.h"
 #include "formats/moe_reader.h"
 #include "formats/mxfp8.h"
+#include "io/json_file.h"
 #include "kernels/moe_runtime.h"
 #include "kernels/moepack_cuda.h"
 #include "model/checkpoint.h"
@@ -42,23 +43,23 @@ struct Output {
   }
 };
 
-// The index as JSON, or a description of why it is not usable. Never blocks (a FIFO or device is
-// refused before opening) and never reads more than a manifest may hold.
+// The index as JSON, or a description of why it is not usable. A symlink is not a file moepack
+// wrote; the rest is io/json_file.h's: never blocks on a FIFO or device, never reads more than a
+// manifest may hold, bounded nesting.
 std::optional<json> read_index(const std::string& path, std::string* problem) {
   std::error_code ec;
-  const fs::file_status st = fs::symlink_status(path, ec);
-  if (st.type() != fs::file_type::regular) {
-    *problem = "model.safetensors.index.json is not a regular file";
+  if (fs::symlink_status(path, ec).type() == fs::file_type::symlink) {
+    *problem = "model.safetensors.index.json is not a regular file (a symlink)";
     return std::nullopt;
   }
-  if (fs::file_size(path, ec) > kMaxManifestBytes || ec) {
-    *problem = "model.safetensors.index.json is larger than " + std::to_string(kMaxManifestBytes);
+  json j;
+  try {
+    j = read_json_file(path, {.max_bytes = kMaxManifestBytes});
+  } catch (const Error& e) {
+    *problem = "model.safetensors.index.json: " + e.message();
     return std::nullopt;
   }
-  std::ifstream in(path);
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-      !j["weight_map"].is_object()) {
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     *problem = "index is not valid JSON with a weight_map object";
     return std::nullopt;
   }

@@ -6,7 +6,9 @@
 // naming its layer, never exit 3 or 70 and never a pass -- on the CPU and, when there is one, on
 // the GPU (`--device cuda`).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 
 namespace moepack {
 namespace {
+namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_bin;
 using test::moepack_cli;
@@ -132,6 +135,59 @@ TEST(VerifyCoverage, FilesDisagreeingWithTheManifestFailVerification) {
   expect_fails("generation_config.json: differs from the source");
   std::remove((c.dst + "/generation_config.json").c_str());
   expect_fails("generation_config.json: missing");
+}
+
+// The index of a sharded output is read as every untrusted JSON file is (io/json_file.h): a FIFO
+// in its place, a directory, a symlink or nesting beyond the cap fail the "index matches shards"
+// check (exit 1) naming why, never a hang or a crash.
+TEST(VerifyCoverage, HostileIndexOfAShardedOutputFailsTheIndexCheck) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  const std::string index = dst + "/model.safetensors.index.json";
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format gptq --layers 3 --experts 4 --hidden 256 "
+                        "--inter 128"),
+            0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --max-shard-size 150KB"), 0);
+  ASSERT_TRUE(fs::exists(index));
+  const std::string good = [&] {
+    std::ifstream in(index);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto expect_fails = [&](const std::string& what) {
+    std::string out, err;
+    EXPECT_EQ(
+        run_command("timeout 120 " + moepack_bin() + " verify " + dst + " --json", &out, &err), 1)
+        << err;
+    const json v = json::parse(out, nullptr, false);
+    ASSERT_TRUE(v.is_object()) << out;
+    bool named = false;
+    for (const auto& c : v["integrity"])
+      if (c["name"] == "index matches shards") {
+        EXPECT_EQ(c["passed"], false) << c.dump();
+        named = c["detail"].get<std::string>().find(what) != std::string::npos;
+        EXPECT_TRUE(named) << c.dump();
+      }
+    EXPECT_TRUE(named) << out;
+  };
+  fs::remove(index);
+  ASSERT_EQ(::mkfifo(index.c_str(), 0644), 0);
+  expect_fails("model.safetensors.index.json: is a FIFO, not a regular file");
+  fs::remove(index);
+  fs::create_directory(index);
+  expect_fails("model.safetensors.index.json: is a directory");
+  fs::remove(index);
+  std::ofstream(index) << std::string(100000, '[') << std::string(100000, ']');
+  expect_fails("model.safetensors.index.json: invalid JSON: nested more than 64 levels deep");
+  std::ofstream(index) << good << "x";
+  expect_fails("model.safetensors.index.json: invalid JSON");
+  std::ofstream(tmp / "index.json") << good;
+  fs::remove(index);
+  fs::create_symlink(tmp / "index.json", index);
+  expect_fails("model.safetensors.index.json is not a regular file (a symlink)");
+  fs::remove(index);
+  std::ofstream(index) << good;
+  EXPECT_EQ(moepack_cli("verify " + dst), 0);
 }
 
 struct Located {
