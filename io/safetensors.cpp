@@ -429,30 +429,31 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const st
   return f;
 }
 
-void SafetensorsFile::parse_and_validate() {
-  const std::string& file = path_;
-  // 1. Length prefix.
-  if (size_ < 8)
+namespace {
+
+// Steps 1 and 2 of parse_and_validate: the 8-byte length prefix, within the limit and the file.
+uint64_t checked_header_length(const uint8_t* base, uint64_t size, const std::string& file) {
+  if (size < 8)
     throw Error(
         ErrorCode::kHeaderTooSmall, file, "",
-        "file is " + std::to_string(size_) + " bytes, shorter than the 8-byte header length");
-  const uint64_t n = read_u64_le(base_);
+        "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+  const uint64_t n = read_u64_le(base);
   if (n > kMaxSafetensorsHeader)
     throw Error(ErrorCode::kHeaderTooLarge, file, "",
                 "header length " + std::to_string(n) + " exceeds the limit of " +
                     std::to_string(kMaxSafetensorsHeader) + " bytes");
-  // 2. 8 + N <= file size (n <= 1e8 so 8 + n cannot overflow; compare without adding anyway).
-  if (n > size_ - 8)
+  // 8 + N <= file size (n <= 1e8 so 8 + n cannot overflow; compare without adding anyway).
+  if (n > size - 8)
     throw Error(ErrorCode::kInvalidHeaderLength, file, "",
                 "header length " + std::to_string(n) + " runs past the end of the " +
-                    std::to_string(size_) + "-byte file");
-  header_len_ = n;
-  const uint8_t* hdr = base_ + 8;
-  const size_t hlen = static_cast<size_t>(n);
+                    std::to_string(size) + "-byte file");
+  return n;
+}
 
-  // 3. UTF-8, then JSON. NUL and a BOM are checked here because nlohmann's lexer treats NUL as
-  // end of input (which would let bytes after it be smuggled) and skips a leading BOM, while
-  // the reference's serde_json rejects both.
+// Step 3: UTF-8, then JSON, into `sax`. NUL and a BOM are checked here because nlohmann's lexer
+// treats NUL as end of input (which would let bytes after it be smuggled) and skips a leading
+// BOM, while the reference's serde_json rejects both.
+void parse_header_json(const uint8_t* hdr, size_t hlen, const std::string& file, HeaderSax& sax) {
   const size_t bad = first_invalid_utf8(hdr, hlen);
   if (bad != hlen)
     throw Error(ErrorCode::kInvalidHeaderUtf8, file, "",
@@ -464,7 +465,6 @@ void SafetensorsFile::parse_and_validate() {
   if (hlen >= 3 && hdr[0] == 0xEF && hdr[1] == 0xBB && hdr[2] == 0xBF)
     throw Error(ErrorCode::kInvalidHeaderJson, file, "", "header starts with a byte order mark");
 
-  HeaderSax sax;
   const char* jb = reinterpret_cast<const char*>(hdr);
   json::sax_parse(jb, jb + hlen, &sax, json::input_format_t::json, /*strict=*/true,
                   /*ignore_comments=*/false);
@@ -474,11 +474,15 @@ void SafetensorsFile::parse_and_validate() {
   if (sax.root_not_object)
     throw Error(ErrorCode::kInvalidHeaderJson, file, "", "header JSON is not an object");
   if (sax.have_error) throw Error(sax.error_code, file, sax.error_tensor, sax.error_message);
+}
 
-  // 4. Dtypes (header order, so the first bad entry in the file is the one named).
+// Step 4: the entries with their dtypes, in header order (so the first bad entry in the file is
+// the one named).
+std::vector<SafetensorsEntry> typed_entries(std::vector<ParsedEntry>& parsed,
+                                            const std::string& file) {
   std::vector<SafetensorsEntry> entries;
-  entries.reserve(sax.entries.size());
-  for (ParsedEntry& pe : sax.entries) {
+  entries.reserve(parsed.size());
+  for (ParsedEntry& pe : parsed) {
     const auto dt = parse_dtype(pe.dtype);
     if (!dt)
       throw Error(ErrorCode::kUnknownDtype, file, pe.name, "unknown dtype \"" + pe.dtype + "\"");
@@ -490,10 +494,36 @@ void SafetensorsFile::parse_and_validate() {
     e.end = pe.offsets[1];
     entries.push_back(std::move(e));
   }
+  return entries;
+}
 
-  // 5. Offsets and sizes in data order, as Metadata::validate walks them: each tensor must start
-  // where the previous ended (the first at 0), END >= BEGIN, and END - BEGIN must be exactly
-  // prod(shape) * bits / 8, all with checked arithmetic.
+// The exact byte size of one entry's data: prod(shape) * bits / 8, all with checked arithmetic.
+uint64_t checked_data_bytes(const SafetensorsEntry& e, const std::string& file) {
+  uint64_t elems = 1;
+  for (int64_t d : e.shape) {
+    const uint64_t ud = static_cast<uint64_t>(d);
+    if (ud != 0 && elems > UINT64_MAX / ud)
+      throw Error(ErrorCode::kValidationOverflow, file, e.name,
+                  "element count of shape " + shape_str(e.shape) + " overflows 64 bits");
+    elems *= ud;
+  }
+  const uint64_t bits = static_cast<uint64_t>(dtype_bits(e.dtype));
+  if (elems != 0 && elems > UINT64_MAX / bits)
+    throw Error(ErrorCode::kValidationOverflow, file, e.name,
+                "bit count of shape " + shape_str(e.shape) + " x " + dtype_name(e.dtype) +
+                    " overflows 64 bits");
+  const uint64_t total_bits = elems * bits;
+  if (total_bits % 8 != 0)
+    throw Error(ErrorCode::kTensorInvalidInfo, file, e.name,
+                std::to_string(elems) + " elements of " + dtype_name(e.dtype) + " are " +
+                    std::to_string(total_bits) + " bits, not a whole number of bytes");
+  return total_bits / 8;
+}
+
+// Step 5: offsets and sizes in data order, as Metadata::validate walks them: each tensor must
+// start where the previous ended (the first at 0), END >= BEGIN, and END - BEGIN must be exactly
+// its data bytes. Sorts `entries` into data order; returns where the last one ends.
+uint64_t check_data_offsets(std::vector<SafetensorsEntry>& entries, const std::string& file) {
   // Stable: tensors with equal offsets (zero-size ones) keep their header order.
   std::stable_sort(entries.begin(), entries.end(),
                    [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
@@ -514,39 +544,38 @@ void SafetensorsFile::parse_and_validate() {
                   "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "] " +
                       why + " (expected begin " + std::to_string(expected_begin) + ")");
     }
-    uint64_t elems = 1;
-    for (int64_t d : e.shape) {
-      const uint64_t ud = static_cast<uint64_t>(d);
-      if (ud != 0 && elems > UINT64_MAX / ud)
-        throw Error(ErrorCode::kValidationOverflow, file, e.name,
-                    "element count of shape " + shape_str(e.shape) + " overflows 64 bits");
-      elems *= ud;
-    }
-    const uint64_t bits = static_cast<uint64_t>(dtype_bits(e.dtype));
-    if (elems != 0 && elems > UINT64_MAX / bits)
-      throw Error(ErrorCode::kValidationOverflow, file, e.name,
-                  "bit count of shape " + shape_str(e.shape) + " x " + dtype_name(e.dtype) +
-                      " overflows 64 bits");
-    const uint64_t total_bits = elems * bits;
-    if (total_bits % 8 != 0)
-      throw Error(ErrorCode::kTensorInvalidInfo, file, e.name,
-                  std::to_string(elems) + " elements of " + dtype_name(e.dtype) + " are " +
-                      std::to_string(total_bits) + " bits, not a whole number of bytes");
-    if (e.end - e.begin != total_bits / 8)
+    const uint64_t bytes = checked_data_bytes(e, file);
+    if (e.end - e.begin != bytes)
       throw Error(ErrorCode::kTensorInvalidInfo, file, e.name,
                   "data_offsets span " + std::to_string(e.end - e.begin) + " bytes but " +
                       dtype_name(e.dtype) + " " + shape_str(e.shape) + " needs " +
-                      std::to_string(total_bits / 8));
+                      std::to_string(bytes));
     expected_begin = e.end;
   }
+  return expected_begin;
+}
 
+}  // namespace
+
+void SafetensorsFile::parse_and_validate() {
+  const std::string& file = path_;
+  // 1-2. The length prefix.
+  const uint64_t n = checked_header_length(base_, size_, file);
+  header_len_ = n;
+  // 3. UTF-8, then JSON.
+  HeaderSax sax;
+  parse_header_json(base_ + 8, static_cast<size_t>(n), file, sax);
+  // 4. Dtypes.
+  std::vector<SafetensorsEntry> entries = typed_entries(sax.entries, file);
+  // 5. Offsets and sizes.
+  const uint64_t data_end = check_data_offsets(entries, file);
   // 6. The data section is exactly the tensors: no trailing bytes, nothing missing.
   const uint64_t data_len = size_ - 8 - n;
-  if (expected_begin != data_len)
+  if (data_end != data_len)
     throw Error(ErrorCode::kMetadataIncompleteBuffer, file,
                 entries.empty() ? "" : entries.back().name,
-                "tensors cover " + std::to_string(expected_begin) +
-                    " bytes but the data section holds " + std::to_string(data_len));
+                "tensors cover " + std::to_string(data_end) + " bytes but the data section holds " +
+                    std::to_string(data_len));
 
   entries_ = std::move(entries);
   metadata_ = std::move(sax.metadata);

@@ -285,9 +285,8 @@ ManifestLayer parse_layer(const JsonField& f,
   return l;
 }
 
-Manifest parse_fields(const JsonField& root) {
-  root.expect_object();
-  Manifest m;
+// manifest_version, tool and source: what wrote the manifest, and from what.
+void parse_provenance(const JsonField& root, Manifest& m) {
   {
     const JsonField v = root["manifest_version"];
     if (!v.value().is_number_integer())
@@ -310,6 +309,11 @@ Manifest parse_fields(const JsonField& root) {
   m.source.quantization_config = source["quantization_config"].value();
   m.source.model_type = source["model_type"].str();
   m.source.tensor_bytes = source["tensor_bytes"].size();
+}
+
+// target_quant_params, quantize, backend, layout, target_arch, vllm_target, act_dtype, options
+// and deviations: what the conversion was for.
+void parse_target(const JsonField& root, Manifest& m) {
   m.target_quant_params = parse_quant_params(root["target_quant_params"]);
   if (root.has("quantize")) {
     const JsonField q = root["quantize"];
@@ -362,7 +366,10 @@ Manifest parse_fields(const JsonField& root) {
   }
   m.options.vllm_w13_scale_size_k = root["options"]["vllm_w13_scale_size_k"].boolean();
   m.deviations_from_vllm = root["deviations_from_vllm"].strings();
+}
 
+// shards, files, tensors and layers: what the converted checkpoint holds.
+void parse_contents(const JsonField& root, Manifest& m) {
   const JsonField shards = root["shards"];
   std::set<std::string> shard_names;
   for (size_t i = 0, n = shards.array_size(); i < n; ++i) {
@@ -386,9 +393,14 @@ Manifest parse_fields(const JsonField& root) {
   const size_t n = layers.array_size();
   if (n == 0) layers.fail("empty: a converted checkpoint has at least one MoE layer");
   for (size_t i = 0; i < n; ++i) m.layers.push_back(parse_layer(layers.item(i), m.tensors));
+}
 
-  // Layers and converted tensors describe each other exactly: each converted tensor is a
-  // parameter of one layer, led by that layer's expert count; each layer appears once.
+// Layers and converted tensors describe each other exactly: each converted tensor is a
+// parameter of one layer, led by that layer's expert count; each layer appears once.
+void check_layers_cover_tensors(const JsonField& root, const Manifest& m) {
+  const JsonField tensors = root["tensors"];
+  const JsonField layers = root["layers"];
+  const size_t n = m.layers.size();
   std::map<std::string, size_t> layer_of_module, layer_of_param;
   for (size_t i = 0; i < n; ++i) {
     const ManifestLayer& l = m.layers[i];
@@ -414,6 +426,15 @@ Manifest parse_fields(const JsonField& root) {
     if (t.converted && !layer_of_param.count(name))
       tensors.member(name)["action"].fail("\"convert\", but no layer lists " + json_quoted(name) +
                                           " in its params");
+}
+
+Manifest parse_fields(const JsonField& root) {
+  root.expect_object();
+  Manifest m;
+  parse_provenance(root, m);
+  parse_target(root, m);
+  parse_contents(root, m);
+  check_layers_cover_tensors(root, m);
   return m;
 }
 

@@ -409,11 +409,8 @@ void fill_dense(const Item& it, uint64_t seed, std::vector<uint8_t>* bytes) {
   }
 }
 
-}  // namespace
-
-SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
-  const SynthGenerator& gen = synth_generator(o.format);
-  const QuantParams p = generator_params(gen, o);
+// The options synth can make a checkpoint of; returns the format's codec (null: unquantized).
+const SourceCodec* check_synth_options(const SynthOptions& o, const QuantParams& p) {
   const bool quantized = p.method != QuantMethod::kNone;
   if (std::find(synth_families().begin(), synth_families().end(), o.family) ==
       synth_families().end())
@@ -439,12 +436,22 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
       throw Error(ErrorCode::kUsage, "--hidden and --inter must be multiples of " +
                                          std::to_string(align) + " for " + o.format);
   }
+  return codec;
+}
 
+// Qwen3 and DeepSeek checkpoints of more than one layer start with a dense MLP layer.
+bool synth_has_dense_layer(const SynthOptions& o) {
+  return (o.family == "qwen3" || o.family == "deepseek") && o.layers > 1;
+}
+
+// Every tensor of the model (a quantised Linear as one kLinear item), in file order: embeddings,
+// per layer attention, norms and the MLP in the family's naming, final norm and head.
+std::vector<Item> synth_items(const SynthOptions& o, bool quantized) {
   const bool fused = o.family == "fused3d";
   const std::string root = fused ? "model.language_model." : "model.";
   const int64_t H = o.hidden, I = o.inter, E = o.experts;
   const int64_t dense_inter = 2 * I;
-  const bool has_dense_layer = (o.family == "qwen3" || o.family == "deepseek") && o.layers > 1;
+  const bool has_dense_layer = synth_has_dense_layer(o);
 
   std::vector<Item> items;
   auto dense = [&](const std::string& name, Shape shape, Item::Kind kind = Item::Kind::kDense,
@@ -515,9 +522,14 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
   }
   dense(root + "norm.weight", {H}, Item::Kind::kNorm);
   dense("lm_head.weight", {o.vocab, H});
+  return items;
+}
 
-  // Output names, dtypes and shapes of each quantised Linear, probed once per (n, k) by packing
-  // a legal all-zero-weight quantisation through the format's own codec.
+// Each item's output tensors: a dense one is itself; a quantised Linear's names, dtypes and
+// shapes are probed once per (n, k) by packing a legal all-zero-weight quantisation through the
+// format's own codec.
+void plan_item_outputs(std::vector<Item>& items, const SynthGenerator& gen,
+                       const SourceCodec* codec, const SynthOptions& o, const QuantParams& p) {
   std::map<std::pair<int64_t, int64_t>, std::vector<SafetensorsEntry>> probe;
   for (auto& it : items) {
     if (it.kind != Item::Kind::kLinear) {
@@ -537,12 +549,12 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
       it.outputs.push_back(e);
     }
   }
-  std::vector<SafetensorsEntry> all;
-  for (const auto& it : items) all.insert(all.end(), it.outputs.begin(), it.outputs.end());
-  ShardPlan plan = plan_shards(all, o.max_shard_bytes);
+}
 
-  AtomicOutputDir out(out_dir, o.force, {});
-  ShardedWriter writer(out.path(), plan);
+// The random values of every item (seeded by its name: threads do not change them), quantised
+// Linears packed by the format's codec.
+void write_items(ShardedWriter& writer, const std::vector<Item>& items, const SynthGenerator& gen,
+                 const SourceCodec* codec, const SynthOptions& o, const QuantParams& p) {
   parallel_for(static_cast<int64_t>(items.size()), o.threads, [&](int64_t b, int64_t e) {
     std::vector<uint8_t> bytes;
     for (int64_t i = b; i < e; ++i) {
@@ -560,8 +572,13 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     }
   });
   writer.finish();
+}
 
-  // config.json like the real producers write it.
+// config.json like the real producers write it, without its quantization_config.
+json synth_config_json(const SynthOptions& o) {
+  const int64_t H = o.hidden, I = o.inter, E = o.experts;
+  const int64_t dense_inter = 2 * I;
+  const bool has_dense_layer = synth_has_dense_layer(o);
   json cfg;
   const int64_t heads = 4, kv_heads = 2;
   json text = {{"hidden_size", H},
@@ -609,7 +626,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     text["norm_topk_prob"] = true;
     text["decoder_sparse_step"] = 1;
     text["mlp_only_layers"] = has_dense_layer ? json::array({0}) : json::array();
-    if (fused) {
+    if (o.family == "fused3d") {
       text["model_type"] = "qwen3_vl_moe_text";
       cfg = {{"architectures", {"Qwen3VLMoeForConditionalGeneration"}},
              {"model_type", "qwen3_vl_moe"},
@@ -623,6 +640,25 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
     }
   }
   cfg["transformers_version"] = "4.57.1";
+  return cfg;
+}
+
+}  // namespace
+
+SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
+  const SynthGenerator& gen = synth_generator(o.format);
+  const QuantParams p = generator_params(gen, o);
+  const SourceCodec* codec = check_synth_options(o, p);
+  std::vector<Item> items = synth_items(o, codec != nullptr);
+  plan_item_outputs(items, gen, codec, o, p);
+  std::vector<SafetensorsEntry> all;
+  for (const auto& it : items) all.insert(all.end(), it.outputs.begin(), it.outputs.end());
+  ShardPlan plan = plan_shards(all, o.max_shard_bytes);
+
+  AtomicOutputDir out(out_dir, o.force, {});
+  ShardedWriter writer(out.path(), plan);
+  write_items(writer, items, gen, codec, o, p);
+  json cfg = synth_config_json(o);
   if (gen.quant_config) cfg["quantization_config"] = gen.quant_config(o, p);
   auto write_json = [&](const std::string& name, const json& j) {
     const std::string path = out.path() + "/" + name;
