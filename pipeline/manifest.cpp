@@ -361,7 +361,7 @@ void parse_target(const JsonField& root, Manifest& m) {
   {
     const JsonField act = root["act_dtype"];
     m.act_dtype = act.dtype();
-    if (m.act_dtype != DType::kBF16 && m.act_dtype != DType::kF16)
+    if (!is_act_dtype(m.act_dtype))
       act.fail("expected \"BF16\" or \"F16\", got " + json_excerpt(act.value()));
   }
   m.options.vllm_w13_scale_size_k = root["options"]["vllm_w13_scale_size_k"].boolean();

@@ -330,7 +330,7 @@ ConvertOptions part_options_from_json(const json& j, const std::string& file) {
   o.target_arch = options["target_arch"].str();
   const JsonField act = options["act_dtype"];
   o.act_dtype = act.dtype();
-  if (o.act_dtype != DType::kBF16 && o.act_dtype != DType::kF16)
+  if (!is_act_dtype(o.act_dtype))
     act.fail("expected \"BF16\" or \"F16\", got " + json_excerpt(act.value()));
   o.quantize = options["quantize"].str();
   o.mx_recipe = options["mx_recipe"].str();

@@ -134,7 +134,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   } else {
     plan.source_codec = find_source_codec(plan.source_quant.method);
   }
-  if (opts.act_dtype != DType::kBF16 && opts.act_dtype != DType::kF16)
+  if (!is_act_dtype(opts.act_dtype))
     throw Error(ErrorCode::kUsage, "--act-dtype must be bf16 or fp16");
   if (opts.chunk_bytes == 0) throw Error(ErrorCode::kUsage, "--chunk-size must be positive");
   if (!ckpt.config().moepack_quant.is_null())

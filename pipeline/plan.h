@@ -17,6 +17,12 @@
 
 namespace moepack {
 
+// The activation dtypes a converted checkpoint is served in (--act-dtype bf16|fp16; Marlin
+// stores its scales in it). make_plan, the manifest and part.json readers hold to it.
+inline bool is_act_dtype(DType d) {
+  return d == DType::kBF16 || d == DType::kF16;
+}
+
 // A field that changes the output bytes must also be recorded for `merge` in part_options_json /
 // part_options_from_json (pipeline/parts.cpp): merge re-plans from the recorded flags, and a
 // forgotten one makes every part look foreign (exit 3), never a silently different output.
