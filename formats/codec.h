@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "formats/layout/moe_reader.h"
 
 namespace moepack {
 
@@ -226,7 +228,7 @@ struct LayoutOptions {
   // commit (the golden fixtures describe it); the CLI defaults to newest_vllm_target().
   VllmTarget vllm_target = VllmTarget::kV2026_05;
   // The layer's real intermediate size when the layout pads it (0: as the parameters say):
-  // unpack drops the padding back to it, expert_matmul reads and writes this many channels.
+  // unpack drops the padding back to it, the layout's reader reads and writes this many channels.
   int64_t inter = 0;
   std::string prefix;  // "model.layers.3.mlp.experts." (+ the target's param_child) prepended
   // Which checkpoint format the experts came from: picks vLLM's parameter names
@@ -253,6 +255,11 @@ struct ParamSpec {
   }
 };
 
+// Where the bytes of a named parameter live for a reader (host or device pointer); host_tensor is
+// the tensor under that name in the parameters the reader is built from.
+using ParamLocator =
+    std::function<const void*(const std::string& param_name, const Tensor& host_tensor)>;
+
 // A backend layout: one MoE layer's stacked experts <-> the kernel's parameters, named and
 // shaped like vLLM's FusedMoE parameters after process_weights_after_loading.
 struct TargetLayout {
@@ -270,11 +277,18 @@ struct TargetLayout {
   std::vector<Tensor> (*pack)(const LayoutOptions&, const MoeExperts&);
   // Recovers exactly what pack consumed (scales in the layout's dtype).
   MoeExperts (*unpack)(const LayoutOptions&, const TensorMap& params_by_name);
-  // y[M, N] = x[M, K] . W_e^T for one expert's w13 or w2, computed by reading the packed
-  // parameters the way the kernel reads them (tiles, shuffled rows, swizzled scales, permuted
-  // activations for act-order) -- never by calling unpack first. float accumulate.
-  void (*expert_matmul)(const LayoutOptions&, const TensorMap& params_by_name, MoeProj proj,
-                        int64_t expert, const float* x, int64_t m, float* y);
+  // The kernel's view (formats/layout/moe_reader.h): the reader kind make_reader fills, what the
+  // serving kernel does to the activations entering each GEMM, and the builder of one
+  // projection's reader over a chunk of experts (every expert params_by_name holds: a whole
+  // layer or a slice along the leading expert dimension). make_reader validates the parameters
+  // as unpack does (same error codes, naming the parameter) and reads them the way the kernel
+  // does (tiles, shuffled rows, swizzled scales, permuted activations for act-order) -- never by
+  // calling unpack. reader_expert_matmul (formats/moe_reader.h) multiplies through it on the CPU,
+  // kernels/ on the GPU.
+  reader::Kind reader_kind;
+  reader::ActQuant (*act_quant)(const LayoutOptions&);
+  reader::ProjReader (*make_reader)(const LayoutOptions&, const TensorMap& params_by_name,
+                                    MoeProj proj, const ParamLocator& locate);
   // Human-readable ways this layout deliberately differs from what vLLM's loader would write
   // for experts of this shape (recorded per layer in moepack.json); empty when identical.
   std::vector<std::string> (*deviations_from_vllm)(const LayoutOptions&, const MoeShape&);
@@ -319,7 +333,7 @@ std::string supported_formats_text();
 
 // Generic helpers shared by codecs.
 // y[i, n] = x[i, :] . w_row for i < m (x [m, k] and y [m, ldy] row-major): the output column of
-// one decoded weight row, as each layout's expert_matmul produces it (float accumulate).
+// one decoded weight row, as reader_expert_matmul produces it (float accumulate in column order).
 void dot_weight_row_into_column(const float* x, int64_t m, int64_t k, const float* w_row, float* y,
                                 int64_t ldy, int64_t n);
 // Whether w13 and w2 form one MoE layer (same experts, w13 K == w2 N, w13 N == (2 if gated) x

@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 #include "formats/layout/marlin_layout.h"
+#include "formats/moe_reader.h"
 #include "formats/wna16_util.h"
 
 namespace moepack {
@@ -56,10 +57,6 @@ uint16_t scale_to_act(const uint8_t* p, DType from, DType act, const std::string
   uint16_t h = 0;
   convert_scale(p, from, act, reinterpret_cast<uint8_t*>(&h), what);
   return h;
-}
-
-float act_to_float(uint16_t h, DType act) {
-  return act == DType::kBF16 ? bf16_to_float(h) : f16_to_float(h);
 }
 
 void check_act_dtype(DType act) {
@@ -757,6 +754,51 @@ MarlinLayerView marlin_read_layer(const LayoutOptions& opts, const TensorMap& pa
   return out;
 }
 
+reader::ActQuant marlin_act_quant(const LayoutOptions& lo) {
+  return act_quant_16bit(lo);
+}
+
+reader::ProjReader marlin_make_reader(const LayoutOptions& lo, const TensorMap& params,
+                                      MoeProj proj, const ParamLocator& locate) {
+  const MarlinLayerView L = marlin_read_layer(lo, params);
+  const MarlinLayerView::Proj& v = L.proj[proj == MoeProj::kW13 ? 0 : 1];
+  const int64_t shards = lo.gated ? 2 : 1;
+  // The real I when the target padded it (read_layer accepted lo.inter as its padding).
+  const int64_t I = lo.inter > 0 && lo.inter < L.inter ? lo.inter : L.inter;
+  const std::string& pre = lo.prefix;
+  reader::ProjReader r = blank_reader(reader::Kind::kMarlin, marlin_act_quant(lo));
+  r.experts = L.experts;
+  r.n = proj == MoeProj::kW13 ? shards * I : L.hidden;
+  r.k = proj == MoeProj::kW13 ? L.hidden : I;
+  reader::MarlinParams& m = r.marlin;
+  m.qweight = static_cast<const uint32_t*>(locate_param(locate, params, pre + v.names.qweight));
+  m.scales = static_cast<const uint16_t*>(locate_param(locate, params, pre + v.names.scales));
+  if (v.zero_points)
+    m.qzeros = static_cast<const uint32_t*>(locate_param(locate, params, pre + v.names.qzeros));
+  if (v.act_order) {
+    m.g_idx = static_cast<const int32_t*>(locate_param(locate, params, pre + v.names.g_idx));
+    m.sort_indices =
+        static_cast<const int32_t*>(locate_param(locate, params, pre + v.names.sort_indices));
+  }
+  m.bits = L.bits;
+  m.a8 = lo.a8 ? 1 : 0;
+  m.scale_type = lo.act_dtype == DType::kBF16 ? reader::kScaleBf16 : reader::kScaleF16;
+  // The kernel's rule (ops.cu: grouped iff more than one group and 16-bit activations), whatever
+  // rule the loader used -- so a loader that permuted differently reads wrong here, as it would
+  // in the kernel.
+  m.grouped_scales = !lo.a8 && v.groups > 1 ? 1 : 0;
+  m.padded_w13 = proj == MoeProj::kW13 && I != L.inter ? 1 : 0;
+  m.kp = v.k;
+  m.np = v.n;
+  m.groups = v.groups;
+  m.group_size = L.group_size > 0 && v.groups > 1 ? L.group_size : 0;
+  m.inter = I;
+  m.padded_inter = L.inter;
+  m.tiles_n = v.n / marlin::tile_n(lo.a8);
+  m.words_per_expert = v.k * v.n / pack_factor(L.bits);
+  return r;
+}
+
 namespace {
 
 // Every parameter decoded, padding included; `rule_inter` is the I the scale rule was given.
@@ -821,104 +863,6 @@ MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params)
   if (opts.inter > 0 && opts.inter < L.I)
     return crop_intermediate(opts, unpack_padded(opts, L, opts.inter), opts.inter);
   return unpack_padded(opts, L, L.I);
-}
-
-// ---- the kernel's view: matmul straight from the parameters ------------------------------------
-
-void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params, MoeProj proj,
-                          int64_t expert, const float* x, int64_t m, float* y) {
-  const LayerView L = read_layer(opts, params);
-  if (opts.inter > 0 && opts.inter < L.I) {
-    // vLLM pads the activations into w2 and slices w13's output on every forward.
-    LayoutOptions whole = opts;
-    whole.inter = 0;
-    const int64_t I = opts.inter, ip = L.I, H = L.H;
-    if (proj == MoeProj::kW2) {
-      std::vector<float> xp(static_cast<size_t>(m * ip), 0.0f);
-      for (int64_t r = 0; r < m; ++r) std::copy(x + r * I, x + (r + 1) * I, xp.begin() + r * ip);
-      marlin_expert_matmul(whole, params, proj, expert, xp.data(), m, y);
-      return;
-    }
-    const int64_t shards = opts.gated ? 2 : 1;
-    std::vector<float> yp(static_cast<size_t>(m * shards * ip));
-    marlin_expert_matmul(whole, params, proj, expert, x, m, yp.data());
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t s = 0; s < shards; ++s)
-        std::copy(yp.begin() + r * shards * ip + s * ip, yp.begin() + r * shards * ip + s * ip + I,
-                  y + r * shards * I + s * I);
-    (void)H;
-    return;
-  }
-  const ProjView& v = L.p[proj == MoeProj::kW13 ? 0 : 1];
-  const int64_t K = v.K, N = v.N, G = v.G;
-  if (expert < 0 || expert >= v.E)
-    throw Error(ErrorCode::kBadValue, "", opts.prefix + v.names.qweight,
-                "expert " + num(expert) + " outside [0, " + num(v.E) + ")");
-  const int bits = L.bits, pf = pack_factor(bits), T = marlin::words_per_tile(bits);
-  const uint32_t mask = (1u << bits) - 1u;
-
-  // Activations as the kernel sees them: act-order permutes the columns (permute_cols_kernel),
-  // and the group of permuted row k is the *stored* (sorted) g_idx[k].
-  std::vector<float> xp(static_cast<size_t>(m * K));
-  std::vector<int32_t> group(static_cast<size_t>(K));
-  if (v.act_order) {
-    const std::vector<int32_t> s = read_sort(v, expert, opts.prefix + v.names.sort_indices);
-    const int32_t* gs = v.g_idx->as<int32_t>() + expert * K;
-    for (int64_t k = 0; k < K; ++k) {
-      if (gs[k] < 0 || gs[k] >= G)
-        throw Error(ErrorCode::kBadValue, "", opts.prefix + v.names.g_idx,
-                    "g_idx[" + num(k) + "] = " + num(gs[k]) + " outside [0, " + num(G) + ")");
-      group[static_cast<size_t>(k)] = gs[k];
-      for (int64_t r = 0; r < m; ++r)
-        xp[static_cast<size_t>(r * K + k)] = x[r * K + s[static_cast<size_t>(k)]];
-    }
-  } else {
-    std::copy(x, x + m * K, xp.begin());
-    for (int64_t k = 0; k < K; ++k)
-      group[static_cast<size_t>(k)] =
-          static_cast<int32_t>(L.group_size > 0 && G > 1 ? k / L.group_size : 0);
-  }
-
-  // Scale (g, n) lives at the position the kernel's layout puts it: the kernel picks the grouped
-  // layout iff there is more than one group and activations are 16-bit (ops.cu), whatever rule
-  // the loader used -- so a loader that permuted differently gives a wrong product here.
-  const bool grouped = !opts.a8 && G > 1;
-  const std::vector<int32_t> sinv = invert_permutation(scale_perm(grouped));
-  const int64_t sc = marlin::scale_chunk(grouped);
-  const uint16_t* sp = v.scales->as<uint16_t>() + expert * G * N;
-  const auto scale_at = [&](int64_t g, int64_t n) {
-    const int64_t j = g * N + n;
-    return act_to_float(sp[(j / sc) * sc + sinv[static_cast<size_t>(j % sc)]], opts.act_dtype);
-  };
-  const std::vector<int32_t> zinv = invert_permutation(zero_point_perm(bits, opts.a8));
-  const uint32_t* zw = v.qzeros ? v.qzeros->as<uint32_t>() + expert * G * (N / pf) : nullptr;
-  const float bias = static_cast<float>(1 << (bits - 1));
-  const auto zero_at = [&](int64_t g, int64_t n) {
-    if (!zw) return bias;  // uint4b8 / uint8b128
-    const int64_t j = g * N + n;
-    const int64_t pos = (j / 64) * 64 + zinv[static_cast<size_t>(j % 64)];
-    return static_cast<float>((zw[pos / pf] >> (bits * (pos % pf))) & mask);
-  };
-
-  std::fill(y, y + m * N, 0.0f);
-  const uint32_t* words = v.qweight->as<uint32_t>() + expert * (K * N / pf);
-  const int64_t ntiles_n = N / marlin::tile_n(opts.a8);
-  const int64_t ntiles = (K / marlin::tile_k(opts.a8)) * ntiles_n;
-  for (int64_t tau = 0; tau < ntiles; ++tau) {
-    const int64_t kt = tau / ntiles_n, nt = tau % ntiles_n;
-    for (int r = 0; r < T; ++r) {
-      const uint32_t w = words[tau * T + r];
-      for (int f = 0; f < pf; ++f) {
-        int64_t kk, nn;
-        marlin::word_field_coords(bits, opts.a8, kt, nt, r, f, &kk, &nn);
-        const int64_t g = group[static_cast<size_t>(kk)];
-        const float code = static_cast<float>((w >> (bits * f)) & mask);
-        const float wv = (code - zero_at(g, nn)) * scale_at(g, nn);
-        for (int64_t row = 0; row < m; ++row)
-          y[row * N + nn] += xp[static_cast<size_t>(row * K + kk)] * wv;
-      }
-    }
-  }
 }
 
 // ---- deviations

@@ -19,8 +19,6 @@ namespace moepack {
 
 std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts& experts);
 MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
-void marlin_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name, MoeProj proj,
-                          int64_t expert, const float* x, int64_t m, float* y);
 std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
                                                      const MoeShape& shape);
 std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts);
@@ -44,9 +42,9 @@ struct MarlinParamNames {
 };
 MarlinParamNames marlin_param_names(QuantMethod source_method, MoeProj proj);
 
-// The layer as read_layer validates it for unpack and expert_matmul (same errors), with the
-// act-order parameters of every expert checked as expert_matmul checks one (sort indices a
-// permutation, sorted g_idx inside [0, G)): what the GPU readers (formats/moe_reader.h) need.
+// The layer as read_layer validates it for unpack (same errors), with the act-order parameters
+// of every expert checked (sort indices a permutation, sorted g_idx inside [0, G)): what the
+// reader (marlin_make_reader) needs.
 struct MarlinLayerView {
   struct Proj {
     MarlinParamNames names;            // without opts.prefix
@@ -58,6 +56,12 @@ struct MarlinLayerView {
   int bits = 4;
 };
 MarlinLayerView marlin_read_layer(const LayoutOptions& opts, const TensorMap& params_by_name);
+// The row's reader (TargetLayout::make_reader): one projection of the experts params_by_name
+// holds, read as the Marlin MoE kernel reads them (the kernel's scale rule, whatever rule the
+// loader used; the padded intermediate hidden); act_quant: the activation dtype.
+reader::ProjReader marlin_make_reader(const LayoutOptions& opts, const TensorMap& params_by_name,
+                                      MoeProj proj, const ParamLocator& locate);
+reader::ActQuant marlin_act_quant(const LayoutOptions& opts);
 
 // Scale permutation choice for one projection (§4.2-4.3). Kernel rule: grouped iff the
 // projection has more than one group and not a8. With opts.vllm_w13_scale_size_k, vLLM's loader

@@ -1,23 +1,22 @@
 #include "formats/moe_reader.h"
 
+#include <algorithm>
 #include <cstring>
-
-#include "formats/marlin.h"
-#include "formats/triton_int8.h"
-#include "formats/triton_wna16.h"
-#include "formats/trtllm_fp8_block.h"
-#include "formats/trtllm_mxfp8.h"
+#include <vector>
 
 namespace moepack {
-namespace {
 
 using reader::ActQuant;
 using reader::Kind;
 using reader::ProjReader;
 
+namespace {
+
 std::string num(int64_t v) {
   return std::to_string(v);
 }
+
+}  // namespace
 
 ProjReader blank_reader(Kind kind, ActQuant act) {
   ProjReader r;
@@ -27,7 +26,7 @@ ProjReader blank_reader(Kind kind, ActQuant act) {
   return r;
 }
 
-int32_t scale_type_of(DType d, const std::string& what) {
+int32_t reader_scale_type(DType d, const std::string& what) {
   switch (d) {
     case DType::kF16:
       return reader::kScaleF16;
@@ -42,7 +41,8 @@ int32_t scale_type_of(DType d, const std::string& what) {
   }
 }
 
-const void* located(const ParamLocator& locate, const TensorMap& params, const std::string& name) {
+const void* locate_param(const ParamLocator& locate, const TensorMap& params,
+                         const std::string& name) {
   const Tensor& t = require_tensor(params, name);
   const void* p = locate(name, t);
   if (!p && !t.data.empty())
@@ -50,119 +50,9 @@ const void* located(const ParamLocator& locate, const TensorMap& params, const s
   return p;
 }
 
-// ---- Marlin ----------------------------------------------------------------------------------
-
-ProjReader marlin_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
-                         const ParamLocator& locate) {
-  const MarlinLayerView L = marlin_read_layer(lo, params);
-  const MarlinLayerView::Proj& v = L.proj[proj == MoeProj::kW13 ? 0 : 1];
-  const int64_t shards = lo.gated ? 2 : 1;
-  // The real I when the target padded it (read_layer accepted lo.inter as its padding).
-  const int64_t I = lo.inter > 0 && lo.inter < L.inter ? lo.inter : L.inter;
-  const std::string& pre = lo.prefix;
-  ProjReader r =
-      blank_reader(Kind::kMarlin, lo.act_dtype == DType::kBF16 ? ActQuant::kBf16 : ActQuant::kFp16);
-  r.experts = L.experts;
-  r.n = proj == MoeProj::kW13 ? shards * I : L.hidden;
-  r.k = proj == MoeProj::kW13 ? L.hidden : I;
-  r.p[0] = located(locate, params, pre + v.names.qweight);
-  r.p[1] = located(locate, params, pre + v.names.scales);
-  if (v.zero_points) r.p[2] = located(locate, params, pre + v.names.qzeros);
-  if (v.act_order) {
-    r.p[3] = located(locate, params, pre + v.names.g_idx);
-    r.p[4] = located(locate, params, pre + v.names.sort_indices);
-  }
-  const int pf = 32 / L.bits;
-  r.i32[0] = L.bits;
-  r.i32[1] = lo.a8 ? 1 : 0;
-  r.i32[2] = lo.act_dtype == DType::kBF16 ? reader::kScaleBf16 : reader::kScaleF16;
-  // The kernel's rule (marlin_expert_matmul), whatever rule the loader used.
-  r.i32[3] = !lo.a8 && v.groups > 1 ? 1 : 0;
-  r.i32[4] = proj == MoeProj::kW13 && I != L.inter ? 1 : 0;
-  r.i64[0] = v.k;
-  r.i64[1] = v.n;
-  r.i64[2] = v.groups;
-  r.i64[3] = L.group_size > 0 && v.groups > 1 ? L.group_size : 0;
-  r.i64[4] = I;
-  r.i64[5] = L.inter;
-  r.i64[6] = v.n / marlin::tile_n(lo.a8);
-  r.i64[7] = v.k * v.n / pf;
-  return r;
+ActQuant act_quant_16bit(const LayoutOptions& lo) {
+  return lo.act_dtype == DType::kF16 ? ActQuant::kFp16 : ActQuant::kBf16;
 }
-
-// ---- Triton WNA16 ------------------------------------------------------------------------------
-
-ProjReader triton_wna16_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
-                               const ParamLocator& locate) {
-  const TritonWna16LayerView L = triton_wna16_read_layer(lo, params);
-  const TritonWna16LayerView::Proj& v = L.proj[proj == MoeProj::kW13 ? 0 : 1];
-  ProjReader r = blank_reader(Kind::kTritonWna16,
-                              lo.act_dtype == DType::kF16 ? ActQuant::kFp16 : ActQuant::kBf16);
-  r.experts = L.experts;
-  r.n = v.n;
-  r.k = v.k;
-  r.p[0] = located(locate, params, v.qweight);
-  r.p[1] = located(locate, params, v.scales);
-  if (!v.qzeros.empty()) r.p[2] = located(locate, params, v.qzeros);
-  r.i32[0] = L.bits;
-  r.i32[1] = lo.act_dtype == DType::kF16 ? reader::kScaleF16 : reader::kScaleBf16;
-  r.i64[0] = v.row_bytes;
-  r.i64[1] = v.scale_cols;
-  r.i64[2] = L.kernel_group_size;
-  return r;
-}
-
-// ---- Triton W8A8 int8 --------------------------------------------------------------------------
-
-ProjReader triton_int8_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
-                              const ParamLocator& locate) {
-  const TritonInt8LayerView L = triton_int8_read_layer(lo, params);
-  const int i = proj == MoeProj::kW13 ? 0 : 1;
-  const std::string w = lo.prefix + (i == 0 ? "w13_" : "w2_");
-  ProjReader r = blank_reader(Kind::kTritonInt8, ActQuant::kInt8PerToken);
-  r.experts = L.experts;
-  r.n = L.n[i];
-  r.k = L.k[i];
-  r.p[0] = located(locate, params, w + "weight");
-  r.p[1] = located(locate, params, w + "weight_scale");
-  return r;
-}
-
-// ---- TRT-LLM MXFP8 and FP8 block -------------------------------------------------------------
-
-ProjReader trtllm_mxfp8_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
-                               const ParamLocator& locate) {
-  const TrtllmLayerView L = trtllm_mxfp8_read_layer(lo, params);
-  const bool w13 = proj == MoeProj::kW13;
-  const std::string w = lo.prefix + (w13 ? "w13_" : "w2_");
-  ProjReader r = blank_reader(Kind::kTrtllmMxfp8, ActQuant::kMxfp8Block32);
-  r.experts = L.experts;
-  r.n = w13 ? L.w13_rows : L.hidden;
-  r.k = w13 ? L.hidden : L.inter;
-  r.p[0] = located(locate, params, w + "weight");
-  r.p[1] = located(locate, params, w + "weight_scale");
-  r.i32[0] = w13 && lo.gated ? 1 : 0;
-  r.i64[0] = r.k / 32;
-  return r;
-}
-
-ProjReader trtllm_fp8_block_reader(const LayoutOptions& lo, const TensorMap& params, MoeProj proj,
-                                   const ParamLocator& locate) {
-  const TrtllmLayerView L = trtllm_fp8_block_read_layer(lo, params);
-  const bool w13 = proj == MoeProj::kW13;
-  const std::string w = lo.prefix + (w13 ? "w13_" : "w2_");
-  ProjReader r = blank_reader(Kind::kTrtllmFp8Block, ActQuant::kFp8PerTokenGroup128);
-  r.experts = L.experts;
-  r.n = w13 ? L.w13_rows : L.hidden;
-  r.k = w13 ? L.hidden : L.inter;
-  r.p[0] = located(locate, params, w + "weight");
-  r.p[1] = located(locate, params, w + "weight_scale_inv");
-  r.i32[0] = w13 && lo.gated ? 1 : 0;
-  r.i64[0] = r.k / 128;
-  return r;
-}
-
-}  // namespace
 
 const void* host_param(const std::string&, const Tensor& host_tensor) {
   return host_tensor.data.data();
@@ -170,48 +60,6 @@ const void* host_param(const std::string&, const Tensor& host_tensor) {
 
 const void* host_buffer(const void* host_ptr, size_t) {
   return host_ptr;
-}
-
-Kind reader_kind_of(const TargetLayout& layout) {
-  const std::string name = layout.name;
-  if (name == "marlin") return Kind::kMarlin;
-  if (name == "triton-wna16") return Kind::kTritonWna16;
-  if (name == "triton-int8") return Kind::kTritonInt8;
-  if (name == "trtllm-mxfp8") return Kind::kTrtllmMxfp8;
-  if (name == "trtllm-fp8-block") return Kind::kTrtllmFp8Block;
-  throw Error(ErrorCode::kUnsupported, "", name, "no GPU reader for layout " + name);
-}
-
-ActQuant act_quant_of(const TargetLayout& layout, const LayoutOptions& lo) {
-  switch (reader_kind_of(layout)) {
-    case Kind::kMarlin:
-    case Kind::kTritonWna16:
-      return lo.act_dtype == DType::kF16 ? ActQuant::kFp16 : ActQuant::kBf16;
-    case Kind::kTritonInt8:
-      return ActQuant::kInt8PerToken;
-    case Kind::kTrtllmMxfp8:
-      return ActQuant::kMxfp8Block32;
-    case Kind::kTrtllmFp8Block:
-      return ActQuant::kFp8PerTokenGroup128;
-    default:
-      return ActQuant::kNone;
-  }
-}
-
-ProjReader make_layout_reader(const TargetLayout& layout, const LayoutOptions& lo,
-                              const TensorMap& params, MoeProj proj, const ParamLocator& locate) {
-  switch (reader_kind_of(layout)) {
-    case Kind::kMarlin:
-      return marlin_reader(lo, params, proj, locate);
-    case Kind::kTritonWna16:
-      return triton_wna16_reader(lo, params, proj, locate);
-    case Kind::kTritonInt8:
-      return triton_int8_reader(lo, params, proj, locate);
-    case Kind::kTrtllmMxfp8:
-      return trtllm_mxfp8_reader(lo, params, proj, locate);
-    default:
-      return trtllm_fp8_block_reader(lo, params, proj, locate);
-  }
 }
 
 ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const BufferLocator& locate) {
@@ -226,11 +74,12 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
     if (!d) throw Error(ErrorCode::kInternal, "", "canonical reader", "the locator returned null");
     return d;
   };
-  r.p[0] = at(q.codes.data(), q.codes.size());
-  r.p[1] = at(q.scales.data(), q.scales.size());
-  if (!q.symmetric) r.p[2] = at(q.zeros.data(), q.zeros.size());
-  if (!q.g_idx.empty()) r.p[3] = at(q.g_idx.data(), q.g_idx.size() * 4);
+  reader::CanonicalParams& c = r.canonical;
+  c.codes = static_cast<const uint8_t*>(at(q.codes.data(), q.codes.size()));
+  c.scales = at(q.scales.data(), q.scales.size());
+  if (!q.symmetric) c.zeros = static_cast<const uint8_t*>(at(q.zeros.data(), q.zeros.size()));
   if (!q.g_idx.empty()) {  // weight() follows g_idx into the scales
+    c.g_idx = static_cast<const int32_t*>(at(q.g_idx.data(), q.g_idx.size() * 4));
     const int64_t G = q.groups();
     for (size_t i = 0; i < q.g_idx.size(); ++i)
       if (q.g_idx[i] < 0 || q.g_idx[i] >= G)
@@ -238,16 +87,81 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
                     "g_idx[" + num(static_cast<int64_t>(i)) + "] = " + num(q.g_idx[i]) +
                         " outside [0, " + num(G) + ")");
   }
-  r.i32[0] = q.kind == CodeKind::kUint  ? reader::kCodeUint
-             : q.kind == CodeKind::kInt ? reader::kCodeInt
-                                        : reader::kCodeFp8;
-  r.i32[1] = q.bits;
-  r.i32[2] = scale_type_of(q.scale_dtype, "scales");
-  r.i64[0] = q.group_size;
-  r.i64[1] = q.groups();
-  r.i64[2] = q.scale_block_n;
-  r.i64[3] = q.scale_rows();
+  c.code_type = q.kind == CodeKind::kUint  ? reader::kCodeUint
+                : q.kind == CodeKind::kInt ? reader::kCodeInt
+                                           : reader::kCodeFp8;
+  c.bits = q.bits;
+  c.scale_type = reader_scale_type(q.scale_dtype, "scales");
+  c.group_size = q.group_size;
+  c.groups = q.groups();
+  c.scale_block_n = q.scale_block_n;
+  c.scale_rows = q.scale_rows();
   return r;
+}
+
+// ---- the generic expert matmul ---------------------------------------------------------------
+
+namespace {
+
+// Output rows decoded together: their dot products run as independent chains (each still sums
+// its K products in column order, so the result equals one row at a time bit for bit).
+constexpr int64_t kRowsAtOnce = 4;
+
+// y[i, n0 + j] = x[i, :] . w[j, :] for j < rows, i < m (x [m, k], w [rows, k], y [m, ldy]).
+void dot_rows(const float* x, int64_t m, int64_t k, const float* w, int64_t rows, float* y,
+              int64_t ldy, int64_t n0) {
+  if (rows != kRowsAtOnce) {
+    for (int64_t j = 0; j < rows; ++j)
+      dot_weight_row_into_column(x, m, k, w + j * k, y, ldy, n0 + j);
+    return;
+  }
+  const float *w0 = w, *w1 = w + k, *w2 = w + 2 * k, *w3 = w + 3 * k;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float v = xi[kk];
+      a0 += v * w0[kk];
+      a1 += v * w1[kk];
+      a2 += v * w2[kk];
+      a3 += v * w3[kk];
+    }
+    float* yi = y + i * ldy + n0;
+    yi[0] = a0;
+    yi[1] = a1;
+    yi[2] = a2;
+    yi[3] = a3;
+  }
+}
+
+}  // namespace
+
+void reader_expert_matmul(const ProjReader& r, int64_t expert, const float* x, int64_t m,
+                          float* y) {
+  if (expert < 0 || expert >= r.experts)
+    throw Error(ErrorCode::kBadValue, "", "expert",
+                "expert " + num(expert) + " outside the reader's [0, " + num(r.experts) + ")");
+  const int64_t N = r.n, K = r.k;
+  // Activations in the layout's column order (act-order permutes them), gathered once.
+  std::vector<int64_t> col(static_cast<size_t>(K));
+  reader::act_cols(r, expert, col.data());
+  bool identity = true;
+  for (int64_t kk = 0; kk < K; ++kk) identity = identity && col[static_cast<size_t>(kk)] == kk;
+  std::vector<float> gathered;
+  const float* xs = x;
+  if (!identity) {
+    gathered.resize(static_cast<size_t>(m * K));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t kk = 0; kk < K; ++kk)
+        gathered[static_cast<size_t>(i * K + kk)] = x[i * K + col[static_cast<size_t>(kk)]];
+    xs = gathered.data();
+  }
+  std::vector<float> w(static_cast<size_t>(kRowsAtOnce * K));
+  for (int64_t n0 = 0; n0 < N; n0 += kRowsAtOnce) {
+    const int64_t rows = std::min(kRowsAtOnce, N - n0);
+    for (int64_t j = 0; j < rows; ++j) reader::weight_row(r, expert, n0 + j, w.data() + j * K);
+    dot_rows(xs, m, K, w.data(), rows, y, N, n0);
+  }
 }
 
 }  // namespace moepack

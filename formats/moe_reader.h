@@ -1,12 +1,15 @@
-// Host side of the GPU layout readers (formats/layout/moe_reader.h): validate a layer's converted
-// parameters the way the layout's unpack does (same error codes, naming the parameter) and fill
-// a reader whose pointers are wherever the caller keeps the bytes (host memory in the CPU tests,
-// device memory in kernels/). A corrupted but well-shaped layout is NOT refused here: the runtime
-// computes with it and verify reports the numbers. What is refused is what unpack refuses for
-// shape, dtype and index values that would send a reader outside its parameter.
+// Host side of the layout readers (formats/layout/moe_reader.h): the generic parts every layout's
+// builder shares, the canonical reader, and the one CPU expert matmul over any reader.
+//
+// A target layout's reader is built by its row (TargetLayout::make_reader, in the layout's own
+// file next to its *_read_layer): it validates a chunk's parameters the way the layout's unpack
+// does (same error codes, naming the parameter) and fills the reader with pointers to wherever
+// the caller keeps the bytes (ParamLocator: host memory on the CPU, device memory in kernels/).
+// A corrupted but well-shaped layout is NOT refused: the matmul computes with it and verify
+// reports the numbers. What is refused is what unpack refuses for shape, dtype and index values
+// that would send a reader outside its parameter.
 #pragma once
 
-#include <functional>
 #include <string>
 
 #include "formats/codec.h"
@@ -14,35 +17,38 @@
 
 namespace moepack {
 
-// Where the bytes of a named parameter live (host or device pointer); host_tensor is the tensor
-// under that name in `params`.
-using ParamLocator =
-    std::function<const void*(const std::string& param_name, const Tensor& host_tensor)>;
 // Where a canonical QuantTensor buffer lives: host_ptr is its host address, bytes its size.
 using BufferLocator = std::function<const void*(const void* host_ptr, size_t bytes)>;
 
-// The reader of one projection of a layer's parameters in `layout` (every expert `params` holds:
-// a whole layer or a chunk sliced along the leading expert dimension). Throws what the layout's
-// unpack throws for the same parameters (kMissingTensor / kBadShape / kBadDtype / kBadValue /
-// kUnsupported), and kUnsupported for a layout with no reader.
-reader::ProjReader make_layout_reader(const TargetLayout& layout, const LayoutOptions& lo,
-                                      const TensorMap& params, MoeProj proj,
-                                      const ParamLocator& locate);
+// Locators for readers over host memory (the CPU matmul, the CPU tests).
+const void* host_param(const std::string& param_name, const Tensor& host_tensor);
+const void* host_buffer(const void* host_ptr, size_t bytes);
 
 // The reader of a canonical QuantTensor: weight(r, e, n, k) == dequantize_expert(q, e)[n*K + k]
 // exactly. Throws kInternal when q's buffers disagree with its shape (check_consistent).
 reader::ProjReader make_canonical_reader(const QuantTensor& q, reader::ActQuant act,
                                          const BufferLocator& locate);
 
-// What the serving kernel of this layout does to its activations (the table in
-// formats/layout/moe_reader.h).
-reader::ActQuant act_quant_of(const TargetLayout& layout, const LayoutOptions& lo);
+// y[m, r.n] = x[m, r.k] . W_e^T for expert `expert` of the chunk the reader covers: each output
+// row's weights decoded once by reader::weight_row and multiplied with every activation row,
+// activation columns gathered by reader::act_col, float accumulation in column order. Single
+// threaded (callers run experts in parallel). Throws kBadValue for an expert outside the chunk.
+// Memory: x and y are read and written only within [0, m * r.k) and [0, m * r.n).
+void reader_expert_matmul(const reader::ProjReader& r, int64_t expert, const float* x, int64_t m,
+                          float* y);
 
-// The reader kind of a layout (kUnsupported for a layout without one).
-reader::Kind reader_kind_of(const TargetLayout& layout);
+// ---- for the layouts' builders
+// -------------------------------------------------------------------
 
-// Locators for readers over host memory (CPU tests, CPU fallbacks).
-const void* host_param(const std::string& param_name, const Tensor& host_tensor);
-const void* host_buffer(const void* host_ptr, size_t bytes);
+// A zeroed reader of this kind and activation quantisation.
+reader::ProjReader blank_reader(reader::Kind kind, reader::ActQuant act);
+// The located address of parameter `name` of `params` (kMissingTensor naming it when absent;
+// kInternal when the locator returns null for a non-empty tensor).
+const void* locate_param(const ParamLocator& locate, const TensorMap& params,
+                         const std::string& name);
+// The reader's ScaleType of a scale dtype (kBadDtype naming `what` for one no reader reads).
+int32_t reader_scale_type(DType d, const std::string& what);
+// 16-bit activations in the layout's activation dtype (Marlin, Triton WNA16).
+reader::ActQuant act_quant_16bit(const LayoutOptions& lo);
 
 }  // namespace moepack

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/half.h"
+#include "formats/moe_reader.h"
 
 namespace moepack {
 namespace {
@@ -143,24 +144,23 @@ MoeExperts unpack_triton_int8_moe(const LayoutOptions& o, const TensorMap& m) {
   return x;
 }
 
-void triton_int8_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeProj pr,
-                               int64_t expert, const float* x, int64_t rows, float* y) {
-  const Params p = read_params(o, m);
-  const Tensor& w = pr == MoeProj::kW13 ? *p.w13 : *p.w2;
-  const Tensor& s = pr == MoeProj::kW13 ? *p.s13 : *p.s2;
-  const int64_t E = w.shape[0], N = w.shape[1], K = w.shape[2];
-  if (expert < 0 || expert >= E)
-    throw Error(ErrorCode::kBadValue, "", w.name, "expert " + num(expert) + " of " + num(E));
-  const int8_t* wd = w.as<int8_t>() + expert * N * K;
-  const float* sd = s.as<float>() + expert * N;
-  // The kernel accumulates int8 x int8 products and scales by the row scale at the end; with
-  // float activations the scale is likewise applied once per output.
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t n = 0; n < N; ++n) {
-      float acc = 0.0f;
-      for (int64_t k = 0; k < K; ++k) acc += x[r * K + k] * static_cast<float>(wd[n * K + k]);
-      y[r * N + n] = acc * sd[n];
-    }
+reader::ActQuant triton_int8_act_quant(const LayoutOptions&) {
+  return reader::ActQuant::kInt8PerToken;
+}
+
+reader::ProjReader triton_int8_make_reader(const LayoutOptions& o, const TensorMap& m, MoeProj proj,
+                                           const ParamLocator& locate) {
+  const TritonInt8LayerView L = triton_int8_read_layer(o, m);
+  const int i = proj == MoeProj::kW13 ? 0 : 1;
+  reader::ProjReader r = blank_reader(reader::Kind::kTritonInt8, triton_int8_act_quant(o));
+  r.experts = L.experts;
+  r.n = L.n[i];
+  r.k = L.k[i];
+  reader::TritonInt8Params& t = r.triton_int8;
+  t.weight = static_cast<const int8_t*>(locate_param(locate, m, param(o, proj, "weight")));
+  t.weight_scale =
+      static_cast<const float*>(locate_param(locate, m, param(o, proj, "weight_scale")));
+  return r;
 }
 
 std::vector<ParamSpec> triton_int8_param_specs(const LayoutOptions& o, const MoeShape& x) {

@@ -19,19 +19,23 @@ namespace moepack {
 
 std::vector<Tensor> pack_triton_int8_moe(const LayoutOptions& opts, const MoeExperts& experts);
 MoeExperts unpack_triton_int8_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
-void triton_int8_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
-                               MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
 std::vector<ParamSpec> triton_int8_param_specs(const LayoutOptions& opts, const MoeShape& shape);
 std::vector<std::string> triton_int8_deviations_from_vllm(const LayoutOptions& opts,
                                                           const MoeShape& shape);
 
-// The parameters as unpack and expert_matmul check them (same errors): experts, and each
-// projection's [N, K] (w13 then w2), for the GPU readers (formats/moe_reader.h).
+// The parameters as unpack and the reader check them (same errors): experts, and each
+// projection's [N, K] (w13 then w2), for the layout's reader (its make_reader).
 struct TritonInt8LayerView {
   int64_t experts = 0, n[2] = {0, 0}, k[2] = {0, 0};
 };
 TritonInt8LayerView triton_int8_read_layer(const LayoutOptions& opts,
                                            const TensorMap& params_by_name);
+// The row's reader (TargetLayout::make_reader): int8 code times the row's float scale;
+// act_quant: vLLM's per-token int8 quantisation of the activations.
+reader::ProjReader triton_int8_make_reader(const LayoutOptions& opts,
+                                           const TensorMap& params_by_name, MoeProj proj,
+                                           const ParamLocator& locate);
+reader::ActQuant triton_int8_act_quant(const LayoutOptions& opts);
 
 // Every reason these experts cannot be written in this layout (empty = supported); pack throws
 // kUnsupported listing them (kBadShape first when w13 and w2 disagree).

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/half.h"
+#include "formats/moe_reader.h"
 
 namespace moepack {
 namespace {
@@ -49,10 +50,6 @@ uint16_t scale_to_act(const uint8_t* p, DType from, DType act, const std::string
   uint16_t h = 0;
   convert_scale(p, from, act, reinterpret_cast<uint8_t*>(&h), what);
   return h;
-}
-
-float act_to_float(uint16_t h, DType act) {
-  return act == DType::kF16 ? f16_to_float(h) : bf16_to_float(h);
 }
 
 void projection_reasons(const LayoutOptions& o, const ProjShape& s, const std::string& w,
@@ -558,36 +555,28 @@ MoeExperts unpack_triton_wna16_moe_with_group_size(const LayoutOptions& o, const
   return unpack_impl(o, m, group_size);
 }
 
-void triton_wna16_expert_matmul(const LayoutOptions& o, const TensorMap& m, MoeProj p,
-                                int64_t expert, const float* x, int64_t rows, float* y) {
-  const Geometry g = read_geometry(o, m);
-  const GroupChoice gc = choose_group(o, g, 0);
-  if (expert < 0 || expert >= g.experts)
-    throw Error(ErrorCode::kBadValue, "", names_for(o, p).qweight,
-                "expert " + num(expert) + " of " + num(g.experts));
-  const bool w13 = p == MoeProj::kW13;
-  const Tensor& qw = w13 ? *g.qw13 : *g.qw2;
-  const Tensor& sc = w13 ? *g.s13 : *g.s2;
-  const Tensor* zt = w13 ? g.z13 : g.z2;
-  const int64_t N = w13 ? g.n13 : g.hidden, K = w13 ? g.hidden : g.inter;
-  const int64_t kb = qw.shape[2], Gp = sc.shape[2], gs = gc.effective;
-  const float no_zp = g.bits == 4 ? 8.0f : 128.0f;
-  const uint16_t* s = sc.as<uint16_t>() + expert * N * Gp;
-  const uint8_t* b = qw.data.data() + expert * N * kb;
-  const uint8_t* z = zt ? zt->data.data() + expert * (N / 2) * Gp : nullptr;
-  std::vector<float> w(static_cast<size_t>(K));
-  for (int64_t n = 0; n < N; ++n) {
-    // Dequantise row n exactly as fused_moe_kernel_gptq_awq does, then dot with each token.
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t grp = k / gs;
-      const float code = g.bits == 4 ? static_cast<float>((b[n * kb + k / 2] >> (4 * (k % 2))) & 15)
-                                     : static_cast<float>(b[n * kb + k]);
-      const float zp =
-          z ? static_cast<float>((z[(n / 2) * Gp + grp] >> (4 * (n % 2))) & 15) : no_zp;
-      w[static_cast<size_t>(k)] = (code - zp) * act_to_float(s[n * Gp + grp], o.act_dtype);
-    }
-    dot_weight_row_into_column(x, rows, K, w.data(), y, N, n);
-  }
+reader::ActQuant triton_wna16_act_quant(const LayoutOptions& o) {
+  return act_quant_16bit(o);
+}
+
+reader::ProjReader triton_wna16_make_reader(const LayoutOptions& o, const TensorMap& m,
+                                            MoeProj proj, const ParamLocator& locate) {
+  const TritonWna16LayerView L = triton_wna16_read_layer(o, m);
+  const TritonWna16LayerView::Proj& v = L.proj[proj == MoeProj::kW13 ? 0 : 1];
+  reader::ProjReader r = blank_reader(reader::Kind::kTritonWna16, triton_wna16_act_quant(o));
+  r.experts = L.experts;
+  r.n = v.n;
+  r.k = v.k;
+  reader::TritonWna16Params& t = r.triton_wna16;
+  t.qweight = static_cast<const uint8_t*>(locate_param(locate, m, v.qweight));
+  t.scales = static_cast<const uint16_t*>(locate_param(locate, m, v.scales));
+  if (!v.qzeros.empty()) t.qzeros = static_cast<const uint8_t*>(locate_param(locate, m, v.qzeros));
+  t.bits = L.bits;
+  t.scale_type = o.act_dtype == DType::kF16 ? reader::kScaleF16 : reader::kScaleBf16;
+  t.row_bytes = v.row_bytes;
+  t.scale_cols = v.scale_cols;
+  t.group_size = L.kernel_group_size;
+  return r;
 }
 
 std::vector<ParamSpec> triton_wna16_param_specs(const LayoutOptions& o, const MoeShape& x) {

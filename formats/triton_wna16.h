@@ -38,8 +38,6 @@ namespace moepack {
 
 std::vector<Tensor> pack_triton_wna16_moe(const LayoutOptions& opts, const MoeExperts& experts);
 MoeExperts unpack_triton_wna16_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
-void triton_wna16_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
-                                MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
 std::vector<std::string> triton_wna16_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeShape& shape);
 std::vector<ParamSpec> triton_wna16_param_specs(const LayoutOptions& opts, const MoeShape& shape);
@@ -59,8 +57,8 @@ MoeExperts unpack_triton_wna16_moe_with_group_size(const LayoutOptions& opts,
                                                    const TensorMap& params_by_name,
                                                    int64_t group_size);
 
-// The layer as unpack and expert_matmul read it (the same shape checks and group choice, the
-// same errors), for the GPU readers (formats/moe_reader.h).
+// The layer as unpack reads it (the same shape checks and group choice, the same errors), for
+// the reader (triton_wna16_make_reader).
 struct TritonWna16LayerView {
   struct Proj {
     std::string qweight, scales, qzeros;  // full names; qzeros "" without zero points
@@ -73,6 +71,13 @@ struct TritonWna16LayerView {
 };
 TritonWna16LayerView triton_wna16_read_layer(const LayoutOptions& opts,
                                              const TensorMap& params_by_name);
+// The row's reader (TargetLayout::make_reader): fused_moe_kernel_gptq_awq's dequantisation, with
+// the (halved) group size the kernel indexes by and the zero nibbles as vLLM's loader stored them
+// (a GPTQ zero of 16 wraps to 0); act_quant: the activation dtype.
+reader::ProjReader triton_wna16_make_reader(const LayoutOptions& opts,
+                                            const TensorMap& params_by_name, MoeProj proj,
+                                            const ParamLocator& locate);
+reader::ActQuant triton_wna16_act_quant(const LayoutOptions& opts);
 
 // vLLM's halving loop. Returns false where vLLM's `assert group_size >= 32` would fire.
 bool triton_wna16_halve_group_size(int64_t group_size, int64_t intermediate, int64_t hidden,

@@ -9,6 +9,7 @@
 #include "core/threads.h"
 #include "formats/fp8.h"
 #include "formats/fp8_block.h"
+#include "formats/moe_reader.h"
 #include "formats/trtllm_mxfp8.h"
 
 namespace moepack {
@@ -242,40 +243,27 @@ MoeExperts unpack_trtllm_fp8_block_moe(const LayoutOptions& opts, const TensorMa
   return x;
 }
 
-void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& params,
-                                    MoeProj proj, int64_t expert, const float* x, int64_t m,
-                                    float* y) {
-  const bool is13 = proj == MoeProj::kW13;
-  const Tensor& w = require_tensor(params, param(opts, is13 ? "w13_weight" : "w2_weight"),
-                                   "TRT-LLM FP8 block layout");
-  const Tensor& s =
-      require_tensor(params, param(opts, is13 ? "w13_weight_scale_inv" : "w2_weight_scale_inv"),
-                     "TRT-LLM FP8 block layout");
-  if (w.shape.size() != 4 || w.shape[3] != kBlock || expert < 0 || expert >= w.shape[0])
-    throw Error(ErrorCode::kBadShape, "", w.name,
-                "shape " + shape_str(w.shape) + ", expert " + num(expert));
-  const int64_t kblocks = w.shape[1], rows = w.shape[2], k = kblocks * kBlock;
-  if (s.shape != Shape{w.shape[0], rows / kBlock, kblocks} || rows % kBlock != 0)
-    throw Error(ErrorCode::kBadShape, "", s.name,
-                "shape " + shape_str(s.shape) + " for weight " + shape_str(w.shape));
-  // Physical row r: logical (vLLM-order) row src[r]; its scale lives in the stored
-  // (W31-swapped, unshuffled) scale row shuffle[r] / 128.
-  const auto shuffle = shuffle_matrix_a_rows(rows, kEpilogueTileM);
-  const auto src = weight_rows(rows, is13 && opts.gated);
-  const uint8_t* wq = w.data.data() + expert * rows * k;
-  const uint8_t* sq = s.data.data() + expert * (rows / kBlock) * kblocks * 4;
-  std::vector<float> row(static_cast<size_t>(k));
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t srow = shuffle[static_cast<size_t>(r)] / kBlock;
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const float scale = load_f32(sq + (srow * kblocks + kb) * 4);
-      const uint8_t* blk = wq + (kb * rows + r) * kBlock;  // BlockMajorK [kb][r][j]
-      for (int64_t j = 0; j < kBlock; ++j)
-        row[static_cast<size_t>(kb * kBlock + j)] = e4m3_to_float(blk[j]) * scale;
-    }
-    const int64_t n = src[static_cast<size_t>(r)];
-    dot_weight_row_into_column(x, m, k, row.data(), y, rows, n);
-  }
+reader::ActQuant trtllm_fp8_block_act_quant(const LayoutOptions&) {
+  return reader::ActQuant::kFp8PerTokenGroup128;
+}
+
+reader::ProjReader trtllm_fp8_block_make_reader(const LayoutOptions& opts, const TensorMap& params,
+                                                MoeProj proj, const ParamLocator& locate) {
+  const TrtllmLayerView L = trtllm_fp8_block_read_layer(opts, params);
+  const bool w13 = proj == MoeProj::kW13;
+  reader::ProjReader r =
+      blank_reader(reader::Kind::kTrtllmFp8Block, trtllm_fp8_block_act_quant(opts));
+  r.experts = L.experts;
+  r.n = w13 ? L.w13_rows : L.hidden;
+  r.k = w13 ? L.hidden : L.inter;
+  reader::TrtllmFp8BlockParams& t = r.trtllm_fp8_block;
+  t.weight = static_cast<const uint8_t*>(
+      locate_param(locate, params, param(opts, w13 ? "w13_weight" : "w2_weight")));
+  t.weight_scale_inv = static_cast<const float*>(locate_param(
+      locate, params, param(opts, w13 ? "w13_weight_scale_inv" : "w2_weight_scale_inv")));
+  t.w31 = w13 && opts.gated ? 1 : 0;
+  t.k_blocks = r.k / kBlock;
+  return r;
 }
 
 std::vector<std::string> trtllm_fp8_block_deviations_from_vllm(const LayoutOptions&,

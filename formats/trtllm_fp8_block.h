@@ -23,18 +23,22 @@ namespace moepack {
 
 std::vector<Tensor> pack_trtllm_fp8_block_moe(const LayoutOptions& opts, const MoeExperts& experts);
 MoeExperts unpack_trtllm_fp8_block_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
-void trtllm_fp8_block_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
-                                    MoeProj proj, int64_t expert, const float* x, int64_t m,
-                                    float* y);
 // Every reason (with numbers) these experts cannot take this layout; empty when they can:
 // H and I multiples of 128 (BlockMajorK along H and I, W31 swap of whole 128-row scale blocks)
 // and both projections FP8 128x128 block (e4m3, group 128, scale_block_n 128, F32 scales).
 std::vector<std::string> trtllm_fp8_block_unsupported_reasons(const LayoutOptions& opts,
                                                               const MoeShape& shape);
 // The parameters as unpack checks them (same errors, finite non-negative scales included), for
-// the GPU readers (formats/moe_reader.h).
+// the layout's reader (its make_reader).
 TrtllmLayerView trtllm_fp8_block_read_layer(const LayoutOptions& opts,
                                             const TensorMap& params_by_name);
+// The row's reader (TargetLayout::make_reader): e4m3 codes of the BlockMajorK, shuffled (and
+// for gated w13 W31-swapped) rows times their float 128x128 block scales; act_quant: vLLM's
+// per-token-group (128) FP8 quantisation of the activations.
+reader::ProjReader trtllm_fp8_block_make_reader(const LayoutOptions& opts,
+                                                const TensorMap& params_by_name, MoeProj proj,
+                                                const ParamLocator& locate);
+reader::ActQuant trtllm_fp8_block_act_quant(const LayoutOptions& opts);
 // The smallest scale vLLM leaves unclamped (_FI_CUTLASS_MIN_BLOCK_SCALE, as float32).
 constexpr float kTrtllmFp8BlockMinScale = 1e-10f;
 

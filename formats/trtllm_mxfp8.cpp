@@ -7,6 +7,7 @@
 
 #include "core/threads.h"
 #include "formats/fp8.h"
+#include "formats/moe_reader.h"
 #include "formats/mxfp8.h"
 
 namespace moepack {
@@ -253,38 +254,26 @@ MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& p
   return x;
 }
 
-void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& params, MoeProj proj,
-                                int64_t expert, const float* x, int64_t m, float* y) {
-  const bool is13 = proj == MoeProj::kW13;
-  const Tensor& w = require_tensor(params, param(opts, is13 ? "w13_weight" : "w2_weight"),
-                                   "TRT-LLM MXFP8 layout");
-  const Tensor& s = require_tensor(
-      params, param(opts, is13 ? "w13_weight_scale" : "w2_weight_scale"), "TRT-LLM MXFP8 layout");
-  if (w.shape.size() != 3 || expert < 0 || expert >= w.shape[0])
-    throw Error(ErrorCode::kBadShape, "", w.name,
-                "shape " + shape_str(w.shape) + ", expert " + num(expert));
-  const int64_t rows = w.shape[1], k = w.shape[2], cols = k / kMxBlock;
-  if (k % 128 != 0 || rows % 128 != 0 ||
-      static_cast<int64_t>(s.data.size()) != w.shape[0] * rows * cols)
-    throw Error(ErrorCode::kBadShape, "", s.name,
-                "scale bytes " + num(static_cast<int64_t>(s.data.size())) + " for weight " +
-                    shape_str(w.shape));
-  // Physical row r of the kernel's weight holds logical row src[r] of the vLLM-order matrix.
-  const auto src = is13 ? trtllm_w13_rows(rows, opts.gated) : trtllm_w2_rows(rows);
-  const uint8_t* wq = w.data.data() + expert * rows * k;
-  const uint8_t* sq = s.data.data() + expert * rows * cols;  // swizzled bytes of this expert
-  std::vector<float> row(static_cast<size_t>(k));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < cols; ++b) {
-      // The kernel fetches the scale of (physical row r, K block b) from its 128x4 tile.
-      const float scale = e8m0_to_float(sq[scale_128x4_offset(r, b, cols)]);
-      for (int64_t j = 0; j < kMxBlock; ++j)
-        row[static_cast<size_t>(b * kMxBlock + j)] =
-            e4m3_to_float(wq[r * k + b * kMxBlock + j]) * scale;
-    }
-    const int64_t n = src[static_cast<size_t>(r)];
-    dot_weight_row_into_column(x, m, k, row.data(), y, rows, n);
-  }
+reader::ActQuant trtllm_mxfp8_act_quant(const LayoutOptions&) {
+  return reader::ActQuant::kMxfp8Block32;
+}
+
+reader::ProjReader trtllm_mxfp8_make_reader(const LayoutOptions& opts, const TensorMap& params,
+                                            MoeProj proj, const ParamLocator& locate) {
+  const TrtllmLayerView L = trtllm_mxfp8_read_layer(opts, params);
+  const bool w13 = proj == MoeProj::kW13;
+  reader::ProjReader r = blank_reader(reader::Kind::kTrtllmMxfp8, trtllm_mxfp8_act_quant(opts));
+  r.experts = L.experts;
+  r.n = w13 ? L.w13_rows : L.hidden;
+  r.k = w13 ? L.hidden : L.inter;
+  reader::TrtllmMxfp8Params& t = r.trtllm_mxfp8;
+  t.weight = static_cast<const uint8_t*>(
+      locate_param(locate, params, param(opts, w13 ? "w13_weight" : "w2_weight")));
+  t.weight_scale = static_cast<const uint8_t*>(
+      locate_param(locate, params, param(opts, w13 ? "w13_weight_scale" : "w2_weight_scale")));
+  t.w31_gated = w13 && opts.gated ? 1 : 0;
+  t.scale_cols = r.k / kMxBlock;
+  return r;
 }
 
 std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {

@@ -21,8 +21,6 @@ namespace moepack {
 
 std::vector<Tensor> pack_trtllm_mxfp8_moe(const LayoutOptions& opts, const MoeExperts& experts);
 MoeExperts unpack_trtllm_mxfp8_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
-void trtllm_mxfp8_expert_matmul(const LayoutOptions& opts, const TensorMap& params_by_name,
-                                MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
 std::vector<ParamSpec> trtllm_mxfp8_param_specs(const LayoutOptions& opts, const MoeShape& shape);
 std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeShape& shape);
@@ -33,11 +31,18 @@ std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions& 
 std::vector<std::string> trtllm_mxfp8_unsupported_reasons(const LayoutOptions& opts,
                                                           const MoeShape& shape);
 
-// The parameters as unpack checks them (same errors), for the GPU readers (formats/moe_reader.h).
+// The parameters as unpack checks them (same errors), for the layout's reader (its make_reader).
 struct TrtllmLayerView {
   int64_t experts = 0, hidden = 0, inter = 0, w13_rows = 0;
 };
 TrtllmLayerView trtllm_mxfp8_read_layer(const LayoutOptions& opts, const TensorMap& params_by_name);
+// The row's reader (TargetLayout::make_reader): e4m3 codes of the shuffled (and, for gated w13,
+// W31-swapped and gate/up-interleaved) rows times their 128x4-swizzled E8M0 scales;
+// act_quant: FlashInfer's MXFP8 quantisation of the activations.
+reader::ProjReader trtllm_mxfp8_make_reader(const LayoutOptions& opts,
+                                            const TensorMap& params_by_name, MoeProj proj,
+                                            const ParamLocator& locate);
+reader::ActQuant trtllm_mxfp8_act_quant(const LayoutOptions& opts);
 
 // The index maps (formats/layout/trtllm_layout.h), under their old names.
 using trtllm::scale_128x4_offset;

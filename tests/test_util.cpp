@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "core/half.h"
+#include "formats/moe_reader.h"
 
 namespace moepack::test {
 namespace fs = std::filesystem;
@@ -336,6 +337,98 @@ double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x
       den = std::max(den, std::abs(acc));
     }
   return den == 0 ? num : num / den;
+}
+
+namespace {
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Bit equality, any NaN equal to any NaN.
+bool same_float(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return float_bits(a) == float_bits(b);
+}
+
+void expect_proj_reader_matches(Rng& rng, const reader::ProjReader& r, const QuantTensor& q,
+                                const ReaderCheck& how) {
+  ASSERT_EQ(r.experts, q.experts);
+  ASSERT_EQ(r.n, q.n);
+  ASSERT_EQ(r.k, q.k);
+  const int64_t E = q.experts, N = q.n, K = q.k;
+  // act_col is a permutation of the columns (identity but under act-order).
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int> hit(static_cast<size_t>(K), 0);
+    for (int64_t kk = 0; kk < K; ++kk) {
+      const int64_t c = reader::act_col(r, e, kk);
+      ASSERT_TRUE(c >= 0 && c < K) << "act_col " << c;
+      ++hit[static_cast<size_t>(c)];
+    }
+    ASSERT_TRUE(std::all_of(hit.begin(), hit.end(), [](int h) { return h == 1; }));
+  }
+  std::vector<std::vector<float>> d;
+  for (int64_t e = 0; e < E; ++e) d.push_back(dequantize_expert(q, e));
+  const auto check = [&](int64_t e, int64_t n, int64_t kk) {
+    const float got = reader::weight(r, e, n, kk);
+    const float want =
+        d[static_cast<size_t>(e)][static_cast<size_t>(n * K + reader::act_col(r, e, kk))];
+    return same_float(got, want);
+  };
+  const int64_t whole = std::uniform_int_distribution<int64_t>(0, E - 1)(rng);
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = 0; how.whole_expert && n < N; ++n) {
+    reader::weight_row(r, whole, n, row.data());  // a kind's row decoder is its weight()
+    for (int64_t kk = 0; kk < K; ++kk) {
+      ASSERT_TRUE(check(whole, n, kk)) << "e=" << whole << " n=" << n << " kk=" << kk;
+      ASSERT_TRUE(same_float(row[static_cast<size_t>(kk)], reader::weight(r, whole, n, kk)))
+          << "weight_row e=" << whole << " n=" << n << " kk=" << kk;
+    }
+  }
+  std::uniform_int_distribution<int64_t> pe(0, E - 1), pn(0, N - 1), pk(0, K - 1);
+  for (int64_t i = 0; i < how.samples; ++i) {
+    const int64_t e = pe(rng), n = pn(rng), kk = pk(rng);
+    ASSERT_TRUE(check(e, n, kk)) << "e=" << e << " n=" << n << " kk=" << kk;
+  }
+  // The generic matmul is the per-element contract summed in column order.
+  const int64_t m = 3, e = std::uniform_int_distribution<int64_t>(0, E - 1)(rng);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * K)), y(static_cast<size_t>(m * N), NAN);
+  for (auto& v : x) v = u(rng);
+  reader_expert_matmul(r, e, x.data(), m, y.data());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t kk = 0; kk < K; ++kk)
+        acc +=
+            x[static_cast<size_t>(i * K + reader::act_col(r, e, kk))] * reader::weight(r, e, n, kk);
+      ASSERT_TRUE(same_float(y[static_cast<size_t>(i * N + n)], acc))
+          << "reader_expert_matmul e=" << e << " row " << i << " n=" << n << ": "
+          << y[static_cast<size_t>(i * N + n)] << " vs " << acc;
+    }
+}
+
+}  // namespace
+
+void expect_reader_matches(Rng& rng, const TargetLayout& row, const LayoutOptions& o,
+                           const TensorMap& params, const MoeExperts& decoded,
+                           const ReaderCheck& how) {
+  ASSERT_NE(row.make_reader, nullptr) << row.name << " has no reader";
+  ASSERT_NE(row.act_quant, nullptr) << row.name << " has no activation quantisation";
+  for (MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
+    SCOPED_TRACE(proj == MoeProj::kW13 ? "reader w13" : "reader w2");
+    const reader::ProjReader r = row.make_reader(o, params, proj, host_param);
+    EXPECT_EQ(r.kind, row.reader_kind);
+    EXPECT_EQ(r.act, row.act_quant(o));
+    expect_proj_reader_matches(rng, r, proj == MoeProj::kW13 ? decoded.w13 : decoded.w2, how);
+  }
+}
+
+void layout_matmul(MakeReaderFn make_reader, const LayoutOptions& o, const TensorMap& params,
+                   MoeProj proj, int64_t expert, const float* x, int64_t m, float* y) {
+  reader_expert_matmul(make_reader(o, params, proj, host_param), expert, x, m, y);
 }
 
 }  // namespace moepack::test

@@ -121,6 +121,24 @@ struct LayerDims {
 };
 std::vector<LayerDims> random_layer_dims(Rng& rng, int count);
 
+// ---- The reader contract (formats/layout/moe_reader.h) for one layout row -------------------
+
+struct ReaderCheck {
+  bool whole_expert = true;  // every element of one random expert, besides the samples
+  int64_t samples = 3000;    // random elements over all experts
+};
+
+// For w13 and w2: the row's reader over the host `params` (row.make_reader) is of row.reader_kind
+// with row.act_quant(o) and the sizes of `decoded`; act_col is a permutation of each expert's
+// columns; weight(r, e, n, kk) == dequantize_expert(decoded.proj, e)[n * K + act_col(r, e, kk)]
+// bit for bit; and reader_expert_matmul on a random expert equals sum_kk weight * x[act_col]
+// summed in column order in float, bit for bit. `decoded` is what the kernel reads in canonical
+// form: row.unpack(o, params), except where a layout reads like a vLLM kernel on purpose (the
+// caller states that reading independently).
+void expect_reader_matches(Rng& rng, const TargetLayout& row, const LayoutOptions& o,
+                           const TensorMap& params, const MoeExperts& decoded,
+                           const ReaderCheck& how = {});
+
 // "gptq bits=4 group=128 sym act_order v1 dtype=F16": for SCOPED_TRACE.
 std::string describe_params(const QuantParams& p);
 
@@ -131,6 +149,14 @@ Error expect_error(const std::function<void()>& fn, ErrorCode code);
 // dequantisation of expert e, accumulated in double.
 double matmul_error(const QuantTensor& q, int64_t e, const std::vector<float>& x, int64_t m,
                     const std::vector<float>& y);
+
+// A layout's reader builder (TargetLayout::make_reader, e.g. marlin_make_reader).
+using MakeReaderFn = reader::ProjReader (*)(const LayoutOptions&, const TensorMap&, MoeProj,
+                                            const ParamLocator&);
+// y[m, N] = x[m, K] . W_e^T as verify's CPU path computes it: the layout's reader over the host
+// `params` (built by make_reader, which validates them), then reader_expert_matmul.
+void layout_matmul(MakeReaderFn make_reader, const LayoutOptions& o, const TensorMap& params,
+                   MoeProj proj, int64_t expert, const float* x, int64_t m, float* y);
 
 }  // namespace moepack::test
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "formats/moe_reader.h"
 
 namespace moepack::ref {
 namespace {
@@ -251,6 +252,13 @@ MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float
                   spec.experts, &o);
   combine_slots(routing, &o);
   return o;
+}
+
+ExpertMatmulFn reader_matmul(const reader::ProjReader& w13, const reader::ProjReader& w2,
+                             int64_t first_expert) {
+  return [w13, w2, first_expert](int e, MoeProj p, const float* x, int64_t m, float* y) {
+    reader_expert_matmul(p == MoeProj::kW13 ? w13 : w2, e - first_expert, x, m, y);
+  };
 }
 
 MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, const float* x,

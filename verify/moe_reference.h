@@ -8,9 +8,9 @@
 //   out[t] = sum_k w[t, k] * y_{e(t,k)}[t]                                   [T, H]
 //
 // moe_reference: weights from dequantize_expert (float), everything else in double (fp64
-// accumulate). moe_via_expert_matmul: each matmul is the backend's TargetLayout::expert_matmul
-// reading the packed layout; activations in float like the kernel. Both keep every slot's
-// (token, k) expert output so errors can be attributed to an expert.
+// accumulate). moe_via_expert_matmul: each matmul is the backend's (reader_matmul: the layout's
+// readers, reading the packed layout as the kernel does); activations in float like the kernel.
+// Both keep every slot's (token, k) expert output so errors can be attributed to an expert.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +52,15 @@ struct MoeSpec {
 using ExpertWeightsFn = std::function<std::vector<float>(int64_t expert, MoeProj proj)>;
 
 // y[m, N] = x[m, K] . W_e^T for one expert's projection, the way the backend computes it
-// (verify binds TargetLayout::expert_matmul with its LayoutOptions and params).
+// (verify: reader_matmul over the layout's readers of the chunk).
 using ExpertMatmulFn =
     std::function<void(int expert, MoeProj proj, const float* x, int64_t m, float* y)>;
+
+// The backend's matmul through the layout's two readers of one chunk of experts whose first
+// expert is layer expert `first_expert` (formats/moe_reader.h reader_expert_matmul): expert ids
+// are the layer's, the readers are copied in.
+ExpertMatmulFn reader_matmul(const reader::ProjReader& w13, const reader::ProjReader& w2,
+                             int64_t first_expert = 0);
 
 // Router logits [T, E] = x [T, H] . router_weight [E, H]^T (+ router_bias [E] if non-null),
 // accumulated in double and rounded to float (the router input of `route`).

@@ -617,11 +617,13 @@ void verify_layers_cpu(LayerRun& run) {
       auto weights = [&](int64_t e, MoeProj p) {
         return dequantize_expert(p == MoeProj::kW13 ? reference.w13 : reference.w2, e - e0);
       };
-      auto matmul = [&](int e, MoeProj p, const float* xs, int64_t m, float* y) {
-        run.layout->expert_matmul(job.lo, c.params, p, e - static_cast<int>(e0), xs, m, y);
-      };
       try {
-        numeric->evaluate(e0, e1, weights, matmul);
+        // The layout's readers over this chunk, built once (each validates the whole chunk).
+        const reader::ProjReader w13 =
+            run.layout->make_reader(job.lo, c.params, MoeProj::kW13, host_param);
+        const reader::ProjReader w2 =
+            run.layout->make_reader(job.lo, c.params, MoeProj::kW2, host_param);
+        numeric->evaluate(e0, e1, weights, ref::reader_matmul(w13, w2, e0));
       } catch (const Error& e) {
         run.broken(ml, experts_label("evaluation", e0, e1), e);
         ok = false;
@@ -652,13 +654,6 @@ ref::Routing routing_from_device(const MoeDeviceRouting& d) {
 // Host memory: the chunk being evaluated, the chunk being prepared, two pinned staging areas.
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
-  // A layout without a GPU reader is unsupported on this device (exit 4), not a failed layer.
-  try {
-    reader_kind_of(*run.layout);
-  } catch (const Error& e) {
-    throw Error(ErrorCode::kUnsupported, "", "",
-                std::string("--device cuda: ") + e.message() + "; use --device cpu");
-  }
   MoeRuntime rt;
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   // Jobs first (views only, no bytes), so the chunk list can be prepared ahead across layers.
@@ -712,7 +707,7 @@ void verify_layers_cuda(LayerRun& run) {
       continue;
     }
     MoeDeviceRouting routing;
-    const reader::ActQuant act = act_quant_of(*run.layout, job.lo);
+    const reader::ActQuant act = run.layout->act_quant(job.lo);
     try {
       load_layer_inputs(run, &job);
       job.spec.validate();
@@ -760,9 +755,9 @@ void verify_layers_cuda(LayerRun& run) {
           return rt.upload(p, bytes);
         };
         const reader::ProjReader w13 =
-            make_layout_reader(*run.layout, job.lo, c.params, MoeProj::kW13, locate_param);
+            run.layout->make_reader(job.lo, c.params, MoeProj::kW13, locate_param);
         const reader::ProjReader w2 =
-            make_layout_reader(*run.layout, job.lo, c.params, MoeProj::kW2, locate_param);
+            run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
         const MoeExperts& reference = c.reference();
         const reader::ProjReader ref13 = make_canonical_reader(reference.w13, act, locate_buffer);
         const reader::ProjReader ref2 = make_canonical_reader(reference.w2, act, locate_buffer);

@@ -60,7 +60,7 @@ MOEPACK_HD void word_field_coords(int bits, bool a8, int64_t kt, int64_t nt, int
 }
 
 // Inverse of word_field_coords: the word r (within its tile) and field f holding Q[k, n]; the
-// tile is (k / tile_k, n / tile_n). Read-side map of the GPU readers (formats/layout/moe_reader.h).
+// tile is (k / tile_k, n / tile_n). Read-side map of the readers (formats/layout/moe_reader.h).
 MOEPACK_HD void word_field_of(int bits, bool a8, int64_t k, int64_t n, int* r, int* f) {
   if (!a8) {
     const int kr = static_cast<int>(k & 15), nr = static_cast<int>(n & 63);

@@ -1,17 +1,28 @@
-// Per-element readers of the converted MoE layouts, for the GPU verification runtime (issue 12).
-// One source for host and device: g++ compiles it into the CPU tests that prove each reader
-// equals its layout's codec (tests/unit/moe_reader.cpp), nvcc into kernels/ that add only tiling
-// and summation order. Plain integers and raw pointers: no std containers, exceptions or I/O.
-// formats/moe_reader.{h,cpp} validate parameters (as the layout's unpack does) and fill readers.
+// Per-element readers of the converted MoE layouts: the one definition of how each layout's
+// serving kernel reads its parameters, for the CPU expert matmul (formats/moe_reader.h
+// reader_expert_matmul, what verify's CPU path and the tests compute with) and the GPU runtime
+// (kernels/). One source for host and device: g++ compiles it into formats/ and the CPU tests,
+// nvcc into kernels/ that add only tiling and summation order. Plain integers and raw pointers:
+// no std containers, exceptions or I/O.
+//
+// A reader is a ProjReader: one projection (w13 or w2) of a chunk of experts, its Kind, its
+// ActQuant, its logical sizes and the kind's own parameter struct (named fields, one struct per
+// Kind, held in a union so that the reader stays trivially copyable for kernels). Each target
+// layout row (formats/registry.cpp) names its kind, its activation quantisation and its builder
+// (TargetLayout::make_reader, in the layout's own file next to its *_read_layer validation),
+// which validates a chunk's parameters the way the layout's unpack does and fills the struct.
+// A new layout adds: its Kind, its struct, its kind_weight (and kind_act_col where it permutes
+// activations) overloads and one case in `visit` below -- the only switch over Kind in the tree.
 //
 // weight(r, e, n, kk) is expert e's dequantised weight of LOGICAL output row n (vLLM order: w13
 // = [gate; up]) and column kk in the layout's column order; act_col(r, e, kk) is the activation
 // column that multiplies it (act-order: the sort index; otherwise kk). For every layout
 //   weight(r, e, n, kk) == dequantize_expert(unpack(params).proj, e)[n * K + act_col(r, e, kk)]
-// bit for bit -- except where the layout reproduces a vLLM kernel's reading on purpose, and then
-// it equals the layout's expert_matmul instead (Marlin with --vllm-w13-scale-size-k, whose
-// kernel reads other scale positions than the loader wrote; Triton WNA16 GPTQ zero 16, which
-// vLLM's loader wraps into nibble 0).
+// bit for bit -- except where the layout reproduces a vLLM kernel's reading on purpose (Marlin
+// with --vllm-w13-scale-size-k, whose kernel reads other scale positions than the loader wrote:
+// the reader equals unpack under the kernel's scale rule; Triton WNA16 GPTQ zero 16, which vLLM's
+// loader wraps into nibble 0: the reader reads zero 0). tests/unit/registry_suite.cpp proves it
+// for every row over the row's sample space.
 //
 // Activations: ActQuant is what the serving kernel does to the rows entering a GEMM. The runtime
 // applies quantize_activation_row to the rows entering both the layout GEMM and the reference
@@ -48,10 +59,12 @@
 //                   FlashInfer TRT-LLM path, whose activation scales are float32 [H/128, T]):
 //                   absmax = max(1e-10, max|x|) per 128 columns, s = absmax / 448,
 //                   q = e4m3_rn_satfinite(clamp(x / s, +-448)); the GEMM sees e4m3(q) * s.
-// None of these changes the CPU expert_matmul paths, which keep activations in float.
+// The CPU expert matmul (reader_expert_matmul) keeps activations in float: it measures the
+// weights; verify's GPU path quantises both sides.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "formats/layout/fp_bits.h"
 #include "formats/layout/hd.h"
@@ -76,48 +89,119 @@ enum class ActQuant : int32_t {
   kFp8PerTokenGroup128,
   kMxfp8Block32
 };
-constexpr int kMaxParams = 8;
 
-// Scale element types (i32 fields below).
+// Scale element types (scale_type fields below).
 enum ScaleType : int32_t { kScaleF16 = 0, kScaleBf16 = 1, kScaleF32 = 2, kScaleE8m0 = 3 };
 // Canonical code kinds (formats/codec.h CodeKind, same order).
 enum CodeType : int32_t { kCodeUint = 0, kCodeInt = 1, kCodeFp8 = 2 };
 
+// ---- each kind's parameters (shapes per chunk of E experts; all pointers where the bytes live:
+// host memory on the CPU, device memory in kernels/) ---------------------------------------------
+
+// kCanonical: a QuantTensor (formats/codec.h).
+struct CanonicalParams {
+  const uint8_t* codes;  // [E, N, K]
+  const void* scales;    // [E, scale_rows, groups] of scale_type
+  const uint8_t* zeros;  // [E, N, groups], or null (symmetric: zero point 2^(bits-1))
+  const int32_t* g_idx;  // [E, K], or null (group of column k = k / group_size)
+  int32_t code_type;     // CodeType
+  int32_t bits;
+  int32_t scale_type;     // ScaleType
+  int64_t group_size;     // <= 0: one group
+  int64_t groups;         // G
+  int64_t scale_block_n;  // rows sharing one scale row
+  int64_t scale_rows;     // ceil(N / scale_block_n)
+};
+
+// kMarlin (formats/marlin.h). Physical sizes kp x np include vLLM 0.33's intermediate padding.
+struct MarlinParams {
+  const uint32_t* qweight;      // [E, kp/16, np*16/pf] tiles
+  const uint16_t* scales;       // [E, groups, np] in the activation dtype, permuted
+  const uint32_t* qzeros;       // [E, groups, np/pf], or null (uint4b8 / uint8b128)
+  const int32_t* g_idx;         // sorted g_idx [E, kp], null without act-order
+  const int32_t* sort_indices;  // [E, kp], null without act-order
+  int32_t bits;                 // 4 or 8
+  int32_t a8;                   // 8-bit-activation tiles (32 x 32)
+  int32_t scale_type;           // kScaleF16 / kScaleBf16
+  int32_t grouped_scales;       // the kernel's rule: groups > 1 and not a8 (64-permutation)
+  int32_t padded_w13;           // logical row n of shard n / inter sits at physical row
+                                // (n / inter) * padded_inter + n % inter
+  int64_t kp, np;               // physical K and N
+  int64_t groups;               // G
+  int64_t group_size;           // 0 when groups == 1
+  int64_t inter, padded_inter;  // I and the I the parameters carry
+  int64_t tiles_n;              // tiles along N
+  int64_t words_per_expert;     // kp * np / pf
+};
+
+// kTritonWna16 (formats/triton_wna16.h).
+struct TritonWna16Params {
+  const uint8_t* qweight;  // [E, N, row_bytes] (int4: two codes a byte, low nibble first)
+  const uint16_t* scales;  // [E, N, scale_cols] in the activation dtype
+  const uint8_t* qzeros;   // [E, N/2, scale_cols] nibbles, or null (zero point 8 / 128)
+  int32_t bits;
+  int32_t scale_type;  // kScaleF16 / kScaleBf16
+  int64_t row_bytes;
+  int64_t scale_cols;
+  int64_t group_size;  // the kernel's (halved) group size
+};
+
+// kTritonInt8 (formats/triton_int8.h).
+struct TritonInt8Params {
+  const int8_t* weight;       // [E, N, K]
+  const float* weight_scale;  // [E, N]
+};
+
+// kTrtllmMxfp8 (formats/trtllm_mxfp8.h).
+struct TrtllmMxfp8Params {
+  const uint8_t* weight;        // e4m3 [E, N, K] in physical row order
+  const uint8_t* weight_scale;  // E8M0, 128x4-swizzled [N, scale_cols] per expert
+  int32_t w31_gated;            // W31 swap + gated reorder on top of the shuffle (gated w13)
+  int64_t scale_cols;           // K / 32
+};
+
+// kTrtllmFp8Block (formats/trtllm_fp8_block.h).
+struct TrtllmFp8BlockParams {
+  const uint8_t* weight;          // e4m3 [E, K/128, N, 128] (BlockMajorK), shuffled rows
+  const float* weight_scale_inv;  // [E, N/128, k_blocks] (W31-swapped rows for gated w13)
+  int32_t w31;                    // W31 swap (gated w13)
+  int64_t k_blocks;               // K / 128
+};
+
 // One projection (w13 or w2) of a chunk of experts. Trivially copyable: kernels take it by value.
-// Pointers and fields by kind (shapes per expert chunk; E = experts):
-//   kCanonical (a QuantTensor):
-//     p[0] codes u8 [E, N, K]; p[1] scales [E, ceil(N/sbn), G] of i32[2]; p[2] zeros u8 [E, N, G]
-//     or null (symmetric); p[3] g_idx i32 [E, K] or null.
-//     i32: [0] CodeType, [1] bits, [2] ScaleType.  i64: [0] group_size (<= 0: one group), [1] G,
-//     [2] scale_block_n, [3] ceil(N / scale_block_n).
-//   kMarlin (formats/marlin.h; physical sizes Np x Kp include vLLM 0.33's intermediate padding):
-//     p[0] qweight u32 [E, Kp/16, Np*16/pf]; p[1] scales u16 [E, G, Np] (act dtype, permuted);
-//     p[2] qzeros u32 [E, G, Np/pf] or null (uint4b8 / uint8b128); p[3] sorted g_idx i32
-//     [E, Kp] and p[4] sort indices i32 [E, Kp], both null without act-order.
-//     i32: [0] bits, [1] a8, [2] ScaleType (F16 / BF16), [3] grouped scale permutation (the
-//     kernel's rule: G > 1 and not a8), [4] w13 rows padded (logical row n of shard n / I sits
-//     at physical row (n / I) * Ip + n % I).
-//     i64: [0] Kp, [1] Np, [2] G, [3] group_size (0 when G == 1), [4] I, [5] Ip,
-//     [6] tiles along N, [7] words per expert.
-//   kTritonWna16 (formats/triton_wna16.h):
-//     p[0] qweight u8 [E, N, K*bits/8]; p[1] scales u16 [E, N, Gp]; p[2] qzeros u8 [E, N/2, Gp]
-//     or null (zero point 8 / 128).  i32: [0] bits, [1] ScaleType.  i64: [0] bytes per row,
-//     [1] Gp, [2] the kernel's (halved) group size.
-//   kTritonInt8 (formats/triton_int8.h): p[0] weight i8 [E, N, K]; p[1] weight_scale f32 [E, N].
-//   kTrtllmMxfp8 (formats/trtllm_mxfp8.h): p[0] weight e4m3 [E, N, K] in physical row order;
-//     p[1] weight_scale u8, 128x4-swizzled [N, K/32] per expert.  i32: [0] W31 swap + gated
-//     reorder on top of the shuffle (gated w13).  i64: [0] K/32.
-//   kTrtllmFp8Block (formats/trtllm_fp8_block.h): p[0] weight e4m3 [E, K/128, N, 128]
-//     (BlockMajorK); p[1] weight_scale_inv f32 [E, N/128, K/128] (W31-swapped rows for w13).
-//     i32: [0] W31 swap (gated w13).  i64: [0] K/128.
 struct ProjReader {
   Kind kind;
   ActQuant act;
   int64_t experts, n, k;  // LOGICAL sizes (padding hidden inside)
-  const void* p[kMaxParams];
-  int64_t i64[8];
-  int32_t i32[8];
+  union {                 // the member `kind` names
+    CanonicalParams canonical;
+    MarlinParams marlin;
+    TritonWna16Params triton_wna16;
+    TritonInt8Params triton_int8;
+    TrtllmMxfp8Params trtllm_mxfp8;
+    TrtllmFp8BlockParams trtllm_fp8_block;
+  };
 };
+static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
+
+// The one dispatch over Kind: f applied to the parameters of r's kind.
+template <class F>
+MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
+  switch (r.kind) {
+    case Kind::kMarlin:
+      return f(r.marlin);
+    case Kind::kTritonWna16:
+      return f(r.triton_wna16);
+    case Kind::kTritonInt8:
+      return f(r.triton_int8);
+    case Kind::kTrtllmMxfp8:
+      return f(r.trtllm_mxfp8);
+    case Kind::kTrtllmFp8Block:
+      return f(r.trtllm_fp8_block);
+    default:
+      return f(r.canonical);
+  }
+}
 
 // ---- scalar helpers ----------------------------------------------------------------------------
 
@@ -137,17 +221,17 @@ MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
 // ---- kCanonical --------------------------------------------------------------------------------
 
 // = formats/codec.cpp dequantize_expert, element (n, kk).
-MOEPACK_HD float canonical_weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-  const int64_t K = r.k, G = r.i64[1];
-  const int32_t* gi = static_cast<const int32_t*>(r.p[3]);
-  const int64_t g = gi ? gi[e * K + kk] : (r.i64[0] > 0 ? kk / r.i64[0] : 0);
-  const float s = scale_at(r.p[1], (e * r.i64[3] + n / r.i64[2]) * G + g, r.i32[2]);
-  const uint8_t c = static_cast<const uint8_t*>(r.p[0])[(e * r.n + n) * K + kk];
-  switch (r.i32[0]) {
+MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t K = r.k, G = p.groups;
+  const int64_t g = p.g_idx ? p.g_idx[e * K + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
+  const float s =
+      scale_at(p.scales, (e * p.scale_rows + n / p.scale_block_n) * G + g, p.scale_type);
+  const uint8_t c = p.codes[(e * r.n + n) * K + kk];
+  switch (p.code_type) {
     case kCodeUint: {
-      const uint8_t* z = static_cast<const uint8_t*>(r.p[2]);
-      const float zf = z ? static_cast<float>(z[(e * r.n + n) * G + g])
-                         : static_cast<float>(1 << (r.i32[1] - 1));
+      const float zf = p.zeros ? static_cast<float>(p.zeros[(e * r.n + n) * G + g])
+                               : static_cast<float>(1 << (p.bits - 1));
       return (static_cast<float>(c) - zf) * s;
     }
     case kCodeInt:
@@ -159,68 +243,110 @@ MOEPACK_HD float canonical_weight(const ProjReader& r, int64_t e, int64_t n, int
 
 // ---- kMarlin -----------------------------------------------------------------------------------
 
-// = formats/marlin.cpp marlin_expert_matmul's reading of (n, kk): tiles through
-// marlin::word_field_of, scales and zero points through the inverse chunk permutations, the group
-// of sorted row kk from the stored (sorted) g_idx under act-order.
-MOEPACK_HD float marlin_weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-  const int bits = r.i32[0];
-  const bool a8 = r.i32[1] != 0;
-  const int64_t Np = r.i64[1], Kp = r.i64[0];
-  if (r.i32[4]) {
-    const int64_t I = r.i64[4];
-    n += (n / I) * (r.i64[5] - I);
-  }
-  const int32_t* gs = static_cast<const int32_t*>(r.p[3]);
-  const int64_t g = gs ? gs[e * Kp + kk] : (r.i64[3] > 0 ? kk / r.i64[3] : 0);
+// The Marlin MoE kernel's reading of (n, kk): tiles through marlin::word_field_of, scales and
+// zero points through the inverse chunk permutations, the group of sorted row kk from the stored
+// (sorted) g_idx under act-order.
+MOEPACK_HD float kind_weight(const MarlinParams& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int bits = p.bits;
+  const bool a8 = p.a8 != 0;
+  const int64_t Np = p.np;
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  const int64_t g = p.g_idx ? p.g_idx[e * p.kp + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
   int word = 0, field = 0;
   marlin::word_field_of(bits, a8, kk, n, &word, &field);
-  const int64_t tk = a8 ? 32 : 16, tn = a8 ? 32 : 64;
-  const int64_t tau = (kk / tk) * r.i64[6] + n / tn;
-  const uint32_t* q = static_cast<const uint32_t*>(r.p[0]);
+  const int64_t tau = (kk / marlin::tile_k(a8)) * p.tiles_n + n / marlin::tile_n(a8);
   const uint32_t mask = (1u << bits) - 1u;
-  const uint32_t w = q[e * r.i64[7] + tau * (1024 / (32 / bits)) + word];
+  const uint32_t w = p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(bits) + word];
   const float code = static_cast<float>((w >> (bits * field)) & mask);
   // Scale (g, n) and zero point (g, n) of the row-major [G, Np] matrices, as stored permuted.
   const int64_t j = g * Np + n;
-  const bool grouped = r.i32[3] != 0;
-  const int64_t sc = grouped ? 64 : 32;
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);
   const int64_t spos = (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc));
-  const float s =
-      scale_at(static_cast<const uint16_t*>(r.p[1]) + e * r.i64[2] * Np, spos, r.i32[2]);
+  const float s = scale_at(p.scales + e * p.groups * Np, spos, p.scale_type);
   float z = static_cast<float>(1 << (bits - 1));
-  const uint32_t* zw = static_cast<const uint32_t*>(r.p[2]);
-  if (zw) {
-    const int pf = 32 / bits;
+  if (p.qzeros) {
+    const int pf = marlin::pack_factor(bits);
     const int64_t zpos = (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
-    const uint32_t zword = zw[e * r.i64[2] * (Np / pf) + zpos / pf];
+    const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
     z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
   }
   return (code - z) * s;
 }
 
+// w[kk] = kind_weight(p, r, e, n, kk) for kk in [0, r.k), with what is fixed along a row hoisted:
+// the physical row, the (word, field) of each row of a tile (word_field_of depends on kk only
+// modulo the tile height), and the scale and zero point per group. Same formula, same floats.
+MOEPACK_HD void kind_weight_row(const MarlinParams& p, const ProjReader& r, int64_t e, int64_t n,
+                                float* w) {
+  const int bits = p.bits;
+  const bool a8 = p.a8 != 0;
+  const int64_t Np = p.np;
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  const int tk = marlin::tile_k(a8);
+  int word[32], field[32];
+  for (int k = 0; k < tk; ++k) marlin::word_field_of(bits, a8, k, n, &word[k], &field[k]);
+  const uint32_t mask = (1u << bits) - 1u;
+  const uint32_t* q = p.qweight + e * p.words_per_expert;
+  const int64_t tile_words = marlin::words_per_tile(bits), nt = n / marlin::tile_n(a8);
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);
+  const uint16_t* scales = p.scales + e * p.groups * Np;
+  const int pf = marlin::pack_factor(bits);
+  int64_t last_g = -1;
+  float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
+  for (int64_t kk = 0; kk < r.k; ++kk) {
+    const int64_t g = p.g_idx ? p.g_idx[e * p.kp + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
+    if (g != last_g) {
+      last_g = g;
+      const int64_t j = g * Np + n;
+      s = scale_at(scales,
+                   (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc)),
+                   p.scale_type);
+      if (p.qzeros) {
+        const int64_t zpos =
+            (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
+        const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
+        z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
+      }
+    }
+    const int t = static_cast<int>(kk % tk);
+    const uint32_t wd = q[((kk / tk) * p.tiles_n + nt) * tile_words + word[t]];
+    w[kk] = (static_cast<float>((wd >> (bits * field[t])) & mask) - z) * s;
+  }
+}
+
+// Act-order: the kernel permutes the activation columns (permute_cols_kernel over the sort
+// indices).
+MOEPACK_HD int64_t kind_act_col(const MarlinParams& p, const ProjReader&, int64_t e, int64_t kk) {
+  return p.sort_indices ? p.sort_indices[e * p.kp + kk] : kk;
+}
+
 // ---- kTritonWna16 ------------------------------------------------------------------------------
 
-// = formats/triton_wna16.cpp triton_wna16_expert_matmul (fused_moe_kernel_gptq_awq).
-MOEPACK_HD float triton_wna16_weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-  const int64_t row = e * r.n + n, kb = r.i64[0], Gp = r.i64[1];
-  const int64_t grp = kk / r.i64[2];
-  const uint8_t* b = static_cast<const uint8_t*>(r.p[0]) + row * kb;
-  const bool int4 = r.i32[0] == 4;
+// fused_moe_kernel_gptq_awq's dequantisation.
+MOEPACK_HD float kind_weight(const TritonWna16Params& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t row = e * r.n + n, Gp = p.scale_cols;
+  const int64_t grp = kk / p.group_size;
+  const uint8_t* b = p.qweight + row * p.row_bytes;
+  const bool int4 = p.bits == 4;
   const float code =
       int4 ? static_cast<float>((b[kk >> 1] >> (4 * (kk & 1))) & 15) : static_cast<float>(b[kk]);
-  const uint8_t* z = static_cast<const uint8_t*>(r.p[2]);
   const float zp =
-      z ? static_cast<float>((z[(e * (r.n / 2) + n / 2) * Gp + grp] >> (4 * (n & 1))) & 15)
-        : (int4 ? 8.0f : 128.0f);
-  return (code - zp) * scale_at(r.p[1], row * Gp + grp, r.i32[1]);
+      p.qzeros
+          ? static_cast<float>((p.qzeros[(e * (r.n / 2) + n / 2) * Gp + grp] >> (4 * (n & 1))) & 15)
+          : (int4 ? 8.0f : 128.0f);
+  return (code - zp) * scale_at(p.scales, row * Gp + grp, p.scale_type);
 }
 
 // ---- kTritonInt8 -------------------------------------------------------------------------------
 
-MOEPACK_HD float triton_int8_weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
+MOEPACK_HD float kind_weight(const TritonInt8Params& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
   const int64_t row = e * r.n + n;
-  const int8_t c = static_cast<const int8_t*>(r.p[0])[row * r.k + kk];
-  return static_cast<float>(c) * static_cast<const float*>(r.p[1])[row];
+  return static_cast<float>(p.weight[row * r.k + kk]) * p.weight_scale[row];
 }
 
 // ---- kTrtllmMxfp8 ------------------------------------------------------------------------------
@@ -236,54 +362,65 @@ MOEPACK_HD int64_t mxfp8_physical_row(int64_t n, int64_t rows, bool w31_gated) {
   return trtllm::shuffle_a_dst_row(n, 32);  // shuffle_matrix_a, epilogue tile 128
 }
 
-MOEPACK_HD float trtllm_mxfp8_weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-  const int64_t rows = r.n, K = r.k, cols = r.i64[0];
-  const int64_t pr = mxfp8_physical_row(n, rows, r.i32[0] != 0);
-  const uint8_t* sq = static_cast<const uint8_t*>(r.p[1]) + e * rows * cols;
+MOEPACK_HD float kind_weight(const TrtllmMxfp8Params& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t rows = r.n, K = r.k, cols = p.scale_cols;
+  const int64_t pr = mxfp8_physical_row(n, rows, p.w31_gated != 0);
+  const uint8_t* sq = p.weight_scale + e * rows * cols;
   const float s = hd::e8m0_value(sq[trtllm::scale_128x4_offset(pr, kk >> 5, cols)]);
-  return hd::e4m3_value(static_cast<const uint8_t*>(r.p[0])[(e * rows + pr) * K + kk]) * s;
+  return hd::e4m3_value(p.weight[(e * rows + pr) * K + kk]) * s;
 }
 
 // ---- kTrtllmFp8Block ---------------------------------------------------------------------------
 
-MOEPACK_HD float trtllm_fp8_block_weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-  const int64_t rows = r.n, kblocks = r.i64[0];
+MOEPACK_HD float kind_weight(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
+                             int64_t n, int64_t kk) {
+  const int64_t rows = r.n, kblocks = p.k_blocks;
   int64_t w31 = n;  // row of the W31-ordered matrix (and of the stored scales' 128-row blocks)
-  if (r.i32[0]) {
+  if (p.w31) {
     const int64_t half = rows / 2;
     w31 = n >= half ? n - half : n + half;
   }
   const int64_t pr = trtllm::shuffle_a_dst_row(w31, 16);  // shuffle_matrix_a, epilogue tile 64
   const int64_t kb = kk >> 7;
-  const uint8_t* wq = static_cast<const uint8_t*>(r.p[0]) + e * rows * r.k;
-  const float* sq = static_cast<const float*>(r.p[1]) + e * (rows / 128) * kblocks;
+  const uint8_t* wq = p.weight + e * rows * r.k;
+  const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks;
   return hd::e4m3_value(wq[(kb * rows + pr) * 128 + (kk & 127)]) * sq[(w31 >> 7) * kblocks + kb];
 }
 
 // ---- the contract ------------------------------------------------------------------------------
 
-MOEPACK_HD float weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-  switch (r.kind) {
-    case Kind::kCanonical:
-      return canonical_weight(r, e, n, kk);
-    case Kind::kMarlin:
-      return marlin_weight(r, e, n, kk);
-    case Kind::kTritonWna16:
-      return triton_wna16_weight(r, e, n, kk);
-    case Kind::kTritonInt8:
-      return triton_int8_weight(r, e, n, kk);
-    case Kind::kTrtllmMxfp8:
-      return trtllm_mxfp8_weight(r, e, n, kk);
-    default:
-      return trtllm_fp8_block_weight(r, e, n, kk);
-  }
+// Every kind but Marlin act-order multiplies column kk by activation column kk.
+template <class P>
+MOEPACK_HD int64_t kind_act_col(const P&, const ProjReader&, int64_t, int64_t kk) {
+  return kk;
 }
 
-// Only Marlin act-order permutes activations (permute_cols_kernel over the sort indices).
+MOEPACK_HD float weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
+  return visit(r, [&](const auto& p) { return kind_weight(p, r, e, n, kk); });
+}
+
 MOEPACK_HD int64_t act_col(const ProjReader& r, int64_t e, int64_t kk) {
-  if (r.kind == Kind::kMarlin && r.p[4])
-    return static_cast<const int32_t*>(r.p[4])[e * r.i64[0] + kk];
-  return kk;
+  return visit(r, [&](const auto& p) { return kind_act_col(p, r, e, kk); });
+}
+
+// A kind without a row decoder of its own reads its row element by element.
+template <class P>
+MOEPACK_HD void kind_weight_row(const P& p, const ProjReader& r, int64_t e, int64_t n, float* w) {
+  for (int64_t kk = 0; kk < r.k; ++kk) w[kk] = kind_weight(p, r, e, n, kk);
+}
+
+// w[kk] = weight(r, e, n, kk) for kk in [0, r.k): a whole row with one dispatch (bit for bit the
+// same values: tests/test_util.cpp expect_reader_matches).
+MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) {
+  visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
+}
+
+// col[kk] = act_col(r, e, kk) for kk in [0, r.k).
+MOEPACK_HD void act_cols(const ProjReader& r, int64_t e, int64_t* col) {
+  visit(r, [&](const auto& p) {
+    for (int64_t kk = 0; kk < r.k; ++kk) col[kk] = kind_act_col(p, r, e, kk);
+  });
 }
 
 // ---- activation quantisation -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// FlashInfer TRT-LLM-Gen layout index maps shared by formats/trtllm_*.cpp and the GPU readers
+// FlashInfer TRT-LLM-Gen layout index maps shared by formats/trtllm_*.cpp and the readers
 // (formats/layout/moe_reader.h): the 128x4 scale swizzle and shuffle_matrix_a's row map
 // (spec/mxfp8_trtllm.md §3.3-3.4). Raw integers only.
 #pragma once

@@ -13,7 +13,7 @@
 // (formats/layout/marlin_layout.h, spec/wna16_marlin.md §3.2), so each lane reads its whole
 // fragment set with one 16-byte load. Codes are decoded exactly (q - 8 is exact in bf16/fp16) and
 // the scale is applied in fp32 to each group's partial sum, so the result differs from the CPU
-// reference (formats' expert_matmul) only by fp32 summation order.
+// reference (reader_expert_matmul over the Marlin reader) only by fp32 summation order.
 #pragma once
 
 #include <cuda_bf16.h>

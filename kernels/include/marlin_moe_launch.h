@@ -20,7 +20,7 @@ struct MarlinMoeLayer {
   const uint16_t* s13 = nullptr;  // [E, G13, N13]
   int64_t groups13 = 1;  // G13: H / group_size, or 1 (channelwise); scales are permuted with
                          // the 64-entry (grouped) map iff G > 1, else the 32-entry one (the
-                         // kernel's rule, ops.cu; formats/marlin.cpp marlin_expert_matmul)
+                         // kernel's rule, ops.cu; formats/marlin.cpp marlin_make_reader)
   const uint32_t* w2 = nullptr;  // [E, I/16, 2H]
   const uint16_t* s2 = nullptr;  // [E, G2, H]
   int64_t groups2 = 1;

@@ -1,7 +1,8 @@
 // The fused Marlin MoE kernel (kernels/include/marlin_moe.cuh) against the CPU definition: the
-// layer packed by pack_marlin_moe, each routed (token, slot) run through marlin_expert_matmul
-// (formats/marlin.cpp) for w13 and w2 with the serving kernel's roundings (activations in the
-// activation dtype, silu(gate)*up rounded to it), combined in double. Skips without a device.
+// layer packed by pack_marlin_moe, each routed (token, slot) run through reader_expert_matmul over
+// the layout's readers (formats/marlin.cpp marlin_make_reader) for w13 and w2 with the serving
+// kernel's roundings (activations in the activation dtype, silu(gate)*up rounded to it), combined
+// in double. Skips without a device.
 //
 // Tolerance: the kernel accumulates in fp32 in another order (mma fragments, split-K, group
 // partial sums scaled in fp32), so h can round to the neighbouring 16-bit value where the CPU
@@ -18,6 +19,7 @@
 
 #include "core/half.h"
 #include "formats/marlin.h"
+#include "formats/moe_reader.h"
 #include "kernels/marlin_moe.h"
 #include "kernels/moepack_cuda.h"
 #include "tests/test_util.h"
@@ -46,6 +48,7 @@ struct Layer {
   MoeExperts experts;
   LayoutOptions opts;
   TensorMap params;
+  reader::ProjReader r13, r2;  // the layout's readers over `params` (host memory)
   MarlinMoeHostLayer host;
 };
 
@@ -65,6 +68,8 @@ Layer make_layer(Rng& rng, const Case& c) {
   L.opts.gated = c.gated;
   L.opts.source_method = QuantMethod::kGptq;
   for (const Tensor& t : pack_marlin_moe(L.opts, L.experts)) L.params[t.name] = t;
+  L.r13 = marlin_make_reader(L.opts, L.params, MoeProj::kW13, host_param);
+  L.r2 = marlin_make_reader(L.opts, L.params, MoeProj::kW2, host_param);
 
   MarlinMoeHostLayer& h = L.host;
   h.experts = c.experts;
@@ -137,7 +142,7 @@ void reference(const Layer& L, const Case& c, const Routing& r, std::vector<doub
     for (int s = 0; s < c.top_k; ++s) {
       const int32_t e = r.ids[static_cast<size_t>(t * c.top_k + s)];
       const double wt = r.weights[static_cast<size_t>(t * c.top_k + s)];
-      marlin_expert_matmul(L.opts, L.params, MoeProj::kW13, e, x.data(), 1, h13.data());
+      reader_expert_matmul(L.r13, e, x.data(), 1, h13.data());
       for (int64_t i = 0; i < I; ++i) {
         float v;
         if (c.gated) {
@@ -149,7 +154,7 @@ void reference(const Layer& L, const Case& c, const Routing& r, std::vector<doub
         }
         h[static_cast<size_t>(i)] = act_round(v, c.bf16);
       }
-      marlin_expert_matmul(L.opts, L.params, MoeProj::kW2, e, h.data(), 1, y.data());
+      reader_expert_matmul(L.r2, e, h.data(), 1, y.data());
       const std::vector<float>& W = w2[static_cast<size_t>(e)];
       for (int64_t n = 0; n < H; ++n) {
         double abs_sum = 0;

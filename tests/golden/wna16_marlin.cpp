@@ -95,7 +95,7 @@ double normalised_error(const std::vector<float>& y, const std::vector<double>& 
   return den == 0 ? num : num / den;
 }
 
-// expert_matmul on the packed params against x . dequantize_expert(q)^T.
+// The matmul through the layout's reader over the packed params against x . dequantize_expert(q)^T.
 void check_matmul(const LayoutOptions& opts, const TensorMap& params, const QuantTensor& q,
                   MoeProj proj, const std::string& what) {
   const int64_t m = 3;
@@ -113,7 +113,7 @@ void check_matmul(const LayoutOptions& opts, const TensorMap& params, const Quan
         ref[static_cast<size_t>(r * q.n + n)] = acc;
       }
     std::vector<float> y(static_cast<size_t>(m * q.n));
-    marlin_expert_matmul(opts, params, proj, e, x.data(), m, y.data());
+    test::layout_matmul(marlin_make_reader, opts, params, proj, e, x.data(), m, y.data());
     EXPECT_LT(normalised_error(y, ref), 1e-5) << what << " expert " << e;
   }
 }

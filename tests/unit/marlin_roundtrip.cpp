@@ -150,7 +150,7 @@ double kernel_error(Rng& rng, const LayoutOptions& o, const TensorMap& params, c
   const int64_t m = 2;
   const std::vector<float> x = random_x(rng, m, q.k);
   std::vector<float> y(static_cast<size_t>(m * q.n));
-  marlin_expert_matmul(o, params, proj, e, x.data(), m, y.data());
+  test::layout_matmul(marlin_make_reader, o, params, proj, e, x.data(), m, y.data());
   return matmul_error(q, e, x, m, y);
 }
 

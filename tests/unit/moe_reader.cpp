@@ -1,13 +1,17 @@
-// The GPU layout readers (formats/layout/moe_reader.h) proven on the CPU:
+// The layout readers (formats/layout/moe_reader.h) proven on the CPU, beyond what the registry
+// suite proves for every row (tests/unit/registry_suite.cpp: each row's reader equals the
+// canonical dequantisation of unpack at act_col bit for bit over the row's sample space, and
+// reader_expert_matmul is that reading summed in column order):
 //   - the MOEPACK_HD float codecs equal the host ones (every 8- and 16-bit code; float inputs
 //     around every rounding boundary);
 //   - the inverse index maps invert the layouts' forward maps;
-//   - for every target layout x every codec x option the registry suite draws (plus the Marlin
-//     a8, padded-intermediate and vLLM-scale-rule options), weight(r, e, n, kk) equals the
-//     canonical dequantisation of unpack at act_col(r, e, kk) bit for bit, and a row's sum of
-//     weight * x[act_col] equals the layout's expert_matmul within fp32 summation-order tolerance;
+//   - Marlin options the registry does not draw (a8, vLLM 0.33's padded intermediate, act-order,
+//     --vllm-w13-scale-size-k: the reader equals unpack under the kernel's scale rule) and Triton
+//     WNA16's wrapped GPTQ zero 16 (the reader reads zero 0, as the kernel does);
 //   - the canonical reader equals dequantize_expert exactly;
 //   - a mutated byte of the packed layout changes exactly the element the layout map says;
+//   - the builders refuse what unpack refuses and read corrupt but well-shaped bytes;
+//   - reader_expert_matmul refuses an expert outside its chunk;
 //   - quantize_activation_row equals an independent statement of each ActQuant rule, on edge rows.
 #include "formats/moe_reader.h"
 
@@ -189,7 +193,7 @@ TEST(CanonicalReader, LocatorAndNullBuffers) {
     return p;
   });
   EXPECT_EQ(calls, 3);  // codes, scales, zeros (no g_idx)
-  EXPECT_EQ(r.p[3], nullptr);
+  EXPECT_EQ(r.canonical.g_idx, nullptr);
   EXPECT_EQ(r.act, ActQuant::kBf16);
   QuantTensor bad = q;
   bad.codes.pop_back();
@@ -204,153 +208,6 @@ TensorMap by_name(const std::vector<Tensor>& ts) {
   for (const auto& t : ts) m[t.name] = t;
   return m;
 }
-
-struct ReaderCheck {
-  bool exact_vs_unpack = true;  // false where the layout reads like a vLLM kernel on purpose
-  bool whole_expert = true;     // every element of one random expert, besides the samples
-  int64_t samples = 3000;       // random elements over all experts
-  int64_t matmul_rows = 64;     // output rows compared with expert_matmul (at most)
-};
-
-// Reader vs unpack (bit for bit) and vs expert_matmul (fp32 summation order).
-void check_layout_reader(Rng& rng, const TargetLayout& row, const LayoutOptions& o,
-                         const TensorMap& params, const ReaderCheck& how, double* worst) {
-  const MoeExperts back = row.unpack(o, params);
-  for (MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
-    const QuantTensor& q = proj == MoeProj::kW13 ? back.w13 : back.w2;
-    const std::string pname = proj == MoeProj::kW13 ? "w13" : "w2";
-    SCOPED_TRACE(pname);
-    const ProjReader r = make_layout_reader(row, o, params, proj, host_param);
-    ASSERT_EQ(r.experts, q.experts);
-    ASSERT_EQ(r.n, q.n);
-    ASSERT_EQ(r.k, q.k);
-    EXPECT_EQ(r.act, act_quant_of(row, o));
-    const int64_t E = q.experts, N = q.n, K = q.k;
-    // Act-order: act_col is a permutation of the columns.
-    for (int64_t e = 0; e < E; ++e) {
-      std::vector<int> hit(static_cast<size_t>(K), 0);
-      for (int64_t kk = 0; kk < K; ++kk) {
-        const int64_t c = reader::act_col(r, e, kk);
-        ASSERT_TRUE(c >= 0 && c < K) << "act_col " << c;
-        ++hit[static_cast<size_t>(c)];
-      }
-      ASSERT_TRUE(std::all_of(hit.begin(), hit.end(), [](int h) { return h == 1; }));
-    }
-    if (how.exact_vs_unpack) {
-      std::vector<std::vector<float>> d;
-      for (int64_t e = 0; e < E; ++e) d.push_back(dequantize_expert(q, e));
-      const auto check = [&](int64_t e, int64_t n, int64_t kk) {
-        const float got = reader::weight(r, e, n, kk);
-        const float want =
-            d[static_cast<size_t>(e)][static_cast<size_t>(n * K + reader::act_col(r, e, kk))];
-        return same_float(got, want);
-      };
-      const int64_t whole = std::uniform_int_distribution<int64_t>(0, E - 1)(rng);
-      for (int64_t n = 0; how.whole_expert && n < N; ++n)
-        for (int64_t kk = 0; kk < K; ++kk)
-          ASSERT_TRUE(check(whole, n, kk)) << "e=" << whole << " n=" << n << " kk=" << kk;
-      std::uniform_int_distribution<int64_t> pe(0, E - 1), pn(0, N - 1), pk(0, K - 1);
-      for (int64_t i = 0; i < how.samples; ++i) {
-        const int64_t e = pe(rng), n = pn(rng), kk = pk(rng);
-        ASSERT_TRUE(check(e, n, kk)) << "e=" << e << " n=" << n << " kk=" << kk;
-      }
-    }
-    // sum_kk weight * x[act_col] against the layout's expert_matmul.
-    const int64_t m = 2, e = std::uniform_int_distribution<int64_t>(0, E - 1)(rng);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(m * K)), y(static_cast<size_t>(m * N));
-    for (auto& v : x) v = u(rng);
-    row.expert_matmul(o, params, proj, e, x.data(), m, y.data());
-    double err = 0.0, ref = 0.0;
-    const int64_t step = std::max<int64_t>(1, N / how.matmul_rows);
-    const int64_t n0 = std::uniform_int_distribution<int64_t>(0, step - 1)(rng);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t n = n0; n < N; n += step) {
-        float acc = 0.0f;
-        for (int64_t kk = 0; kk < K; ++kk)
-          acc += reader::weight(r, e, n, kk) *
-                 x[static_cast<size_t>(i * K + reader::act_col(r, e, kk))];
-        const float want = y[static_cast<size_t>(i * N + n)];
-        err = std::max(err, std::fabs(static_cast<double>(acc) - want));
-        ref = std::max(ref, std::fabs(static_cast<double>(want)));
-      }
-    const double rel = ref > 0 ? err / ref : err;
-    *worst = std::max(*worst, rel);
-    // Same quantised values on both sides; only fp32 summation order differs (K <= 512, see the
-    // registry suite's kMatmulTolerance for the measured worst case).
-    EXPECT_LE(rel, 1e-5) << "e=" << e;
-  }
-}
-
-bool takes_scheme(const TargetLayout& row, const char* scheme) {
-  return std::find(row.schemes.begin(), row.schemes.end(), scheme) != row.schemes.end();
-}
-
-bool has_reader(const TargetLayout& row) {
-  try {
-    reader_kind_of(row);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
-// The registry suite's sample space (tests/unit/registry_suite.cpp): every codec a layout takes,
-// every param set, bf16 / fp16 activations, gated or not, random layer extents.
-class LayoutReaderRows : public ::testing::TestWithParam<TargetLayout> {};
-
-TEST_P(LayoutReaderRows, WeightEqualsUnpackAndRowsEqualExpertMatmul) {
-  const TargetLayout& row = GetParam();
-  if (!has_reader(row)) GTEST_SKIP() << row.name << " has no reader";
-  Rng rng(std::hash<std::string>{}(row.name) & 0xffffffu);
-  int supported = 0;
-  double worst = 0.0;
-  for (const SourceCodec& codec : source_codecs()) {
-    if (!takes_scheme(row, codec.scheme)) continue;
-    for (const QuantParams& params : codec.param_space()) {
-      test::RandomTensorOptions ro;
-      std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
-      if (params.method == QuantMethod::kGptq) {  // as the registry suite: see its comment
-        ro.zero_lo = std::max(ro.zero_lo, 1);
-        ro.zero_hi = std::min(ro.zero_hi, (1 << params.bits) - 1);
-      }
-      for (DType act : {DType::kBF16, DType::kF16})
-        for (bool gated : {true, false}) {
-          const test::LayerDims d = test::random_layer_dims(rng, 1).front();
-          const MoeShape s = moe_shape_for(params, d.experts, d.hidden, d.inter, gated);
-          LayoutOptions o;
-          o.act_dtype = act;
-          o.gated = gated;
-          o.source_method = params.method;
-          o.prefix = "model.layers.0.mlp.experts.";
-          if (!row.unsupported_reasons(o, s).empty()) continue;
-          std::ostringstream trace;
-          trace << row.name << " <- " << codec.name << " {" << test::describe_params(params)
-                << "} E=" << d.experts << " H=" << d.hidden << " I=" << d.inter
-                << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act);
-          SCOPED_TRACE(trace.str());
-          ++supported;
-          const MoeExperts x = test::random_moe_experts(rng, s, ro);
-          const TensorMap params_by_name = by_name(row.pack(o, x));
-          ReaderCheck how;
-          how.whole_expert = supported % 4 == 1;  // run time (ASan): samples elsewhere
-          check_layout_reader(rng, row, o, params_by_name, how, &worst);
-        }
-    }
-  }
-  EXPECT_GE(supported, 4);
-  std::cout << "[ " << row.name << " ] " << supported << " layers; worst row error " << worst
-            << "\n";
-}
-
-std::string row_name(const ::testing::TestParamInfo<TargetLayout>& p) {
-  std::string s = p.param.name;
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
-INSTANTIATE_TEST_SUITE_P(Registry, LayoutReaderRows, ::testing::ValuesIn(target_layouts()),
-                         row_name);
 
 // ---- Marlin options beyond the registry's draws ----------------------------------------------
 
@@ -373,7 +230,6 @@ QuantParams gptq_params(int bits, int64_t gs, bool act_order) {
 TEST(MarlinReader, A8PaddedIntermediateAndLoaderScaleRule) {
   const TargetLayout& marlin = layout_named("marlin");
   Rng rng(88);
-  double worst = 0.0;
   struct Case {
     int bits;
     int64_t gs, H, I;
@@ -407,14 +263,16 @@ TEST(MarlinReader, A8PaddedIntermediateAndLoaderScaleRule) {
       ro.zero_lo = 1;
       const MoeExperts x = test::random_moe_experts(rng, s, ro);
       const TensorMap params_by_name = by_name(marlin.pack(o, x));
-      ReaderCheck how;
-      how.exact_vs_unpack = c.exact;
-      check_layout_reader(rng, marlin, o, params_by_name, how, &worst);
+      // What the kernel reads: unpack under the kernel's scale rule (the loader's rule differs
+      // where --vllm-w13-scale-size-k matters).
+      LayoutOptions kernel_rule = o;
+      kernel_rule.vllm_w13_scale_size_k = false;
+      test::expect_reader_matches(rng, marlin, o, params_by_name,
+                                  marlin.unpack(kernel_rule, params_by_name));
       if (!c.exact) {
         // The case must matter: the reader's weights differ from the loader's decoding.
         const MoeExperts back = marlin.unpack(o, params_by_name);
-        const ProjReader r =
-            make_layout_reader(marlin, o, params_by_name, MoeProj::kW13, host_param);
+        const ProjReader r = marlin.make_reader(o, params_by_name, MoeProj::kW13, host_param);
         const std::vector<float> d = dequantize_expert(back.w13, 0);
         int64_t differ = 0;
         for (int64_t n = 0; n < r.n; ++n)
@@ -440,8 +298,7 @@ TEST(MarlinReader, OneMutatedWordChangesExactlyTheMappedElement) {
       o.source_method = QuantMethod::kGptq;
       const MoeExperts x = test::random_moe_experts(rng, s, {});
       TensorMap params_by_name = by_name(marlin.pack(o, x));
-      const ProjReader before =
-          make_layout_reader(marlin, o, params_by_name, MoeProj::kW13, host_param);
+      const ProjReader before = marlin.make_reader(o, params_by_name, MoeProj::kW13, host_param);
       std::vector<float> w0(static_cast<size_t>(before.n * before.k));
       for (int64_t n = 0; n < before.n; ++n)
         for (int64_t k = 0; k < before.k; ++k)
@@ -450,12 +307,12 @@ TEST(MarlinReader, OneMutatedWordChangesExactlyTheMappedElement) {
       const int T = marlin::words_per_tile(bits), r = 37 % T, f = 1;
       const int64_t ntn = before.n / marlin::tile_n(a8), kt = 3, nt = 1;
       Tensor& qw = params_by_name.at("w13_qweight");
-      uint32_t* words = qw.as<uint32_t>() + before.i64[7] + (kt * ntn + nt) * T + r;
+      uint32_t* words =
+          qw.as<uint32_t>() + before.marlin.words_per_expert + (kt * ntn + nt) * T + r;
       *words ^= 1u << (bits * f + bits - 1);
       int64_t want_k, want_n;
       marlin::word_field_coords(bits, a8, kt, nt, r, f, &want_k, &want_n);
-      const ProjReader after =
-          make_layout_reader(marlin, o, params_by_name, MoeProj::kW13, host_param);
+      const ProjReader after = marlin.make_reader(o, params_by_name, MoeProj::kW13, host_param);
       int64_t changed = 0;
       for (int64_t n = 0; n < after.n; ++n)
         for (int64_t k = 0; k < after.k; ++k) {
@@ -488,31 +345,30 @@ TEST(MarlinReader, BuilderRefusesWhatUnpackRefuses) {
   TensorMap bad = good;
   bad.at("w2_g_idx_sort_indices").as<int32_t>()[128 + 5] = 0;
   test::expect_error([&] { marlin.unpack(o, bad); }, ErrorCode::kBadValue);
-  const Error e = test::expect_error(
-      [&] { make_layout_reader(marlin, o, bad, MoeProj::kW2, host_param); }, ErrorCode::kBadValue);
+  const Error e = test::expect_error([&] { marlin.make_reader(o, bad, MoeProj::kW2, host_param); },
+                                     ErrorCode::kBadValue);
   EXPECT_EQ(e.tensor(), "w2_g_idx_sort_indices");
   // A wrong scale dtype: kBadDtype naming the parameter.
   TensorMap wrong = good;
   wrong.at("w13_scales").dtype = DType::kF16;
-  const Error d =
-      test::expect_error([&] { make_layout_reader(marlin, o, wrong, MoeProj::kW13, host_param); },
-                         ErrorCode::kBadDtype);
+  const Error d = test::expect_error(
+      [&] { marlin.make_reader(o, wrong, MoeProj::kW13, host_param); }, ErrorCode::kBadDtype);
   EXPECT_EQ(d.tensor(), "w13_scales");
   // A missing parameter.
   TensorMap missing = good;
   missing.erase("w13_qweight");
-  test::expect_error([&] { make_layout_reader(marlin, o, missing, MoeProj::kW2, host_param); },
+  test::expect_error([&] { marlin.make_reader(o, missing, MoeProj::kW2, host_param); },
                      ErrorCode::kMissingTensor);
   // Corrupted but well-shaped bytes are read, not refused.
   TensorMap corrupt = good;
   corrupt.at("w13_qweight").data[100] ^= 0xff;
-  EXPECT_NO_THROW(make_layout_reader(marlin, o, corrupt, MoeProj::kW13, host_param));
+  EXPECT_NO_THROW(marlin.make_reader(o, corrupt, MoeProj::kW13, host_param));
 }
 
 // ---- Triton WNA16 and TRT-LLM specifics ------------------------------------------------------
 
 // GPTQ zero 16 (stored 15): vLLM's loader adds 1 in uint8 and wraps it into nibble 0, which the
-// kernel reads as 0. The reader reads what the kernel reads (expert_matmul), not unpack's 16.
+// kernel reads as 0. The reader reads what the kernel reads, not unpack's 16.
 TEST(TritonWna16Reader, WrappedGptqZeroIsReadAsTheKernelReadsIt) {
   const TargetLayout& triton = layout_named("triton-wna16");
   Rng rng(16);
@@ -527,15 +383,31 @@ TEST(TritonWna16Reader, WrappedGptqZeroIsReadAsTheKernelReadsIt) {
   MoeExperts x = test::random_moe_experts(rng, s, ro);
   x.w13.zeros[0] = 16;
   const TensorMap m = by_name(triton.pack(o, x));
-  double worst = 0.0;
-  ReaderCheck how;
-  how.exact_vs_unpack = false;
-  check_layout_reader(rng, triton, o, m, how, &worst);
-  const ProjReader r = make_layout_reader(triton, o, m, MoeProj::kW13, host_param);
+  // What the kernel reads (docs/triton_wna16.md "Zero points"): rows n, n + 1 share the byte
+  // (z_n + 16 z_{n+1}) mod 256, so a zero of 16 reads as nibble 0 and carries into its odd
+  // neighbour. Stated here from unpack's real zeros.
+  MoeExperts kernel_view = triton.unpack(o, m);
+  int64_t wrapped = 0;
+  for (QuantTensor* q : {&kernel_view.w13, &kernel_view.w2}) {
+    const int64_t G = q->groups();
+    for (int64_t e = 0; e < q->experts; ++e)
+      for (int64_t n = 0; n + 1 < q->n; n += 2)
+        for (int64_t g = 0; g < G; ++g) {
+          uint8_t& lo = q->zeros[static_cast<size_t>((e * q->n + n) * G + g)];
+          uint8_t& hi = q->zeros[static_cast<size_t>((e * q->n + n + 1) * G + g)];
+          wrapped += lo == 16 || hi == 16;
+          const auto byte = static_cast<uint8_t>((lo + 16 * hi) & 0xff);
+          lo = byte & 15;
+          hi = byte >> 4;
+        }
+  }
+  ASSERT_GT(wrapped, 0);
+  test::expect_reader_matches(rng, triton, o, m, kernel_view);
+  const ProjReader r = triton.make_reader(o, m, MoeProj::kW13, host_param);
   const std::vector<float> d = dequantize_expert(triton.unpack(o, m).w13, 0);
   // Row 0, group 0: unpack says zero 16, the kernel reads nibble 0.
   const float code = static_cast<float>(x.w13.codes[0]);
-  const float scale = reader::scale_at(r.p[1], 0, r.i32[1]);
+  const float scale = reader::scale_at(r.triton_wna16.scales, 0, r.triton_wna16.scale_type);
   EXPECT_TRUE(same_float(reader::weight(r, 0, 0, 0), code * scale));
   EXPECT_TRUE(same_float(d[0], (code - 16.0f) * scale));
 }
@@ -578,7 +450,7 @@ TEST(LayoutReaders, BuildersRefuseWhatUnpackRefusesAndReadCorruptBytes) {
       // Every parameter: missing -> kMissingTensor; wrong dtype -> what unpack says.
       TensorMap missing = good;
       missing.erase(pname);
-      test::expect_error([&] { make_layout_reader(row, o, missing, MoeProj::kW13, host_param); },
+      test::expect_error([&] { row.make_reader(o, missing, MoeProj::kW13, host_param); },
                          ErrorCode::kMissingTensor);
       TensorMap wrong = good;
       wrong.at(pname).dtype = t.dtype == DType::kI32 ? DType::kF32 : DType::kI32;
@@ -589,12 +461,11 @@ TEST(LayoutReaders, BuildersRefuseWhatUnpackRefusesAndReadCorruptBytes) {
         unpack_code = e.code();
       }
       ASSERT_NE(unpack_code, ErrorCode::kInternal) << pname << ": unpack took a wrong dtype";
-      test::expect_error([&] { make_layout_reader(row, o, wrong, MoeProj::kW2, host_param); },
-                         unpack_code);
+      test::expect_error([&] { row.make_reader(o, wrong, MoeProj::kW2, host_param); }, unpack_code);
     }
     TensorMap corrupt = good;
     for (auto& [pname, t] : corrupt) t.data[t.data.size() / 2] ^= 0x01;
-    EXPECT_NO_THROW(make_layout_reader(row, o, corrupt, MoeProj::kW13, host_param));
+    EXPECT_NO_THROW(row.make_reader(o, corrupt, MoeProj::kW13, host_param));
   }
   // FP8 block: unpack refuses a NaN scale, so does the builder.
   const TargetLayout& fp8 = layout_named("trtllm-fp8-block");
@@ -604,7 +475,7 @@ TEST(LayoutReaders, BuildersRefuseWhatUnpackRefusesAndReadCorruptBytes) {
   TensorMap m = by_name(fp8.pack(o, test::random_moe_experts(rng, s, {})));
   m.at("w2_weight_scale_inv").as<float>()[0] = NAN;
   test::expect_error([&] { fp8.unpack(o, m); }, ErrorCode::kBadValue);
-  test::expect_error([&] { make_layout_reader(fp8, o, m, MoeProj::kW13, host_param); },
+  test::expect_error([&] { fp8.make_reader(o, m, MoeProj::kW13, host_param); },
                      ErrorCode::kBadValue);
 }
 

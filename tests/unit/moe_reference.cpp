@@ -1,4 +1,4 @@
-// The reference MoE against a naive triple loop, the expert_matmul path against the reference,
+// The reference MoE against a naive triple loop, the expert matmul path against the reference,
 // bug detection (gate/up swapped, one corrupted expert, unwritten outputs), a quantised layer
 // through dequantize_expert vs a mini backend reading its own transposed layout, and the
 // deterministic random hidden states.

@@ -1,6 +1,6 @@
 // Property tests of the Triton MoE layouts (formats/triton_wna16, formats/triton_int8):
-// unpack(pack(x)) == x on random legal layers, expert_matmul (reading the packed bytes like the
-// kernel) against dequantize_expert, vLLM's GPTQ zero-point wrap, and the refusal reasons.
+// unpack(pack(x)) == x on random legal layers, the reader's matmul (reading the packed bytes like
+// the kernel) against dequantize_expert, vLLM's GPTQ zero-point wrap, and the refusal reasons.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -194,14 +194,16 @@ TEST(TritonWna16, RoundTripAndMatmulOnRandomLayers) {
       EXPECT_LT(matmul_error(
                     x.w13, e,
                     [&](const float* xx, int64_t m, float* y) {
-                      triton_wna16_expert_matmul(o, params, MoeProj::kW13, e, xx, m, y);
+                      test::layout_matmul(triton_wna16_make_reader, o, params, MoeProj::kW13, e, xx,
+                                          m, y);
                     },
                     rng),
                 1e-5);
       EXPECT_LT(matmul_error(
                     x.w2, e,
                     [&](const float* xx, int64_t m, float* y) {
-                      triton_wna16_expert_matmul(o, params, MoeProj::kW2, e, xx, m, y);
+                      test::layout_matmul(triton_wna16_make_reader, o, params, MoeProj::kW2, e, xx,
+                                          m, y);
                     },
                     rng),
                 1e-5);
@@ -309,7 +311,7 @@ TEST(TritonWna16, GptqZeroOf16WrapsLikeVllmUint8Arithmetic) {
   const double err = matmul_error(
       x.w13, 0,
       [&](const float* xx, int64_t m, float* y) {
-        triton_wna16_expert_matmul(o, params, MoeProj::kW13, 0, xx, m, y);
+        test::layout_matmul(triton_wna16_make_reader, o, params, MoeProj::kW13, 0, xx, m, y);
       },
       rng);
   EXPECT_GT(err, 1e-3);
@@ -537,14 +539,16 @@ TEST(TritonInt8, RoundTripAndMatmul) {
             EXPECT_LT(matmul_error(
                           x.w13, ex,
                           [&](const float* xx, int64_t m, float* y) {
-                            triton_int8_expert_matmul(o, params, MoeProj::kW13, ex, xx, m, y);
+                            test::layout_matmul(triton_int8_make_reader, o, params, MoeProj::kW13,
+                                                ex, xx, m, y);
                           },
                           rng),
                       1e-5);
             EXPECT_LT(matmul_error(
                           x.w2, ex,
                           [&](const float* xx, int64_t m, float* y) {
-                            triton_int8_expert_matmul(o, params, MoeProj::kW2, ex, xx, m, y);
+                            test::layout_matmul(triton_int8_make_reader, o, params, MoeProj::kW2,
+                                                ex, xx, m, y);
                           },
                           rng),
                       1e-5);

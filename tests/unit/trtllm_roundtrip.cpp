@@ -1,7 +1,7 @@
 // TRT-LLM MXFP8 and DeepSeek-FP8-block layouts: row maps against upstream's tables and the
 // spec's closed forms, step-by-step vs composed gathers, exact round trips on random legal
-// shapes, thread-count invariance, expert_matmul (reading the packed layout) vs the canonical
-// dequantisation, mutants that must break expert_matmul, and the refusal reasons.
+// shapes, thread-count invariance, the matmul through the layout's reader (reading the packed
+// layout) vs the canonical dequantisation, mutants that must break it, and the refusal reasons.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -204,16 +204,16 @@ std::vector<float> random_x(int64_t m, int64_t k, std::mt19937* rng) {
   return x;
 }
 
-using MatmulFn = void (*)(const LayoutOptions&, const TensorMap&, MoeProj, int64_t, const float*,
-                          int64_t, float*);
-
-double matmul_error(MatmulFn fn, const LayoutOptions& opts, const TensorMap& params,
-                    const MoeExperts& x, MoeProj proj, int64_t e, std::mt19937* rng) {
+// The layer's matmul as verify computes it (the layout's reader, reader_expert_matmul) against the
+// canonical dequantisation.
+double matmul_error(test::MakeReaderFn make_reader, const LayoutOptions& opts,
+                    const TensorMap& params, const MoeExperts& x, MoeProj proj, int64_t e,
+                    std::mt19937* rng) {
   const QuantTensor& q = proj == MoeProj::kW13 ? x.w13 : x.w2;
   const int64_t m = 3;
   const auto xin = random_x(m, q.k, rng);
   std::vector<float> y(static_cast<size_t>(m * q.n), NAN);
-  fn(opts, params, proj, e, xin.data(), m, y.data());
+  test::layout_matmul(make_reader, opts, params, proj, e, xin.data(), m, y.data());
   return normalised_error(y, reference_matmul(q, e, xin, m));
 }
 
@@ -250,16 +250,16 @@ TEST(TrtllmMxfp8, RoundTripThreadsAndMatmul) {
       opts.threads = 1;
       expect_same_experts(unpack_trtllm_mxfp8_moe(opts, params), x, "mxfp8 t1");
       for (int64_t e : {int64_t{0}, s.E - 1}) {
-        EXPECT_LT(matmul_error(trtllm_mxfp8_expert_matmul, opts, params, x, MoeProj::kW13, e, &rng),
+        EXPECT_LT(matmul_error(trtllm_mxfp8_make_reader, opts, params, x, MoeProj::kW13, e, &rng),
                   1e-5);
-        EXPECT_LT(matmul_error(trtllm_mxfp8_expert_matmul, opts, params, x, MoeProj::kW2, e, &rng),
+        EXPECT_LT(matmul_error(trtllm_mxfp8_make_reader, opts, params, x, MoeProj::kW2, e, &rng),
                   1e-5);
       }
     }
   }
 }
 
-// Mutants of the packed bytes that a layout bug would produce must break expert_matmul.
+// Mutants of the packed bytes that a layout bug would produce must break the reader's matmul.
 TEST(TrtllmMxfp8, MatmulCatchesLayoutMutants) {
   std::mt19937 rng(7);
   const int64_t E = 1, I = 128, H = 256, R = 2 * I;
@@ -268,7 +268,7 @@ TEST(TrtllmMxfp8, MatmulCatchesLayoutMutants) {
   x.w2 = random_mx(E, H, I, &rng);
   LayoutOptions opts;
   const TensorMap good = by_name(pack_trtllm_mxfp8_moe(opts, x));
-  ASSERT_LT(matmul_error(trtllm_mxfp8_expert_matmul, opts, good, x, MoeProj::kW13, 0, &rng), 1e-5);
+  ASSERT_LT(matmul_error(trtllm_mxfp8_make_reader, opts, good, x, MoeProj::kW13, 0, &rng), 1e-5);
   const int64_t C = H / 32;
 
   // (a) gate/up not swapped: rows by reorder + shuffle only.
@@ -283,7 +283,7 @@ TEST(TrtllmMxfp8, MatmulCatchesLayoutMutants) {
       std::memcpy(lin.data() + r * C, x.w13.scales.data() + s * C, static_cast<size_t>(C));
     }
     bad.at("w13_weight_scale").data = scale_interleave_128x4(lin.data(), R, C);
-    EXPECT_GT(matmul_error(trtllm_mxfp8_expert_matmul, opts, bad, x, MoeProj::kW13, 0, &rng), 1e-2);
+    EXPECT_GT(matmul_error(trtllm_mxfp8_make_reader, opts, bad, x, MoeProj::kW13, 0, &rng), 1e-2);
   }
   // (b) scales row-permuted but not interleaved.
   {
@@ -294,13 +294,13 @@ TEST(TrtllmMxfp8, MatmulCatchesLayoutMutants) {
       std::memcpy(lin.data() + r * C, x.w13.scales.data() + src[static_cast<size_t>(r)] * C,
                   static_cast<size_t>(C));
     bad.at("w13_weight_scale").data = lin;
-    EXPECT_GT(matmul_error(trtllm_mxfp8_expert_matmul, opts, bad, x, MoeProj::kW13, 0, &rng), 1e-2);
+    EXPECT_GT(matmul_error(trtllm_mxfp8_make_reader, opts, bad, x, MoeProj::kW13, 0, &rng), 1e-2);
   }
   // (c) w2 not shuffled.
   {
     TensorMap bad = good;
     bad.at("w2_weight").data = x.w2.codes;
-    EXPECT_GT(matmul_error(trtllm_mxfp8_expert_matmul, opts, bad, x, MoeProj::kW2, 0, &rng), 1e-2);
+    EXPECT_GT(matmul_error(trtllm_mxfp8_make_reader, opts, bad, x, MoeProj::kW2, 0, &rng), 1e-2);
   }
 }
 
@@ -450,10 +450,10 @@ TEST(TrtllmFp8Block, StepsRoundTripThreadsAndMatmul) {
       expect_same_experts(unpack_trtllm_fp8_block_moe(opts, params), x, "fp8 block");
       for (int64_t e : {int64_t{0}, s.E - 1}) {
         EXPECT_LT(
-            matmul_error(trtllm_fp8_block_expert_matmul, opts, params, x, MoeProj::kW13, e, &rng),
+            matmul_error(trtllm_fp8_block_make_reader, opts, params, x, MoeProj::kW13, e, &rng),
             1e-5);
         EXPECT_LT(
-            matmul_error(trtllm_fp8_block_expert_matmul, opts, params, x, MoeProj::kW2, e, &rng),
+            matmul_error(trtllm_fp8_block_make_reader, opts, params, x, MoeProj::kW2, e, &rng),
             1e-5);
       }
     }
@@ -467,10 +467,10 @@ TEST(TrtllmFp8Block, MatmulCatchesUnswappedScales) {
   x.w2 = random_block(1, 256, 128, &rng);
   LayoutOptions opts;
   TensorMap params = by_name(pack_trtllm_fp8_block_moe(opts, x));
-  ASSERT_LT(matmul_error(trtllm_fp8_block_expert_matmul, opts, params, x, MoeProj::kW13, 0, &rng),
+  ASSERT_LT(matmul_error(trtllm_fp8_block_make_reader, opts, params, x, MoeProj::kW13, 0, &rng),
             1e-5);
   params.at("w13_weight_scale_inv").data = x.w13.scales;  // forgot the W31 swap of scales
-  EXPECT_GT(matmul_error(trtllm_fp8_block_expert_matmul, opts, params, x, MoeProj::kW13, 0, &rng),
+  EXPECT_GT(matmul_error(trtllm_fp8_block_make_reader, opts, params, x, MoeProj::kW13, 0, &rng),
             1e-2);
 }
 

@@ -9,7 +9,7 @@
 //   - the parameters vLLM creates for that target (names, dtypes, shapes), stated here from vLLM's
 //     create_weights / process_weights_after_loading independently of the layout code, equal to
 //     the row's param_specs and to what pack writes;
-//   - unpack(pack(x)) == x exactly (padding dropped), and expert_matmul against the canonical
+//   - unpack(pack(x)) == x exactly (padding dropped), and the reader's matmul against the canonical
 //     dequantisation of x.
 // Seeds: FNV-1a of the suite name, mixed with MOEPACK_SUITE_SEED=<n> to sample other layers.
 #include <gtest/gtest.h>
@@ -312,7 +312,7 @@ void check_case(Rng& rng, const TargetLayout& row, VllmTarget target, const Case
     const int64_t e = std::uniform_int_distribution<int64_t>(0, c.experts - 1)(rng);
     std::vector<float> xa(static_cast<size_t>(m * q.k)), y(static_cast<size_t>(m * q.n));
     for (auto& v : xa) v = u(rng);
-    row.expert_matmul(o, params, proj, e, xa.data(), m, y.data());
+    test::layout_matmul(row.make_reader, o, params, proj, e, xa.data(), m, y.data());
     EXPECT_LE(test::matmul_error(q, e, xa, m, y), 1e-5)
         << (proj == MoeProj::kW13 ? "w13" : "w2") << " expert " << e;
   }
