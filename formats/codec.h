@@ -137,8 +137,12 @@ MoeShape moe_shape_of(const MoeExperts& x);
 
 // Target GPU architectures a layout's kernel runs on (a flag, never the GPU present).
 enum class TargetArch : uint8_t { kSm80, kSm89, kSm90, kSm100, kSm120 };
-TargetArch parse_target_arch(const std::string& s);  // throws kUsage listing the names
+// The --target-arch flag: a name or its alias ("sm90a"); throws kUsage listing the names.
+TargetArch parse_target_arch(const std::string& s);
 const char* target_arch_name(TargetArch a);
+// The one reader of a serialised arch (moepack.json, part.json): exactly a target_arch_name,
+// nullopt otherwise.
+std::optional<TargetArch> target_arch_from_name(const std::string& name);
 const std::vector<TargetArch>& all_target_archs();
 std::string target_arch_names(const std::string& separator = ", ");
 
@@ -205,8 +209,12 @@ struct VllmTargetRow {
 };
 const std::vector<VllmTargetRow>& vllm_target_rows();
 const VllmTargetRow& vllm_target_row(VllmTarget t);
-VllmTarget parse_vllm_target(const std::string& s);  // throws kUsage listing the names
+// The --vllm-target flag (tools/): throws kUsage listing the names.
+VllmTarget parse_vllm_target(const std::string& s);
 const char* vllm_target_name(VllmTarget t);
+// The one reader of a serialised target (moepack.json, part.json; parse_vllm_target for the
+// flag): exactly a vllm_target_name, nullopt otherwise.
+std::optional<VllmTarget> vllm_target_from_name(const std::string& name);
 std::string vllm_target_names(const std::string& separator = ", ");
 // The default of --vllm-target: the newest release.
 VllmTarget newest_vllm_target();

@@ -81,16 +81,6 @@ std::optional<std::vector<Tensor>> declining_errors(Fn fn) {
   }
 }
 
-// Whether the layout itself takes a layer of this chunk's shape (the plan checked it; tests and
-// other callers may not have).
-bool layout_takes(const char* layout, const LayoutOptions& opts, const DirectSource& src) {
-  const TargetLayout* row = find_target_layout(layout);
-  if (!row) return false;
-  const MoeShape shape = moe_shape_for(src.quant, src.experts(), src.hidden, src.inter, src.gated,
-                                       src.g_idx_w13 ? 1 : 0, src.g_idx_w2 ? 1 : 0);
-  return row->unsupported_reasons(opts, shape).empty();
-}
-
 // ---- WNA16 sources ------------------------------------------------------------------------------
 
 enum class WordOrder : uint8_t {
@@ -116,8 +106,10 @@ constexpr int kAwqField[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 bool read_wna_linear(const QuantParams& q, WordOrder order, const LinearViews& m, int64_t n,
                      int64_t k, WnaLinear* out) {
   if (!suffixes_as_codec_reads(q, m)) return false;
-  const int bits = q.bits, pf = 32 / bits;
-  if (n <= 0 || k <= 0 || (bits != 4 && bits != 8) || k % pf != 0) return false;
+  const int bits = q.bits;
+  if (n <= 0 || k <= 0 || (bits != 4 && bits != 8)) return false;
+  const int pf = 32 / bits;
+  if (k % pf != 0) return false;
   if (q.group_size == 0 || q.group_size < -1) return false;
   const int64_t G = groups_of(k, q.group_size);
   out->n = n;
@@ -322,52 +314,46 @@ struct MarlinProjOut {
   Tensor qweight, scales, qzeros, g_idx, sort;
 };
 
-std::optional<std::vector<Tensor>> marlin_direct(const LayoutOptions& opts, const DirectSource& src,
-                                                 WordOrder order) {
-  const QuantParams& q = src.quant;
-  const int bits = q.bits;
-  if (opts.a8 || (bits != 4 && bits != 8) || src.experts() < 1) return std::nullopt;
-  if (opts.source_method != q.method || !layout_takes("marlin", opts, src)) return std::nullopt;
-  if (!dtype_in(opts.act_dtype, {DType::kF16, DType::kBF16})) return std::nullopt;
-  const int pf = 32 / bits;
-  const int64_t E = src.experts(), H = src.hidden, I = src.inter;
-  const int64_t shards = src.gated ? 2 : 1;
-  MoeShape real;
-  real.experts = E;
-  real.w13.n = shards * I;
-  real.w13.k = H;
-  real.w2.n = H;
-  real.w2.k = I;
-  real.w13.quant.group_size = real.w2.quant.group_size = q.group_size;
-  const int64_t ip = marlin_padded_inter(opts, real);
-  if (ip != I && (src.g_idx_w13 || src.g_idx_w2)) return std::nullopt;  // never both
+using ChunkLinears = std::vector<std::array<WnaLinear, 3>>;  // [e][proj], no gate if not gated
 
-  // Every Linear of the chunk, validated as its codec would.
-  std::vector<std::array<WnaLinear, 3>> lins(static_cast<size_t>(E));
+// Every Linear of the chunk, validated as its codec would; nullopt where one is not.
+std::optional<ChunkLinears> read_chunk_linears(const DirectSource& src, WordOrder order) {
+  const int64_t E = src.experts(), H = src.hidden, I = src.inter;
+  ChunkLinears lins(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e)
     for (int p = 0; p < 3; ++p) {
       if (p == 0 && !src.gated) continue;
       const int64_t n = p == 2 ? H : I, k = p == 2 ? I : H;
-      if (!read_wna_linear(q, order, src.linears[static_cast<size_t>(e)][p], n, k,
+      if (!read_wna_linear(src.quant, order, src.linears[static_cast<size_t>(e)][p], n, k,
                            &lins[static_cast<size_t>(e)][p]))
         return std::nullopt;
     }
+  return lins;
+}
 
+// The two projections' output tensors (w13, w2) with their sizes: I padded to `ip`, names by the
+// source method, g_idx and sort indices where the vLLM target has them. False where a Linear
+// carries g_idx the plan does not expect (the canonical path refuses them: kInternal) or the
+// tiles do not fit.
+bool marlin_outputs(const LayoutOptions& opts, const DirectSource& src, int64_t ip,
+                    const ChunkLinears& lins, MarlinProjOut (&outs)[2]) {
+  const QuantParams& q = src.quant;
+  const int pf = 32 / q.bits;
+  const int64_t E = src.experts(), H = src.hidden, I = src.inter;
   const bool index_params = vllm_target_row(opts.vllm_target).moe_act_order;
-  MarlinProjOut outs[2];
   for (int i = 0; i < 2; ++i) {
     MarlinProjOut& o = outs[i];
     o.proj = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
     o.names = marlin_param_names(opts.source_method, o.proj);
-    o.n = i == 0 ? shards * ip : H;
+    o.n = i == 0 ? (src.gated ? 2 : 1) * ip : H;
     o.k = i == 0 ? H : ip;
     o.k_real = i == 0 ? H : I;
     o.g = groups_of(o.k, q.group_size);
     o.act_order = i == 0 ? src.g_idx_w13 : src.g_idx_w2;
-    if (o.n % 64 != 0 || o.k % 16 != 0) return std::nullopt;
+    if (o.n % 64 != 0 || o.k % 16 != 0) return false;  // the word loops walk whole tiles
     // The scale rule's size_k is the real I (vLLM passes intermediate_size_per_partition).
-    o.grouped =
-        marlin_scales_grouped(opts, o.proj, q.group_size, o.g, I, bits, opts.vllm_w13_scale_size_k);
+    o.grouped = marlin_scales_grouped(opts, o.proj, q.group_size, o.g, I, q.bits,
+                                      opts.vllm_w13_scale_size_k);
     const std::string& pre = opts.prefix;
     o.qweight = Tensor(pre + o.names.qweight, DType::kI32, {E, o.k / 16, o.n * 16 / pf});
     o.scales = Tensor(pre + o.names.scales, opts.act_dtype, {E, o.g, o.n});
@@ -377,119 +363,174 @@ std::optional<std::vector<Tensor>> marlin_direct(const LayoutOptions& opts, cons
     if (!o.names.g_idx.empty() && index_params)
       o.g_idx = Tensor(pre + o.names.g_idx, DType::kI32, {E, gk});
     o.sort = Tensor(pre + o.names.sort_indices, DType::kI32, {E, index_params ? gk : 0});
-    // g_idx the plan does not expect: the canonical path refuses them (kInternal).
     if (!o.act_order)
       for (const auto& l : lins)
         for (int p = i == 0 ? 0 : 2; p < (i == 0 ? 2 : 3); ++p)
-          if (!l[p].g_idx.empty()) return std::nullopt;
+          if (!l[p].g_idx.empty()) return false;
   }
+  return true;
+}
+
+// Logical rows of one expert's projection `o`: w2 from down; w13 = [gate; up], each padded from
+// I to ip with empty rows.
+ProjSource projection_rows(const MarlinProjOut& o, const std::array<WnaLinear, 3>& L, bool gated,
+                           int64_t I, int64_t ip) {
+  ProjSource ps;
+  ps.n = o.n;
+  ps.k = o.k;
+  ps.k_real = o.k_real;
+  ps.g = o.g;
+  ps.rows.resize(static_cast<size_t>(o.n));
+  for (int64_t n = 0; n < o.n; ++n) {
+    RowRef& rr = ps.rows[static_cast<size_t>(n)];
+    if (o.proj == MoeProj::kW2)
+      rr = {&L[2], n};
+    else if (n % ip < I)
+      rr = {&L[gated && n / ip == 0 ? 0 : 1], n % ip};
+  }
+  return ps;
+}
+
+// Act-order: the layer's g_idx for this projection (gate's and up's must agree), trivial ones made
+// explicit; each group must hold exactly group_size rows. Writes expert e's sort indices (and
+// g_idx in sorted order) into `o` and returns the sort permutation; false where the bytes break
+// a rule (declined).
+bool act_order_rows(MarlinProjOut& o, const std::array<WnaLinear, 3>& L, bool gated,
+                    int64_t group_size, int64_t e, std::vector<int32_t>* perm) {
+  const bool w13 = o.proj == MoeProj::kW13;
+  std::vector<int32_t> gi;
+  for (int p = w13 ? (gated ? 0 : 1) : 2; p < (w13 ? 2 : 3); ++p) {
+    std::vector<int32_t> g = L[p].g_idx;
+    if (g.empty()) {
+      g.resize(static_cast<size_t>(o.k));
+      for (int64_t k = 0; k < o.k; ++k)
+        g[static_cast<size_t>(k)] = wna16::trivial_group(k, group_size);
+    }
+    if (gi.empty())
+      gi = std::move(g);
+    else if (g != gi)
+      return false;
+  }
+  if (group_size > 0 && o.k % group_size == 0) {
+    std::vector<int64_t> count(static_cast<size_t>(o.g), 0);
+    for (int32_t g : gi) ++count[static_cast<size_t>(g)];
+    for (int64_t c : count)
+      if (c != group_size) return false;
+  }
+  *perm = stable_argsort(gi.data(), o.k);
+  int32_t* sort_out = o.sort.as<int32_t>() + e * o.k;
+  int32_t* g_out = o.g_idx.data.empty() ? nullptr : o.g_idx.as<int32_t>() + e * o.k;
+  for (int64_t k = 0; k < o.k; ++k) {
+    sort_out[k] = (*perm)[static_cast<size_t>(k)];
+    if (g_out) g_out[k] = gi[static_cast<size_t>((*perm)[static_cast<size_t>(k)])];
+  }
+  return true;
+}
+
+// Expert e's scales of projection `o` [G, N] in the activation dtype (padding 0), permuted as
+// Marlin reads them. `s` is scratch. False where a scale is not finite (declined).
+bool write_marlin_scales(WordOrder order, const LayoutOptions& opts, const ProjSource& ps,
+                         int64_t e, std::vector<uint16_t>& s, MarlinProjOut& o) {
+  s.assign(static_cast<size_t>(o.g * o.n), 0);
+  const std::string what = opts.prefix + o.names.scales;
+  for (int64_t n = 0; n < o.n; ++n) {
+    const RowRef& rr = ps.rows[static_cast<size_t>(n)];
+    if (!rr.lin) continue;
+    for (int64_t g = 0; g < rr.lin->g; ++g) {
+      const uint8_t* p = wna_scale(order, *rr.lin, g, rr.row);
+      if (!std::isfinite(scale_to_float(p, rr.lin->scale_dtype))) return false;
+      convert_scale(p, rr.lin->scale_dtype, opts.act_dtype,
+                    reinterpret_cast<uint8_t*>(&s[static_cast<size_t>(g * o.n + n)]), what);
+    }
+  }
+  marlin_permute_scales(reinterpret_cast<uint8_t*>(s.data()), o.g, o.n, 2, o.grouped);
+  std::memcpy(o.scales.data.data() + e * o.g * o.n * 2, s.data(), s.size() * 2);
+  return true;
+}
+
+// Expert e's zero points of projection `o` from AWQ's qzeros [G, N/8] (fields in kAwqOrder),
+// packed as Marlin reads them. `zp` is scratch.
+void write_marlin_zero_points(int bits, const ProjSource& ps, int64_t e, std::vector<uint8_t>& zp,
+                              MarlinProjOut& o) {
+  const int pf = 32 / bits;
+  zp.assign(static_cast<size_t>(o.g * o.n), 0);
+  for (int64_t n = 0; n < o.n; ++n) {
+    const RowRef& rr = ps.rows[static_cast<size_t>(n)];
+    if (!rr.lin) continue;
+    const WnaLinear& l = *rr.lin;
+    for (int64_t g = 0; g < l.g; ++g) {
+      const uint32_t w = wna16::load_u32(l.zeros + (g * (l.n / 8) + rr.row / 8) * 4);
+      zp[static_cast<size_t>(g * o.n + n)] =
+          static_cast<uint8_t>((w >> (4 * kAwqField[rr.row % 8])) & 15u);
+    }
+  }
+  const std::vector<uint32_t> zw = marlin_pack_zero_points(zp.data(), o.g, o.n, bits, false);
+  std::memcpy(o.qzeros.data.data() + e * o.g * (o.n / pf) * 4, zw.data(), zw.size() * 4);
+}
+
+// One expert's projection `o`: Marlin words (K-packed fast path, or field by field for act-order
+// rows and AWQ), scales and zero points. False where the bytes make it decline.
+bool marlin_expert_projection(WordOrder order, const LayoutOptions& opts, const DirectSource& src,
+                              int64_t ip, const std::array<WnaLinear, 3>& L, int64_t e,
+                              std::vector<uint16_t>& s, std::vector<uint8_t>& zp,
+                              MarlinProjOut& o) {
+  const int bits = src.quant.bits, pf = 32 / bits;
+  const ProjSource ps = projection_rows(o, L, src.gated, src.inter, ip);
+  std::vector<int32_t> perm;
+  if (o.act_order && !act_order_rows(o, L, src.gated, src.quant.group_size, e, &perm)) return false;
+  uint32_t* words = o.qweight.as<uint32_t>() + e * (o.k * o.n / pf);
+  if (!perm.empty() || order == WordOrder::kAwq)
+    marlin_words_generic(order, bits, ps, perm.empty() ? nullptr : perm.data(), words);
+  else if (order == WordOrder::kGptq)
+    marlin_words_kpacked<WordOrder::kGptq>(bits, ps, words);
+  else
+    marlin_words_kpacked<WordOrder::kCt>(bits, ps, words);
+  if (!write_marlin_scales(order, opts, ps, e, s, o)) return false;
+  if (o.names.qzeros.empty()) return true;
+  if (order != WordOrder::kAwq) return false;  // zero points come from AWQ only
+  write_marlin_zero_points(bits, ps, e, zp, o);
+  return true;
+}
+
+// A chunk of WNA16 experts to Marlin, for a layer the plan gave a Marlin direct row (the layout
+// takes its shape and options, the row's refusals are empty: not judged again here).
+std::optional<std::vector<Tensor>> marlin_direct(const LayoutOptions& opts, const DirectSource& src,
+                                                 WordOrder order) {
+  const QuantParams& q = src.quant;
+  if (src.experts() < 1) return std::nullopt;
+  const std::optional<ChunkLinears> lins = read_chunk_linears(src, order);
+  if (!lins) return std::nullopt;
+  const int64_t E = src.experts(), I = src.inter;
+  MoeShape real;
+  real.experts = E;
+  real.w13.n = (src.gated ? 2 : 1) * I;
+  real.w13.k = src.hidden;
+  real.w2.n = src.hidden;
+  real.w2.k = I;
+  real.w13.quant.group_size = real.w2.quant.group_size = q.group_size;
+  const int64_t ip = marlin_padded_inter(opts, real);
+  // Guards the loops below rely on (the plan's layout reasons imply both): padded rows never
+  // carry act-order, and scales are 16-bit.
+  if (ip != I && (src.g_idx_w13 || src.g_idx_w2)) return std::nullopt;
+  if (dtype_bits(opts.act_dtype) != 16) return std::nullopt;
+  MarlinProjOut outs[2];
+  if (!marlin_outputs(opts, src, ip, *lins, outs)) return std::nullopt;
 
   std::atomic<bool> declined{false};
   parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
     std::vector<uint16_t> s;
     std::vector<uint8_t> zp;
-    for (int64_t e = e0; e < e1 && !declined; ++e) {
-      const auto& L = lins[static_cast<size_t>(e)];
-      for (MarlinProjOut& o : outs) {
-        const bool w13 = o.proj == MoeProj::kW13;
-        ProjSource ps;
-        ps.n = o.n;
-        ps.k = o.k;
-        ps.k_real = o.k_real;
-        ps.g = o.g;
-        ps.rows.resize(static_cast<size_t>(o.n));
-        for (int64_t n = 0; n < o.n; ++n) {
-          RowRef& rr = ps.rows[static_cast<size_t>(n)];
-          if (!w13) {
-            rr = {&L[2], n};
-          } else if (n % ip < I) {
-            rr = {&L[src.gated && n / ip == 0 ? 0 : 1], n % ip};
-          }
+    for (int64_t e = e0; e < e1 && !declined; ++e)
+      for (MarlinProjOut& o : outs)
+        if (!marlin_expert_projection(order, opts, src, ip, (*lins)[static_cast<size_t>(e)], e, s,
+                                      zp, o)) {
+          declined = true;
+          return;
         }
-        // Act-order: the layer's g_idx for this projection (gate's and up's must agree),
-        // trivial ones made explicit; each group must hold exactly group_size rows.
-        std::vector<int32_t> gi, perm;
-        if (o.act_order) {
-          for (int p = w13 ? (src.gated ? 0 : 1) : 2; p < (w13 ? 2 : 3); ++p) {
-            std::vector<int32_t> g = L[p].g_idx;
-            if (g.empty()) {
-              g.resize(static_cast<size_t>(o.k));
-              for (int64_t k = 0; k < o.k; ++k)
-                g[static_cast<size_t>(k)] = wna16::trivial_group(k, q.group_size);
-            }
-            if (gi.empty())
-              gi = std::move(g);
-            else if (g != gi)
-              declined = true;
-          }
-          if (q.group_size > 0 && o.k % q.group_size == 0) {
-            std::vector<int64_t> count(static_cast<size_t>(o.g), 0);
-            for (int32_t g : gi) ++count[static_cast<size_t>(g)];
-            for (int64_t c : count)
-              if (c != q.group_size) declined = true;
-          }
-          if (declined) return;
-          perm = stable_argsort(gi.data(), o.k);
-          int32_t* sort_out = o.sort.as<int32_t>() + e * o.k;
-          int32_t* g_out = o.g_idx.data.empty() ? nullptr : o.g_idx.as<int32_t>() + e * o.k;
-          for (int64_t k = 0; k < o.k; ++k) {
-            sort_out[k] = perm[static_cast<size_t>(k)];
-            if (g_out) g_out[k] = gi[static_cast<size_t>(perm[static_cast<size_t>(k)])];
-          }
-        }
-
-        uint32_t* words = o.qweight.as<uint32_t>() + e * (o.k * o.n / pf);
-        if (!perm.empty() || order == WordOrder::kAwq)
-          marlin_words_generic(order, bits, ps, perm.empty() ? nullptr : perm.data(), words);
-        else if (order == WordOrder::kGptq)
-          marlin_words_kpacked<WordOrder::kGptq>(bits, ps, words);
-        else
-          marlin_words_kpacked<WordOrder::kCt>(bits, ps, words);
-
-        // Scales [G, N] in the activation dtype (padding 0), then permuted.
-        s.assign(static_cast<size_t>(o.g * o.n), 0);
-        const std::string what = opts.prefix + o.names.scales;
-        for (int64_t n = 0; n < o.n; ++n) {
-          const RowRef& rr = ps.rows[static_cast<size_t>(n)];
-          if (!rr.lin) continue;
-          for (int64_t g = 0; g < rr.lin->g; ++g) {
-            const uint8_t* p = wna_scale(order, *rr.lin, g, rr.row);
-            if (!std::isfinite(scale_to_float(p, rr.lin->scale_dtype))) {
-              declined = true;
-              return;
-            }
-            convert_scale(p, rr.lin->scale_dtype, opts.act_dtype,
-                          reinterpret_cast<uint8_t*>(&s[static_cast<size_t>(g * o.n + n)]), what);
-          }
-        }
-        marlin_permute_scales(reinterpret_cast<uint8_t*>(s.data()), o.g, o.n, 2, o.grouped);
-        std::memcpy(o.scales.data.data() + e * o.g * o.n * 2, s.data(), s.size() * 2);
-
-        if (!o.names.qzeros.empty()) {
-          if (order != WordOrder::kAwq) {
-            declined = true;
-            return;
-          }
-          zp.assign(static_cast<size_t>(o.g * o.n), 0);
-          for (int64_t n = 0; n < o.n; ++n) {
-            const RowRef& rr = ps.rows[static_cast<size_t>(n)];
-            if (!rr.lin) continue;
-            const WnaLinear& l = *rr.lin;
-            for (int64_t g = 0; g < l.g; ++g) {
-              const uint32_t w = wna16::load_u32(l.zeros + (g * (l.n / 8) + rr.row / 8) * 4);
-              zp[static_cast<size_t>(g * o.n + n)] =
-                  static_cast<uint8_t>((w >> (4 * kAwqField[rr.row % 8])) & 15u);
-            }
-          }
-          const std::vector<uint32_t> zw =
-              marlin_pack_zero_points(zp.data(), o.g, o.n, bits, false);
-          std::memcpy(o.qzeros.data.data() + e * o.g * (o.n / pf) * 4, zw.data(), zw.size() * 4);
-        }
-      }
-    }
   });
   if (declined) return std::nullopt;
 
+  const bool index_params = vllm_target_row(opts.vllm_target).moe_act_order;
   std::vector<Tensor> out;
   for (MarlinProjOut& o : outs) {
     out.push_back(std::move(o.qweight));
@@ -551,7 +592,6 @@ std::optional<std::vector<Tensor>> mxfp8_to_trtllm(const LayoutOptions& opts,
     const int64_t E = src.experts(), H = src.hidden, I = src.inter;
     const int64_t R13 = src.gated ? 2 * I : I;
     if (E < 1 || src.g_idx_w13 || src.g_idx_w2) return std::nullopt;
-    if (!layout_takes("trtllm-mxfp8", opts, src)) return std::nullopt;
     std::vector<std::array<MxLinear, 3>> lins(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e)
       for (int p = 0; p < 3; ++p) {
@@ -561,6 +601,7 @@ std::optional<std::vector<Tensor>> mxfp8_to_trtllm(const LayoutOptions& opts,
                             &lins[static_cast<size_t>(e)][p]))
           return std::nullopt;
       }
+    // The 128x4 scale tiles below need these (the plan's layout reasons imply them).
     if (R13 % 128 != 0 || H % 128 != 0 || I % 128 != 0) return std::nullopt;
     const std::vector<int32_t> src13 = trtllm_w13_rows(R13, src.gated);
     const std::vector<int32_t> src2 = trtllm_w2_rows(H);

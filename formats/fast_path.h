@@ -14,8 +14,11 @@
 // test oracle (tests/unit/fast_paths.cpp compares both over the whole legal shape space).
 //
 // Whether a layer takes a direct path is the plan's decision (pipeline/plan.cpp, from params,
-// options and shapes alone: find_direct_path); `convert --no-fast-path` forces the canonical one.
-// Plain C++, no I/O: the pipeline hands over views into the mapped source.
+// options and shapes alone: the layout's unsupported_reasons chose the layout, then
+// find_direct_path and the row's refusals); `convert --no-fast-path` forces the canonical one.
+// A row's convert runs only on layers the plan gave it and does not judge the layout, the
+// options or the params again; it declines only on bytes. Plain C++, no I/O: the pipeline hands
+// over views into the mapped source.
 #pragma once
 
 #include <array>
@@ -30,7 +33,7 @@ namespace moepack {
 
 // The source tensors of a chunk of one layer's experts, by suffix, as the checkpoint holds them.
 struct DirectSource {
-  QuantParams quant;  // the checkpoint's, refined as load_moe_experts refines it (codec refine)
+  QuantParams quant;  // the layer's refined params (the plan's PlannedLayer::source_quant)
   int64_t hidden = 0, inter = 0;  // H, I of the layer
   bool gated = true;
   // linears[e][p]: expert e of the chunk (0-based), p = 0 gate, 1 up, 2 down (model/checkpoint.h
@@ -51,7 +54,8 @@ struct DirectPath {
   // each); empty = it does. Decided without bytes, like TargetLayout::unsupported_reasons.
   std::vector<std::string> (*refusals)(const QuantParams&, const LayoutOptions&, const MoeShape&);
   // The layout's parameters for the chunk, byte-identical to the canonical path's; nullopt when
-  // the bytes hold anything the direct path does not vouch for (see above).
+  // the bytes hold anything the direct path does not vouch for (see above). Called only for a
+  // layer the plan gave this row: the layout takes its shape and options, `refusals` is empty.
   std::optional<std::vector<Tensor>> (*convert)(const LayoutOptions&, const DirectSource&);
 };
 

@@ -333,9 +333,14 @@ const VllmTargetRow& vllm_target_row(VllmTarget t) {
   throw Error(ErrorCode::kInternal, "unknown VllmTarget " + std::to_string(static_cast<int>(t)));
 }
 
-VllmTarget parse_vllm_target(const std::string& s) {
+std::optional<VllmTarget> vllm_target_from_name(const std::string& name) {
   for (const auto& r : vllm_target_rows())
-    if (s == r.name) return r.target;
+    if (name == r.name) return r.target;
+  return std::nullopt;
+}
+
+VllmTarget parse_vllm_target(const std::string& s) {
+  if (const auto t = vllm_target_from_name(s)) return *t;
   throw Error(ErrorCode::kUsage,
               "unknown --vllm-target \"" + s + "\" (" + vllm_target_names() + ")");
 }
@@ -449,6 +454,12 @@ TargetArch parse_target_arch(const std::string& s) {
     names += (names.empty() ? "" : ", ") + std::string(r.name);
   }
   throw Error(ErrorCode::kUsage, "unknown --target-arch \"" + s + "\" (" + names + ")");
+}
+
+std::optional<TargetArch> target_arch_from_name(const std::string& name) {
+  for (const auto& r : target_arch_rows())
+    if (name == r.name) return r.arch;
+  return std::nullopt;
 }
 
 const char* target_arch_name(TargetArch a) {

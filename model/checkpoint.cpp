@@ -265,40 +265,50 @@ void check_router(const Checkpoint& ckpt, const MoeLayer& L) {
 
 }  // namespace
 
-void Checkpoint::discover_moe() {
-  std::map<std::string, MoeLayer> by_module;
-  std::map<std::string, std::map<int64_t, std::array<std::map<std::string, std::string>, 3>>>
-      per_expert;
+namespace {
+
+using ExpertLinears = std::array<std::map<std::string, std::string>, 3>;  // proj -> suffix -> name
+
+std::string file_of(const Checkpoint& ckpt, const std::string& tensor) {
+  return (fs::path(ckpt.dir()) / ckpt.shard_of(tensor)).string();
+}
+
+// The expert tensors of a checkpoint grouped by MoE module, as the names say: per-expert families
+// by expert id and projection, fused ones by tensor. Names are parsed strictly (kExpertNameForms)
+// and a module keeps the naming family of its first expert tensor.
+struct ExpertTensors {
+  std::map<std::string, MoeLayer> by_module;  // module, family, fused tensors, source_tensors
+  std::map<std::string, std::map<int64_t, ExpertLinears>> per_expert;  // module -> id -> linears
+  std::set<std::string> names;                                         // every expert tensor
+};
+
+ExpertTensors group_expert_tensors(const Checkpoint& ckpt) {
+  ExpertTensors out;
   std::map<std::string, std::string> first_of_module;  // module -> its first expert tensor
-  std::set<std::string> expert_tensors;
-  auto file_of = [&](const std::string& tensor) {
-    return (fs::path(dir_) / shard_of(tensor)).string();
-  };
   auto bad_name = [&](const std::string& name, const std::string& why) {
-    throw Error(ErrorCode::kBadConfig, file_of(name), name, why + "; " + kExpertNameForms);
+    throw Error(ErrorCode::kBadConfig, file_of(ckpt, name), name, why + "; " + kExpertNameForms);
   };
   // One naming family per layer: the first expert tensor of a module fixes it.
   auto check_family = [&](const std::string& module, MoeFamily family, const std::string& name) {
     auto [first, fresh] = first_of_module.emplace(module, name);
-    MoeLayer& L = by_module[module];
+    MoeLayer& L = out.by_module[module];
     if (fresh) {
       L.module = module;
       L.layer = layer_number(module);
       L.param_prefix = module + ".experts.";
       L.family = family;
     } else if (L.family != family) {
-      throw Error(ErrorCode::kBadConfig, file_of(name), name,
+      throw Error(ErrorCode::kBadConfig, file_of(ckpt, name), name,
                   std::string("mixes naming families in one MoE layer: this tensor is ") +
                       moe_family_name(family) + ", " + first->second + " is " +
                       moe_family_name(L.family));
     }
   };
-  for (const auto& name : tensor_order_) {
+  for (const auto& name : ckpt.tensor_names()) {
     const auto pos = name.find(".experts.");
     if (pos == std::string::npos) continue;
     const std::string module = name.substr(0, pos);
     const std::string rest = name.substr(pos + 9);
-    MoeFamily family = MoeFamily::kPerExpert;
     if (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest[0]))) {
       const auto dot = rest.find('.');
       const std::string id_text = rest.substr(0, dot);
@@ -313,12 +323,11 @@ void Checkpoint::discover_moe() {
       if (dot2 == std::string::npos || dot2 + 1 == tail.size())
         bad_name(name, "no tensor name after the projection");
       const std::string suffix = tail.substr(dot2 + 1);
-      family = proj_name[0] == 'w' ? MoeFamily::kMixtral : MoeFamily::kPerExpert;
-      check_family(module, family, name);
-      auto& slot = per_expert[module][e][p];
+      check_family(module, proj_name[0] == 'w' ? MoeFamily::kMixtral : MoeFamily::kPerExpert, name);
+      auto& slot = out.per_expert[module][e][p];
       auto [it, inserted] = slot.emplace(suffix, name);
       if (!inserted)  // unreachable with one naming family and unique names; kept as a guard
-        throw Error(ErrorCode::kDuplicateTensor, file_of(name), name,
+        throw Error(ErrorCode::kDuplicateTensor, file_of(ckpt, name), name,
                     "expert " + std::to_string(e) + " " + proj_name + "." + suffix +
                         " is also given by " + it->second);
     } else if (is_fused_moe_param(rest)) {
@@ -331,170 +340,221 @@ void Checkpoint::discover_moe() {
           suffix = sfx + 1;
           base = rest.substr(0, rest.size() - std::string(sfx).size());
         }
-      family = config_.model_type == "gpt_oss" ? MoeFamily::kGptOss : MoeFamily::kFused3d;
+      const MoeFamily family =
+          ckpt.config().model_type == "gpt_oss" ? MoeFamily::kGptOss : MoeFamily::kFused3d;
       if (base != "gate_up_proj" && base != "down_proj")
         bad_name(name, "unknown expert tensor \"" + rest + "\"");
       check_family(module, family, name);
-      MoeLayer& L = by_module[module];
+      MoeLayer& L = out.by_module[module];
       if (base == "gate_up_proj")
         L.fused_gate_up[suffix] = name;
       else
         L.fused_down[suffix] = name;
     }
-    MoeLayer& L = by_module[module];
-    L.source_tensors.push_back(name);
-    expert_tensors.insert(name);
+    out.by_module[module].source_tensors.push_back(name);
+    out.names.insert(name);
   }
+  return out;
+}
 
-  const std::string config_path = (fs::path(dir_) / "config.json").string();
-  for (auto& [module, L] : by_module) {
-    if (L.source_tensors.empty()) continue;
-    const std::string& shard_file = file_of(L.source_tensors.front());
-    if (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss) {
-      if (!L.fused_gate_up.count("") || !L.fused_down.count("")) {
-        if (L.family == MoeFamily::kGptOss)
-          throw Error(ErrorCode::kUnsupported, shard_file, L.param_prefix + "gate_up_proj_blocks",
-                      "gpt-oss MXFP4 experts are recognised but not supported for conversion");
-        throw Error(ErrorCode::kMissingTensor, shard_file, L.param_prefix + "gate_up_proj",
-                    "fused experts need both gate_up_proj and down_proj");
-      }
-      const TensorView gu = view(L.fused_gate_up.at("")), dn = view(L.fused_down.at(""));
-      if (gu.shape.size() != 3 || dn.shape.size() != 3)
-        throw Error(ErrorCode::kBadShape, shard_file, gu.name,
-                    "fused experts must be 3-D, got " + shape_str(gu.shape) + " and " +
-                        shape_str(dn.shape));
-      L.num_experts = gu.shape[0];
-      L.hidden = gu.shape[1];
-      L.inter = gu.shape[2] / 2;
-      L.gated = true;
-      if (gu.shape[2] % 2 || dn.shape[0] != L.num_experts || dn.shape[1] != L.inter ||
-          dn.shape[2] != L.hidden)
-        throw Error(ErrorCode::kBadShape, shard_file, dn.name,
-                    "down_proj " + shape_str(dn.shape) + " does not match gate_up_proj " +
-                        shape_str(gu.shape) + " ([E, H, 2I] and [E, I, H])");
-      if (config_.num_experts_key.size() && config_.num_experts != L.num_experts)
-        throw Error(ErrorCode::kBadConfig, config_path, gu.name,
-                    config_.num_experts_key + " is " + std::to_string(config_.num_experts) +
-                        " but " + gu.name + " holds " + std::to_string(L.num_experts) +
-                        " experts " + shape_str(gu.shape));
-    } else {
-      auto& ex = per_expert[module];
-      L.num_experts = static_cast<int64_t>(ex.size());
-      auto any_tensor = [&](int64_t e) {  // a tensor of expert e, for messages
-        for (const auto& m : ex.at(e))
-          if (!m.empty()) return m.begin()->second;
-        return std::string();
-      };
-      // Gaps: name the tensors on both sides of the first missing id.
-      int64_t expect = 0;
-      for (const auto& [e, projs] : ex) {
-        if (e != expect) {
-          const std::string after = any_tensor(e);
-          if (expect == 0)
-            throw Error(
-                ErrorCode::kMissingTensor, file_of(after), after,
-                "expert ids do not start at 0: expert 0 is missing (first found: " + after + ")");
-          const std::string before = any_tensor(expect - 1);
-          throw Error(ErrorCode::kMissingTensor, file_of(after), after,
-                      "expert ids are not contiguous: expert " + std::to_string(expect) +
-                          " is missing between " + before + " and " + after);
-        }
-        ++expect;
-      }
-      if (config_.num_experts_key.size() && config_.num_experts != L.num_experts) {
-        const int64_t want = config_.num_experts;
-        if (L.num_experts > want) {
-          const std::string extra = any_tensor(want);
-          throw Error(ErrorCode::kBadConfig, file_of(extra), extra,
-                      "expert " + std::to_string(want) + " is beyond " + config_path + " " +
-                          config_.num_experts_key + " = " + std::to_string(want) + " (" +
-                          std::to_string(L.num_experts) + " experts found, the last " +
-                          any_tensor(L.num_experts - 1) + ")");
-        }
-        const std::string last = any_tensor(L.num_experts - 1);
-        throw Error(ErrorCode::kMissingTensor, file_of(last),
-                    L.param_prefix + std::to_string(L.num_experts),
-                    config_path + " " + config_.num_experts_key + " = " + std::to_string(want) +
-                        " but only experts 0.." + std::to_string(L.num_experts - 1) +
-                        " are present (the last found: " + last + "); expert " +
-                        std::to_string(L.num_experts) + " is missing");
-      }
-      // Gated when any expert has a gate: one without it is then a missing tensor, not a
-      // reason to drop every other expert's gate.
-      bool has_gate = false;
-      for (const auto& [e, projs] : ex) has_gate |= !projs[kGate].empty();
-      L.gated = has_gate;
-      for (auto& [e, projs] : ex) {
-        for (int p = 0; p < 3; ++p) {
-          if (p == kGate && !has_gate) continue;
-          if (projs[p].empty() || projs[p] != ex.begin()->second[p]) {
-            const bool missing = projs[p].empty();
-            std::set<std::string> want, have;
-            for (auto& [sfx, n] : ex.begin()->second[p]) want.insert(sfx);
-            for (auto& [sfx, n] : projs[p]) have.insert(sfx);
-            if (missing || want != have)
-              throw Error(ErrorCode::kMissingTensor, shard_file,
-                          L.param_prefix + std::to_string(e) + "." +
-                              (p == kGate ? "gate_proj"
-                               : p == kUp ? "up_proj"
-                                          : "down_proj"),
-                          missing ? "projection missing" : "tensor suffixes differ from expert 0");
-          }
-        }
-        L.experts.push_back(projs);
-      }
-      const auto gate_or_up = L.experts[0][has_gate ? kGate : kUp];
-      const auto [n1, k1] = linear_shape(*this, config_.quant, gate_or_up);
-      const auto [n2, k2] = linear_shape(*this, config_.quant, L.experts[0][kDown]);
-      L.inter = n1;
-      L.hidden = k1;
-      if (n2 != L.hidden || k2 != L.inter)
-        throw Error(ErrorCode::kBadShape, shard_file, L.experts[0][kDown].begin()->second,
-                    "down projection is [" + std::to_string(n2) + ", " + std::to_string(k2) +
-                        "], expected [H=" + std::to_string(L.hidden) +
-                        ", I=" + std::to_string(L.inter) + "] (logical shapes read as " +
-                        quant_method_name(config_.quant.method) +
-                        " bits=" + std::to_string(config_.quant.bits) + " from " +
-                        (config_.quant_file.empty() ? "config.json" : config_.quant_file) + ")");
-      // Every expert's Linears have expert 0's logical shapes (shape metadata only, no bytes).
-      for (size_t e = 1; e < L.experts.size(); ++e)
-        for (int p = 0; p < 3; ++p) {
-          if (p == kGate && !has_gate) continue;
-          const auto nk = linear_shape(*this, config_.quant, L.experts[e][p]);
-          const std::pair<int64_t, int64_t> want =
-              p == kDown ? std::pair<int64_t, int64_t>{L.hidden, L.inter}
-                         : std::pair<int64_t, int64_t>{L.inter, L.hidden};
-          if (nk != want) {
-            const std::string& t = L.experts[e][p].begin()->second;
-            throw Error(ErrorCode::kBadShape, file_of(t), t.substr(0, t.rfind('.')),
-                        "expert " + std::to_string(e) + " is [" + std::to_string(nk.first) + ", " +
-                            std::to_string(nk.second) + "] where expert 0 is [" +
-                            std::to_string(want.first) + ", " + std::to_string(want.second) + "]");
-          }
-        }
+// E, H and I of a fused 3-D layer from gate_up_proj [E, H, 2I] and down_proj [E, I, H].
+void size_fused_layer(const Checkpoint& ckpt, MoeLayer& L) {
+  const HfConfig& config = ckpt.config();
+  const std::string shard_file = file_of(ckpt, L.source_tensors.front());
+  if (!L.fused_gate_up.count("") || !L.fused_down.count("")) {
+    if (L.family == MoeFamily::kGptOss)
+      throw Error(ErrorCode::kUnsupported, shard_file, L.param_prefix + "gate_up_proj_blocks",
+                  "gpt-oss MXFP4 experts are recognised but not supported for conversion");
+    throw Error(ErrorCode::kMissingTensor, shard_file, L.param_prefix + "gate_up_proj",
+                "fused experts need both gate_up_proj and down_proj");
+  }
+  const TensorView gu = ckpt.view(L.fused_gate_up.at("")), dn = ckpt.view(L.fused_down.at(""));
+  if (gu.shape.size() != 3 || dn.shape.size() != 3)
+    throw Error(
+        ErrorCode::kBadShape, shard_file, gu.name,
+        "fused experts must be 3-D, got " + shape_str(gu.shape) + " and " + shape_str(dn.shape));
+  L.num_experts = gu.shape[0];
+  L.hidden = gu.shape[1];
+  L.inter = gu.shape[2] / 2;
+  L.gated = true;
+  if (gu.shape[2] % 2 || dn.shape[0] != L.num_experts || dn.shape[1] != L.inter ||
+      dn.shape[2] != L.hidden)
+    throw Error(ErrorCode::kBadShape, shard_file, dn.name,
+                "down_proj " + shape_str(dn.shape) + " does not match gate_up_proj " +
+                    shape_str(gu.shape) + " ([E, H, 2I] and [E, I, H])");
+  if (config.num_experts_key.size() && config.num_experts != L.num_experts)
+    throw Error(ErrorCode::kBadConfig, (fs::path(ckpt.dir()) / "config.json").string(), gu.name,
+                config.num_experts_key + " is " + std::to_string(config.num_experts) + " but " +
+                    gu.name + " holds " + std::to_string(L.num_experts) + " experts " +
+                    shape_str(gu.shape));
+}
+
+// Expert ids are contiguous from 0 and as many as the config's expert count; errors name the
+// tensors on both sides of the first missing id.
+void check_expert_ids(const Checkpoint& ckpt, const MoeLayer& L,
+                      const std::map<int64_t, ExpertLinears>& ex) {
+  const HfConfig& config = ckpt.config();
+  const std::string config_path = (fs::path(ckpt.dir()) / "config.json").string();
+  auto any_tensor = [&](int64_t e) {  // a tensor of expert e, for messages
+    for (const auto& m : ex.at(e))
+      if (!m.empty()) return m.begin()->second;
+    return std::string();
+  };
+  int64_t expect = 0;
+  for (const auto& [e, projs] : ex) {
+    if (e != expect) {
+      const std::string after = any_tensor(e);
+      if (expect == 0)
+        throw Error(
+            ErrorCode::kMissingTensor, file_of(ckpt, after), after,
+            "expert ids do not start at 0: expert 0 is missing (first found: " + after + ")");
+      const std::string before = any_tensor(expect - 1);
+      throw Error(ErrorCode::kMissingTensor, file_of(ckpt, after), after,
+                  "expert ids are not contiguous: expert " + std::to_string(expect) +
+                      " is missing between " + before + " and " + after);
     }
-    const std::string& first = L.source_tensors.front();
-    if (L.num_experts <= 0 || L.hidden <= 0 || L.inter <= 0)
-      throw Error(ErrorCode::kBadShape, shard_file, first,
-                  "experts of " + L.module + " have E=" + std::to_string(L.num_experts) +
-                      " H=" + std::to_string(L.hidden) + " I=" + std::to_string(L.inter) +
-                      ": every extent must be positive");
-    if (config_.hidden_size && config_.hidden_size != L.hidden)
-      throw Error(ErrorCode::kBadConfig, config_path, first,
-                  config_.hidden_size_key + " is " + std::to_string(config_.hidden_size) +
-                      " but the experts of " + L.module + " have hidden size " +
-                      std::to_string(L.hidden) + " (" + first + ")");
-    if (config_.moe_intermediate_size && config_.moe_intermediate_size != L.inter)
-      throw Error(ErrorCode::kBadConfig, config_path, first,
-                  config_.moe_intermediate_size_key + " is " +
-                      std::to_string(config_.moe_intermediate_size) + " but the experts of " +
-                      L.module + " have intermediate size " + std::to_string(L.inter) + " (" +
-                      first + ")");
-    if (!config_.top_k_key.empty() && (config_.top_k < 1 || config_.top_k > L.num_experts))
-      throw Error(ErrorCode::kBadConfig, config_path, L.param_prefix,
-                  config_.top_k_key + " is " + std::to_string(config_.top_k) + ": must be in [1, " +
-                      std::to_string(L.num_experts) + "], the " + std::to_string(L.num_experts) +
-                      " experts of " + L.module);
+    ++expect;
+  }
+  if (!config.num_experts_key.size() || config.num_experts == L.num_experts) return;
+  const int64_t want = config.num_experts;
+  if (L.num_experts > want) {
+    const std::string extra = any_tensor(want);
+    throw Error(ErrorCode::kBadConfig, file_of(ckpt, extra), extra,
+                "expert " + std::to_string(want) + " is beyond " + config_path + " " +
+                    config.num_experts_key + " = " + std::to_string(want) + " (" +
+                    std::to_string(L.num_experts) + " experts found, the last " +
+                    any_tensor(L.num_experts - 1) + ")");
+  }
+  const std::string last = any_tensor(L.num_experts - 1);
+  throw Error(ErrorCode::kMissingTensor, file_of(ckpt, last),
+              L.param_prefix + std::to_string(L.num_experts),
+              config_path + " " + config.num_experts_key + " = " + std::to_string(want) +
+                  " but only experts 0.." + std::to_string(L.num_experts - 1) +
+                  " are present (the last found: " + last + "); expert " +
+                  std::to_string(L.num_experts) + " is missing");
+}
+
+// E, H and I of a per-expert layer, and its experts: every one with expert 0's projections,
+// tensor suffixes and logical Linear shapes (shape metadata only, no bytes).
+void size_per_expert_layer(const Checkpoint& ckpt, MoeLayer& L,
+                           const std::map<int64_t, ExpertLinears>& ex) {
+  const QuantParams& quant = ckpt.config().quant;
+  const std::string shard_file = file_of(ckpt, L.source_tensors.front());
+  L.num_experts = static_cast<int64_t>(ex.size());
+  check_expert_ids(ckpt, L, ex);
+  // Gated when any expert has a gate: one without it is then a missing tensor, not a reason to
+  // drop every other expert's gate.
+  bool has_gate = false;
+  for (const auto& [e, projs] : ex) has_gate |= !projs[kGate].empty();
+  L.gated = has_gate;
+  for (const auto& [e, projs] : ex) {
+    for (int p = 0; p < 3; ++p) {
+      if (p == kGate && !has_gate) continue;
+      if (projs[p].empty() || projs[p] != ex.begin()->second[p]) {
+        const bool missing = projs[p].empty();
+        std::set<std::string> want, have;
+        for (auto& [sfx, n] : ex.begin()->second[p]) want.insert(sfx);
+        for (auto& [sfx, n] : projs[p]) have.insert(sfx);
+        if (missing || want != have)
+          throw Error(ErrorCode::kMissingTensor, shard_file,
+                      L.param_prefix + std::to_string(e) + "." +
+                          (p == kGate ? "gate_proj"
+                           : p == kUp ? "up_proj"
+                                      : "down_proj"),
+                      missing ? "projection missing" : "tensor suffixes differ from expert 0");
+      }
+    }
+    L.experts.push_back(projs);
+  }
+  const auto [n1, k1] = linear_shape(ckpt, quant, L.experts[0][has_gate ? kGate : kUp]);
+  const auto [n2, k2] = linear_shape(ckpt, quant, L.experts[0][kDown]);
+  L.inter = n1;
+  L.hidden = k1;
+  if (n2 != L.hidden || k2 != L.inter)
+    throw Error(
+        ErrorCode::kBadShape, shard_file, L.experts[0][kDown].begin()->second,
+        "down projection is [" + std::to_string(n2) + ", " + std::to_string(k2) +
+            "], expected [H=" + std::to_string(L.hidden) + ", I=" + std::to_string(L.inter) +
+            "] (logical shapes read as " + quant_method_name(quant.method) +
+            " bits=" + std::to_string(quant.bits) + " from " +
+            (ckpt.config().quant_file.empty() ? "config.json" : ckpt.config().quant_file) + ")");
+  for (size_t e = 1; e < L.experts.size(); ++e)
+    for (int p = 0; p < 3; ++p) {
+      if (p == kGate && !has_gate) continue;
+      const auto nk = linear_shape(ckpt, quant, L.experts[e][p]);
+      const std::pair<int64_t, int64_t> want = p == kDown
+                                                   ? std::pair<int64_t, int64_t>{L.hidden, L.inter}
+                                                   : std::pair<int64_t, int64_t>{L.inter, L.hidden};
+      if (nk != want) {
+        const std::string& t = L.experts[e][p].begin()->second;
+        throw Error(ErrorCode::kBadShape, file_of(ckpt, t), t.substr(0, t.rfind('.')),
+                    "expert " + std::to_string(e) + " is [" + std::to_string(nk.first) + ", " +
+                        std::to_string(nk.second) + "] where expert 0 is [" +
+                        std::to_string(want.first) + ", " + std::to_string(want.second) + "]");
+      }
+    }
+}
+
+// Every extent positive, and the config's hidden size, intermediate size and top-k agree with
+// the experts.
+void check_layer_against_config(const Checkpoint& ckpt, const MoeLayer& L) {
+  const HfConfig& config = ckpt.config();
+  const std::string config_path = (fs::path(ckpt.dir()) / "config.json").string();
+  const std::string& first = L.source_tensors.front();
+  if (L.num_experts <= 0 || L.hidden <= 0 || L.inter <= 0)
+    throw Error(ErrorCode::kBadShape, file_of(ckpt, first), first,
+                "experts of " + L.module + " have E=" + std::to_string(L.num_experts) +
+                    " H=" + std::to_string(L.hidden) + " I=" + std::to_string(L.inter) +
+                    ": every extent must be positive");
+  if (config.hidden_size && config.hidden_size != L.hidden)
+    throw Error(ErrorCode::kBadConfig, config_path, first,
+                config.hidden_size_key + " is " + std::to_string(config.hidden_size) +
+                    " but the experts of " + L.module + " have hidden size " +
+                    std::to_string(L.hidden) + " (" + first + ")");
+  if (config.moe_intermediate_size && config.moe_intermediate_size != L.inter)
+    throw Error(ErrorCode::kBadConfig, config_path, first,
+                config.moe_intermediate_size_key + " is " +
+                    std::to_string(config.moe_intermediate_size) + " but the experts of " +
+                    L.module + " have intermediate size " + std::to_string(L.inter) + " (" + first +
+                    ")");
+  if (!config.top_k_key.empty() && (config.top_k < 1 || config.top_k > L.num_experts))
+    throw Error(ErrorCode::kBadConfig, config_path, L.param_prefix,
+                config.top_k_key + " is " + std::to_string(config.top_k) + ": must be in [1, " +
+                    std::to_string(L.num_experts) + "], the " + std::to_string(L.num_experts) +
+                    " experts of " + L.module);
+}
+
+// One MoE block per decoder layer: "layers.3.mlp.experts.*" next to
+// "layers.3.block_sparse_moe.experts.*" are two naming families for one layer's experts.
+// `layers` is sorted by (layer, module).
+void check_one_block_per_decoder_layer(const Checkpoint& ckpt,
+                                       const std::vector<MoeLayer>& layers) {
+  const auto decoder_layer = [](const std::string& m) {
+    const auto pos = m.rfind("layers.");
+    const auto end = pos == std::string::npos ? pos : m.find('.', pos + 7);
+    return end == std::string::npos ? m : m.substr(0, end);
+  };
+  for (size_t i = 1; i < layers.size(); ++i) {
+    const MoeLayer &a = layers[i - 1], &b = layers[i];
+    if (a.layer >= 0 && a.layer == b.layer && decoder_layer(a.module) == decoder_layer(b.module))
+      throw Error(ErrorCode::kBadConfig, file_of(ckpt, b.source_tensors.front()),
+                  b.source_tensors.front(),
+                  "mixes naming families in one decoder layer: experts under " + a.module + " (" +
+                      a.source_tensors.front() + ") and under " + b.module);
+  }
+}
+
+}  // namespace
+
+void Checkpoint::discover_moe() {
+  ExpertTensors found = group_expert_tensors(*this);
+  for (auto& [module, L] : found.by_module) {
+    if (L.source_tensors.empty()) continue;
+    if (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss)
+      size_fused_layer(*this, L);
+    else
+      size_per_expert_layer(*this, L, found.per_expert[module]);
+    check_layer_against_config(*this, L);
     check_router(*this, L);
     if (!config_.gated) L.gated = false;
     layers_.push_back(std::move(L));
@@ -502,23 +562,9 @@ void Checkpoint::discover_moe() {
   std::sort(layers_.begin(), layers_.end(), [](const MoeLayer& a, const MoeLayer& b) {
     return a.layer != b.layer ? a.layer < b.layer : a.module < b.module;
   });
-  // One MoE block per decoder layer: "layers.3.mlp.experts.*" next to
-  // "layers.3.block_sparse_moe.experts.*" are two naming families for one layer's experts.
-  for (size_t i = 1; i < layers_.size(); ++i) {
-    const MoeLayer &a = layers_[i - 1], &b = layers_[i];
-    const auto decoder_layer = [](const std::string& m) {
-      const auto pos = m.rfind("layers.");
-      const auto end = pos == std::string::npos ? pos : m.find('.', pos + 7);
-      return end == std::string::npos ? m : m.substr(0, end);
-    };
-    if (a.layer >= 0 && a.layer == b.layer && decoder_layer(a.module) == decoder_layer(b.module))
-      throw Error(ErrorCode::kBadConfig, file_of(b.source_tensors.front()),
-                  b.source_tensors.front(),
-                  "mixes naming families in one decoder layer: experts under " + a.module + " (" +
-                      a.source_tensors.front() + ") and under " + b.module);
-  }
+  check_one_block_per_decoder_layer(*this, layers_);
   for (const auto& name : tensor_order_)
-    if (!expert_tensors.count(name)) others_.push_back(name);
+    if (!found.names.count(name)) others_.push_back(name);
 }
 
 std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantParams& q,
@@ -540,40 +586,37 @@ std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantPara
   }
 }
 
-MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads,
-                            const ExpertRange& range) {
-  QuantParams q = ckpt.quant();
+QuantParams refined_source_params(const Checkpoint& ckpt, const MoeLayer& layer) {
+  const QuantParams& q = ckpt.quant();
   const SourceCodec* codec = find_source_codec(q.method);
-  if (!codec)
-    throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
-                std::string("no codec for ") + quant_method_name(q.method));
-  if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss)
-    throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
-                "quantized fused 3-D experts are not supported");
-  if (codec->refine) {
-    std::map<std::string, TensorView> first;
-    for (const auto& [suffix, name] : layer.experts[0][layer.gated ? kGate : kUp])
-      first[suffix] = ckpt.view(name);
-    q = codec->refine(q, first);
-  }
+  if (!codec || !codec->refine || layer.experts.empty()) return q;
+  std::map<std::string, TensorView> first;
+  for (const auto& [suffix, name] : layer.experts[0][layer.gated ? kGate : kUp])
+    first[suffix] = ckpt.view(name);
+  return codec->refine(q, first);
+}
+
+namespace {
+
+// The chunk's Linears [e0, e1) unpacked through the codec, `threads` workers over experts:
+// parts[e - e0][proj] (no gate when the layer is not gated). Each Linear must have the codec's
+// required suffixes and no unknown one; errors name the real tensor and shard.
+std::vector<std::array<QuantTensor, 3>> unpack_linears(const Checkpoint& ckpt,
+                                                       const MoeLayer& layer,
+                                                       const SourceCodec& codec,
+                                                       const QuantParams& q, int threads,
+                                                       int64_t e0, int64_t e1) {
   const std::set<std::string> required = [&] {
-    auto v = codec->required_suffixes(q);
+    auto v = codec.required_suffixes(q);
     return std::set<std::string>(v.begin(), v.end());
   }();
   const std::set<std::string> known = [&] {
-    auto v = codec->optional_suffixes(q);
+    auto v = codec.optional_suffixes(q);
     std::set<std::string> s(v.begin(), v.end());
     s.insert(required.begin(), required.end());
     return s;
   }();
-
-  const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
-  if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
-    throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");
-  const int64_t E = e1 - e0, H = layer.hidden, I = layer.inter;
-  const int64_t rows13 = layer.gated ? 2 * I : I;
-  std::vector<std::array<QuantTensor, 3>> parts(static_cast<size_t>(E));  // local index e - e0
-
+  const int64_t H = layer.hidden, I = layer.inter;
   auto unpack_one = [&](int64_t e, int p) {
     const auto& by_suffix = layer.experts[static_cast<size_t>(e)][p];
     const std::string first = by_suffix.begin()->second;
@@ -586,12 +629,12 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
     for (const auto& [suffix, name] : by_suffix) {
       if (!known.count(suffix))
         throw Error(ErrorCode::kUnsupported, file, name,
-                    "unexpected tensor '" + suffix + "' for " + codec->name + " experts");
+                    "unexpected tensor '" + suffix + "' for " + codec.name + " experts");
       tensors.emplace(suffix, Tensor::from_view(ckpt.view(name)));
     }
     const int64_t n = p == kDown ? H : I, k = p == kDown ? I : H;
     try {
-      return codec->unpack(q, tensors, n, k);
+      return codec.unpack(q, tensors, n, k);
     } catch (const Error& err) {
       if (!err.file().empty()) throw;
       const std::string t = err.tensor().empty()            ? linear
@@ -600,101 +643,136 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int t
       throw Error(err.code(), file, t, err.message());
     }
   };
-  parallel_for(E, threads, [&](int64_t b, int64_t end) {
+  std::vector<std::array<QuantTensor, 3>> parts(static_cast<size_t>(e1 - e0));
+  parallel_for(e1 - e0, threads, [&](int64_t b, int64_t end) {
     for (int64_t e = b; e < end; ++e)
       for (int p = 0; p < 3; ++p) {
         if (p == kGate && !layer.gated) continue;
         parts[static_cast<size_t>(e)][p] = unpack_one(e0 + e, p);
       }
   });
+  return parts;
+}
 
-  auto stack = [&](std::initializer_list<int> projs, int64_t n, int64_t k, int force_g_idx) {
-    const QuantTensor& t0 = parts[0][*projs.begin()];
-    QuantTensor out;
-    out.experts = E;
-    out.n = n;
-    out.k = k;
-    out.kind = t0.kind;
-    out.bits = t0.bits;
-    out.group_size = t0.group_size;
-    out.scale_block_n = t0.scale_block_n;
-    out.symmetric = t0.symmetric;
-    out.scale_dtype = t0.scale_dtype;
-    // Scale dtypes may differ between the tensors of one layer (F16 here, F32 there): vLLM copies
-    // each into its parameter's dtype, so widen them all to F32 -- exact for F16, BF16 and F32 --
-    // and let the layout convert from there as it would from either.
-    const auto is_float_scale = [](DType d) {
-      return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32;
-    };
-    bool widen = false;
-    for (int64_t e = 0; e < E; ++e)
-      for (int p : projs) {
-        const DType d = parts[static_cast<size_t>(e)][p].scale_dtype;
-        widen |= d != out.scale_dtype && is_float_scale(d) && is_float_scale(out.scale_dtype);
-      }
-    if (widen) {
-      out.scale_dtype = DType::kF32;
-      for (int64_t e = 0; e < E; ++e)
-        for (int p : projs) {
-          QuantTensor& t = parts[static_cast<size_t>(e)][p];
-          if (t.scale_dtype == DType::kF32 || !is_float_scale(t.scale_dtype)) continue;
-          t.scales = convert_scales(t.scales, t.scale_dtype, DType::kF32,
-                                    layer.param_prefix + std::to_string(e0 + e));
-          t.scale_dtype = DType::kF32;
-        }
-    }
-    bool any_g_idx = force_g_idx == 1;
-    for (int64_t e = 0; e < E; ++e)
-      for (int p : projs) any_g_idx |= !parts[static_cast<size_t>(e)][p].g_idx.empty();
-    if (force_g_idx == 0 && any_g_idx)
-      throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix,
-                  "act-order g_idx in experts planned without them");
-    for (int64_t e = 0; e < E; ++e) {
-      const std::vector<int32_t>* first_g = nullptr;
-      for (int p : projs) {
-        const QuantTensor& t = parts[static_cast<size_t>(e)][p];
-        const std::string what = layer.param_prefix + std::to_string(e0 + e);
-        if (t.kind != out.kind || t.bits != out.bits || t.group_size != out.group_size ||
-            t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric)
-          throw Error(ErrorCode::kBadValue, ckpt.dir(), what,
-                      "projections of one layer disagree in quantization parameters");
-        if (t.scale_block_n > 1 && t.n % t.scale_block_n != 0 && projs.size() > 1)
-          throw Error(ErrorCode::kUnsupported, ckpt.dir(), what,
-                      "block-scaled gate/up rows (" + std::to_string(t.n) +
-                          ") are not a multiple of the block size " +
-                          std::to_string(t.scale_block_n));
-        out.codes.insert(out.codes.end(), t.codes.begin(), t.codes.end());
-        out.scales.insert(out.scales.end(), t.scales.begin(), t.scales.end());
-        out.zeros.insert(out.zeros.end(), t.zeros.begin(), t.zeros.end());
-        if (any_g_idx) {
-          std::vector<int32_t> g = t.g_idx;
-          if (g.empty()) {  // trivial g_idx made explicit so gate and up compare equal
-            g.resize(static_cast<size_t>(t.k));
-            for (int64_t i = 0; i < t.k; ++i)
-              g[static_cast<size_t>(i)] =
-                  static_cast<int32_t>(t.group_size > 0 ? i / t.group_size : 0);
-          }
-          if (!first_g) {
-            out.g_idx.insert(out.g_idx.end(), g.begin(), g.end());
-            first_g = &t.g_idx;
-          } else if (!std::equal(g.begin(), g.end(),
-                                 out.g_idx.end() - static_cast<int64_t>(g.size())))
-            throw Error(ErrorCode::kUnsupported, ckpt.dir(), what + ".up_proj.g_idx",
-                        "gate and up projections have different act-order g_idx; vLLM's fused w13 "
-                        "keeps one per expert");
-        }
-      }
-    }
-    out.check_consistent(layer.param_prefix);
-    return out;
+// Scale dtypes may differ between the tensors of one layer (F16 here, F32 there): vLLM copies
+// each into its parameter's dtype, so widen them all to F32 -- exact for F16, BF16 and F32 -- and
+// let the layout convert from there as it would from either. Returns the stacked scale dtype.
+DType widen_mixed_float_scales(std::vector<std::array<QuantTensor, 3>>& parts,
+                               std::initializer_list<int> projs, DType first,
+                               const std::string& prefix, int64_t e0) {
+  const auto is_float_scale = [](DType d) {
+    return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32;
   };
+  bool widen = false;
+  for (const auto& ex : parts)
+    for (int p : projs)
+      widen |=
+          ex[p].scale_dtype != first && is_float_scale(ex[p].scale_dtype) && is_float_scale(first);
+  if (!widen) return first;
+  for (size_t e = 0; e < parts.size(); ++e)
+    for (int p : projs) {
+      QuantTensor& t = parts[e][p];
+      if (t.scale_dtype == DType::kF32 || !is_float_scale(t.scale_dtype)) continue;
+      t.scales = convert_scales(t.scales, t.scale_dtype, DType::kF32,
+                                prefix + std::to_string(e0 + static_cast<int64_t>(e)));
+      t.scale_dtype = DType::kF32;
+    }
+  return DType::kF32;
+}
+
+// The chunk's projections `projs` (gate and up, or down) stacked into one QuantTensor [E, n, k]
+// as vLLM's fused parameters hold them. force_g_idx: ExpertRange's g_idx_w13 / g_idx_w2.
+QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
+                              std::vector<std::array<QuantTensor, 3>>& parts,
+                              std::initializer_list<int> projs, int64_t n, int64_t k,
+                              int force_g_idx, int64_t e0) {
+  const int64_t E = static_cast<int64_t>(parts.size());
+  const QuantTensor& t0 = parts[0][*projs.begin()];
+  QuantTensor out;
+  out.experts = E;
+  out.n = n;
+  out.k = k;
+  out.kind = t0.kind;
+  out.bits = t0.bits;
+  out.group_size = t0.group_size;
+  out.scale_block_n = t0.scale_block_n;
+  out.symmetric = t0.symmetric;
+  out.scale_dtype = widen_mixed_float_scales(parts, projs, t0.scale_dtype, layer.param_prefix, e0);
+  bool any_g_idx = force_g_idx == 1;
+  for (int64_t e = 0; e < E; ++e)
+    for (int p : projs) any_g_idx |= !parts[static_cast<size_t>(e)][p].g_idx.empty();
+  if (force_g_idx == 0 && any_g_idx)
+    throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix,
+                "act-order g_idx in experts planned without them");
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<int32_t>* first_g = nullptr;
+    for (int p : projs) {
+      const QuantTensor& t = parts[static_cast<size_t>(e)][p];
+      const std::string what = layer.param_prefix + std::to_string(e0 + e);
+      if (t.kind != out.kind || t.bits != out.bits || t.group_size != out.group_size ||
+          t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric)
+        throw Error(ErrorCode::kBadValue, ckpt.dir(), what,
+                    "projections of one layer disagree in quantization parameters");
+      if (t.scale_block_n > 1 && t.n % t.scale_block_n != 0 && projs.size() > 1)
+        throw Error(ErrorCode::kUnsupported, ckpt.dir(), what,
+                    "block-scaled gate/up rows (" + std::to_string(t.n) +
+                        ") are not a multiple of the block size " +
+                        std::to_string(t.scale_block_n));
+      out.codes.insert(out.codes.end(), t.codes.begin(), t.codes.end());
+      out.scales.insert(out.scales.end(), t.scales.begin(), t.scales.end());
+      out.zeros.insert(out.zeros.end(), t.zeros.begin(), t.zeros.end());
+      if (!any_g_idx) continue;
+      std::vector<int32_t> g = t.g_idx;
+      if (g.empty()) {  // trivial g_idx made explicit so gate and up compare equal
+        g.resize(static_cast<size_t>(t.k));
+        for (int64_t i = 0; i < t.k; ++i)
+          g[static_cast<size_t>(i)] = static_cast<int32_t>(t.group_size > 0 ? i / t.group_size : 0);
+      }
+      if (!first_g) {
+        out.g_idx.insert(out.g_idx.end(), g.begin(), g.end());
+        first_g = &t.g_idx;
+      } else if (!std::equal(g.begin(), g.end(),
+                             out.g_idx.end() - static_cast<int64_t>(g.size()))) {
+        throw Error(ErrorCode::kUnsupported, ckpt.dir(), what + ".up_proj.g_idx",
+                    "gate and up projections have different act-order g_idx; vLLM's fused w13 "
+                    "keeps one per expert");
+      }
+    }
+  }
+  out.check_consistent(layer.param_prefix);
+  return out;
+}
+
+}  // namespace
+
+MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, const QuantParams& q,
+                            int threads, const ExpertRange& range) {
+  const SourceCodec* codec = find_source_codec(q.method);
+  if (!codec)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
+                std::string("no codec for ") + quant_method_name(q.method));
+  if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
+                "quantized fused 3-D experts are not supported");
+  const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
+  if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
+    throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");
+  const int64_t H = layer.hidden, I = layer.inter;
+  std::vector<std::array<QuantTensor, 3>> parts =
+      unpack_linears(ckpt, layer, *codec, q, threads, e0, e1);
   MoeExperts m;
+  const int64_t rows13 = layer.gated ? 2 * I : I;
   if (layer.gated)
-    m.w13 = stack({kGate, kUp}, rows13, H, range.g_idx_w13);
+    m.w13 = stack_projections(ckpt, layer, parts, {kGate, kUp}, rows13, H, range.g_idx_w13, e0);
   else
-    m.w13 = stack({kUp}, rows13, H, range.g_idx_w13);
-  m.w2 = stack({kDown}, H, I, range.g_idx_w2);
+    m.w13 = stack_projections(ckpt, layer, parts, {kUp}, rows13, H, range.g_idx_w13, e0);
+  m.w2 = stack_projections(ckpt, layer, parts, {kDown}, H, I, range.g_idx_w2, e0);
   return m;
+}
+
+MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads,
+                            const ExpertRange& range) {
+  return load_moe_experts(ckpt, layer, refined_source_params(ckpt, layer), threads, range);
 }
 
 namespace {

@@ -100,9 +100,20 @@ struct ExpertRange {
   int g_idx_w13 = -1, g_idx_w2 = -1;
 };
 
+// The source codec's params for the experts of `layer`: ckpt.quant(), corrected by the codec
+// row's `refine` on the tensors of expert 0's first Linear (gate, or up when not gated); GPTQ
+// reads its qzeros for the v1/v2 zero convention. The one place refine runs: make_plan records
+// the result per layer (PlannedLayer::source_quant) and execution takes it from there.
+QuantParams refined_source_params(const Checkpoint& ckpt, const MoeLayer& layer);
+
 // One layer's experts (or a chunk of them) in canonical form (w13 = [gate; up] on N, w2),
-// unpacked through the source codec, `threads` workers over experts. Refuses gate/up with
-// different act-order g_idx.
+// unpacked through the source codec with params `q` (refined_source_params: the plan's
+// PlannedLayer::source_quant), `threads` workers over experts. Refuses gate/up with different
+// act-order g_idx.
+MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, const QuantParams& q,
+                            int threads, const ExpertRange& range = {});
+// The same with refined_source_params(ckpt, layer), for readers without a plan (verify,
+// inspect's validate_source, tests).
 MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads,
                             const ExpertRange& range = {});
 

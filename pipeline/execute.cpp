@@ -35,24 +35,17 @@ std::vector<const PlannedTensor*> planned_params(const Plan& plan, const Planned
   return planned;
 }
 
-// The chunk's source tensors as views into the mapped checkpoint, with the quantization params
-// refined as load_moe_experts refines them (the codec's refine on expert 0's first Linear).
-DirectSource direct_source(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1,
-                           bool g_idx_w13, bool g_idx_w2) {
+}  // namespace
+
+DirectSource direct_source(const Checkpoint& ckpt, const PlannedLayer& pl, int64_t e0, int64_t e1) {
+  const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
   DirectSource src;
-  src.quant = ckpt.quant();
-  const SourceCodec* codec = find_source_codec(src.quant.method);
-  if (codec && codec->refine && !L.experts.empty()) {
-    std::map<std::string, TensorView> first;
-    for (const auto& [suffix, name] : L.experts[0][L.gated ? kGate : kUp])
-      first[suffix] = ckpt.view(name);
-    src.quant = codec->refine(src.quant, first);
-  }
+  src.quant = pl.source_quant;
   src.hidden = L.hidden;
   src.inter = L.inter;
   src.gated = L.gated;
-  src.g_idx_w13 = g_idx_w13;
-  src.g_idx_w2 = g_idx_w2;
+  src.g_idx_w13 = pl.act_order_w13;
+  src.g_idx_w2 = pl.act_order_w2;
   src.linears.resize(static_cast<size_t>(e1 - e0));
   for (int64_t e = e0; e < e1 && e < static_cast<int64_t>(L.experts.size()); ++e)
     for (int p = 0; p < 3; ++p)
@@ -60,6 +53,8 @@ DirectSource direct_source(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0
         src.linears[static_cast<size_t>(e - e0)][p][suffix] = ckpt.view(name);
   return src;
 }
+
+namespace {
 
 void check_chunk_params(const std::vector<Tensor>& params,
                         const std::vector<const PlannedTensor*>& planned, const MoeLayer& L,
@@ -75,8 +70,7 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
   std::optional<std::vector<Tensor>> params;
   if (pl.direct) {
     if (lap) lap("load");  // views into the mapped source: nothing to load
-    params = pl.direct->convert(pl.layout_options,
-                                direct_source(ckpt, L, e0, e1, pl.act_order_w13, pl.act_order_w2));
+    params = pl.direct->convert(pl.layout_options, direct_source(ckpt, pl, e0, e1));
     if (params && lap) lap("pack");
   }
   // A chunk the direct path declines goes the canonical way, which gives the reference bytes or
@@ -101,7 +95,7 @@ std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& 
     experts.w13 = plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);
     experts.w2 = plan.quantize_recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
   } else {
-    experts = load_moe_experts(ckpt, L, plan.threads, range);
+    experts = load_moe_experts(ckpt, L, pl.source_quant, plan.threads, range);
   }
   if (lap) lap("load");
   std::vector<Tensor> params = plan.layout->pack(pl.layout_options, experts);
@@ -144,11 +138,9 @@ void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes) 
   const bool dense = ckpt.quant().method == QuantMethod::kNone;
   for (const MoeLayer& L : ckpt.moe_layers()) {
     // The plan's chunk rule: canonical bytes per expert (a float each when dense).
-    const uint64_t per_expert =
-        static_cast<uint64_t>((L.gated ? 3 : 2) * L.inter * L.hidden) * (dense ? 4 : 1);
-    const int64_t chunk = std::max<int64_t>(
-        1, std::min<int64_t>(L.num_experts, static_cast<int64_t>(
-                                                chunk_bytes / std::max<uint64_t>(1, per_expert))));
+    const int64_t chunk = experts_per_chunk(
+        chunk_bytes, L.num_experts,
+        canonical_expert_bytes(L.gated ? 2 * L.inter : L.inter, L.hidden, L.inter, dense));
     for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
       ExpertRange range;
       range.begin = e0;
@@ -253,155 +245,201 @@ void prefetch_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64
     }
 }
 
-}  // namespace
-
-void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
-                           const std::vector<size_t>& tensors, const ProgressFn& progress,
-                           std::map<std::string, double>& stage_seconds) {
-  const auto t_start = std::chrono::steady_clock::now();
-  const int threads = plan.threads;
-  std::set<int64_t> layers_wanted;
+// What write_planned_tensors writes of a plan: the copy-through tensors, and every chunk of every
+// wanted MoE layer in the order the writer needs them (a tensor's parts arrive in order).
+struct PlannedWork {
   std::vector<const PlannedTensor*> copies;
-  ConvertProgress state;
+  std::vector<ChunkRef> chunks;
+  uint64_t bytes = 0;
+  int64_t layers = 0;
+};
+
+PlannedWork planned_work(const Plan& plan, const Checkpoint& ckpt,
+                         const std::vector<size_t>& tensors) {
+  PlannedWork w;
+  std::set<int64_t> layers_wanted;
   for (size_t i : tensors) {
     const PlannedTensor& t = plan.tensors.at(i);
-    state.bytes_total += t.bytes;
+    w.bytes += t.bytes;
     if (t.converted)
       layers_wanted.insert(t.layer);
     else
-      copies.push_back(&t);
+      w.copies.push_back(&t);
   }
-  state.layers_total = static_cast<int64_t>(layers_wanted.size());
-
-  // Every chunk of every wanted MoE layer, in the order the writer needs them (a tensor's parts
-  // arrive in order).
-  std::vector<ChunkRef> chunks;
+  w.layers = static_cast<int64_t>(layers_wanted.size());
   for (const PlannedLayer& pl : plan.layers) {
     if (!layers_wanted.count(pl.index)) continue;
     const int64_t E = ckpt.moe_layers()[static_cast<size_t>(pl.index)].num_experts;
     for (int64_t e0 = 0; e0 < E; e0 += pl.experts_per_chunk) {
       const int64_t e1 = std::min(E, e0 + pl.experts_per_chunk);
-      chunks.push_back({&pl, e0, e1, e1 == E});
+      w.chunks.push_back({&pl, e0, e1, e1 == E});
     }
   }
+  return w;
+}
 
-  // kChunksInFlight = the chunk being converted + one queued + the one being written.
-  BoundedQueue<ConvertedChunk> queue(static_cast<size_t>(kChunksInFlight - 2));
-  std::map<std::string, double> writer_seconds;
-  std::exception_ptr writer_error;
-  auto report = [&](uint64_t bytes, bool ends_layer) {
-    state.bytes_done += bytes;
-    if (ends_layer) ++state.layers_done;
-    state.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    if (progress) progress(state);
-  };
-  std::mutex read_mu;
-  std::condition_variable read_cv;
-  size_t converting = 0;  // index of the chunk the converting thread is on
-  bool stop_reading = false;
-  std::thread writer_thread, reader_thread;
-  // Stops and joins the other two threads however this scope is left -- also when starting the
-  // second one fails (out of memory), since a joinable std::thread must never be destroyed.
-  struct Join {
-    std::function<void()> fn;
-    ~Join() { fn(); }
-  } join{[&] {
-    queue.close();
-    {
-      std::lock_guard<std::mutex> lock(read_mu);
-      stop_reading = true;
-    }
-    read_cv.notify_all();
-    if (writer_thread.joinable()) writer_thread.join();
-    if (reader_thread.joinable()) reader_thread.join();
-  }};
+// The three threads of write_planned_tensors and what they share: the reader prefetches the
+// source pages of chunk n+1, the calling thread converts chunk n, the writer writes the
+// copy-through tensors and then chunk n-1. The destructor stops and joins the other two however
+// the caller's scope is left -- also when starting the second one fails (out of memory), since a
+// joinable std::thread must never be destroyed.
+class ChunkPipeline {
+ public:
+  ChunkPipeline(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer, PlannedWork work,
+                const ProgressFn& progress)
+      : plan_(plan), ckpt_(ckpt), writer_(writer), work_(std::move(work)), progress_(progress) {
+    state_.bytes_total = work_.bytes;
+    state_.layers_total = work_.layers;
+  }
+  ChunkPipeline(const ChunkPipeline&) = delete;
+  ChunkPipeline& operator=(const ChunkPipeline&) = delete;
+  ~ChunkPipeline() { stop(); }
 
-  writer_thread = std::thread([&] {
+  // Runs every chunk through; busy time per stage is added to stage_seconds. Rethrows the
+  // converter's error (after stopping the others) or the writer's.
+  void run(std::map<std::string, double>& stage_seconds) {
+    writer_thread_ = std::thread([this] { write_all(); });
+    reader_thread_ = std::thread([this] { prefetch_ahead(); });
+    convert_all(stage_seconds);
+    stop();
+    for (const auto& [stage, s] : writer_seconds_) stage_seconds[stage] += s;
+    if (writer_error_) std::rethrow_exception(writer_error_);
+  }
+
+ private:
+  // The writer: copy-through tensors straight from the mapped source (no copies held), while the
+  // converting thread starts on the first chunk; then each converted chunk as it comes.
+  void write_all() {
     try {
-      StageClock lap(writer_seconds);
-      // Copy-through tensors straight from the mapped source (no copies held), while the
-      // converting thread starts on the first chunk.
+      StageClock lap(writer_seconds_);
       std::atomic<uint64_t> copied{0};
-      parallel_for(static_cast<int64_t>(copies.size()), threads, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const TensorView v = ckpt.view(copies[static_cast<size_t>(i)]->name);
-          writer.write(v.name, v.data, v.nbytes);
-          copied += v.nbytes;
-        }
-      });
+      parallel_for(static_cast<int64_t>(work_.copies.size()), plan_.threads,
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t i = b; i < e; ++i) {
+                       const TensorView v = ckpt_.view(work_.copies[static_cast<size_t>(i)]->name);
+                       writer_.write(v.name, v.data, v.nbytes);
+                       copied += v.nbytes;
+                     }
+                   });
       lap("copy");
       report(copied.load(), false);
       ConvertedChunk c;
       while (true) {
         lap("write");
-        const bool more = queue.pop(c);
+        const bool more = queue_.pop(c);
         lap("writer_idle");
         if (!more) break;
         uint64_t bytes = 0;
         for (const Tensor& t : c.params) bytes += t.data.size();
-        parallel_for(static_cast<int64_t>(c.params.size()), threads, [&](int64_t b, int64_t e) {
-          for (int64_t k = b; k < e; ++k) {
-            const Tensor& t = c.params[static_cast<size_t>(k)];
-            writer.write_part(t.name, t.data.data(), t.data.size(),
-                              c.offsets[static_cast<size_t>(k)]);
-          }
-        });
+        parallel_for(static_cast<int64_t>(c.params.size()), plan_.threads,
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t k = b; k < e; ++k) {
+                         const Tensor& t = c.params[static_cast<size_t>(k)];
+                         writer_.write_part(t.name, t.data.data(), t.data.size(),
+                                            c.offsets[static_cast<size_t>(k)]);
+                       }
+                     });
         const bool ends_layer = c.ends_layer;
         c = ConvertedChunk();  // free the chunk before waiting for the next one
         report(bytes, ends_layer);
       }
     } catch (...) {
-      writer_error = std::current_exception();
-      queue.close();  // the converting thread stops at its next push
+      writer_error_ = std::current_exception();
+      queue_.close();  // the converting thread stops at its next push
     }
-  });
+  }
 
   // The reader: prefetches the source pages of chunk n+1 while chunk n is converted.
-  reader_thread = std::thread([&] {
-    for (size_t n = 0; n < chunks.size(); ++n) {
+  void prefetch_ahead() {
+    for (size_t n = 0; n < work_.chunks.size(); ++n) {
       {
-        std::unique_lock<std::mutex> lock(read_mu);
-        read_cv.wait(lock, [&] { return stop_reading || n <= converting + 1; });
-        if (stop_reading) return;
+        std::unique_lock<std::mutex> lock(read_mu_);
+        read_cv_.wait(lock, [&] { return stop_reading_ || n <= converting_ + 1; });
+        if (stop_reading_) return;
       }
-      const ChunkRef& c = chunks[n];
+      const ChunkRef& c = work_.chunks[n];
       try {
-        prefetch_chunk(ckpt, ckpt.moe_layers()[static_cast<size_t>(c.pl->index)], c.e0, c.e1);
+        prefetch_chunk(ckpt_, ckpt_.moe_layers()[static_cast<size_t>(c.pl->index)], c.e0, c.e1);
       } catch (...) {
         // Only advice: the converting thread meets (and reports) any real problem itself.
       }
     }
-  });
-
-  StageClock lap(stage_seconds);
-  for (size_t n = 0; n < chunks.size(); ++n) {
-    {
-      std::lock_guard<std::mutex> lock(read_mu);
-      converting = n;
-    }
-    read_cv.notify_all();
-    const ChunkRef& ref = chunks[n];
-    const PlannedLayer& pl = *ref.pl;
-    const int64_t E = ckpt.moe_layers()[static_cast<size_t>(pl.index)].num_experts;
-    const std::vector<const PlannedTensor*> planned = planned_params(plan, pl);
-    ConvertedChunk c;
-    c.params = convert_chunk(plan, ckpt, pl, ref.e0, ref.e1, std::ref(lap));
-    for (const Tensor& t : c.params) {
-      const PlannedTensor* want = nullptr;
-      for (const PlannedTensor* p : planned)
-        if (p->name == t.name) want = p;
-      c.offsets.push_back(want->bytes / static_cast<uint64_t>(E) * static_cast<uint64_t>(ref.e0));
-    }
-    c.ends_layer = ref.ends_layer;
-    const bool taken = queue.push(std::move(c));
-    lap("write_wait");
-    if (!taken) break;  // the writer failed: its error is rethrown below
   }
-  join.fn();
-  join.fn = [] {};
-  for (const auto& [stage, s] : writer_seconds) stage_seconds[stage] += s;
-  if (writer_error) std::rethrow_exception(writer_error);
+
+  // The calling thread: converts each chunk and hands it to the writer with each tensor's
+  // offset (planned bytes / E * first expert).
+  void convert_all(std::map<std::string, double>& stage_seconds) {
+    StageClock lap(stage_seconds);
+    for (size_t n = 0; n < work_.chunks.size(); ++n) {
+      {
+        std::lock_guard<std::mutex> lock(read_mu_);
+        converting_ = n;
+      }
+      read_cv_.notify_all();
+      const ChunkRef& ref = work_.chunks[n];
+      const PlannedLayer& pl = *ref.pl;
+      const int64_t E = ckpt_.moe_layers()[static_cast<size_t>(pl.index)].num_experts;
+      const std::vector<const PlannedTensor*> planned = planned_params(plan_, pl);
+      ConvertedChunk c;
+      c.params = convert_chunk(plan_, ckpt_, pl, ref.e0, ref.e1, std::ref(lap));
+      for (const Tensor& t : c.params) {
+        const PlannedTensor* want = nullptr;
+        for (const PlannedTensor* p : planned)
+          if (p->name == t.name) want = p;
+        c.offsets.push_back(want->bytes / static_cast<uint64_t>(E) * static_cast<uint64_t>(ref.e0));
+      }
+      c.ends_layer = ref.ends_layer;
+      const bool taken = queue_.push(std::move(c));
+      lap("write_wait");
+      if (!taken) break;  // the writer failed: its error is rethrown by run()
+    }
+  }
+
+  void report(uint64_t bytes, bool ends_layer) {
+    state_.bytes_done += bytes;
+    if (ends_layer) ++state_.layers_done;
+    state_.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+    if (progress_) progress_(state_);
+  }
+
+  // Closes the queue (the writer drains what is left, then ends), stops the reader, joins both.
+  void stop() {
+    queue_.close();
+    {
+      std::lock_guard<std::mutex> lock(read_mu_);
+      stop_reading_ = true;
+    }
+    read_cv_.notify_all();
+    if (writer_thread_.joinable()) writer_thread_.join();
+    if (reader_thread_.joinable()) reader_thread_.join();
+  }
+
+  const Plan& plan_;
+  const Checkpoint& ckpt_;
+  ShardedWriter& writer_;
+  const PlannedWork work_;
+  const ProgressFn& progress_;
+  const std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
+  ConvertProgress state_;  // the writer's
+  // kChunksInFlight = the chunk being converted + one queued + the one being written.
+  BoundedQueue<ConvertedChunk> queue_{static_cast<size_t>(kChunksInFlight - 2)};
+  std::map<std::string, double> writer_seconds_;
+  std::exception_ptr writer_error_;
+  std::mutex read_mu_;
+  std::condition_variable read_cv_;
+  size_t converting_ = 0;  // index of the chunk the converting thread is on
+  bool stop_reading_ = false;
+  std::thread writer_thread_, reader_thread_;
+};
+
+}  // namespace
+
+void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
+                           const std::vector<size_t>& tensors, const ProgressFn& progress,
+                           std::map<std::string, double>& stage_seconds) {
+  ChunkPipeline pipeline(plan, ckpt, writer, planned_work(plan, ckpt, tensors), progress);
+  pipeline.run(stage_seconds);
 }
 
 void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir,

@@ -39,10 +39,15 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
                                   int64_t e0, int64_t e1,
                                   const std::function<void(const char*)>& lap = {});
 
-// The chunk's planned parameters through the canonical form only (load_moe_experts or the
-// quantise recipe, then the layout's pack), unchecked against the plan: what convert_chunk
-// falls back to when a layer has no direct path (formats/fast_path.h) or its direct path declines
-// the chunk's bytes. The reference every direct path must equal byte for byte.
+// The chunk's source tensors as views into the mapped checkpoint, with the layer's refined params
+// (PlannedLayer::source_quant) and act-order flags: what the layer's direct path converts.
+DirectSource direct_source(const Checkpoint& ckpt, const PlannedLayer& pl, int64_t e0, int64_t e1);
+
+// The chunk's planned parameters through the canonical form only (load_moe_experts with the
+// layer's refined params, or the quantise recipe, then the layout's pack), unchecked against the
+// plan: what convert_chunk falls back to when a layer has no direct path (formats/fast_path.h) or
+// its direct path declines the chunk's bytes. The reference every direct path must equal byte for
+// byte.
 std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& ckpt,
                                             const PlannedLayer& pl, int64_t e0, int64_t e1,
                                             const std::function<void(const char*)>& lap = {});

@@ -50,7 +50,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     m.quantize = ManifestQuantize{plan.options.quantize, plan.options.mx_recipe};
   m.backend = plan.backend;
   m.layout = {plan.layout_name, plan.layout_version};
-  m.target_arch = target_arch_name(plan.arch);
+  m.target_arch = plan.arch;
   m.vllm_target = plan.vllm_target;
   m.act_dtype = plan.options.act_dtype;
   m.options.vllm_w13_scale_size_k = plan.options.vllm_w13_scale_size_k;
@@ -120,7 +120,7 @@ json to_json(const Manifest& m) {
   if (m.quantize) j["quantize"] = {{"format", m.quantize->format}, {"recipe", m.quantize->recipe}};
   j["backend"] = m.backend;
   j["layout"] = {{"name", m.layout.name}, {"version", m.layout.version}};
-  j["target_arch"] = m.target_arch;
+  j["target_arch"] = target_arch_name(m.target_arch);
   j["vllm_target"] = vllm_target_name(m.vllm_target);
   j["act_dtype"] = dtype_name(m.act_dtype);
   j["options"] = {{"vllm_w13_scale_size_k", m.options.vllm_w13_scale_size_k}};
@@ -337,26 +337,17 @@ void parse_target(const JsonField& root, Manifest& m) {
   m.layout.version = static_cast<int>(layout["version"].integer(0, INT_MAX));
   {
     const JsonField arch = root["target_arch"];
-    m.target_arch = arch.str();
-    bool known = false;
-    try {
-      known = target_arch_name(parse_target_arch(m.target_arch)) == m.target_arch;
-    } catch (const Error&) {
-    }
+    const std::optional<TargetArch> known = target_arch_from_name(arch.str());
     if (!known) arch.fail("unknown target arch " + json_excerpt(arch.value()));
+    m.target_arch = *known;
   }
   if (root.has("vllm_target")) {
     const JsonField target = root["vllm_target"];
-    const std::string name = target.str();
-    bool known = false;
-    for (const auto& r : vllm_target_rows())
-      if (name == r.name) {
-        m.vllm_target = r.target;
-        known = true;
-      }
+    const std::optional<VllmTarget> known = vllm_target_from_name(target.str());
     if (!known)
       target.fail("expected one of " + vllm_target_names() + ", got " +
                   json_excerpt(target.value()));
+    m.vllm_target = *known;
   }
   {
     const JsonField act = root["act_dtype"];

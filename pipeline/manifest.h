@@ -98,7 +98,7 @@ struct Manifest {
   std::optional<ManifestQuantize> quantize;
   std::string backend;
   ManifestLayout layout;
-  std::string target_arch;  // target_arch_name: "sm90", ...
+  TargetArch target_arch = TargetArch::kSm90;  // written as target_arch_name: "sm90", ...
   // The vLLM the parameters are for (--vllm-target). A manifest without the field was written
   // before targets existed, for vLLM@9aaf83ef: it reads as 2026-05.
   VllmTarget vllm_target = VllmTarget::kV2026_05;

@@ -303,23 +303,14 @@ std::string plan_digest(const Plan& plan, const Checkpoint& ckpt) {
   return sha256_hex(text.data(), text.size());
 }
 
-static std::vector<std::string> split_names(const std::string& joined) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  for (size_t p = joined.find('|'); p != std::string::npos; b = p + 1, p = joined.find('|', b))
-    out.push_back(joined.substr(b, p - b));
-  out.push_back(joined.substr(b));
-  return out;
-}
-
 json part_options_json(const ConvertOptions& o) {
   return {{"backend", o.backend},
-          {"target_arch", o.target_arch},
+          {"target_arch", target_arch_name(o.target_arch)},
           {"act_dtype", dtype_name(o.act_dtype)},
           {"quantize", o.quantize},
           {"mx_recipe", o.mx_recipe},
           {"vllm_w13_scale_size_k", o.vllm_w13_scale_size_k},
-          {"vllm_target", o.vllm_target},
+          {"vllm_target", vllm_target_name(o.vllm_target)},
           {"max_shard_bytes", o.max_shard_bytes}};
 }
 
@@ -327,7 +318,11 @@ ConvertOptions part_options_from_json(const json& j, const std::string& file) {
   const JsonField options(j, "options", file);
   ConvertOptions o;
   o.backend = options["backend"].str();
-  o.target_arch = options["target_arch"].str();
+  const JsonField arch = options["target_arch"];
+  const std::optional<TargetArch> known_arch = target_arch_from_name(arch.str());
+  if (!known_arch)
+    arch.fail("expected one of " + target_arch_names("|") + ", got " + json_excerpt(arch.value()));
+  o.target_arch = *known_arch;
   const JsonField act = options["act_dtype"];
   o.act_dtype = act.dtype();
   if (!is_act_dtype(o.act_dtype))
@@ -336,13 +331,11 @@ ConvertOptions part_options_from_json(const json& j, const std::string& file) {
   o.mx_recipe = options["mx_recipe"].str();
   o.vllm_w13_scale_size_k = options["vllm_w13_scale_size_k"].boolean();
   const JsonField target = options["vllm_target"];
-  o.vllm_target = target.str();
-  bool known_target = false;
-  for (const std::string& name : split_names(vllm_target_names("|")))
-    known_target |= name == o.vllm_target;
+  const std::optional<VllmTarget> known_target = vllm_target_from_name(target.str());
   if (!known_target)
     target.fail("expected one of " + vllm_target_names("|") + ", got " +
                 json_excerpt(target.value()));
+  o.vllm_target = *known_target;
   o.max_shard_bytes = options["max_shard_bytes"].size();
   return o;
 }
@@ -394,21 +387,19 @@ PartResult execute_part(const Plan& plan, const Checkpoint& ckpt, const ShardSpe
   return r;
 }
 
-MergeResult merge_parts(const MergeOptions& opts) {
-  const auto t0 = std::chrono::steady_clock::now();
-  MergeResult res;
-  res.dst = opts.dst;
-  const std::string root = parts_dir(opts.dst);
-  std::error_code ec;
-  if (!fs::is_directory(fs::symlink_status(root, ec)))
-    throw Error(ErrorCode::kBadConfig, root, "",
-                "no parts directory: run `moepack convert SRC " + opts.dst +
-                    " --shard I/N` for every I first");
+namespace {
 
-  // Which parts are there, of which split; unfinished temporaries of killed tasks are noted.
-  std::map<int64_t, std::map<int64_t, std::string>> by_count;  // n -> i -> entry name
-  std::map<std::string, std::string> unfinished;  // "i-of-n" -> what its temporary says
+// What DST.parts/ holds: part directories by split (n -> i -> entry name), unfinished temporaries
+// of killed or running tasks ("i-of-n" -> what its owner tag says) and anything else.
+struct PartsListing {
+  std::map<int64_t, std::map<int64_t, std::string>> by_count;
+  std::map<std::string, std::string> unfinished;
   std::vector<std::string> stray;
+};
+
+PartsListing list_parts_dir(const std::string& root) {
+  PartsListing out;
+  std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const size_t tmp = name.find(".moepack-");
@@ -419,59 +410,66 @@ MergeResult merge_parts(const MergeOptions& opts) {
       const auto owner =
           tag == std::string::npos ? std::nullopt : parse_owner_tag(name.substr(tag + 1));
       const OwnerState state = owner ? owner_state(*owner) : OwnerState::kUnknown;
-      std::string& note = unfinished[name.substr(0, tmp)];
+      std::string& note = out.unfinished[name.substr(0, tmp)];
       if (note.empty() || state == OwnerState::kAlive)
         note = state == OwnerState::kAlive  ? "its task is still running"
                : state == OwnerState::kGone ? "its task was killed; run it again"
                                             : "its task was killed or is still running elsewhere";
-    } else if (parse_part_name(name, &i, &n)) {
-      if (name != part_dir_name(i, n) || n < 1 || i >= n) {
-        stray.push_back(name);
-        continue;
-      }
-      by_count[n][i] = name;
+    } else if (parse_part_name(name, &i, &n) && name == part_dir_name(i, n) && n >= 1 && i < n) {
+      out.by_count[n][i] = name;
     } else {
-      stray.push_back(name);
+      out.stray.push_back(name);
     }
   }
   if (ec) throw Error(ErrorCode::kIo, root, "", "cannot list: " + ec.message());
-  if (!stray.empty())
+  return out;
+}
+
+// The one split DST.parts/ holds completely: its n and its parts (i -> entry name). Stray entries,
+// no parts, parts of several splits or a missing part are kBadConfig naming them.
+std::pair<int64_t, std::map<int64_t, std::string>> complete_split(const std::string& root,
+                                                                  const std::string& dst) {
+  const PartsListing l = list_parts_dir(root);
+  if (!l.stray.empty())
     throw Error(ErrorCode::kBadConfig, root, "",
-                "not parts of a moepack split (a duplicated or renamed part?): " + join(stray));
-  if (by_count.empty()) {
+                "not parts of a moepack split (a duplicated or renamed part?): " + join(l.stray));
+  if (l.by_count.empty()) {
     std::vector<std::string> names;
-    for (const auto& [name, note] : unfinished) names.push_back(name + " (" + note + ")");
+    for (const auto& [name, note] : l.unfinished) names.push_back(name + " (" + note + ")");
     throw Error(ErrorCode::kBadConfig, root, "",
                 "no parts" + (names.empty() ? std::string()
                                             : ", only unfinished temporaries: " + join(names)));
   }
-  if (by_count.size() > 1) {
+  if (l.by_count.size() > 1) {
     std::vector<std::string> splits;
-    for (const auto& [n, parts] : by_count)
+    for (const auto& [n, parts] : l.by_count)
       splits.push_back(std::to_string(parts.size()) + " part(s) of a " + std::to_string(n) +
                        "-way split (" + parts.begin()->second + ", ...)");
     throw Error(
         ErrorCode::kBadConfig, root, "",
         "parts from different splits: " + join(splits) + "; remove the ones that do not belong");
   }
-  const int64_t n = by_count.begin()->first;
-  const auto& present = by_count.begin()->second;
-  {
-    std::vector<std::string> missing;
-    for (int64_t i = 0; i < n; ++i)
-      if (!present.count(i)) {
-        const std::string name = part_dir_name(i, n);
-        const auto u = unfinished.find(name);
-        missing.push_back(name + (u == unfinished.end()
-                                      ? std::string()
-                                      : " (only an unfinished temporary: " + u->second + ")"));
-      }
-    if (!missing.empty())
-      throw Error(ErrorCode::kBadConfig, root, "",
-                  "missing part(s): " + join(missing) + "; run `moepack convert SRC " + opts.dst +
-                      " --shard I/" + std::to_string(n) + "` for each");
-  }
+  const int64_t n = l.by_count.begin()->first;
+  const auto& present = l.by_count.begin()->second;
+  std::vector<std::string> missing;
+  for (int64_t i = 0; i < n; ++i)
+    if (!present.count(i)) {
+      const std::string name = part_dir_name(i, n);
+      const auto u = l.unfinished.find(name);
+      missing.push_back(name + (u == l.unfinished.end()
+                                    ? std::string()
+                                    : " (only an unfinished temporary: " + u->second + ")"));
+    }
+  if (!missing.empty())
+    throw Error(ErrorCode::kBadConfig, root, "",
+                "missing part(s): " + join(missing) + "; run `moepack convert SRC " + dst +
+                    " --shard I/" + std::to_string(n) + "` for each");
+  return {n, present};
+}
 
+// Every part's part.json, each describing its own place in the split, all with the same flags.
+std::vector<PartRecord> read_part_records(const std::string& root, int64_t n,
+                                          const std::map<int64_t, std::string>& present) {
   std::vector<PartRecord> records;
   for (const auto& [i, name] : present) {
     PartRecord r = read_part_json(root + "/" + name);
@@ -484,18 +482,16 @@ MergeResult merge_parts(const MergeOptions& opts) {
     if (r.options != records.front().options)
       bad_part(r.file, "converted with other flags than " + records.front().file + " (" +
                            r.options.dump() + " vs " + records.front().options.dump() + ")");
+  return records;
+}
 
-  // The plan the source and the recorded flags give now.
-  res.source = opts.source.empty() ? records.front().source : opts.source;
-  ConvertOptions co = part_options_from_json(records.front().options, records.front().file);
-  co.src = res.source;
-  co.dst = opts.dst;
-  co.force = opts.force;
-  co.threads = opts.threads;
-  const auto ckpt = Checkpoint::open(res.source);
+// The plan the source and the recorded flags `co` give now; every part must come from it (its
+// digest).
+Plan plan_of_parts(const std::vector<PartRecord>& records, const ConvertOptions& co,
+                   const Checkpoint& ckpt) {
   const Plan plan = [&] {
     try {
-      return make_plan(*ckpt, co);
+      return make_plan(ckpt, co);
     } catch (const Error& e) {
       // Flags convert accepted cannot be bad usage now: the recorded ones were altered.
       if (e.code() != ErrorCode::kUsage) throw;
@@ -503,22 +499,29 @@ MergeResult merge_parts(const MergeOptions& opts) {
                   "recorded options are not valid convert flags: " + e.message());
     }
   }();
-  const std::string digest = plan_digest(plan, *ckpt);
+  const std::string digest = plan_digest(plan, ckpt);
   for (const auto& r : records)
     if (r.digest != digest)
       bad_part(r.file, "from another plan: its digest " + r.digest.substr(0, 16) +
-                           "... differs from " + digest.substr(0, 16) + "... of " + res.source +
+                           "... differs from " + digest.substr(0, 16) + "... of " + co.src +
                            " with the recorded flags (source, flags or moepack version changed)");
+  return plan;
+}
 
-  // Each part holds exactly its unit's tensors, as planned.
+// One output tensor to copy from a part, with the SHA-256 its part recorded.
+struct MergeTask {
+  size_t part;
+  const PlannedTensor* tensor;
+  std::string sha;
+};
+
+// Opens every part's tensors (into `files`) and checks that each holds exactly its unit's
+// tensors, as planned; returns what to copy.
+std::vector<MergeTask> merge_tasks(const Plan& plan, int64_t n,
+                                   const std::vector<PartRecord>& records,
+                                   std::vector<SafetensorsFile>& files) {
   const std::vector<WorkUnit> units = split_plan(plan, n);
-  std::vector<SafetensorsFile> files;
-  struct Task {
-    size_t part;
-    const PlannedTensor* tensor;
-    std::string sha;
-  };
-  std::vector<Task> tasks;
+  std::vector<MergeTask> tasks;
   for (size_t k = 0; k < records.size(); ++k) {
     const PartRecord& r = records[k];
     const WorkUnit& unit = units[k];
@@ -538,18 +541,45 @@ MergeResult merge_parts(const MergeOptions& opts) {
       tasks.push_back({k, &t, r.tensors[j].second});
     }
   }
+  return tasks;
+}
+
+}  // namespace
+
+MergeResult merge_parts(const MergeOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MergeResult res;
+  res.dst = opts.dst;
+  const std::string root = parts_dir(opts.dst);
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(root, ec)))
+    throw Error(ErrorCode::kBadConfig, root, "",
+                "no parts directory: run `moepack convert SRC " + opts.dst +
+                    " --shard I/N` for every I first");
+  const auto [n, present] = complete_split(root, opts.dst);
+  const std::vector<PartRecord> records = read_part_records(root, n, present);
+  res.source = opts.source.empty() ? records.front().source : opts.source;
+  ConvertOptions co = part_options_from_json(records.front().options, records.front().file);
+  co.src = res.source;
+  co.dst = opts.dst;
+  co.force = opts.force;
+  co.threads = opts.threads;
+  const auto ckpt = Checkpoint::open(res.source);
+  const Plan plan = plan_of_parts(records, co, *ckpt);
+  std::vector<SafetensorsFile> files;
+  const std::vector<MergeTask> tasks = merge_tasks(plan, n, records, files);
 
   AtomicOutputDir out(opts.dst, opts.force, {res.source, root});
   ShardedWriter writer(out.path(), plan.shards);
   parallel_for(static_cast<int64_t>(tasks.size()), plan.threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const Task& t = tasks[static_cast<size_t>(i)];
+      const MergeTask& t = tasks[static_cast<size_t>(i)];
       const TensorView v = files[t.part].view(t.tensor->name);
       writer.write(t.tensor->name, v.data, v.nbytes);
     }
   });
   const auto sha = writer.checksums();
-  for (const Task& t : tasks)
+  for (const MergeTask& t : tasks)
     if (sha.at(t.tensor->name) != t.sha)
       throw Error(ErrorCode::kBadValue, files[t.part].path(), t.tensor->name,
                   "bytes differ from the SHA-256 recorded in part.json: the part is corrupted; "

@@ -110,16 +110,27 @@ json moepack_quantization_config(const Plan& plan, const json& weights_quantizat
 
 int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_per_expert) {
   const uint64_t fit = chunk_bytes / std::max<uint64_t>(1, bytes_per_expert);
-  return std::max<int64_t>(1,
-                           std::min<int64_t>(experts, static_cast<int64_t>(std::min<uint64_t>(
+  const int64_t budget =
+      std::max<int64_t>(1, std::min<int64_t>(experts, static_cast<int64_t>(std::min<uint64_t>(
                                                           fit, static_cast<uint64_t>(INT64_MAX)))));
+  return std::min(budget,
+                  std::max<int64_t>(1, (experts + kMinChunksPerLayer - 1) / kMinChunksPerLayer));
 }
 
-Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
+uint64_t canonical_expert_bytes(int64_t w13_rows, int64_t hidden, int64_t inter, bool floats) {
+  return static_cast<uint64_t>((w13_rows + inter) * hidden) * (floats ? 4 : 1);
+}
+
+namespace {
+
+// The plan's fields that do not depend on a layer: the options as the plan takes them, the
+// source and target params, the source codec or the --quantize recipe. Throws kUsage for options
+// that make no conversion, kUnsupported for a checkpoint that has nothing to convert.
+Plan plan_options(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan;
   plan.options = opts;
-  plan.arch = parse_target_arch(opts.target_arch);
-  plan.vllm_target = parse_vllm_target(opts.vllm_target);
+  plan.arch = opts.target_arch;
+  plan.vllm_target = opts.vllm_target;
   plan.threads = resolve_threads(opts.threads);
   plan.source_quant = ckpt.quant();
   plan.source_format = quant_method_name(plan.source_quant.method);
@@ -140,149 +151,219 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   if (!ckpt.config().moepack_quant.is_null())
     throw Error(ErrorCode::kUnsupported, ckpt.dir() + "/config.json", "quantization_config",
                 "already a moepack output (quant_method \"moepack\"); convert its source instead");
-  const auto& layers = ckpt.moe_layers();
-  if (layers.empty())
+  if (ckpt.moe_layers().empty())
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
                 "no MoE expert layers found in the checkpoint");
+  return plan;
+}
 
+// Experts no layout converts: quantized fused 3-D and gpt-oss experts, and unquantized expert
+// tensors other than plain weights (load_dense_experts reads only those). Refused here, so that
+// --dry-run says so too.
+void refuse_unconvertible_experts(const Checkpoint& ckpt, const Plan& plan, const MoeLayer& L) {
+  if (plan.target_quant.method != QuantMethod::kNone &&
+      plan.source_quant.method != QuantMethod::kNone &&
+      (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss))
+    throw Error(
+        ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+        std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
+  if (L.family == MoeFamily::kGptOss)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+                "gpt-oss experts (clamped SwiGLU with swiglu_limit, interleaved gate/up, expert "
+                "biases) are recognised but not converted: no moepack layout models their "
+                "activation");
+  if (plan.source_quant.method != QuantMethod::kNone) return;
+  std::vector<const std::map<std::string, std::string>*> maps = {&L.fused_gate_up, &L.fused_down};
+  for (const auto& ex : L.experts)
+    for (const auto& m : ex) maps.push_back(&m);
+  for (const auto* m : maps)
+    for (const auto& [suffix, name] : *m)
+      if (suffix != "" && suffix != "weight")
+        throw Error(ErrorCode::kUnsupported, ckpt.dir(), name,
+                    "expert tensor '" + suffix +
+                        "' (e.g. an expert bias) is not carried by "
+                        "any moepack layout; refusing rather than dropping it");
+}
+
+// The router (module.gate) is read by vLLM's MoE block as a plain float weight and by verify to
+// route tokens: a quantized one would be copied through as bytes nothing can load. Refuse it by
+// name instead.
+void refuse_quantized_router(const Checkpoint& ckpt, const MoeLayer& L) {
+  for (const char* suffix : {"qweight", "qzeros", "scales", "g_idx", "weight_packed",
+                             "weight_scale", "weight_zero_point", "weight_scale_inv", "weight"}) {
+    const std::string name = L.module + ".gate." + suffix;
+    if (!ckpt.has_tensor(name)) continue;
+    const DType d = ckpt.view(name).dtype;
+    if (std::string(suffix) == "weight" &&
+        (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32))
+      continue;
+    throw Error(ErrorCode::kUnsupported, ckpt.dir() + "/" + ckpt.shard_of(name), name,
+                "the MoE router " + L.module + ".gate is quantized (" + suffix + " " +
+                    dtype_name(d) +
+                    "); vLLM's MoE block and moepack verify read an unquantized router weight. "
+                    "Leave the router out of quantization (ignore / dynamic \"-:\")");
+  }
+}
+
+// The oracle's decision for one layer, and the plan's backend: the first layer's choice, which
+// every other layer must share.
+void choose_layer_backend(const Checkpoint& ckpt, const MoeLayer& L, Plan& plan, PlannedLayer& pl) {
+  const ConvertOptions& opts = plan.options;
+  OracleQuery q;
+  q.quant = plan.target_quant;
+  q.experts = L.num_experts;
+  q.hidden = L.hidden;
+  q.inter = L.inter;
+  q.gated = L.gated;
+  q.act_order_w13 = pl.act_order_w13 ? 1 : 0;
+  q.act_order_w2 = pl.act_order_w2 ? 1 : 0;
+  q.arch = plan.arch;
+  q.requested = opts.backend;
+  q.act_dtype = opts.act_dtype;
+  q.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
+  q.vllm_target = plan.vllm_target;
+  pl.decision = choose_backend(q);
+  if (pl.decision.chosen.empty())
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+                std::string("no backend can take this layer for ") + target_arch_name(plan.arch) +
+                    ":\n" + pl.decision.explain());
+  if (plan.backend.empty()) plan.backend = pl.decision.chosen;
+  if (plan.backend != pl.decision.chosen)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
+                "layers would need different backends (" + plan.backend + " and " +
+                    pl.decision.chosen + "); pass --backend explicitly");
+  plan.layout = find_target_layout(plan.backend);
+  plan.layout_name = plan.layout->name;
+  plan.layout_version = plan.layout->layout_version;
+}
+
+// How the layer's chunks convert: the direct fast path whose row takes the (source method,
+// layout) pair with the layer's refined params, options and shape, or the canonical path and why.
+void choose_conversion_path(const Plan& plan, PlannedLayer& pl) {
+  if (plan.quantize_recipe) {
+    pl.canonical_why = "--quantize: the experts are quantised here";
+  } else if (plan.options.no_fast_path) {
+    pl.canonical_why = "--no-fast-path";
+  } else {
+    std::vector<std::string> why;
+    pl.direct = find_direct_path(pl.source_quant.method, plan.layout->name, pl.source_quant,
+                                 pl.layout_options, pl.shape, &why);
+    for (const auto& w : why) pl.canonical_why += (pl.canonical_why.empty() ? "" : "; ") + w;
+  }
+}
+
+// Everything the plan decides for one MoE layer (after the checks of plan_options): refined
+// source params, act-order, backend, layout options and shape, conversion path, deviations and
+// chunks.
+PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
+  const MoeLayer& L = ckpt.moe_layers()[li];
+  const ConvertOptions& opts = plan.options;
+  refuse_unconvertible_experts(ckpt, plan, L);
+  refuse_quantized_router(ckpt, L);
+  PlannedLayer pl;
+  pl.index = static_cast<int64_t>(li);
+  pl.module = L.module;
+  pl.param_prefix = L.param_prefix;
+  // The codec's refine runs here, once per layer; execution takes the result.
+  pl.source_quant = plan.source_codec ? refined_source_params(ckpt, L) : plan.source_quant;
+  // Act-order is the layer's (vLLM creates g_idx for every projection from the config flag):
+  // declared with a real group size, or carried by any expert's g_idx.
+  const bool layer_act_order = (plan.target_quant.act_order && plan.target_quant.group_size > 0) ||
+                               layer_has_act_order(ckpt, L, {kGate, kUp, kDown});
+  pl.act_order_w13 = pl.act_order_w2 = layer_act_order;
+  choose_layer_backend(ckpt, L, plan, pl);
+  pl.layout_options = LayoutOptions::for_layer(
+      plan.target_quant.method, opts.act_dtype, L.gated, opts.vllm_w13_scale_size_k,
+      plan.vllm_target, vllm_param_prefix(plan.vllm_target, L.param_prefix), L.inter, plan.threads);
+  const LayoutOptions& lo = pl.layout_options;
+  pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
+                           pl.act_order_w13 ? 1 : 0, pl.act_order_w2 ? 1 : 0);
+  pl.inter_padded =
+      plan.layout->padded_inter ? plan.layout->padded_inter(lo, pl.shape) : pl.shape.inter();
+  choose_conversion_path(plan, pl);
+  pl.deviations = plan.layout->deviations_from_vllm(lo, pl.shape);
+  // Experts per chunk: canonical bytes (one code per byte), or a float per weight when
+  // quantising.
+  pl.experts_per_chunk = experts_per_chunk(
+      opts.chunk_bytes, L.num_experts,
+      canonical_expert_bytes(pl.shape.w13.n, L.hidden, L.inter, plan.quantize_recipe != nullptr));
+  pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
+  return pl;
+}
+
+// The layer's output parameters as the layout's param_specs give them, with their sources.
+std::vector<PlannedTensor> layer_param_tensors(const Checkpoint& ckpt, const Plan& plan,
+                                               const PlannedLayer& pl) {
+  const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
+  const ConvertOptions& opts = plan.options;
+  const std::string src_codec = plan.quantize_recipe
+                                    ? std::string(dtype_name(ckpt.config().dtype)) + "->" +
+                                          opts.quantize + "(" + opts.mx_recipe + ")"
+                                    : plan.source_codec->name;
+  std::vector<PlannedTensor> out;
+  for (const ParamSpec& t : plan.layout->param_specs(pl.layout_options, pl.shape)) {
+    PlannedTensor pt;
+    pt.name = t.name;
+    pt.dtype = t.dtype;
+    pt.shape = t.shape;
+    pt.bytes = *dtype_bytes(pt.dtype, static_cast<uint64_t>(numel(pt.shape)));
+    pt.converted = true;
+    pt.layer = pl.index;
+    pt.codec = src_codec + "->" + plan.backend;
+    const std::string local = t.name.substr(pl.layout_options.prefix.size());
+    pt.sources = source_patterns(L, local.rfind("w2_", 0) != 0);
+    out.push_back(pt);
+  }
+  return out;
+}
+
+// plan.tensors in output order -- a layer's parameters take the place of its first source
+// tensor, every other tensor is copied through in source order -- and the shards holding them.
+void plan_output_tensors(const Checkpoint& ckpt,
+                         const std::map<int64_t, std::vector<PlannedTensor>>& layer_params,
+                         Plan& plan) {
   std::map<std::string, int64_t> layer_of_tensor;
+  for (const PlannedLayer& pl : plan.layers)
+    for (const auto& n : ckpt.moe_layers()[static_cast<size_t>(pl.index)].source_tensors)
+      layer_of_tensor[n] = pl.index;
+  std::set<int64_t> emitted;
+  for (const auto& name : ckpt.tensor_names()) {
+    auto it = layer_of_tensor.find(name);
+    if (it != layer_of_tensor.end()) {
+      if (emitted.insert(it->second).second)
+        for (const auto& pt : layer_params.at(it->second)) plan.tensors.push_back(pt);
+      continue;
+    }
+    const TensorView v = ckpt.view(name);
+    PlannedTensor pt;
+    pt.name = name;
+    pt.dtype = v.dtype;
+    pt.shape = v.shape;
+    pt.bytes = v.nbytes;
+    pt.codec = "copy";
+    pt.sources = {name};
+    plan.tensors.push_back(pt);
+  }
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : plan.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+  std::set<std::string> names;
+  for (const auto& t : plan.tensors)
+    if (!names.insert(t.name).second)
+      throw Error(ErrorCode::kUnsupported, ckpt.dir(), t.name,
+                  "an output parameter would collide with a copied tensor of the same name");
+  plan.shards = plan_shards(entries, plan.options.max_shard_bytes);
+}
+
+}  // namespace
+
+Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
+  Plan plan = plan_options(ckpt, opts);
   std::map<int64_t, std::vector<PlannedTensor>> layer_params;
   std::set<std::string> deviations;
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const MoeLayer& L = layers[li];
-    if (plan.target_quant.method != QuantMethod::kNone &&
-        plan.source_quant.method != QuantMethod::kNone &&
-        (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss))
-      throw Error(
-          ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
-          std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
-    if (L.family == MoeFamily::kGptOss)
-      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
-                  "gpt-oss experts (clamped SwiGLU with swiglu_limit, interleaved gate/up, expert "
-                  "biases) are recognised but not converted: no moepack layout models their "
-                  "activation");
-    if (plan.source_quant.method == QuantMethod::kNone) {
-      // Unquantized experts are read as plain weights only (load_dense_experts): refuse extra
-      // expert tensors such as gpt-oss biases here, so --dry-run says so too.
-      std::vector<const std::map<std::string, std::string>*> maps = {&L.fused_gate_up,
-                                                                     &L.fused_down};
-      for (const auto& ex : L.experts)
-        for (const auto& m : ex) maps.push_back(&m);
-      for (const auto* m : maps)
-        for (const auto& [suffix, name] : *m)
-          if (suffix != "" && suffix != "weight")
-            throw Error(ErrorCode::kUnsupported, ckpt.dir(), name,
-                        "expert tensor '" + suffix +
-                            "' (e.g. an expert bias) is not carried by "
-                            "any moepack layout; refusing rather than dropping it");
-    }
-    // The router (module.gate) is read by vLLM's MoE block as a plain float weight and by verify
-    // to route tokens: a quantized one would be copied through as bytes nothing can load.
-    // Refuse it by name instead.
-    for (const char* suffix : {"qweight", "qzeros", "scales", "g_idx", "weight_packed",
-                               "weight_scale", "weight_zero_point", "weight_scale_inv", "weight"}) {
-      const std::string name = L.module + ".gate." + suffix;
-      if (!ckpt.has_tensor(name)) continue;
-      const DType d = ckpt.view(name).dtype;
-      if (std::string(suffix) == "weight" &&
-          (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32))
-        continue;
-      throw Error(ErrorCode::kUnsupported, ckpt.dir() + "/" + ckpt.shard_of(name), name,
-                  "the MoE router " + L.module + ".gate is quantized (" + suffix + " " +
-                      dtype_name(d) +
-                      "); vLLM's MoE block and moepack verify read an unquantized router weight. "
-                      "Leave the router out of quantization (ignore / dynamic \"-:\")");
-    }
-    PlannedLayer pl;
-    pl.index = static_cast<int64_t>(li);
-    pl.module = L.module;
-    pl.param_prefix = L.param_prefix;
-    // Act-order is the layer's (vLLM creates g_idx for every projection from the config flag):
-    // declared with a real group size, or carried by any expert's g_idx.
-    const bool layer_act_order =
-        (plan.target_quant.act_order && plan.target_quant.group_size > 0) ||
-        layer_has_act_order(ckpt, L, {kGate, kUp, kDown});
-    pl.act_order_w13 = pl.act_order_w2 = layer_act_order;
-    OracleQuery q;
-    q.quant = plan.target_quant;
-    q.experts = L.num_experts;
-    q.hidden = L.hidden;
-    q.inter = L.inter;
-    q.gated = L.gated;
-    q.act_order_w13 = pl.act_order_w13 ? 1 : 0;
-    q.act_order_w2 = pl.act_order_w2 ? 1 : 0;
-    q.arch = plan.arch;
-    q.requested = opts.backend;
-    q.act_dtype = opts.act_dtype;
-    q.vllm_w13_scale_size_k = opts.vllm_w13_scale_size_k;
-    q.vllm_target = plan.vllm_target;
-    pl.decision = choose_backend(q);
-    if (pl.decision.chosen.empty())
-      throw Error(
-          ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
-          "no backend can take this layer for " + opts.target_arch + ":\n" + pl.decision.explain());
-    if (plan.backend.empty()) plan.backend = pl.decision.chosen;
-    if (plan.backend != pl.decision.chosen)
-      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
-                  "layers would need different backends (" + plan.backend + " and " +
-                      pl.decision.chosen + "); pass --backend explicitly");
-    plan.layout = find_target_layout(plan.backend);
-    plan.layout_name = plan.layout->name;
-    plan.layout_version = plan.layout->layout_version;
-
-    pl.layout_options = LayoutOptions::for_layer(
-        plan.target_quant.method, opts.act_dtype, L.gated, opts.vllm_w13_scale_size_k,
-        plan.vllm_target, vllm_param_prefix(plan.vllm_target, L.param_prefix), L.inter,
-        plan.threads);
-    const LayoutOptions& lo = pl.layout_options;
-    pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
-                             q.act_order_w13, q.act_order_w2);
-    pl.inter_padded =
-        plan.layout->padded_inter ? plan.layout->padded_inter(lo, pl.shape) : pl.shape.inter();
-    if (plan.quantize_recipe) {
-      pl.canonical_why = "--quantize: the experts are quantised here";
-    } else if (opts.no_fast_path) {
-      pl.canonical_why = "--no-fast-path";
-    } else {
-      std::vector<std::string> why;
-      pl.direct = find_direct_path(plan.source_quant.method, plan.layout->name, plan.source_quant,
-                                   lo, pl.shape, &why);
-      for (const auto& w : why) pl.canonical_why += (pl.canonical_why.empty() ? "" : "; ") + w;
-    }
-    for (const auto& d : plan.layout->deviations_from_vllm(lo, pl.shape)) {
-      pl.deviations.push_back(d);
-      deviations.insert(d);
-    }
-    // Experts per chunk from the memory budget: canonical bytes (one code per byte), or a float
-    // per weight when quantising.
-    const uint64_t per_expert = static_cast<uint64_t>((pl.shape.w13.n + L.inter) * L.hidden) *
-                                (plan.quantize_recipe ? 4 : 1);
-    // And at least kMinChunksPerLayer chunks a layer: the convert pipeline holds up to
-    // kChunksInFlight converted chunks plus one chunk's canonical form, which then stays within
-    // about 1.25 packed layers (int4: canonical = 2 x packed) instead of 4.
-    pl.experts_per_chunk = std::min(
-        experts_per_chunk(opts.chunk_bytes, L.num_experts, per_expert),
-        std::max<int64_t>(1, (L.num_experts + kMinChunksPerLayer - 1) / kMinChunksPerLayer));
-    pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
-
-    const std::string src_codec = plan.quantize_recipe
-                                      ? std::string(dtype_name(ckpt.config().dtype)) + "->" +
-                                            opts.quantize + "(" + opts.mx_recipe + ")"
-                                      : plan.source_codec->name;
-    for (const ParamSpec& t : plan.layout->param_specs(lo, pl.shape)) {
-      PlannedTensor pt;
-      pt.name = t.name;
-      pt.dtype = t.dtype;
-      pt.shape = t.shape;
-      pt.bytes = *dtype_bytes(pt.dtype, static_cast<uint64_t>(numel(pt.shape)));
-      pt.converted = true;
-      pt.layer = static_cast<int64_t>(li);
-      pt.codec = src_codec + "->" + plan.backend;
-      const std::string local = t.name.substr(lo.prefix.size());
-      pt.sources = source_patterns(L, local.rfind("w2_", 0) != 0);
-      layer_params[static_cast<int64_t>(li)].push_back(pt);
-    }
-    for (const auto& n : L.source_tensors) layer_of_tensor[n] = static_cast<int64_t>(li);
+  for (size_t li = 0; li < ckpt.moe_layers().size(); ++li) {
+    PlannedLayer pl = plan_layer(ckpt, plan, li);
+    deviations.insert(pl.deviations.begin(), pl.deviations.end());
+    layer_params[pl.index] = layer_param_tensors(ckpt, plan, pl);
     plan.layers.push_back(std::move(pl));
   }
   if (plan.layout->option_deviations)
@@ -300,35 +381,7 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                                   {"target_arch", target_arch_name(plan.arch)},
                                   {"vllm_target", vllm_target_name(plan.vllm_target)},
                                   {"act_dtype", dtype_name(plan.options.act_dtype)}};
-
-  std::set<int64_t> emitted;
-  for (const auto& name : ckpt.tensor_names()) {
-    auto it = layer_of_tensor.find(name);
-    if (it != layer_of_tensor.end()) {
-      if (emitted.insert(it->second).second)
-        for (const auto& pt : layer_params[it->second]) plan.tensors.push_back(pt);
-      continue;
-    }
-    const TensorView v = ckpt.view(name);
-    PlannedTensor pt;
-    pt.name = name;
-    pt.dtype = v.dtype;
-    pt.shape = v.shape;
-    pt.bytes = v.nbytes;
-    pt.codec = "copy";
-    pt.sources = {name};
-    plan.tensors.push_back(pt);
-  }
-  std::vector<SafetensorsEntry> entries;
-  for (const auto& t : plan.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
-  {
-    std::set<std::string> names;
-    for (const auto& t : plan.tensors)
-      if (!names.insert(t.name).second)
-        throw Error(ErrorCode::kUnsupported, ckpt.dir(), t.name,
-                    "an output parameter would collide with a copied tensor of the same name");
-  }
-  plan.shards = plan_shards(entries, opts.max_shard_bytes);
+  plan_output_tensors(ckpt, layer_params, plan);
   plan.copied_files = ckpt.other_files();
   return plan;
 }

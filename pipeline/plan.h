@@ -1,7 +1,11 @@
 // Plans apart from doing (STYLE.md §11): make_plan() decides everything a conversion will write
 // -- per output tensor its sources, codec pair, dtype, shape, bytes and shard; the copy-through
-// set; the shard layout -- without touching tensor bytes. `convert --dry-run` prints it;
-// execute_plan() writes exactly it.
+// set; the shard layout; per layer the backend, the source codec's refined params, the chunk size
+// and the conversion path (direct or canonical) -- so that execution only follows it.
+// `convert --dry-run` prints it; execute_plan() writes exactly it.
+// Tensor bytes read while planning: act-order g_idx (whether a layer is act-order), and the
+// tensors of one Linear per layer that the codec's `refine` reads (GPTQ: expert 0's first
+// qzeros, for the v1/v2 zero convention). Nothing else.
 #pragma once
 
 #include <cstdint>
@@ -29,13 +33,17 @@ inline bool is_act_dtype(DType d) {
 struct ConvertOptions {
   std::string src, dst;
   std::string backend = "auto";
-  std::string target_arch = "sm90";
+  // --target-arch and --vllm-target, parsed where the flags are read (tools/: parse_target_arch,
+  // parse_vllm_target); their names are written only where they are serialised (moepack.json,
+  // config.json's moepack block, part.json) and read back by target_arch_from_name /
+  // vllm_target_from_name.
+  TargetArch target_arch = TargetArch::kSm90;
   DType act_dtype = DType::kBF16;
   std::string quantize;                  // "" or "mxfp8" (bf16/fp16 experts -> MXFP8)
   std::string mx_recipe = "flashinfer";  // or "modelopt"
   bool vllm_w13_scale_size_k = false;    // reproduce vLLM's loader instead of the kernel layout
   // The vLLM the output is for (--vllm-target): names, shapes, act-order and padding follow it.
-  std::string vllm_target = vllm_target_name(newest_vllm_target());
+  VllmTarget vllm_target = newest_vllm_target();
   uint64_t max_shard_bytes = 5000000000ull;
   int threads = 0;
   bool force = false;
@@ -62,6 +70,12 @@ struct PlannedTensor {
 struct PlannedLayer {
   int64_t index = -1;  // into Checkpoint::moe_layers()
   std::string module, param_prefix;
+  // The source codec's params for this layer's experts: the checkpoint's, refined by the codec
+  // row's `refine` on expert 0's first Linear (refined_source_params, model/checkpoint.h: GPTQ's
+  // v1/v2 zero convention from its stored qzeros). Execution takes them as they are, on both
+  // paths: the direct path's DirectSource::quant and load_moe_experts. With --quantize, the
+  // checkpoint's (unquantized) params.
+  QuantParams source_quant;
   OracleDecision decision;
   std::vector<std::string> deviations;
   // Act-order is the layer's: the config declares it (with a real group size) or an expert
@@ -95,6 +109,8 @@ struct Plan {
   nlohmann::json config_patch;
   TargetArch arch = TargetArch::kSm90;
   VllmTarget vllm_target = VllmTarget::kV0_33;
+  // The checkpoint's params as its config gives them (moepack.json records these; each layer's
+  // refined ones are PlannedLayer::source_quant), and the params of what the layout packs.
   QuantParams source_quant, target_quant;
   std::vector<PlannedLayer> layers;
   std::vector<PlannedTensor> tensors;  // output order
@@ -106,14 +122,19 @@ struct Plan {
   std::string to_text() const;
 };
 
-// Experts of one layer handled at once within a budget of `chunk_bytes` canonical bytes (at
-// least 1, at most `experts`). convert (PlannedLayer::experts_per_chunk) and verify share it, so
-// verify holds what convert holds.
-int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_per_expert);
-// make_plan splits every layer of more than one expert into at least this many chunks (fewer
-// experts each than --chunk-size allows where needed), so that the overlapped convert pipeline
-// (pipeline/execute.h) holds a bounded fraction of a layer, not several layers.
+// The chunk rule: the experts of one layer converted at once. As many as `chunk_bytes`
+// (--chunk-size) holds at `bytes_per_expert` (canonical_expert_bytes), at least 1, and at most
+// ceil(experts / kMinChunksPerLayer), so that the overlapped convert pipeline
+// (pipeline/execute.h) holds a bounded fraction of a layer, not several layers: it holds up to
+// kChunksInFlight converted chunks plus one chunk's canonical form, which then stays within about
+// 1.25 packed layers (int4: canonical = 2 x packed) instead of 4. One rule for convert
+// (PlannedLayer::experts_per_chunk), inspect's validate_source and verify, so that verify holds
+// what convert holds.
 constexpr int64_t kMinChunksPerLayer = 4;
+int64_t experts_per_chunk(uint64_t chunk_bytes, int64_t experts, uint64_t bytes_per_expert);
+// Canonical bytes of one expert: one byte per code of w13 (`w13_rows` = 2I gated, I not) and w2,
+// or a float per weight where the experts are read as floats (--quantize; unquantized sources).
+uint64_t canonical_expert_bytes(int64_t w13_rows, int64_t hidden, int64_t inter, bool floats);
 
 // Throws kUnsupported listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);

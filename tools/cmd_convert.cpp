@@ -17,6 +17,8 @@ namespace moepack::cli {
 namespace {
 struct ConvertArgs {
   ConvertOptions o;
+  std::string target_arch = target_arch_name(ConvertOptions().target_arch);
+  std::string vllm_target = vllm_target_name(ConvertOptions().vllm_target);
   std::string act_dtype = "bf16";
   std::string max_shard = "5GB";
   std::string chunk = "1GiB";
@@ -30,7 +32,7 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
   app.add_option("dst", a.o.dst, "Output directory (written atomically)")->required();
   app.add_option("--backend", a.o.backend, "auto|" + target_layout_names("|"))
       ->capture_default_str();
-  app.add_option("--target-arch", a.o.target_arch, "Target GPU: " + target_arch_names("|"))
+  app.add_option("--target-arch", a.target_arch, "Target GPU: " + target_arch_names("|"))
       ->capture_default_str();
   app.add_option("--act-dtype", a.act_dtype,
                  "Serving activation dtype bf16|fp16 (Marlin scales are stored in it)")
@@ -48,7 +50,7 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
       "--vllm-w13-scale-size-k", a.o.vllm_w13_scale_size_k,
       "Marlin: permute w13 scales exactly as vLLM's loader does (size_k = I) even where its kernel "
       "expects otherwise");
-  app.add_option("--vllm-target", a.o.vllm_target,
+  app.add_option("--vllm-target", a.vllm_target,
                  "The vLLM the output is for: " + vllm_target_names("|") +
                      " (parameter names, shapes, act-order, padding; docs/vllm_targets.md)")
       ->capture_default_str();
@@ -171,6 +173,8 @@ void print_convert_result(const ConvertResult& r, const Plan& plan, const Global
 }
 
 int run_convert(ConvertArgs& a, const Globals& g) {
+  a.o.target_arch = parse_target_arch(a.target_arch);
+  a.o.vllm_target = parse_vllm_target(a.vllm_target);
   a.o.act_dtype = parse_act_dtype(a.act_dtype);
   a.o.max_shard_bytes = parse_size("--max-shard-size", a.max_shard);
   a.o.chunk_bytes = parse_size("--chunk-size", a.chunk);

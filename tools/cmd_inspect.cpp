@@ -77,7 +77,7 @@ json converted_json(const Manifest& m) {
   for (const auto& l : m.layers) layers.push_back(to_json(l));
   return {{"backend", m.backend},
           {"layout", {{"name", m.layout.name}, {"version", m.layout.version}}},
-          {"target_arch", m.target_arch},
+          {"target_arch", target_arch_name(m.target_arch)},
           {"vllm_target", vllm_target_name(m.vllm_target)},
           {"act_dtype", dtype_name(m.act_dtype)},
           {"source_format", m.source.format},
@@ -137,8 +137,9 @@ json oracle_kinds_json(const HfConfig& cfg, const LayerKinds& kinds, const Inspe
 // expert read and packed as convert would (nothing written). Without a backend on the target,
 // the experts are still read through the source codec. A converted checkpoint is verify's job.
 // Returns the verdict line; sets j["conversion"] to the path convert would take.
-std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a, DType act_dtype,
-                                bool converted, json& j) {
+// `opts`: the options convert would get for this target (flags parsed by run_inspect).
+std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a,
+                                const ConvertOptions& opts, bool converted, json& j) {
   if (converted) return "not validated here: converted by moepack (run moepack verify)";
   if (a.no_validate) return "not validated (--no-validate)";
   if (ckpt.moe_layers().empty()) return "validated: no MoE layers";
@@ -149,12 +150,6 @@ std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a, DT
     validate_source(ckpt, resolve_threads(0));
     return "validated: every expert read through the source codec";
   }
-  ConvertOptions opts;
-  opts.src = a.dir;
-  opts.target_arch = a.target_arch;
-  opts.backend = a.backend;
-  opts.vllm_target = a.vllm_target;
-  opts.act_dtype = act_dtype;
   const Plan plan = make_plan(ckpt, opts);
   validate_plan(plan, ckpt);
   // The conversion path convert would take (formats/fast_path.h).
@@ -201,9 +196,10 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
             << " shard(s), " << human_bytes(ckpt.total_tensor_bytes()) << "\n";
   if (manifest) {
     const Manifest& m = *manifest;
-    std::cout << "  converted by moepack: backend " << m.backend << ", target " << m.target_arch
-              << ", vLLM " << vllm_target_name(m.vllm_target) << ", activations "
-              << dtype_name(m.act_dtype) << ", from " << m.source.format << "\n";
+    std::cout << "  converted by moepack: backend " << m.backend << ", target "
+              << target_arch_name(m.target_arch) << ", vLLM " << vllm_target_name(m.vllm_target)
+              << ", activations " << dtype_name(m.act_dtype) << ", from " << m.source.format
+              << "\n";
     // The experts are now backend parameters (w13_*, w2_*): describe them from the manifest.
     std::cout << "  converted MoE layers " << m.layers.size() << "\n";
     for (const auto& l : m.layers)
@@ -258,7 +254,13 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
                  {"vllm_follows", vllm_target_row(target).follows},
                  {"requested", a.backend},
                  {"kinds", oracle_kinds_json(cfg, kinds, a, arch, target, act_dtype)}};
-  j["validation"] = validate_as_convert(*ckpt, a, act_dtype, manifest.has_value(), j);
+  ConvertOptions as_convert;
+  as_convert.src = a.dir;
+  as_convert.backend = a.backend;
+  as_convert.target_arch = arch;
+  as_convert.vllm_target = target;
+  as_convert.act_dtype = act_dtype;
+  j["validation"] = validate_as_convert(*ckpt, a, as_convert, manifest.has_value(), j);
   const json tensors = tensors_json(*ckpt);
   j["totals"] = {{"tensors", tensors.size()},
                  {"tensor_bytes", ckpt->total_tensor_bytes()},

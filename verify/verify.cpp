@@ -478,11 +478,9 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   // held (the mapped shards are read, not copied). With a source verify holds two canonical
   // forms where convert holds one, so it takes half the experts convert takes: its peak stays
   // within convert's for the same --chunk-size.
-  const uint64_t per_expert =
-      static_cast<uint64_t>((job.spec.w13_rows() + ml.inter) * ml.hidden) * (run.recipe ? 4 : 1);
-  const int64_t convert_chunk =
-      std::min(experts_per_chunk(run.opts->chunk_bytes, ml.experts, per_expert),
-               std::max<int64_t>(1, (ml.experts + kMinChunksPerLayer - 1) / kMinChunksPerLayer));
+  const int64_t convert_chunk = experts_per_chunk(
+      run.opts->chunk_bytes, ml.experts,
+      canonical_expert_bytes(job.spec.w13_rows(), ml.hidden, ml.inter, run.recipe != nullptr));
   job.chunk = run.src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
   for (const auto& p : ml.params) {
     const TensorView v = run.out->view(p);

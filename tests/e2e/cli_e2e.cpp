@@ -272,6 +272,15 @@ TEST(Cli, ExitCodes) {
       EXPECT_EQ(moepack_cli(cmd + size, nullptr, &err), 2) << cmd << size;
       EXPECT_NE(err.find(std::string("-size \"") + size + "\": "), std::string::npos) << err;
     }
+  // Unknown --target-arch / --vllm-target values are usage errors, listing the known ones.
+  EXPECT_EQ(
+      moepack_cli("convert " + src + " " + (tmp / "o3") + " --target-arch sm75", nullptr, &err), 2);
+  EXPECT_NE(err.find("sm100"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "o3") + " --target-arch sm100 " +
+                            "--vllm-target 0.1",
+                        nullptr, &err),
+            2);
+  EXPECT_NE(err.find("2026-05"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "o3"));
   // A missing input is an input error; --json reports it on stdout.
   const json j = run_json("inspect " + (tmp / "nope"), 5);

@@ -83,7 +83,7 @@ TEST_P(ConvertPipeline, BytesEqualTheSequentialLoopAtEveryThreadCountAndChunkSiz
   ConvertOptions o;
   o.src = src;
   o.backend = c.backend;
-  o.target_arch = c.arch;
+  o.target_arch = parse_target_arch(c.arch);
   o.quantize = c.quantize;
   o.max_shard_bytes = 300000;
   const auto ckpt = Checkpoint::open(src);
@@ -101,7 +101,7 @@ TEST_P(ConvertPipeline, BytesEqualTheSequentialLoopAtEveryThreadCountAndChunkSiz
       ASSERT_EQ(run_command(moepack_bin() + " convert " + src + " " + dst + " --backend " +
                                 c.backend + " --target-arch " + c.arch +
                                 (*c.quantize ? std::string(" --quantize ") + c.quantize : "") +
-                                " --vllm-target " + o.vllm_target +
+                                " --vllm-target " + vllm_target_name(o.vllm_target) +
                                 " --max-shard-size 300000 --threads " + std::to_string(threads) +
                                 " --chunk-size " + chunk,
                             nullptr, &err),

@@ -83,8 +83,9 @@ void expect_direct_takes_every_chunk(const std::string& src, const std::string& 
   o.src = src;
   o.dst = src + ".unused";
   o.threads = 2;
-  if (flags.find("--target-arch sm100") != std::string::npos) o.target_arch = "sm100";
-  if (flags.find("--vllm-target 2026-05") != std::string::npos) o.vllm_target = "2026-05";
+  if (flags.find("--target-arch sm100") != std::string::npos) o.target_arch = TargetArch::kSm100;
+  if (flags.find("--vllm-target 2026-05") != std::string::npos)
+    o.vllm_target = VllmTarget::kV2026_05;
   if (flags.find("--act-dtype fp16") != std::string::npos) o.act_dtype = DType::kF16;
   o.chunk_bytes = 300000;  // several chunks per layer
   const Plan plan = make_plan(*ckpt, o);
@@ -94,24 +95,8 @@ void expect_direct_takes_every_chunk(const std::string& src, const std::string& 
     const MoeLayer& L = ckpt->moe_layers()[static_cast<size_t>(pl.index)];
     for (int64_t e0 = 0; e0 < L.num_experts; e0 += pl.experts_per_chunk) {
       const int64_t e1 = std::min(L.num_experts, e0 + pl.experts_per_chunk);
-      DirectSource d;
-      d.quant = ckpt->quant();
-      if (const SourceCodec* codec = find_source_codec(d.quant.method); codec && codec->refine) {
-        std::map<std::string, TensorView> first;
-        for (const auto& [suffix, name] : L.experts[0][L.gated ? 0 : 1])
-          first[suffix] = ckpt->view(name);
-        d.quant = codec->refine(d.quant, first);
-      }
-      d.hidden = L.hidden;
-      d.inter = L.inter;
-      d.gated = L.gated;
-      d.g_idx_w13 = pl.act_order_w13;
-      d.g_idx_w2 = pl.act_order_w2;
-      d.linears.resize(static_cast<size_t>(e1 - e0));
-      for (int64_t e = e0; e < e1; ++e)
-        for (int p = 0; p < 3; ++p)
-          for (const auto& [suffix, name] : L.experts[static_cast<size_t>(e)][p])
-            d.linears[static_cast<size_t>(e - e0)][p][suffix] = ckpt->view(name);
+      // The chunk as execution hands it over: views, the plan's refined params and act-order.
+      const DirectSource d = direct_source(*ckpt, pl, e0, e1);
       const auto direct = pl.direct->convert(pl.layout_options, d);
       ASSERT_TRUE(direct.has_value()) << pl.module << " experts " << e0 << ".." << e1;
       const std::vector<Tensor> want = convert_chunk_canonical(plan, *ckpt, pl, e0, e1);

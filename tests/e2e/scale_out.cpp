@@ -105,10 +105,10 @@ ConvertOptions options_for(const Case& c, const std::string& src, const std::str
   ConvertOptions o;
   o.src = src;
   o.dst = dst;
-  o.target_arch = c.arch;
+  o.target_arch = parse_target_arch(c.arch);
   o.quantize = c.quantize;
   o.max_shard_bytes = c.max_shard_bytes;
-  o.vllm_target = c.vllm_target;
+  o.vllm_target = parse_vllm_target(c.vllm_target);
   o.threads = 1;
   return o;
 }

@@ -239,7 +239,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (ckpt->quant().method == QuantMethod::kNone) return 0;
     ConvertOptions opts;
     opts.src = "fuzz";
-    opts.target_arch = "sm100";
+    opts.target_arch = TargetArch::kSm100;
     opts.threads = 1;
     const Plan plan = make_plan(*ckpt, opts);
     validate_plan(plan, *ckpt);

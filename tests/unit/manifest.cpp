@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
+#include "pipeline/parts.h"
 #include "synth/synth.h"
 #include "tests/test_util.h"
 
@@ -144,12 +145,12 @@ class RealManifest : public ::testing::Test {
       ConvertOptions co;
       co.src = src;
       co.dst = c->dst;
-      co.target_arch = s.arch;
+      co.target_arch = parse_target_arch(s.arch);
       co.quantize = s.quantize;
       co.max_shard_bytes = s.max_shard_bytes;
       co.threads = 1;
       // Act-order MoE is the spec's vLLM's, not 0.33's (the default target).
-      if (s.format == "gptq-actorder") co.vllm_target = "2026-05";
+      if (s.format == "gptq-actorder") co.vllm_target = VllmTarget::kV2026_05;
       c->plan = make_plan(*c->ckpt, co);
       execute_plan(c->plan, *c->ckpt);
       converted_.push_back(std::move(c));
@@ -364,6 +365,64 @@ TEST_F(RealManifest, WithoutVllmTargetReadsAs2026_05Unpadded) {
   for (const auto& l : got.layers) EXPECT_EQ(l.inter_padded, l.inter);
   m["vllm_target"] = "0.33";
   EXPECT_EQ(parse_manifest(m, "d/moepack.json").vllm_target, VllmTarget::kV0_33);
+}
+
+// --vllm-target and --target-arch travel as enums (ConvertOptions, Plan, Manifest) and as names
+// only where they are written -- moepack.json, config.json's blocks, part.json -- each read back
+// by its one reader (vllm_target_from_name / target_arch_from_name): every target and arch round
+// trips, and a name no row has (an alias too: aliases are for the flag) is refused naming the
+// field.
+TEST_F(RealManifest, VllmTargetAndArchRoundTripThroughManifestConfigAndPartJson) {
+  const Converted& c = gptq();
+  const json cfg = json::parse(slurp(c.dst + "/config.json"));
+  for (const json& block : {cfg["moepack"], cfg["quantization_config"]}) {
+    EXPECT_EQ(block["vllm_target"], vllm_target_name(c.plan.vllm_target));
+    EXPECT_EQ(block["target_arch"], target_arch_name(c.plan.arch));
+  }
+  EXPECT_EQ(c.plan.vllm_target, VllmTarget::kV2026_05);  // converted with --vllm-target 2026-05
+  int cases = 0;
+  for (const VllmTargetRow& row : vllm_target_rows())
+    for (const TargetArch arch : all_target_archs()) {
+      SCOPED_TRACE(std::string(row.name) + " " + target_arch_name(arch));
+      json m = gptq_json();
+      m["vllm_target"] = row.name;
+      m["target_arch"] = target_arch_name(arch);
+      const Manifest got = parse_manifest(m, "d/moepack.json");
+      EXPECT_EQ(got.vllm_target, row.target);
+      EXPECT_EQ(got.target_arch, arch);
+      EXPECT_EQ(to_json(got)["vllm_target"], row.name);
+      EXPECT_EQ(to_json(got)["target_arch"], target_arch_name(arch));
+
+      ConvertOptions o;
+      o.vllm_target = row.target;
+      o.target_arch = arch;
+      const json part = part_options_json(o);
+      EXPECT_EQ(part["vllm_target"], row.name);
+      EXPECT_EQ(part["target_arch"], target_arch_name(arch));
+      const ConvertOptions back = part_options_from_json(part, "p/part.json");
+      EXPECT_EQ(back.vllm_target, row.target);
+      EXPECT_EQ(back.target_arch, arch);
+      ++cases;
+    }
+  EXPECT_GE(cases, 10);
+
+  const json part = part_options_json(ConvertOptions());
+  for (const auto& [key, bad] : {std::pair<const char*, const char*>{"target_arch", "sm90a"},
+                                 {"target_arch", "sm75"},
+                                 {"vllm_target", "0.34"}}) {
+    SCOPED_TRACE(std::string(key) + " " + bad);
+    json p = part;
+    p[key] = bad;
+    const Error e =
+        expect_error([&] { part_options_from_json(p, "p/part.json"); }, ErrorCode::kBadConfig);
+    EXPECT_EQ(e.file(), "p/part.json");
+    EXPECT_NE(e.message().find(std::string("options.") + key), std::string::npos) << e.message();
+    json m = gptq_json();
+    m[key] = bad;
+    const Error me =
+        expect_error([&] { parse_manifest(m, "d/moepack.json"); }, ErrorCode::kBadConfig);
+    EXPECT_EQ(me.message().rfind(key, 0), 0u) << me.message();
+  }
 }
 
 TEST_F(RealManifest, EveryDefectIsBadConfigNamingTheField) {

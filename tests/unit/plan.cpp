@@ -101,7 +101,7 @@ ConvertOptions convert_options(const std::string& src, const std::string& dst) {
   c.src = src;
   c.dst = dst;
   c.backend = "auto";
-  c.target_arch = "sm90";
+  c.target_arch = TargetArch::kSm90;
   c.threads = 1;
   return c;
 }
@@ -450,7 +450,7 @@ TEST(PlanMxfp8, QuantizeBf16ToTrtllmMxfp8) {
   const auto ckpt = Checkpoint::open(src);
   ConvertOptions opts = convert_options(src, tmp / "out");
   opts.quantize = "mxfp8";
-  opts.target_arch = "sm100";
+  opts.target_arch = TargetArch::kSm100;
   const Plan plan = make_plan(*ckpt, opts);
   EXPECT_EQ(plan.backend, "trtllm-mxfp8");
   EXPECT_EQ(plan.target_quant.method, QuantMethod::kModeloptMxfp8);
@@ -482,16 +482,134 @@ TEST(PlanErrors, OptionsValidated) {
   const std::string src = tmp / "src";
   synth_checkpoint(src, synth_options("gptq"));
   const auto ckpt = Checkpoint::open(src);
+  // An unknown --target-arch / --vllm-target is refused where the flag is read (tools/, with
+  // these parsers; Cli.ExitCodes runs the binary): the options carry only parsed values.
+  expect_error([] { parse_target_arch("sm75"); }, ErrorCode::kUsage);
+  expect_error([] { parse_vllm_target("0.1"); }, ErrorCode::kUsage);
   ConvertOptions o = convert_options(src, tmp / "out");
-  o.target_arch = "sm75";
-  expect_error([&] { make_plan(*ckpt, o); }, ErrorCode::kUsage);
-  o = convert_options(src, tmp / "out");
   o.quantize = "mxfp8";  // on an already quantized checkpoint
   expect_error([&] { make_plan(*ckpt, o); }, ErrorCode::kUsage);
   o = convert_options(src, tmp / "out");
   o.backend = "trtllm-mxfp8";  // explicit backend that cannot take GPTQ
   expect_error([&] { make_plan(*ckpt, o); }, ErrorCode::kUnsupported);
   EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+}  // namespace
+}  // namespace moepack
+
+namespace moepack {
+namespace {
+
+// Overwrites every 32-bit word of `tensor` in the single-shard checkpoint at `src` with `word`.
+void overwrite_words(const std::string& src, const std::string& tensor, uint32_t word) {
+  const std::string shard = src + "/model.safetensors";
+  uint64_t offset = 0, len = 0;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(shard);
+    const SafetensorsEntry* e = f.find(tensor);
+    ASSERT_NE(e, nullptr) << tensor;
+    offset = 8 + f.header_length() + e->begin;
+    len = e->end - e->begin;
+  }
+  std::fstream io(shard, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekp(static_cast<std::streamoff>(offset));
+  for (uint64_t i = 0; i < len / 4; ++i) io.write(reinterpret_cast<const char*>(&word), 4);
+  ASSERT_TRUE(static_cast<bool>(io));
+}
+
+// The source codec's refine runs once per layer, at plan time: a symmetric GPTQ checkpoint whose
+// config says v1 ("checkpoint_format": "gptq") but whose stored qzeros are GPTQModel v2 (the
+// symmetric zero 8 in every field) plans v2 for its layers, and both execution paths take the
+// plan's params instead of judging the checkpoint again.
+TEST(PlanDecides, RefinedSourceParamsAreThePlansAndExecutionTakesThem) {
+  TempDir tmp;
+  const std::string src = tmp / "src", plain = tmp / "plain";
+  synth_checkpoint(src, synth_options("gptq"));
+  synth_checkpoint(plain, synth_options("gptq"));
+  for (const char* layer : {"1", "2"})  // expert 0's first Linear of each MoE layer
+    overwrite_words(src, std::string("model.layers.") + layer + ".mlp.experts.0.gate_proj.qzeros",
+                    0x88888888u);
+  const auto ckpt = Checkpoint::open(src);
+  ASSERT_EQ(ckpt->quant().gptq_format, GptqFormat::kV1);
+  const Plan plan = make_plan(*ckpt, convert_options(src, tmp / "out"));
+  EXPECT_EQ(plan.source_quant.gptq_format, GptqFormat::kV1);  // the config's (moepack.json)
+  ASSERT_EQ(plan.layers.size(), 2u);
+  for (const PlannedLayer& pl : plan.layers) {
+    SCOPED_TRACE(pl.module);
+    const MoeLayer& L = ckpt->moe_layers()[static_cast<size_t>(pl.index)];
+    EXPECT_EQ(pl.source_quant.gptq_format, GptqFormat::kV2);
+    EXPECT_EQ(refined_source_params(*ckpt, L).gptq_format, GptqFormat::kV2);
+    ASSERT_NE(pl.direct, nullptr) << pl.canonical_why;
+    EXPECT_EQ(direct_source(*ckpt, pl, 0, 1).quant.gptq_format, GptqFormat::kV2);
+  }
+  // The layers of the unedited checkpoint plan v1, as their zeros say.
+  const auto plain_ckpt = Checkpoint::open(plain);
+  const Plan plain_plan = make_plan(*plain_ckpt, convert_options(plain, tmp / "plain-out"));
+  for (const PlannedLayer& pl : plain_plan.layers)
+    EXPECT_EQ(pl.source_quant.gptq_format, GptqFormat::kV1) << pl.module;
+
+  // Execution takes PlannedLayer::source_quant as it is: params the tensors do not hold (8 bits
+  // for 4-bit words) make the direct path decline and the canonical load refuse the chunk.
+  Plan altered = plan;
+  PlannedLayer& pl = altered.layers[0];
+  pl.source_quant.bits = 8;
+  EXPECT_EQ(direct_source(*ckpt, pl, 0, 1).quant.bits, 8);
+  EXPECT_FALSE(pl.direct->convert(pl.layout_options, direct_source(*ckpt, pl, 0, 1)).has_value());
+  expect_error([&] { convert_chunk_canonical(altered, *ckpt, pl, 0, 1); }, ErrorCode::kBadShape);
+
+  // Symmetric codes ignore the zero convention: the chunks convert to the bytes of the unedited
+  // checkpoint, on the direct path and the canonical one.
+  execute_plan(plan, *ckpt);
+  execute_plan(plain_plan, *plain_ckpt);
+  ConvertOptions canonical = convert_options(src, tmp / "canonical");
+  canonical.no_fast_path = true;
+  execute_plan(make_plan(*ckpt, canonical), *ckpt);
+  for (const auto& shard : plan.shards.shard_names) {
+    const std::string want = slurp(tmp / "plain-out" + "/" + shard);
+    EXPECT_EQ(slurp(tmp / "out" + "/" + shard), want) << shard;
+    EXPECT_EQ(slurp(tmp / "canonical" + "/" + shard), want) << shard;
+  }
+}
+
+// One chunk rule (pipeline/plan.h) for convert, inspect's validate_source and verify: the budget
+// in canonical bytes, at least one expert, at most ceil(E / kMinChunksPerLayer).
+TEST(PlanDecides, OneChunkRule) {
+  EXPECT_EQ(canonical_expert_bytes(2 * 128, 256, 128, false), uint64_t{3 * 128 * 256});
+  EXPECT_EQ(canonical_expert_bytes(128, 256, 128, true), uint64_t{2 * 128 * 256 * 4});
+  EXPECT_EQ(experts_per_chunk(uint64_t{1} << 30, 128, 1000), 32);  // ceil(128 / 4)
+  EXPECT_EQ(experts_per_chunk(uint64_t{1} << 30, 10, 1000), 3);    // ceil(10 / 4)
+  EXPECT_EQ(experts_per_chunk(10 * 1000, 128, 1000), 10);          // the budget
+  EXPECT_EQ(experts_per_chunk(999, 128, 1000), 1);                 // at least one
+  EXPECT_EQ(experts_per_chunk(1, 1, 1000), 1);
+  EXPECT_EQ(experts_per_chunk(UINT64_MAX, 3, 0), 1);  // ceil(3 / 4)
+  EXPECT_EQ(experts_per_chunk(UINT64_MAX, int64_t{1} << 40, 1), int64_t{1} << 38);
+
+  // make_plan's layers follow it, in codes and in floats (--quantize).
+  TempDir tmp;
+  for (const char* format : {"gptq", "bf16"}) {
+    SCOPED_TRACE(format);
+    const std::string src = tmp / format;
+    SynthOptions so = synth_options(format);
+    so.experts = 10;
+    synth_checkpoint(src, so);
+    const auto ckpt = Checkpoint::open(src);
+    ConvertOptions o = convert_options(src, tmp / "out");
+    const bool floats = std::string(format) == "bf16";
+    if (floats) {
+      o.quantize = "mxfp8";
+      o.target_arch = TargetArch::kSm100;
+    }
+    const uint64_t per_expert = canonical_expert_bytes(2 * kI, kH, kI, floats);
+    for (const uint64_t chunk : {per_expert * 2, per_expert * 100, uint64_t{1}}) {
+      o.chunk_bytes = chunk;
+      const Plan plan = make_plan(*ckpt, o);
+      for (const PlannedLayer& pl : plan.layers) {
+        EXPECT_EQ(pl.experts_per_chunk, experts_per_chunk(chunk, 10, per_expert));
+        EXPECT_EQ(pl.chunks, (10 + pl.experts_per_chunk - 1) / pl.experts_per_chunk);
+      }
+    }
+  }
 }
 
 }  // namespace
