@@ -190,6 +190,40 @@ enum class VllmTarget : uint8_t {
   kV0_33,     // vLLM 0.33.0, the newest release: no MoE act-order, routed_experts names, padding
   kV2026_05,  // vLLM@9aaf83ef (2026-05), the commit ../shared/spec describes
 };
+struct VllmTargetRow;
+
+// One kernel backend in a vLLM's MoE backend order, as that vLLM names it, and the moepack
+// layout that writes what it reads. The order is data (VllmTargetRow::moe_backend_orders): the
+// oracle (pipeline/oracle.cpp) takes the first backend with a moepack layout row that accepts
+// the layer, and says what vLLM would run, from these rows alone.
+struct VllmBackend {
+  const char* name;         // as vLLM's oracle enum spells it: "MARLIN", "HUMMING", "DEEPGEMM", ...
+  const char* moe_backend;  // the vLLM --moe-backend value that selects it; nullptr: none
+  // Where vLLM runs it (its experts' _supports_current_device and the arch gates of
+  // _supports_quant_scheme for this scheme).
+  std::vector<TargetArch> archs;
+  // The target_layouts() row that writes what it reads, by name (`marlin` for MARLIN). A name
+  // with no row yet (or a row that does not take the scheme) is a layout moepack does not write
+  // yet; `auto` takes it, in this order, as soon as such a row exists. nullptr: vLLM reads the
+  // checkpoint as loaded (no load-time conversion), so there is nothing to write.
+  const char* layout;
+  // What it reads, as a clause for messages ("Humming's own layout (...)").
+  const char* reads;
+  // Optional (nullptr: none beyond archs): why that vLLM would not run it for these params and
+  // this layer, for a backend without a moepack layout row (a backend with one is judged by
+  // the row's own reasons, which mirror vLLM's checks).
+  std::vector<std::string> (*vllm_refusals)(const VllmTargetRow&, const QuantParams&,
+                                            const MoeShape&) = nullptr;
+};
+
+// A vLLM's MoE backend order for one scheme on some archs.
+struct VllmBackendOrder {
+  const char* scheme;                 // SourceCodec::scheme
+  std::vector<TargetArch> archs;      // the target archs it is the order for
+  std::vector<VllmBackend> backends;  // first tried first
+  const char* source;  // the vLLM file and function it mirrors, or where it is assumed
+};
+
 struct VllmTargetRow {
   VllmTarget target;
   const char* name;     // the --vllm-target value
@@ -203,12 +237,16 @@ struct VllmTargetRow {
   // Marlin: an intermediate size that is not a multiple of lcm(64, group_size) is zero-padded up
   // to one (marlin_moe_padded_intermediate) instead of refused.
   bool marlin_pads_intermediate;
-  // Target archs on which vLLM's own WNA16 oracle ranks Humming ahead of Marlin
-  // (prioritize_humming); empty: never.
-  std::vector<TargetArch> wna16_prefers_humming = {};
+  // vLLM's MoE backend order per scheme and arch (one entry per (scheme, arch) pair for every
+  // SourceCodec::scheme: the registry suite checks it).
+  std::vector<VllmBackendOrder> moe_backend_orders;
 };
 const std::vector<VllmTargetRow>& vllm_target_rows();
 const VllmTargetRow& vllm_target_row(VllmTarget t);
+// The target's backend order for experts of `scheme` on `arch`; nullptr when it has none (a
+// scheme no codec reads).
+const VllmBackendOrder* vllm_backend_order(const VllmTargetRow& target, const std::string& scheme,
+                                           TargetArch arch);
 // The --vllm-target flag (tools/): throws kUsage listing the names.
 VllmTarget parse_vllm_target(const std::string& s);
 const char* vllm_target_name(VllmTarget t);
@@ -271,12 +309,11 @@ using ParamLocator =
 // A backend layout: one MoE layer's stacked experts <-> the kernel's parameters, named and
 // shaped like vLLM's FusedMoE parameters after process_weights_after_loading.
 struct TargetLayout {
-  const char* name;    // the --backend name: "marlin", "triton-wna16", "trtllm-mxfp8", ...
+  const char* name;    // the --backend name: `marlin`, `triton-wna16`, `trtllm-mxfp8`, ...
   const char* kernel;  // the serving kernel that reads it, for messages and docs
   int layout_version;
   std::vector<std::string> schemes;  // SourceCodec::scheme values it takes
   std::vector<TargetArch> archs;     // where its serving kernel runs
-  int priority;                      // `--backend auto` tries lower first
   // Every reason these options and shapes cannot be written in this layout, one sentence with
   // the numbers each; empty = supported. Decided from shapes alone (no bytes, no packing).
   std::vector<std::string> (*unsupported_reasons)(const LayoutOptions&, const MoeShape&);
@@ -335,7 +372,8 @@ std::string scheme_of(QuantMethod method);
 // kUnsupported when no codec reads q.method.
 MoeShape moe_shape_for(const QuantParams& q, int64_t experts, int64_t hidden, int64_t inter,
                        bool gated, int act_order_w13 = -1, int act_order_w2 = -1);
-// "marlin, triton-wna16, ..." in registry order, and the supported source formats as prose.
+// The layout names in registry order (`marlin, triton-wna16, ...`), and the supported source
+// formats as prose.
 std::string target_layout_names(const std::string& separator = ", ");
 std::string supported_formats_text();
 

@@ -2,6 +2,7 @@
 // static link could drop. A new format is its codec file pair plus one row here (and one
 // normaliser row in model/hf_config.cpp, one generator row in synth/synth.cpp);
 // docs/architecture.md has the checklist.
+#include <algorithm>
 #include <numeric>
 
 #include "formats/awq.h"
@@ -15,6 +16,7 @@
 #include "formats/triton_wna16.h"
 #include "formats/trtllm_fp8_block.h"
 #include "formats/trtllm_mxfp8.h"
+#include "formats/vllm_backends.h"
 
 namespace moepack {
 
@@ -177,7 +179,6 @@ const std::vector<TargetLayout>& target_layouts() {
        .layout_version = 2,
        .schemes = {"wna16"},
        .archs = every_arch,
-       .priority = 0,
        .unsupported_reasons = marlin_unsupported_reasons,
        .param_specs = marlin_param_specs,
        .pack = pack_marlin_moe,
@@ -193,7 +194,6 @@ const std::vector<TargetLayout>& target_layouts() {
        .layout_version = 2,
        .schemes = {"wna16"},
        .archs = every_arch,
-       .priority = 1,
        .unsupported_reasons = triton_wna16_unsupported_reasons,
        .param_specs = triton_wna16_param_specs,
        .pack = pack_triton_wna16_moe,
@@ -207,7 +207,6 @@ const std::vector<TargetLayout>& target_layouts() {
        .layout_version = 1,
        .schemes = {"w8a8-int8"},
        .archs = every_arch,
-       .priority = 0,
        .unsupported_reasons = triton_int8_unsupported_reasons,
        .param_specs = triton_int8_param_specs,
        .pack = pack_triton_int8_moe,
@@ -221,7 +220,6 @@ const std::vector<TargetLayout>& target_layouts() {
        .layout_version = 1,
        .schemes = {"mxfp8"},
        .archs = sm100,
-       .priority = 0,
        .unsupported_reasons = trtllm_mxfp8_unsupported_reasons,
        .param_specs = trtllm_mxfp8_param_specs,
        .pack = pack_trtllm_mxfp8_moe,
@@ -235,7 +233,6 @@ const std::vector<TargetLayout>& target_layouts() {
        .layout_version = 1,
        .schemes = {"fp8-block"},
        .archs = sm100,
-       .priority = 0,
        .unsupported_reasons = trtllm_fp8_block_unsupported_reasons,
        .param_specs = trtllm_fp8_block_param_specs,
        .pack = pack_trtllm_fp8_block_moe,
@@ -306,25 +303,295 @@ std::string scheme_of(QuantMethod method) {
   return quant_method_name(method);
 }
 
+namespace {
+
+// vLLM's MoE backend orders, per target, scheme and arch: VllmTargetRow::moe_backend_orders.
+// Each order is the list vLLM's oracle for the scheme tries, for NVIDIA GPUs and the standard
+// (non-batched, no expert-parallel all2all) activation format; backends for other platforms
+// (ROCm, XPU, CPU) and the batched variants are left out, and each order's `source` says which.
+// A backend's `archs` come from its experts' _supports_current_device and the arch gates of
+// _supports_quant_scheme for the scheme; optional packages (flashinfer, deep_gemm, humming) are
+// taken as installed. Backends with a moepack layout row are judged by the row; the others by
+// their archs and vllm_refusals (formats/vllm_backends.h).
+
+// The arch lists vLLM's MoE backends run on.
+struct ArchSets {
+  std::vector<TargetArch> every = all_target_archs();
+  std::vector<TargetArch> sm90 = {TargetArch::kSm90};
+  std::vector<TargetArch> sm100 = {TargetArch::kSm100};  // is_device_capability_family(100)
+  std::vector<TargetArch> not_sm90 = {TargetArch::kSm80, TargetArch::kSm89, TargetArch::kSm100,
+                                      TargetArch::kSm120};
+  std::vector<TargetArch> fp8_archs = {TargetArch::kSm89, TargetArch::kSm90, TargetArch::kSm100,
+                                       TargetArch::kSm120};  // supports_fp8()
+  std::vector<TargetArch> deep_gemm_archs = {TargetArch::kSm90, TargetArch::kSm100,
+                                             TargetArch::kSm120};  // support_deep_gemm()
+};
+
+constexpr const char* kHummingReads = "Humming's own layout (convert_to_humming_moe_kernel_format)";
+
+struct Wna16Backends {
+  VllmBackend trtllm, marlin, triton, humming, emulation, spec_trtllm;
+};
+Wna16Backends wna16_backends(const ArchSets& a) {
+  // WNA16 (GPTQ, AWQ, compressed-tensors pack-quantized): vLLM 0.33.0 WNA16MoEBackend
+  // (fused_moe/oracle/int_wna16.py).
+  const VllmBackend trtllm = {
+      .name = "FLASHINFER_TRTLLM",
+      .moe_backend = "flashinfer_trtllm",
+      .archs = a.sm100,  // TrtLlmMxint4ExpertsMonolithic._supports_current_device
+      .layout = "trtllm-mxint4",
+      .reads = "FlashInfer's MxInt4 layout (convert_to_wna16_moe_kernel_format)",
+      .vllm_refusals = vllm033_wna16_mxint4_refusals};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = "marlin",
+                              .archs = a.every,  // MarlinExperts: capability 7.5 and up
+                              .layout = "marlin",
+                              .reads = "Marlin's tiles (gptq_marlin_moe_repack)"};
+  const VllmBackend triton = {.name = "TRITON",
+                              .moe_backend = "triton",
+                              .archs = a.every,  // TritonWNA16Experts: any CUDA GPU
+                              .layout = "triton-wna16",
+                              .reads = "the moe_wna16 layout (bytes, transposed)"};
+  const VllmBackend humming = {.name = "HUMMING",
+                               .moe_backend = "humming",
+                               .archs = a.every,  // Humming experts: capability 7.5 and up
+                               .layout = "humming",
+                               .reads = kHummingReads,
+                               .vllm_refusals = wna16_act_order_refusals};
+  const VllmBackend emulation = {.name = "EMULATION",
+                                 .moe_backend = "emulation",
+                                 .archs = a.every,  // Int4EmulationTritonExperts: any CUDA GPU
+                                 .layout = nullptr,
+                                 .reads = "the experts dequantised to bf16 at load",
+                                 .vllm_refusals = vllm033_wna16_emulation_refusals};
+  // The same FLASHINFER_TRTLLM as ../shared/spec describes it for vLLM@9aaf83ef.
+  VllmBackend spec_trtllm = trtllm;
+  spec_trtllm.vllm_refusals = spec_wna16_mxint4_refusals;
+  return {.trtllm = trtllm,
+          .marlin = marlin,
+          .triton = triton,
+          .humming = humming,
+          .emulation = emulation,
+          .spec_trtllm = spec_trtllm};
+}
+
+struct Int8Backends {
+  VllmBackend triton, humming;
+};
+Int8Backends int8_backends(const ArchSets& a) {
+  // W8A8 int8 (compressed-tensors int-quantized): vLLM 0.33.0 Int8MoeBackend (oracle/int8.py).
+  const VllmBackend triton = {.name = "TRITON",
+                              .moe_backend = "triton",
+                              .archs = a.every,  // TritonExperts int8: capability 7.5 and up
+                              .layout = "triton-int8",
+                              .reads = "the int8 weights and float32 scales as loaded"};
+  const VllmBackend humming = {.name = "HUMMING",
+                               .moe_backend = "humming",
+                               .archs = a.every,
+                               .layout = "humming-int8",
+                               .reads = kHummingReads};
+  return {.triton = triton, .humming = humming};
+}
+
+struct Mxfp8Backends {
+  VllmBackend trtllm, deep_gemm, marlin, humming, emulation;
+};
+Mxfp8Backends mxfp8_backends(const ArchSets& a) {
+  // MXFP8 (ModelOpt, compressed-tensors): vLLM 0.33.0 Fp8MoeBackend as oracle/mxfp8.py uses it.
+  const VllmBackend trtllm = {.name = "FLASHINFER_TRTLLM",
+                              .moe_backend = "flashinfer_trtllm",
+                              .archs = a.sm100,  // TrtLlmFp8ExpertsMonolithic
+                              .layout = "trtllm-mxfp8",
+                              .reads = "FlashInfer TRT-LLM-Gen's shuffled MXFP8 layout"};
+  const VllmBackend deep_gemm = {
+      .name = "DEEPGEMM",
+      .moe_backend = "deep_gemm",
+      .archs = a.sm100,  // DeepGemmExperts._supports_quant_scheme: MXFP8 on family 100 only
+      .layout = "deepgemm-mxfp8",
+      .reads = "DeepGEMM's layout (prepare_fp8_moe_layer_for_deepgemm)",
+      .vllm_refusals = gated_only_refusals};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = "marlin",
+                              .archs = a.every,
+                              .layout = "marlin-mxfp8",
+                              .reads = "Marlin's MXFP8 tiles (prepare_mxfp8_moe_layer_for_marlin)"};
+  const VllmBackend humming = {.name = "HUMMING",
+                               .moe_backend = "humming",
+                               .archs = a.every,
+                               .layout = "humming-mxfp8",
+                               .reads = kHummingReads};
+  const VllmBackend emulation = {
+      .name = "EMULATION",
+      .moe_backend = nullptr,  // not in mxfp8.py's _BACKEND_NAME_MAP
+      .archs = a.every,        // Mxfp8EmulationTritonExperts: any device
+      .layout = nullptr,
+      .reads = "the MXFP8 experts as loaded, dequantised to bf16 on every call"};
+  return {.trtllm = trtllm,
+          .deep_gemm = deep_gemm,
+          .marlin = marlin,
+          .humming = humming,
+          .emulation = emulation};
+}
+
+struct Fp8BlockBackends {
+  VllmBackend trtllm, cutlass, deep_gemm, triton, marlin, humming;
+};
+Fp8BlockBackends fp8_block_backends(const ArchSets& a) {
+  // FP8 block (weight_block_size [128, 128]): vLLM 0.33.0 Fp8MoeBackend (oracle/fp8.py).
+  const VllmBackend trtllm = {.name = "FLASHINFER_TRTLLM",
+                              .moe_backend = "flashinfer_trtllm",
+                              .archs = a.sm100,
+                              .layout = "trtllm-fp8-block",
+                              .reads = "FlashInfer TRT-LLM-Gen's shuffled block-major FP8 layout"};
+  const VllmBackend cutlass = {
+      .name = "FLASHINFER_CUTLASS",
+      .moe_backend = "flashinfer_cutlass",
+      .archs = a.sm90,  // FlashInferExperts._supports_quant_scheme: block FP8 on capability 90
+      .layout = "flashinfer-cutlass-fp8-block",
+      .reads = "FlashInfer CUTLASS's layout (prepare_fp8_moe_layer_for_fi)"};
+  const VllmBackend deep_gemm = {
+      .name = "DEEPGEMM",
+      .moe_backend = "deep_gemm",
+      .archs = a.deep_gemm_archs,  // TritonOrDeepGemmExperts: DeepGEMM and Triton FP8 both
+      .layout = "deepgemm-fp8-block",
+      .reads = "DeepGEMM's layout (prepare_fp8_moe_layer_for_deepgemm)",
+      .vllm_refusals = gated_only_refusals};
+  const VllmBackend triton = {
+      .name = "TRITON",
+      .moe_backend = "triton",
+      .archs = a.fp8_archs,  // TritonExperts: FP8 schemes where supports_fp8()
+      .layout = nullptr,
+      .reads =
+          "the FP8 weights and block scales as loaded (convert_to_fp8_moe_kernel_format "
+          "leaves them)"};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = "marlin",
+                              .archs = a.every,
+                              .layout = "marlin-fp8-block",
+                              .reads = "Marlin's FP8 tiles (prepare_fp8_moe_layer_for_marlin)"};
+  const VllmBackend humming = {.name = "HUMMING",
+                               .moe_backend = "humming",
+                               .archs = a.every,
+                               .layout = "humming-fp8-block",
+                               .reads = kHummingReads};
+  return {.trtllm = trtllm,
+          .cutlass = cutlass,
+          .deep_gemm = deep_gemm,
+          .triton = triton,
+          .marlin = marlin,
+          .humming = humming};
+}
+
+VllmTargetRow vllm_033_row(const ArchSets& a) {
+  const Wna16Backends w = wna16_backends(a);
+  const Int8Backends i = int8_backends(a);
+  const Mxfp8Backends m = mxfp8_backends(a);
+  const Fp8BlockBackends f = fp8_block_backends(a);
+  return {.target = VllmTarget::kV0_33,
+          .name = "0.33",
+          .follows = "vLLM 0.33.0 (PyPI release)",
+          .moe_act_order = false,
+          .param_child = "routed_experts.",
+          .marlin_pads_intermediate = true,
+          .moe_backend_orders = {
+              {.scheme = "wna16",
+               .archs = a.not_sm90,
+               .backends = {w.trtllm, w.marlin, w.triton, w.humming, w.emulation},
+               .source = "vLLM 0.33.0 fused_moe/oracle/int_wna16.py, _get_priority_backends "
+                         "(RDNA3: HIP only; BATCHED_MARLIN: batched all2all only)"},
+              {.scheme = "wna16",
+               .archs = a.sm90,
+               .backends = {w.trtllm, w.humming, w.marlin, w.triton, w.emulation},
+               .source = "vLLM 0.33.0 fused_moe/oracle/int_wna16.py, _get_priority_backends, then "
+                         "prioritize_humming (quantization/utils/humming/priority.py: HUMMING "
+                         "directly ahead of MARLIN on capability 90)"},
+              {.scheme = "w8a8-int8",
+               .archs = a.every,
+               .backends = {i.triton, i.humming},
+               .source = "vLLM 0.33.0 fused_moe/oracle/int8.py, _get_priority_backends (CPU left "
+                         "out; no prioritize_humming)"},
+              {.scheme = "mxfp8",
+               .archs = a.not_sm90,
+               .backends = {m.trtllm, m.deep_gemm, m.marlin, m.humming, m.emulation},
+               .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS (XPU, "
+                         "AITER_MXFP8, TRITON_MXFP8: Intel / ROCm only)"},
+              {.scheme = "mxfp8",
+               .archs = a.sm90,
+               .backends = {m.trtllm, m.deep_gemm, m.humming, m.marlin, m.emulation},
+               .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS through "
+                         "prioritize_humming in select_mxfp8_moe_backend"},
+              {.scheme = "fp8-block",
+               .archs = a.not_sm90,
+               .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin, f.humming},
+               .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends "
+                         "(VLLM_CUTLASS: takes no block FP8 and Fp8MoEMethod disallows it; AITER, "
+                         "XPU, CPU, HPC and the batched variants left out)"},
+              {.scheme = "fp8-block",
+               .archs = a.sm90,
+               .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.humming, f.marlin},
+               .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends: "
+                         "prioritize_humming, then TRITON to the front for block FP8 on "
+                         "capability 90 without expert parallelism"}}};
+}
+
+VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
+  const Wna16Backends w = wna16_backends(a);
+  const Int8Backends i = int8_backends(a);
+  const Mxfp8Backends m = mxfp8_backends(a);
+  const Fp8BlockBackends f = fp8_block_backends(a);
+  return {.target = VllmTarget::kV2026_05,
+          .name = "2026-05",
+          .follows = "vLLM@9aaf83ef (2026-05, ../shared/spec)",
+          .moe_act_order = true,
+          .param_child = "",
+          .marlin_pads_intermediate = false,
+          .moe_backend_orders = {
+              {.scheme = "wna16",
+               .archs = a.every,
+               .backends = {w.spec_trtllm, w.marlin, w.triton},
+               .source = "../shared/spec w.marlin.md §7 'Method selection' (Marlin where "
+                         "check_moe_marlin_supports_layer takes the layer, else the moe_wna16 / "
+                         "compressed-tensors Triton method) and its note on FlashInfer's mxint4 "
+                         "backend; assumed: that backend first and on the SM100 family only, as "
+                         "in vLLM 0.33.0"},
+              {.scheme = "w8a8-int8",
+               .archs = a.every,
+               .backends = {i.triton},
+               .source = "../shared/spec w.marlin.md §9 (CompressedTensorsW8A8Int8MoEMethod: "
+                         "Triton only)"},
+              {.scheme = "mxfp8",
+               .archs = a.every,
+               .backends = {m.trtllm, m.marlin},
+               .source = "../shared/spec m.trtllm.md §2 (auto tries FLASHINFER_TRTLLM, MARLIN, "
+                         "XPU; XPU: Intel only); assumed: MARLIN on every arch, as in vLLM 0.33.0"},
+              {.scheme = "fp8-block",
+               .archs = a.not_sm90,
+               .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin},
+               .source = "assumed: the spec (m.trtllm.md §5) gives block FP8's TRT-LLM layout "
+                         "but not the order; vLLM 0.33.0's fp8.py order without HUMMING, which "
+                         "the spec's vLLM predates"},
+              {.scheme = "fp8-block",
+               .archs = a.sm90,
+               .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.marlin},
+               .source = "assumed as for the other archs, with vLLM 0.33.0's TRITON first for "
+                         "block FP8 on capability 90"}}};
+}
+
+}  // namespace
+
 const std::vector<VllmTargetRow>& vllm_target_rows() {
-  using A = TargetArch;
   // Named fields (VllmTargetRow's declaration order). Newest first: the first row is the default.
-  static const std::vector<VllmTargetRow> rows = {
-      {.target = VllmTarget::kV0_33,
-       .name = "0.33",
-       .follows = "vLLM 0.33.0 (PyPI release)",
-       .moe_act_order = false,
-       .param_child = "routed_experts.",
-       .marlin_pads_intermediate = true,
-       .wna16_prefers_humming = {A::kSm90}},
-      {.target = VllmTarget::kV2026_05,
-       .name = "2026-05",
-       .follows = "vLLM@9aaf83ef (2026-05, ../shared/spec)",
-       .moe_act_order = true,
-       .param_child = "",
-       .marlin_pads_intermediate = false},
-  };
+  static const std::vector<VllmTargetRow> rows = {vllm_033_row(ArchSets{}),
+                                                  vllm_2026_05_row(ArchSets{})};
   return rows;
+}
+
+const VllmBackendOrder* vllm_backend_order(const VllmTargetRow& target, const std::string& scheme,
+                                           TargetArch arch) {
+  for (const auto& o : target.moe_backend_orders)
+    if (scheme == o.scheme && std::find(o.archs.begin(), o.archs.end(), arch) != o.archs.end())
+      return &o;
+  return nullptr;
 }
 
 const VllmTargetRow& vllm_target_row(VllmTarget t) {

@@ -72,6 +72,48 @@ TEST(VllmTargetsE2e, GptqBothTargetsNamesRecordedAndVerified) {
   }
 }
 
+// inspect --json gives the oracle's decision per target and arch: moepack's choice, what that
+// vLLM's own oracle would run, the note where they differ, and vLLM's order judged for the layer.
+TEST(VllmTargetsE2e, InspectJsonShowsVllmOrderAndPick) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format gptq --layers 2 --experts 3 --hidden 256 --inter 128"),
+            0);
+  struct Want {
+    std::string target, arch, pick, first_runs;
+  };
+  for (const Want& w :
+       {Want{"0.33", "sm90", "humming", "HUMMING"}, Want{"0.33", "sm100", "marlin", "MARLIN"},
+        Want{"2026-05", "sm90", "marlin", "MARLIN"}}) {
+    SCOPED_TRACE(w.target + " " + w.arch);
+    std::string out;
+    ASSERT_EQ(moepack_cli("inspect " + src + " --json --no-validate --vllm-target " + w.target +
+                              " --target-arch " + w.arch,
+                          &out),
+              0);
+    const json ins = json::parse(out);
+    const json& kind = ins["oracle"]["kinds"].at(0);
+    EXPECT_EQ(kind["scheme"], "wna16");
+    EXPECT_EQ(kind["chosen"], "marlin");
+    EXPECT_EQ(kind["vllm_would_pick"], w.pick);
+    EXPECT_EQ(kind.contains("vllm_note"), w.pick != "marlin") << kind.dump(1);
+    if (w.pick != "marlin") {
+      EXPECT_NE(kind["vllm_note"].get<std::string>().find("--moe-backend marlin"),
+                std::string::npos);
+    }
+    ASSERT_TRUE(kind["candidates"].is_array());
+    EXPECT_EQ(kind["candidates"].at(0)["backend"], "marlin");
+    std::string first_runs;
+    for (const auto& b : kind["vllm_order"]) {
+      EXPECT_EQ(b["vllm_runs"], b["reasons"].empty()) << b.dump();
+      if (first_runs.empty() && b["vllm_runs"] == true) first_runs = b["backend"];
+    }
+    EXPECT_EQ(first_runs, w.first_runs);
+    EXPECT_FALSE(kind["vllm_order_source"].get<std::string>().empty());
+  }
+}
+
 TEST(VllmTargetsE2e, ActOrderIsExit4For033NamingTheTargetAndEKForEveryProjectionIn2026_05) {
   TempDir tmp;
   const std::string src = tmp / "src";

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -439,14 +441,22 @@ TEST(Oracle, VllmOwnChoiceIsShownBesideTheChosenLayout) {
   EXPECT_EQ(d.chosen, "marlin");
   EXPECT_EQ(d.vllm_would_pick, "humming");
   EXPECT_NE(d.explain().find("prioritize_humming"), std::string::npos) << d.explain();
+  // The note, from the rows: vLLM's backend, that moepack lacks its layout, what it writes
+  // instead and how that vLLM is told to run it.
+  for (const char* part : {"vLLM 0.33.0", "sm90", "would run HUMMING", "no humming layout yet",
+                           "writes marlin", "--moe-backend marlin"})
+    EXPECT_NE(d.vllm_note.find(part), std::string::npos) << part << " not in: " << d.vllm_note;
   EXPECT_EQ(d.to_json()["vllm_would_pick"], "humming");
+  EXPECT_EQ(d.to_json()["vllm_note"], d.vllm_note);
   for (const auto& [target, arch] : {std::make_pair(VllmTarget::kV0_33, TargetArch::kSm100),
                                      std::make_pair(VllmTarget::kV2026_05, TargetArch::kSm90)}) {
     q.vllm_target = target;
     q.arch = arch;
     d = choose_backend(q);
-    EXPECT_EQ(d.vllm_would_pick, "");
+    EXPECT_EQ(d.vllm_would_pick, "marlin");
+    EXPECT_EQ(d.vllm_note, "");
     EXPECT_EQ(d.to_json()["vllm_would_pick"], "marlin");
+    EXPECT_FALSE(d.to_json().contains("vllm_note"));
   }
 }
 
@@ -506,6 +516,355 @@ TEST(Oracle, ShapesForAQueryFollowTheCodecSpec) {
   }
   QuantParams none;
   EXPECT_THROW(moe_shape_for(none, 1, 256, 128, true), Error);
+}
+
+// Per vLLM target x arch x scheme, for a layer every layout takes (E 8, H 256, I 128, gated):
+// what `auto` writes and what that vLLM's own oracle would run. The expectations follow vLLM
+// 0.33.0's oracles (fused_moe/oracle/int_wna16.py, int8.py, mxfp8.py, fp8.py with
+// prioritize_humming) and, for 2026-05, ../shared/spec (wna16_marlin.md §7, §9; mxfp8_trtllm.md
+// §2): Humming ahead of Marlin on SM90 only in 0.33; FlashInfer's MxInt4 (TRT-LLM) first on
+// SM100 for compressed-tensors int4 g32; MXFP8 on Marlin (or Humming on SM90) off SM100; block
+// FP8 on Triton on SM89/SM90, Marlin on SM80, DeepGEMM on SM120.
+struct ArchExpectation {
+  TargetArch arch;
+  std::string chosen, vllm_would_pick;
+};
+struct OrderCase {
+  std::string label;
+  QuantParams quant;
+  VllmTarget target;
+  std::vector<ArchExpectation> per_arch;  // every arch
+};
+
+std::vector<OrderCase> order_cases() {
+  using A = TargetArch;
+  const auto v033 = VllmTarget::kV0_33, v2605 = VllmTarget::kV2026_05;
+  auto wna16 = [](const std::string& on_sm90, const std::string& on_sm100) {
+    return std::vector<ArchExpectation>{{A::kSm80, "marlin", "marlin"},
+                                        {A::kSm89, "marlin", "marlin"},
+                                        {A::kSm90, "marlin", on_sm90},
+                                        {A::kSm100, "marlin", on_sm100},
+                                        {A::kSm120, "marlin", "marlin"}};
+  };
+  const std::vector<ArchExpectation> int8 = {{A::kSm80, "triton-int8", "triton-int8"},
+                                             {A::kSm89, "triton-int8", "triton-int8"},
+                                             {A::kSm90, "triton-int8", "triton-int8"},
+                                             {A::kSm100, "triton-int8", "triton-int8"},
+                                             {A::kSm120, "triton-int8", "triton-int8"}};
+  auto mx = [](const std::string& on_sm90) {
+    return std::vector<ArchExpectation>{{A::kSm80, "", "marlin"},
+                                        {A::kSm89, "", "marlin"},
+                                        {A::kSm90, "", on_sm90},
+                                        {A::kSm100, "trtllm-mxfp8", "trtllm-mxfp8"},
+                                        {A::kSm120, "", "marlin"}};
+  };
+  const std::vector<ArchExpectation> block = {{A::kSm80, "", "marlin"},
+                                              {A::kSm89, "", "triton"},
+                                              {A::kSm90, "", "triton"},
+                                              {A::kSm100, "trtllm-fp8-block", "trtllm-fp8-block"},
+                                              {A::kSm120, "", "deep_gemm"}};
+  return {
+      {"gptq int4 g128", gptq(4, 128), v033, wna16("humming", "marlin")},
+      {"gptq int4 g128", gptq(4, 128), v2605, wna16("marlin", "marlin")},
+      {"awq g128", awq(128), v033, wna16("humming", "marlin")},
+      {"awq g128", awq(128), v2605, wna16("marlin", "marlin")},
+      {"ct w4a16 g32", ct_pack(4, 32), v033, wna16("humming", "flashinfer_trtllm")},
+      {"ct w4a16 g32", ct_pack(4, 32), v2605, wna16("marlin", "flashinfer_trtllm")},
+      {"ct w8a16 channel", ct_pack(8, -1), v033, wna16("humming", "marlin")},
+      {"ct w8a8 dynamic", ct_w8a8(true), v033, int8},
+      {"ct w8a8 dynamic", ct_w8a8(true), v2605, int8},
+      {"modelopt mxfp8", mxfp8(), v033, mx("humming")},
+      {"ct mxfp8", mxfp8(QuantMethod::kCtMxfp8), v2605, mx("marlin")},
+      {"fp8 block", fp8_block(), v033, block},
+      {"fp8 block", fp8_block(), v2605, block},
+  };
+}
+
+TEST(Oracle, ChoiceAndVllmPickPerTargetArchScheme) {
+  for (const OrderCase& c : order_cases()) {
+    ASSERT_EQ(c.per_arch.size(), all_target_archs().size()) << c.label;
+    for (const ArchExpectation& e : c.per_arch) {
+      SCOPED_TRACE(c.label + " on " + target_arch_name(e.arch) + " for " +
+                   vllm_target_name(c.target));
+      OracleQuery q;
+      q.quant = c.quant;
+      q.experts = 8;
+      q.hidden = 256;
+      q.inter = 128;
+      q.arch = e.arch;
+      q.vllm_target = c.target;
+      const OracleDecision d = choose_backend(q);
+      SCOPED_TRACE(d.explain());
+      EXPECT_EQ(d.chosen, e.chosen);
+      EXPECT_EQ(d.vllm_would_pick, e.vllm_would_pick);
+      // A note exactly where they differ, and the order is the target's for the scheme and arch.
+      EXPECT_EQ(d.vllm_note.empty(), d.chosen == d.vllm_would_pick) << d.vllm_note;
+      const VllmBackendOrder* order =
+          vllm_backend_order(vllm_target_row(c.target), d.scheme, e.arch);
+      ASSERT_NE(order, nullptr);
+      ASSERT_EQ(d.vllm_order.size(), order->backends.size());
+      for (size_t i = 0; i < d.vllm_order.size(); ++i) {
+        EXPECT_EQ(d.vllm_order[i].backend, order->backends[i].name);
+        EXPECT_EQ(d.vllm_order[i].vllm_runs, d.vllm_order[i].reasons.empty());
+      }
+      EXPECT_EQ(d.vllm_order_source, order->source);
+    }
+  }
+}
+
+// Where the layer decides: Marlin's shape rules, the act-order rule of 0.33 and the GPTQ route to
+// FlashInfer's MxInt4 when vLLM's Marlin refuses the layer.
+TEST(Oracle, VllmPickFollowsTheLayer) {
+  OracleQuery q;
+  q.experts = 8;
+  q.hidden = 256;
+  q.inter = 96;
+  q.quant = gptq(4, 32);
+  q.arch = TargetArch::kSm90;
+  q.vllm_target = VllmTarget::kV2026_05;  // Marlin refuses I = 96, so moepack and vLLM take Triton
+  OracleDecision d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "triton-wna16");
+  EXPECT_EQ(d.vllm_would_pick, "triton-wna16");
+  EXPECT_EQ(d.vllm_note, "");
+  q.vllm_target = VllmTarget::kV0_33;  // padded: Marlin, but vLLM 0.33 on SM90 runs Humming
+  d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "marlin");
+  EXPECT_EQ(d.vllm_would_pick, "humming");
+
+  // vLLM 0.33 takes no act-order MoE checkpoint: neither side runs anything, and no note.
+  q.inter = 128;
+  q.quant = gptq(4, 128, true, true);
+  d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "");
+  EXPECT_EQ(d.vllm_would_pick, "");
+  EXPECT_EQ(d.vllm_note, "");
+  EXPECT_TRUE(d.to_json()["vllm_would_pick"].is_null());
+  for (const auto& v : d.vllm_order) EXPECT_FALSE(v.vllm_runs) << v.backend;
+
+  // GPTQ int4 g32 with H % 128 != 0 on SM100: Marlin refuses the layer, vLLM 0.33's GPTQ method
+  // falls back to MoeWNA16, whose first backend is FlashInfer's MxInt4; moepack writes Triton.
+  q.quant = gptq(4, 32);
+  q.hidden = 192;
+  q.arch = TargetArch::kSm100;
+  d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "triton-wna16");
+  EXPECT_EQ(d.vllm_would_pick, "flashinfer_trtllm");
+  for (const char* part : {"would run FLASHINFER_TRTLLM", "no trtllm-mxint4 layout yet",
+                           "writes triton-wna16", "--moe-backend triton"})
+    EXPECT_NE(d.vllm_note.find(part), std::string::npos) << part << " not in: " << d.vllm_note;
+  q.hidden = 256;  // Marlin takes it: the GPTQ method declares bias and never tries MxInt4
+  d = choose_backend(q);
+  EXPECT_EQ(d.vllm_would_pick, "marlin");
+  ASSERT_FALSE(d.vllm_order.empty());
+  EXPECT_FALSE(d.vllm_order.front().vllm_runs);
+
+  // No layout, nothing to convert: block FP8 on SM90 runs vLLM's Triton on the checkpoint as is.
+  q.quant = fp8_block();
+  q.arch = TargetArch::kSm90;
+  d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "");
+  EXPECT_EQ(d.vllm_would_pick, "triton");
+  EXPECT_NE(d.vllm_note.find("serve the checkpoint as it is (--moe-backend triton)"),
+            std::string::npos)
+      << d.vllm_note;
+}
+
+// An explicit --backend is judged alone; the note still says what vLLM would run.
+TEST(Oracle, ExplicitBackendBesideVllmPick) {
+  OracleQuery q;
+  q.quant = gptq(4, 128);
+  q.hidden = 256;
+  q.inter = 128;
+  q.requested = "triton-wna16";
+  q.vllm_target = VllmTarget::kV0_33;
+  q.arch = TargetArch::kSm80;
+  OracleDecision d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "triton-wna16");
+  ASSERT_EQ(d.verdicts.size(), 1u);
+  EXPECT_EQ(d.vllm_would_pick, "marlin");
+  for (const char* part : {"would run MARLIN (moepack's marlin layout)",
+                           "writes triton-wna16 (--backend triton-wna16)", "--moe-backend triton"})
+    EXPECT_NE(d.vllm_note.find(part), std::string::npos) << part << " not in: " << d.vllm_note;
+  q.requested = "marlin";
+  d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "marlin");
+  EXPECT_EQ(d.vllm_note, "");
+}
+
+// The backend of an order that vLLM calls `vllm_name`.
+const VllmBackend* order_entry(const VllmBackendOrder& o, const std::string& vllm_name) {
+  for (const auto& b : o.backends)
+    if (vllm_name == b.name) return &b;
+  return nullptr;
+}
+
+// A later issue adds the layout row the order maps Humming to: `auto` takes it where vLLM's order
+// puts Humming first, with no oracle change; elsewhere Marlin keeps its place ahead of it.
+TEST(Oracle, NewLayoutRowIsPickedWithNoOracleChange) {
+  const VllmTargetRow& v033 = vllm_target_row(VllmTarget::kV0_33);
+  const VllmBackendOrder* order = vllm_backend_order(v033, "wna16", TargetArch::kSm90);
+  ASSERT_NE(order, nullptr);
+  const VllmBackend* humming = order_entry(*order, "HUMMING");
+  ASSERT_NE(humming, nullptr);
+  ASSERT_NE(humming->layout, nullptr);
+  ASSERT_EQ(find_target_layout(humming->layout), nullptr) << "the registry has the row already";
+
+  std::vector<TargetLayout> layouts = target_layouts();
+  TargetLayout row = *find_target_layout("marlin");  // hooks borrowed: only the name matters here
+  static const std::string name = humming->layout;
+  row.name = name.c_str();
+  row.kernel = "a test row for vLLM's Humming MoE";
+  row.unsupported_reasons = [](const LayoutOptions&, const MoeShape&) {
+    return std::vector<std::string>{};
+  };
+  layouts.push_back(row);
+
+  OracleQuery q;
+  q.quant = gptq(4, 128);
+  q.hidden = 256;
+  q.inter = 128;
+  q.vllm_target = VllmTarget::kV0_33;
+  q.arch = TargetArch::kSm90;
+  OracleDecision d = choose_backend(q, layouts);
+  EXPECT_EQ(d.chosen, name);
+  EXPECT_EQ(d.vllm_would_pick, name);
+  EXPECT_EQ(d.vllm_note, "");
+  std::vector<std::string> got;
+  for (const auto& v : d.verdicts) got.push_back(v.backend);
+  EXPECT_EQ(got, (std::vector<std::string>{name, "marlin", "triton-wna16"}));
+  // Without the row, the same query writes Marlin (the registry as it is).
+  EXPECT_EQ(choose_backend(q).chosen, "marlin");
+
+  q.arch = TargetArch::kSm100;  // Humming after Marlin and Triton
+  d = choose_backend(q, layouts);
+  EXPECT_EQ(d.chosen, "marlin");
+  got.clear();
+  for (const auto& v : d.verdicts) got.push_back(v.backend);
+  EXPECT_EQ(got, (std::vector<std::string>{"marlin", "triton-wna16", name}));
+
+  q.vllm_target = VllmTarget::kV2026_05;  // the spec's vLLM has no Humming: not a candidate
+  d = choose_backend(q, layouts);
+  EXPECT_EQ(d.chosen, "marlin");
+  EXPECT_EQ(d.verdicts.size(), 2u);
+
+  // --backend knows the row from the table it is given, and only from it.
+  q.requested = name;
+  EXPECT_EQ(choose_backend(q, layouts).chosen, name);
+  try {
+    choose_backend(q);
+    FAIL() << "expected kUsage";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUsage);
+  }
+}
+
+// The order is data: a target row with Triton ahead of Marlin makes `auto` write Triton.
+TEST(Oracle, BackendOrderIsData) {
+  std::vector<VllmTargetRow> targets = vllm_target_rows();
+  for (auto& t : targets)
+    for (auto& o : t.moe_backend_orders) {
+      if (std::string(o.scheme) != "wna16") continue;
+      auto marlin = std::find_if(o.backends.begin(), o.backends.end(), [](const VllmBackend& b) {
+        return std::string(b.name) == "MARLIN";
+      });
+      auto triton = std::find_if(o.backends.begin(), o.backends.end(), [](const VllmBackend& b) {
+        return std::string(b.name) == "TRITON";
+      });
+      ASSERT_TRUE(marlin != o.backends.end() && triton != o.backends.end());
+      std::iter_swap(marlin, triton);
+    }
+  OracleQuery q;
+  q.quant = gptq(4, 128);
+  q.hidden = 256;
+  q.inter = 128;
+  q.arch = TargetArch::kSm80;
+  const OracleDecision d = choose_backend(q, target_layouts(), targets);
+  EXPECT_EQ(d.chosen, "triton-wna16");
+  EXPECT_EQ(d.vllm_would_pick, "triton-wna16");
+  ASSERT_EQ(d.verdicts.size(), 2u);
+  EXPECT_EQ(d.verdicts[0].backend, "triton-wna16");
+  EXPECT_EQ(choose_backend(q).chosen, "marlin");
+}
+
+// The rows themselves: one order per (target, scheme a codec reads, arch); every layout row that
+// takes the scheme is in it (else `auto` could never pick it); a backend moepack writes runs
+// where its layout row says; no backend twice; every order says where it comes from.
+TEST(VllmBackendOrders, CoverEverySchemeArchAndLayout) {
+  std::set<std::string> schemes;
+  for (const auto& c : source_codecs()) schemes.insert(c.scheme);
+  for (const auto& target : vllm_target_rows()) {
+    for (const auto& o : target.moe_backend_orders) {
+      SCOPED_TRACE(std::string(target.name) + " " + o.scheme);
+      EXPECT_TRUE(schemes.count(o.scheme)) << "no codec has this scheme";
+      EXPECT_FALSE(std::string(o.source).empty());
+      std::set<std::string> names;
+      for (const auto& b : o.backends) {
+        EXPECT_TRUE(names.insert(b.name).second) << b.name << " twice";
+        EXPECT_FALSE(b.archs.empty()) << b.name;
+        EXPECT_FALSE(std::string(b.reads).empty()) << b.name;
+        const TargetLayout* t = b.layout ? find_target_layout(b.layout) : nullptr;
+        if (t && std::find(t->schemes.begin(), t->schemes.end(), o.scheme) != t->schemes.end()) {
+          EXPECT_EQ(b.archs, t->archs) << b.name << " vs layout " << t->name;
+          EXPECT_EQ(b.vllm_refusals, nullptr) << b.name << ": judged by its layout row";
+        }
+      }
+    }
+    for (const std::string& scheme : schemes)
+      for (TargetArch a : all_target_archs()) {
+        SCOPED_TRACE(std::string(target.name) + " " + scheme + " " + target_arch_name(a));
+        int n = 0;
+        for (const auto& o : target.moe_backend_orders)
+          n += scheme == o.scheme && std::count(o.archs.begin(), o.archs.end(), a);
+        ASSERT_EQ(n, 1) << "orders for this (scheme, arch)";
+        const VllmBackendOrder* o = vllm_backend_order(target, scheme, a);
+        for (const auto& t : target_layouts()) {
+          if (std::find(t.schemes.begin(), t.schemes.end(), scheme) == t.schemes.end()) continue;
+          EXPECT_TRUE(std::any_of(
+              o->backends.begin(), o->backends.end(),
+              [&](const VllmBackend& b) { return b.layout && std::string(b.layout) == t.name; }))
+              << t.name << " is in no place of the order";
+        }
+      }
+  }
+}
+
+// docs/oracle.md's table of orders is the rows, rendered: a row change that forgets the doc
+// fails here and prints the table to paste.
+std::string render_order_row(const VllmTargetRow& target, const VllmBackendOrder& o) {
+  std::string archs, backends;
+  for (TargetArch a : o.archs)
+    archs += (archs.empty() ? "" : ", ") + std::string(target_arch_name(a));
+  for (const auto& b : o.backends) {
+    const TargetLayout* t = b.layout ? find_target_layout(b.layout) : nullptr;
+    const bool writes =
+        t && std::find(t->schemes.begin(), t->schemes.end(), o.scheme) != t->schemes.end();
+    std::string cell = b.name;
+    if (writes)
+      cell = std::string("**") + b.name + "** `" + b.layout + "`";
+    else if (b.layout)
+      cell += std::string(" (`") + b.layout + "`: not yet)";
+    else
+      cell += " (as loaded)";
+    backends += (backends.empty() ? "" : ", ") + cell;
+  }
+  return "| `" + std::string(target.name) + "` | `" + o.scheme + "` | " + archs + " | " + backends +
+         " |";
+}
+
+TEST(VllmBackendOrders, DocTableMatchesTheRows) {
+  std::string want;
+  for (const auto& target : vllm_target_rows())
+    for (const auto& o : target.moe_backend_orders) want += render_order_row(target, o) + "\n";
+  std::ifstream f(test::source_dir() + "/docs/oracle.md");
+  ASSERT_TRUE(f.good());
+  std::string line, got;
+  bool inside = false;
+  while (std::getline(f, line)) {
+    if (line == "<!-- vllm-orders:end -->") inside = false;
+    if (inside && line.rfind("| `", 0) == 0) got += line + "\n";
+    if (line == "<!-- vllm-orders:begin -->") inside = true;
+  }
+  EXPECT_EQ(got, want) << "docs/oracle.md, between the vllm-orders markers, should hold:\n" << want;
 }
 
 }  // namespace
