@@ -182,6 +182,10 @@ struct SourceCodec {
   TensorMap (*pack)(const QuantParams&, const QuantTensor&);
   // Parameter combinations the codec reads and writes: the registry suite's sample space.
   std::vector<QuantParams> (*param_space)();
+  // The QuantParams fields that mean something for the format, by their key in moepack.json's
+  // quant params (pipeline/manifest.cpp): `inspect` shows these beside method, bits and dtype (an
+  // empty string value is left out); moepack.json keeps every field.
+  std::vector<const char*> params_shown = {};
 };
 
 // The vLLM a conversion is for: each target fixes parameter names, shapes and which inputs

@@ -29,26 +29,19 @@ struct InspectArgs {
   bool no_validate = false;
 };
 
-// The params that mean something for the checkpoint's scheme: a compressed-tensors checkpoint
-// shows no GPTQ zero convention, an FP8 block one no symmetry or act-order. (moepack.json keeps
-// every field: verify reads them back.)
+// The params that mean something for the checkpoint's format (its codec row's params_shown): a
+// compressed-tensors checkpoint shows no GPTQ zero convention, an FP8 block one no symmetry or
+// act-order. (moepack.json keeps every field: verify reads them back.)
 json format_params_json(const QuantParams& q) {
   const json all = quant_params_json(q);
-  const std::string scheme = scheme_of(q.method);
   std::vector<const char*> keys = {"method", "bits", "dtype"};
-  if (scheme == "wna16") {
-    for (const char* k : {"group_size", "symmetric", "act_order"}) keys.push_back(k);
-    if (q.method == QuantMethod::kGptq) keys.push_back("gptq_format");
-    if (!q.actorder.empty()) keys.push_back("actorder");
-  } else if (scheme == "w8a8-int8") {
-    for (const char* k : {"group_size", "symmetric", "dynamic_input"}) keys.push_back(k);
-  } else if (scheme == "mxfp8") {
-    keys.push_back("group_size");
-  } else if (scheme == "fp8-block") {
-    for (const char* k : {"block", "dynamic_input"}) keys.push_back(k);
-  }
+  if (const SourceCodec* codec = find_source_codec(q.method))
+    keys.insert(keys.end(), codec->params_shown.begin(), codec->params_shown.end());
   json out = json::object();
-  for (const char* k : keys) out[k] = all.at(k);
+  for (const char* k : keys) {
+    const json& v = all.at(k);
+    if (!(v.is_string() && v.get<std::string>().empty())) out[k] = v;
+  }
   return out;
 }
 
