@@ -644,6 +644,105 @@ ref::Routing routing_from_device(const MoeDeviceRouting& d) {
   return r;
 }
 
+// One chunk of one layer, in the order the device evaluates them.
+struct ChunkItem {
+  size_t layer;
+  int64_t e0, e1;
+};
+
+// Every layer's job first (views only, no bytes; a layer whose job fails gets its error and no
+// chunks), then the chunk list across layers, so that chunks can be prepared ahead across layers.
+std::vector<ChunkItem> plan_device_chunks(const LayerRun& run, std::vector<LayerJob>* jobs,
+                                          std::vector<std::optional<Error>>* job_error) {
+  const std::vector<ManifestLayer>& layers = run.manifest->layers;
+  jobs->assign(layers.size(), LayerJob{});
+  job_error->assign(layers.size(), std::nullopt);
+  std::vector<ChunkItem> items;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    try {
+      (*jobs)[i] = make_layer_job(run, layers[i]);
+    } catch (const Error& e) {
+      (*job_error)[i] = e;
+      continue;
+    }
+    for (int64_t e0 = 0; e0 < layers[i].experts; e0 += (*jobs)[i].chunk)
+      items.push_back({i, e0, std::min(layers[i].experts, e0 + (*jobs)[i].chunk)});
+  }
+  return items;
+}
+
+// The layer's router and hidden states, checked, and the device's routing of them (begins the
+// layer on the device). Throws Error: a misshapen router is the layer failing; kNoCuda and
+// kInternal are the device's.
+MoeDeviceRouting begin_device_layer(const LayerRun& run, MoeRuntime& rt, LayerJob& job) {
+  load_layer_inputs(run, &job);
+  job.spec.validate();
+  ref::check_router_shapes(job.spec, run.router, job.router_w, job.router_b);
+  run.router.validate();
+  if (run.router.has_correction_bias &&
+      job.corr.size() != static_cast<size_t>(run.router.num_experts))
+    throw Error(ErrorCode::kMissingTensor, "", "e_score_correction_bias",
+                "router needs a correction bias of " + std::to_string(run.router.num_experts) +
+                    " values, got " + std::to_string(job.corr.size()));
+  const ManifestLayer& ml = *job.ml;
+  MoeLayerSpec spec;
+  spec.experts = ml.experts;
+  spec.hidden = ml.hidden;
+  spec.inter = ml.inter;
+  spec.gated = job.spec.gated;
+  spec.relu2 = job.spec.activation == ref::Activation::kRelu2;
+  return rt.begin_layer(spec, ref::runtime_router_spec(run.router), job.x.data(), run.opts->tokens,
+                        job.router_w.data(), job.router_b.empty() ? nullptr : job.router_b.data(),
+                        job.corr.empty() ? nullptr : job.corr.data());
+}
+
+// One prepared chunk on the device: its layout parameters and reference experts uploaded, the
+// layout's readers and the canonical readers of the reference over them, both MoEs evaluated.
+// upload() copies into pinned memory: the host chunk may go afterwards.
+void run_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
+                      const PreparedChunk& c) {
+  rt.begin_chunk();
+  const ParamLocator locate_param = [&rt](const std::string&, const Tensor& t) {
+    return rt.upload(t.data.data(), t.data.size());
+  };
+  const BufferLocator locate_buffer = [&rt](const void* p, size_t bytes) {
+    return rt.upload(p, bytes);
+  };
+  const reader::ProjReader w13 =
+      run.layout->make_reader(job.lo, c.params, MoeProj::kW13, locate_param);
+  const reader::ProjReader w2 =
+      run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
+  const reader::ActQuant act = run.layout->act_quant(job.lo);
+  const MoeExperts& reference = c.reference();
+  const reader::ProjReader ref13 = make_canonical_reader(reference.w13, act, locate_buffer);
+  const reader::ProjReader ref2 = make_canonical_reader(reference.w2, act, locate_buffer);
+  rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2);
+}
+
+// The layer's device outputs compared on the host with the CPU path's metrics.
+LayerResult device_layer_result(const LayerRun& run, const ManifestLayer& ml,
+                                const MoeLayerOutputs& o, const MoeDeviceRouting& routing) {
+  const ref::Routing routing_host = routing_from_device(routing);
+  ref::MoeOutput ref_out, got_out;
+  for (ref::MoeOutput* m : {&ref_out, &got_out}) {
+    m->tokens = run.opts->tokens;
+    m->hidden = ml.hidden;
+    m->top_k = routing.top_k;
+  }
+  ref_out.out = o.ref_out;
+  ref_out.slot_out = o.ref_slots;
+  got_out.out = o.got_out;
+  got_out.slot_out = o.got_slots;
+  const ref::MoeComparison cmp = ref::compare_moe(ref_out, got_out, routing_host, ml.experts);
+  return make_layer_result(ml.layer, run.manifest->backend, run.opts->tokens, run.router.top_k, cmp,
+                           run.opts->tolerance);
+}
+
+// Errors the device path never turns into a failed layer: no device, a bug.
+bool device_error(const Error& e) {
+  return e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal;
+}
+
 // The CUDA path: the same chunks, decoded and compared on the CPU (shared code above) one chunk
 // ahead on a second thread, across layers; each chunk's layout parameters and reference experts
 // uploaded through pinned staging and evaluated on the device (kernels/moe_runtime.h): routing,
@@ -654,30 +753,15 @@ void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
   MoeRuntime rt;
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
-  // Jobs first (views only, no bytes), so the chunk list can be prepared ahead across layers.
-  std::vector<LayerJob> jobs(layers.size());
-  std::vector<std::optional<Error>> job_error(layers.size());
-  struct Item {
-    size_t layer;
-    int64_t e0, e1;
-  };
-  std::vector<Item> items;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    try {
-      jobs[i] = make_layer_job(run, layers[i]);
-    } catch (const Error& e) {
-      job_error[i] = e;
-      continue;
-    }
-    for (int64_t e0 = 0; e0 < layers[i].experts; e0 += jobs[i].chunk)
-      items.push_back({i, e0, std::min(layers[i].experts, e0 + jobs[i].chunk)});
-  }
+  std::vector<LayerJob> jobs;
+  std::vector<std::optional<Error>> job_error;
+  const std::vector<ChunkItem> items = plan_device_chunks(run, &jobs, &job_error);
   std::future<PreparedChunk> ahead;
   size_t ahead_index = 0;
   auto prepare_ahead = [&](size_t index) {
     ahead_index = index;
     if (index >= items.size()) return;
-    const Item it = items[index];
+    const ChunkItem it = items[index];
     ahead = std::async(std::launch::async, [&run, &jobs, it] {
       return prepare_chunk(run, jobs[it.layer], it.e0, it.e1);
     });
@@ -705,29 +789,10 @@ void verify_layers_cuda(LayerRun& run) {
       continue;
     }
     MoeDeviceRouting routing;
-    const reader::ActQuant act = run.layout->act_quant(job.lo);
     try {
-      load_layer_inputs(run, &job);
-      job.spec.validate();
-      ref::check_router_shapes(job.spec, run.router, job.router_w, job.router_b);
-      run.router.validate();
-      if (run.router.has_correction_bias &&
-          job.corr.size() != static_cast<size_t>(run.router.num_experts))
-        throw Error(ErrorCode::kMissingTensor, "", "e_score_correction_bias",
-                    "router needs a correction bias of " + std::to_string(run.router.num_experts) +
-                        " values, got " + std::to_string(job.corr.size()));
-      MoeLayerSpec spec;
-      spec.experts = ml.experts;
-      spec.hidden = ml.hidden;
-      spec.inter = ml.inter;
-      spec.gated = job.spec.gated;
-      spec.relu2 = job.spec.activation == ref::Activation::kRelu2;
-      routing =
-          rt.begin_layer(spec, ref::runtime_router_spec(run.router), job.x.data(), run.opts->tokens,
-                         job.router_w.data(), job.router_b.empty() ? nullptr : job.router_b.data(),
-                         job.corr.empty() ? nullptr : job.corr.data());
+      routing = begin_device_layer(run, rt, job);
     } catch (const Error& e) {
-      if (e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal) throw;
+      if (device_error(e)) throw;
       run.broken(ml, "parameters", e);
       skip_items();
       continue;
@@ -745,25 +810,11 @@ void verify_layers_cuda(LayerRun& run) {
       for (const auto& checks : c.checks) round_trip.add(checks);
       note_rounding(run, c);
       try {
-        rt.begin_chunk();
-        const ParamLocator locate_param = [&rt](const std::string&, const Tensor& t) {
-          return rt.upload(t.data.data(), t.data.size());
-        };
-        const BufferLocator locate_buffer = [&rt](const void* p, size_t bytes) {
-          return rt.upload(p, bytes);
-        };
-        const reader::ProjReader w13 =
-            run.layout->make_reader(job.lo, c.params, MoeProj::kW13, locate_param);
-        const reader::ProjReader w2 =
-            run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
-        const MoeExperts& reference = c.reference();
-        const reader::ProjReader ref13 = make_canonical_reader(reference.w13, act, locate_buffer);
-        const reader::ProjReader ref2 = make_canonical_reader(reference.w2, act, locate_buffer);
-        rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2);
+        run_device_chunk(run, rt, job, c);
       } catch (const Error& e) {
-        if (e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal) throw;
-        // No reader for this layout variant: the device cannot check it (exit 4), the layer
-        // did not fail.
+        if (device_error(e)) throw;
+        // A layout variant the device cannot check (a builder's kUnsupported): exit 4, the
+        // layer did not fail.
         if (e.code() == ErrorCode::kUnsupported)
           throw Error(ErrorCode::kUnsupported, e.file(), e.tensor(),
                       "--device cuda: " + e.message() + "; use --device cpu");
@@ -771,29 +822,134 @@ void verify_layers_cuda(LayerRun& run) {
         ok = false;
         break;
       }
-      // upload() copied into pinned memory: the host chunk may go now.
     }
     if (!ok) skip_items();
     round_trip.report(r);
     if (!ok) continue;
-    const MoeLayerOutputs o = rt.finish_layer();
-    const ref::Routing routing_host = routing_from_device(routing);
-    ref::MoeOutput ref_out, got_out;
-    for (ref::MoeOutput* m : {&ref_out, &got_out}) {
-      m->tokens = run.opts->tokens;
-      m->hidden = ml.hidden;
-      m->top_k = routing.top_k;
-    }
-    ref_out.out = o.ref_out;
-    ref_out.slot_out = o.ref_slots;
-    got_out.out = o.got_out;
-    got_out.slot_out = o.got_slots;
-    const ref::MoeComparison cmp = ref::compare_moe(ref_out, got_out, routing_host, ml.experts);
-    r.layers.push_back(make_layer_result(ml.layer, run.manifest->backend, run.opts->tokens,
-                                         run.router.top_k, cmp, run.opts->tolerance));
+    r.layers.push_back(device_layer_result(run, ml, rt.finish_layer(), routing));
   }
   if (ahead.valid()) ahead.wait();
 }
+
+// The manifest's backend as a layout row this moepack reads (kBadConfig naming the manifest
+// field for an unknown backend or a layout name that does not match it; kUnsupported for another
+// layout version).
+const TargetLayout& manifest_layout(const Manifest& manifest, const std::string& mpath) {
+  const std::string& backend = manifest.backend;
+  const TargetLayout* layout = find_target_layout(backend);
+  if (!layout)
+    throw Error(ErrorCode::kBadConfig, mpath, "",
+                "backend: unknown backend \"" + backend + "\" (" + target_layout_names() + ")");
+  if (manifest.layout.name != layout->name)
+    throw Error(ErrorCode::kBadConfig, mpath, "",
+                "layout.name: \"" + manifest.layout.name + "\", but backend " + backend +
+                    " writes layout \"" + layout->name + "\"");
+  if (manifest.layout.version != layout->layout_version)
+    throw Error(ErrorCode::kUnsupported, mpath, "",
+                "layout.version: " + std::to_string(manifest.layout.version) + " of " + backend +
+                    ", this moepack reads version " + std::to_string(layout->layout_version) +
+                    " (convert again with this moepack)");
+  return *layout;
+}
+
+// Integrity 1: every manifest tensor present in its shard with its dtype, shape and sha256, and
+// nothing else in the shards. Checksums on all threads (they read every byte of the output: the
+// longest step of a verify that has a GPU); the first problem in the manifest's order is reported.
+IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& out, int threads) {
+  IntegrityCheck all;
+  all.name = "manifest tensors present with dtype, shape and sha256";
+  all.passed = true;
+  std::vector<std::pair<const std::string*, const ManifestTensor*>> listed;
+  for (const auto& [name, t] : manifest.tensors) listed.emplace_back(&name, &t);
+  std::vector<std::string> problems(listed.size());
+  parallel_for(static_cast<int64_t>(listed.size()), threads, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const std::string& name = *listed[static_cast<size_t>(i)].first;
+      const ManifestTensor& t = *listed[static_cast<size_t>(i)].second;
+      std::string& problem = problems[static_cast<size_t>(i)];
+      auto it = out.where.find(name);
+      if (it == out.where.end()) {
+        problem = "missing";
+      } else if (it->second != t.shard) {
+        problem = "in " + it->second + ", manifest says " + t.shard;
+      } else {
+        const TensorView v = out.view(name);
+        if (v.dtype != t.dtype)
+          problem = std::string("dtype ") + dtype_name(v.dtype);
+        else if (v.shape != t.shape)
+          problem = "shape " + shape_str(v.shape);
+        else if (sha256_hex(v.data, v.nbytes) != t.sha256)
+          problem = "sha256 differs";
+      }
+    }
+  });
+  const int64_t checked = static_cast<int64_t>(listed.size());
+  for (size_t i = 0; i < listed.size() && all.passed; ++i)
+    if (!problems[i].empty()) {
+      all.passed = false;
+      all.detail = *listed[i].first + ": " + problems[i];
+    }
+  if (out.where.size() != static_cast<size_t>(checked) && all.passed) {
+    all.passed = false;
+    all.detail = "shards hold " + std::to_string(out.where.size()) + " tensors, manifest lists " +
+                 std::to_string(checked);
+  }
+  if (all.passed) all.detail = std::to_string(checked) + " tensors";
+  return all;
+}
+
+// Integrity 2 (with a source): copy-through tensors are the source's bytes.
+IntegrityCheck check_copied_tensors(const Manifest& manifest, const Output& out,
+                                    const Checkpoint& src) {
+  IntegrityCheck ct;
+  ct.name = "copied tensors equal the source";
+  ct.passed = true;
+  int64_t n = 0;
+  for (const auto& [name, t] : manifest.tensors) {
+    if (t.converted) continue;
+    ++n;
+    if (!src.has_tensor(name)) {
+      ct.passed = false;
+      ct.detail = name + " not in the source";
+      break;
+    }
+    if (!out.where.count(name)) continue;  // reported missing by the integrity check
+    const TensorView a = src.view(name), b = out.view(name);
+    if (a.nbytes != b.nbytes || a.dtype != b.dtype || a.shape != b.shape ||
+        std::memcmp(a.data, b.data, a.nbytes) != 0) {
+      ct.passed = false;
+      ct.detail = name + " differs from the source";
+      break;
+    }
+  }
+  if (ct.passed) ct.detail = std::to_string(n) + " tensors";
+  return ct;
+}
+
+// Integrity 3: carried-over files are present (and, with the source, its bytes).
+IntegrityCheck check_carried_files(const Manifest& manifest, const std::string& dst,
+                                   const Checkpoint* src) {
+  IntegrityCheck fc;
+  fc.name = "carried-over files present" + std::string(src ? " and equal the source" : "");
+  fc.passed = true;
+  for (const std::string& f : manifest.files) {
+    const std::string p = (fs::path(dst) / f).string();
+    std::error_code ec;
+    std::string problem;
+    if (fs::symlink_status(p, ec).type() != fs::file_type::regular)
+      problem = "missing or not a regular file";
+    else if (src && !same_file_bytes(p, (fs::path(src->dir()) / f).string(), &problem))
+      problem = "differs from the source: " + problem;
+    if (!problem.empty()) {
+      fc.passed = false;
+      fc.detail = f + ": " + problem;
+      break;
+    }
+  }
+  if (fc.passed) fc.detail = std::to_string(manifest.files.size()) + " files";
+  return fc;
+}
+
 }  // namespace
 
 VerifyReport run_verify(const VerifyOptions& opts) {
@@ -815,71 +971,15 @@ VerifyReport run_verify(const VerifyOptions& opts) {
 
   const Manifest manifest = read_manifest(opts.dst);
   const std::string mpath = manifest_path(opts.dst);
-  const std::string& backend = manifest.backend;
-  r.backend = backend;
-  const TargetLayout* layout = find_target_layout(backend);
-  if (!layout)
-    throw Error(ErrorCode::kBadConfig, mpath, "",
-                "backend: unknown backend \"" + backend + "\" (" + target_layout_names() + ")");
-  if (manifest.layout.name != layout->name)
-    throw Error(ErrorCode::kBadConfig, mpath, "",
-                "layout.name: \"" + manifest.layout.name + "\", but backend " + backend +
-                    " writes layout \"" + layout->name + "\"");
-  if (manifest.layout.version != layout->layout_version)
-    throw Error(ErrorCode::kUnsupported, mpath, "",
-                "layout.version: " + std::to_string(manifest.layout.version) + " of " + backend +
-                    ", this moepack reads version " + std::to_string(layout->layout_version) +
-                    " (convert again with this moepack)");
+  r.backend = manifest.backend;
+  const TargetLayout& layout = manifest_layout(manifest, mpath);
   const HfConfig cfg = load_hf_config(opts.dst);
   r.model = cfg.architecture.empty() ? cfg.model_type : cfg.architecture;
+  const int threads = resolve_threads(opts.threads);
 
   // 1. Integrity.
   Output out = open_output(opts.dst, manifest, r);
-  {
-    IntegrityCheck all;
-    all.name = "manifest tensors present with dtype, shape and sha256";
-    all.passed = true;
-    // Checksums on all threads (they read every byte of the output: the longest step of a
-    // verify that has a GPU); the first problem in the manifest's order is reported.
-    std::vector<std::pair<const std::string*, const ManifestTensor*>> listed;
-    for (const auto& [name, t] : manifest.tensors) listed.emplace_back(&name, &t);
-    std::vector<std::string> problems(listed.size());
-    parallel_for(static_cast<int64_t>(listed.size()), resolve_threads(opts.threads),
-                 [&](int64_t b, int64_t e) {
-                   for (int64_t i = b; i < e; ++i) {
-                     const std::string& name = *listed[static_cast<size_t>(i)].first;
-                     const ManifestTensor& t = *listed[static_cast<size_t>(i)].second;
-                     std::string& problem = problems[static_cast<size_t>(i)];
-                     auto it = out.where.find(name);
-                     if (it == out.where.end()) {
-                       problem = "missing";
-                     } else if (it->second != t.shard) {
-                       problem = "in " + it->second + ", manifest says " + t.shard;
-                     } else {
-                       const TensorView v = out.view(name);
-                       if (v.dtype != t.dtype)
-                         problem = std::string("dtype ") + dtype_name(v.dtype);
-                       else if (v.shape != t.shape)
-                         problem = "shape " + shape_str(v.shape);
-                       else if (sha256_hex(v.data, v.nbytes) != t.sha256)
-                         problem = "sha256 differs";
-                     }
-                   }
-                 });
-    const int64_t checked = static_cast<int64_t>(listed.size());
-    for (size_t i = 0; i < listed.size() && all.passed; ++i)
-      if (!problems[i].empty()) {
-        all.passed = false;
-        all.detail = *listed[i].first + ": " + problems[i];
-      }
-    if (out.where.size() != static_cast<size_t>(checked) && all.passed) {
-      all.passed = false;
-      all.detail = "shards hold " + std::to_string(out.where.size()) + " tensors, manifest lists " +
-                   std::to_string(checked);
-    }
-    if (all.passed) all.detail = std::to_string(checked) + " tensors";
-    r.integrity.push_back(all);
-  }
+  r.integrity.push_back(check_manifest_tensors(manifest, out, threads));
 
   // 2 + 3 per layer.
   std::unique_ptr<Checkpoint> src;
@@ -893,60 +993,12 @@ VerifyReport run_verify(const VerifyOptions& opts) {
           ? &find_quantize_recipe(manifest.quantize->format, manifest.quantize->recipe)
           : nullptr;
   const ref::RouterConfig router = ref::router_config_from_hf(cfg.text);
-  const int threads = resolve_threads(opts.threads);
   const ref::Activation activation = ref::activation_from_hf(cfg.hidden_act);
-
-  if (src) {
-    // Copy-through tensors are the source's bytes.
-    IntegrityCheck ct;
-    ct.name = "copied tensors equal the source";
-    ct.passed = true;
-    int64_t n = 0;
-    for (const auto& [name, t] : manifest.tensors) {
-      if (t.converted) continue;
-      ++n;
-      if (!src->has_tensor(name)) {
-        ct.passed = false;
-        ct.detail = name + " not in the source";
-        break;
-      }
-      if (!out.where.count(name)) continue;  // reported missing by the integrity check
-      const TensorView a = src->view(name), b = out.view(name);
-      if (a.nbytes != b.nbytes || a.dtype != b.dtype || a.shape != b.shape ||
-          std::memcmp(a.data, b.data, a.nbytes) != 0) {
-        ct.passed = false;
-        ct.detail = name + " differs from the source";
-        break;
-      }
-    }
-    if (ct.passed) ct.detail = std::to_string(n) + " tensors";
-    r.integrity.push_back(ct);
-  }
-  {
-    // Carried-over files are present (and, with the source, its bytes).
-    IntegrityCheck fc;
-    fc.name = "carried-over files present" + std::string(src ? " and equal the source" : "");
-    fc.passed = true;
-    for (const std::string& f : manifest.files) {
-      const std::string p = (fs::path(opts.dst) / f).string();
-      std::error_code ec;
-      std::string problem;
-      if (fs::symlink_status(p, ec).type() != fs::file_type::regular)
-        problem = "missing or not a regular file";
-      else if (src && !same_file_bytes(p, (fs::path(src->dir()) / f).string(), &problem))
-        problem = "differs from the source: " + problem;
-      if (!problem.empty()) {
-        fc.passed = false;
-        fc.detail = f + ": " + problem;
-        break;
-      }
-    }
-    if (fc.passed) fc.detail = std::to_string(manifest.files.size()) + " files";
-    r.integrity.push_back(fc);
-  }
+  if (src) r.integrity.push_back(check_copied_tensors(manifest, out, *src));
+  r.integrity.push_back(check_carried_files(manifest, opts.dst, src.get()));
 
   // 3. Per layer, by chunks of experts: decode, exact round trip, numerical check.
-  LayerRun run{&out, src.get(), layout, recipe, &manifest, threads, &opts, router, activation, &r};
+  LayerRun run{&out, src.get(), &layout, recipe, &manifest, threads, &opts, router, activation, &r};
   if (opts.device == "cuda")
     verify_layers_cuda(run);
   else
