@@ -277,7 +277,8 @@ MOEPACK_HD float kind_weight(const MarlinParams& p, const ProjReader&, int64_t e
 
 // w[kk] = kind_weight(p, r, e, n, kk) for kk in [0, r.k), with what is fixed along a row hoisted:
 // the physical row, the (word, field) of each row of a tile (word_field_of depends on kk only
-// modulo the tile height), and the scale and zero point per group. Same formula, same floats.
+// modulo the tile height), the tile walk, and the scale and zero point per group (no division
+// per element). Same formula, same floats.
 MOEPACK_HD void kind_weight_row(const MarlinParams& p, const ProjReader& r, int64_t e, int64_t n,
                                 float* w) {
   const int bits = p.bits;
@@ -288,32 +289,42 @@ MOEPACK_HD void kind_weight_row(const MarlinParams& p, const ProjReader& r, int6
   int word[32], field[32];
   for (int k = 0; k < tk; ++k) marlin::word_field_of(bits, a8, k, n, &word[k], &field[k]);
   const uint32_t mask = (1u << bits) - 1u;
-  const uint32_t* q = p.qweight + e * p.words_per_expert;
-  const int64_t tile_words = marlin::words_per_tile(bits), nt = n / marlin::tile_n(a8);
+  const int64_t tile_words = marlin::words_per_tile(bits);
   const bool grouped = p.grouped_scales != 0;
   const int64_t sc = marlin::scale_chunk(grouped);
   const uint16_t* scales = p.scales + e * p.groups * Np;
   const int pf = marlin::pack_factor(bits);
-  int64_t last_g = -1;
   float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
-  for (int64_t kk = 0; kk < r.k; ++kk) {
-    const int64_t g = p.g_idx ? p.g_idx[e * p.kp + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
-    if (g != last_g) {
-      last_g = g;
-      const int64_t j = g * Np + n;
-      s = scale_at(scales,
-                   (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc)),
-                   p.scale_type);
-      if (p.qzeros) {
-        const int64_t zpos =
-            (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
-        const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
-        z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
-      }
+  const auto load_group = [&](int64_t g) {
+    const int64_t j = g * Np + n;
+    s = scale_at(scales, (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc)),
+                 p.scale_type);
+    if (p.qzeros) {
+      const int64_t zpos =
+          (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
+      const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
+      z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
     }
-    const int t = static_cast<int>(kk % tk);
-    const uint32_t wd = q[((kk / tk) * p.tiles_n + nt) * tile_words + word[t]];
-    w[kk] = (static_cast<float>((wd >> (bits * field[t])) & mask) - z) * s;
+  };
+  const int32_t* gs = p.g_idx ? p.g_idx + e * p.kp : nullptr;
+  // Without g_idx, group g covers columns [g * group_size, (g + 1) * group_size).
+  int64_t g = gs ? gs[0] : 0, next_group = p.group_size > 0 ? p.group_size : r.k;
+  load_group(g);
+  const uint32_t* tile = p.qweight + e * p.words_per_expert + (n / marlin::tile_n(a8)) * tile_words;
+  const int64_t tile_row_words = p.tiles_n * tile_words;  // one row of tiles along N
+  for (int64_t k0 = 0; k0 < r.k; k0 += tk, tile += tile_row_words) {
+    const int rows = r.k - k0 < tk ? static_cast<int>(r.k - k0) : tk;
+    for (int t = 0; t < rows; ++t) {
+      const int64_t kk = k0 + t;
+      if (gs) {
+        if (gs[kk] != g) load_group(g = gs[kk]);
+      } else if (kk == next_group) {
+        load_group(++g);
+        next_group += p.group_size;
+      }
+      const uint32_t wd = tile[word[t]];
+      w[kk] = (static_cast<float>((wd >> (bits * field[t])) & mask) - z) * s;
+    }
   }
 }
 
@@ -339,6 +350,27 @@ MOEPACK_HD float kind_weight(const TritonWna16Params& p, const ProjReader& r, in
           ? static_cast<float>((p.qzeros[(e * (r.n / 2) + n / 2) * Gp + grp] >> (4 * (n & 1))) & 15)
           : (int4 ? 8.0f : 128.0f);
   return (code - zp) * scale_at(p.scales, row * Gp + grp, p.scale_type);
+}
+
+// The row without a division per element: the group advances every group_size columns.
+MOEPACK_HD void kind_weight_row(const TritonWna16Params& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  const int64_t row = e * r.n + n, Gp = p.scale_cols;
+  const uint8_t* b = p.qweight + row * p.row_bytes;
+  const bool int4 = p.bits == 4;
+  const uint8_t* zrow = p.qzeros ? p.qzeros + (e * (r.n / 2) + n / 2) * Gp : nullptr;
+  const int zshift = 4 * static_cast<int>(n & 1);
+  const int64_t gsz = p.group_size > 0 ? p.group_size : r.k;  // builders give > 0
+  for (int64_t k0 = 0, grp = 0; k0 < r.k; k0 += gsz, ++grp) {
+    const float zp = zrow ? static_cast<float>((zrow[grp] >> zshift) & 15) : (int4 ? 8.0f : 128.0f);
+    const float s = scale_at(p.scales, row * Gp + grp, p.scale_type);
+    const int64_t k1 = r.k - k0 < gsz ? r.k : k0 + gsz;
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const float code = int4 ? static_cast<float>((b[kk >> 1] >> (4 * (kk & 1))) & 15)
+                              : static_cast<float>(b[kk]);
+      w[kk] = (code - zp) * s;
+    }
+  }
 }
 
 // ---- kTritonInt8 -------------------------------------------------------------------------------
@@ -371,6 +403,20 @@ MOEPACK_HD float kind_weight(const TrtllmMxfp8Params& p, const ProjReader& r, in
   return hd::e4m3_value(p.weight[(e * rows + pr) * K + kk]) * s;
 }
 
+// The row with its physical row found once and one scale per block of 32.
+MOEPACK_HD void kind_weight_row(const TrtllmMxfp8Params& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  const int64_t rows = r.n, K = r.k, cols = p.scale_cols;
+  const int64_t pr = mxfp8_physical_row(n, rows, p.w31_gated != 0);
+  const uint8_t* sq = p.weight_scale + e * rows * cols;
+  const uint8_t* wrow = p.weight + (e * rows + pr) * K;
+  for (int64_t b = 0; b * 32 < K; ++b) {
+    const float s = hd::e8m0_value(sq[trtllm::scale_128x4_offset(pr, b, cols)]);
+    const int64_t k1 = K - b * 32 < 32 ? K : b * 32 + 32;
+    for (int64_t kk = b * 32; kk < k1; ++kk) w[kk] = hd::e4m3_value(wrow[kk]) * s;
+  }
+}
+
 // ---- kTrtllmFp8Block ---------------------------------------------------------------------------
 
 MOEPACK_HD float kind_weight(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
@@ -386,6 +432,26 @@ MOEPACK_HD float kind_weight(const TrtllmFp8BlockParams& p, const ProjReader& r,
   const uint8_t* wq = p.weight + e * rows * r.k;
   const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks;
   return hd::e4m3_value(wq[(kb * rows + pr) * 128 + (kk & 127)]) * sq[(w31 >> 7) * kblocks + kb];
+}
+
+// The row with its W31 and physical rows found once and one scale per 128-block.
+MOEPACK_HD void kind_weight_row(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  const int64_t rows = r.n, kblocks = p.k_blocks;
+  int64_t w31 = n;
+  if (p.w31) {
+    const int64_t half = rows / 2;
+    w31 = n >= half ? n - half : n + half;
+  }
+  const int64_t pr = trtllm::shuffle_a_dst_row(w31, 16);
+  const uint8_t* wq = p.weight + e * rows * r.k;
+  const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks + (w31 >> 7) * kblocks;
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    const float s = sq[kb];
+    const uint8_t* blk = wq + (kb * rows + pr) * 128;  // BlockMajorK [kb][row][j]
+    const int64_t len = r.k - kb * 128 < 128 ? r.k - kb * 128 : 128;
+    for (int64_t j = 0; j < len; ++j) w[kb * 128 + j] = hd::e4m3_value(blk[j]) * s;
+  }
 }
 
 // ---- the contract ------------------------------------------------------------------------------
