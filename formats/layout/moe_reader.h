@@ -11,8 +11,10 @@
 // layout row (formats/registry.cpp) names its kind, its activation quantisation and its builder
 // (TargetLayout::make_reader, in the layout's own file next to its *_read_layer validation),
 // which validates a chunk's parameters the way the layout's unpack does and fills the struct.
-// A new layout adds: its Kind, its struct, its kind_weight (and kind_act_col where it permutes
-// activations) overloads and one case in `visit` below -- the only switch over Kind in the tree.
+// A new layout adds: its Kind, its struct, its kind_weight overload (kind_act_col where it
+// permutes activations; kind_weight_row where decoding a whole row at once is faster, as for the
+// CPU matmul: the same floats) and one case in `visit` below -- the only switch over Kind in the
+// tree.
 //
 // weight(r, e, n, kk) is expert e's dequantised weight of LOGICAL output row n (vLLM order: w13
 // = [gate; up]) and column kk in the layout's column order; act_col(r, e, kk) is the activation
