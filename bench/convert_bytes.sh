@@ -6,7 +6,9 @@
 #   diff old.txt new.txt
 # Usage: bench/convert_bytes.sh MOEPACK [WORKDIR]
 # MOEPACK_CONVERT_FLAGS (e.g. "--vllm-target 2026-05") is added to every convert, to compare a
-# build with targets against one from before them.
+# build with targets against one from before them. MOEPACK_KEEP_JSON=DIR keeps each conversion's
+# config.json and moepack.json as DIR/FORMAT/FAMILY/VARIANT/ (bench/compare_manifests.sh compares
+# two builds' JSON with the keys one of them added removed).
 set -euo pipefail
 bin=$(realpath "$1")
 work=${2:-$(mktemp -d)}
@@ -47,6 +49,10 @@ for fam in qwen3 mixtral deepseek fused3d; do
       fi
       (cd "$dst" && find . -type f | LC_ALL=C sort | xargs sha256sum) |
         sed "s|  \./|  $fmt/$fam/$name/|"
+      if [ -n "${MOEPACK_KEEP_JSON:-}" ]; then
+        mkdir -p "$MOEPACK_KEEP_JSON/$fmt/$fam/$name"
+        cp "$dst/config.json" "$dst/moepack.json" "$MOEPACK_KEEP_JSON/$fmt/$fam/$name/"
+      fi
     done
     rm -rf "$src" "$work"/dst-"$fmt"-"$fam"-*
   done

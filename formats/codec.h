@@ -295,11 +295,36 @@ struct LayoutOptions {
                                  std::string param_prefix, int64_t inter, int threads);
 };
 
+// What one output parameter is to the kernel that reads it: which projection, and whether it
+// holds the packed weight, its scales, zero points, act-order g_idx or the sort indices of that
+// g_idx. Exported per parameter into moepack.json ("param_roles") so that a serving plugin finds
+// its parameters by role, never by a copy of the layout's names. Each kind is its w13 role
+// followed by its w2 role (param_role_of relies on the order).
+enum class ParamRole : uint8_t {
+  kW13Weight,
+  kW2Weight,
+  kW13Scale,
+  kW2Scale,
+  kW13Zero,
+  kW2Zero,
+  kW13GIdx,
+  kW2GIdx,
+  kW13SortIndices,
+  kW2SortIndices,
+};
+// "w13_weight", "w2_scale", "w13_sort_indices", ...: the role's name in moepack.json.
+const char* param_role_name(ParamRole r);
+std::optional<ParamRole> parse_param_role(const std::string& name);
+// The role of projection `proj`'s parameter of kind `w13_role` (a kW13* value).
+ParamRole param_role_of(MoeProj proj, ParamRole w13_role);
+
 // One output parameter as a layout writes it.
 struct ParamSpec {
   std::string name;  // with LayoutOptions::prefix
   DType dtype = DType::kU8;
   Shape shape;
+  ParamRole role = ParamRole::kW13Weight;
+  // What pack must emit: name, dtype and shape (a tensor carries no role).
   bool operator==(const ParamSpec& o) const {
     return name == o.name && dtype == o.dtype && shape == o.shape;
   }
@@ -309,6 +334,37 @@ struct ParamSpec {
 // the tensor under that name in the parameters the reader is built from.
 using ParamLocator =
     std::function<const void*(const std::string& param_name, const Tensor& host_tensor)>;
+
+// How the moepack-vllm plugin (integrations/vllm) serves a layout in one vLLM target; exported
+// into moepack.json's "serving" for the plugin to follow (docs/vllm.md "Serving paths").
+enum class ServingPath : uint8_t {
+  kNone,  // not served: `reason` says why
+  // (a) vLLM's own MoE method for the source format (built from the source's quantization config)
+  // runs its process_weights_after_loading under weights_already_processed(): it transforms no
+  // tensor and only builds its kernel. Its oracle must pick `vllm_backend`.
+  kVllmMethod,
+  // (b) vLLM's method has no such path: the plugin builds vLLM's own modular kernel for the
+  // layout with its builder `kernel_builder`, finding the parameters by role.
+  kKernelBuilder,
+};
+const char* serving_path_name(ServingPath p);  // "none", "vllm-method", "kernel-builder"
+std::optional<ServingPath> parse_serving_path(const std::string& name);
+
+struct VllmServing {
+  VllmTarget target;
+  // The source methods (the experts' QuantParams::method) this entry covers; empty: every one.
+  std::vector<QuantMethod> sources = {};
+  ServingPath path = ServingPath::kNone;
+  // (a) the class of vLLM's MoE method the source's quantization config gives ("Fp8MoEMethod"),
+  // and the backend its oracle must pick, as "EnumClass.MEMBER" of vLLM's backend enum
+  // ("Fp8MoeBackend.FLASHINFER_TRTLLM").
+  const char* vllm_method = nullptr;
+  const char* vllm_backend = nullptr;
+  // (b) the plugin's kernel builder ("wna16-marlin").
+  const char* kernel_builder = nullptr;
+  // kNone: why not, one sentence.
+  const char* reason = nullptr;
+};
 
 // A backend layout: one MoE layer's stacked experts <-> the kernel's parameters, named and
 // shaped like vLLM's FusedMoE parameters after process_weights_after_loading.
@@ -346,6 +402,9 @@ struct TargetLayout {
   // Optional (nullptr: never pads): the intermediate size the parameters carry for a layer of
   // this shape (> shape.inter() where the target pads it, as vLLM 0.33's Marlin does).
   int64_t (*padded_inter)(const LayoutOptions&, const MoeShape&) = nullptr;
+  // How the moepack-vllm plugin serves this layout, per vLLM target and source method (the first
+  // entry that matches wins; none: not served). find_vllm_serving reads it.
+  std::vector<VllmServing> vllm_serving = {};
 };
 
 // `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.
@@ -366,6 +425,9 @@ const std::vector<QuantizeRecipe>& quantize_recipes();
 const QuantizeRecipe& find_quantize_recipe(const std::string& format, const std::string& recipe);
 const SourceCodec* find_source_codec(QuantMethod method);
 const TargetLayout* find_target_layout(const std::string& name);
+// How the plugin serves `layout` for experts of method `source` in `target`: the row's first
+// matching entry, or a kNone entry whose reason says that the row has none.
+VllmServing find_vllm_serving(const TargetLayout& layout, VllmTarget target, QuantMethod source);
 // The scheme label of a method: its codec's, or a label for methods no codec reads
 // ("unquantized", "fp8-per-tensor").
 std::string scheme_of(QuantMethod method);

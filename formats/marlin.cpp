@@ -945,12 +945,18 @@ std::vector<ParamSpec> marlin_param_specs(const LayoutOptions& opts, const MoeSh
     const int64_t N = s->n, K = s->k, G = s->quant.groups(K);
     const int pf = marlin::pack_factor(s->quant.bits);
     const int64_t gk = s->act_order ? K : 0;
-    out.push_back({pre + names.qweight, DType::kI32, {E, K / 16, N * 16 / pf}});
-    out.push_back({pre + names.scales, opts.act_dtype, {E, G, N}});
-    if (!names.qzeros.empty()) out.push_back({pre + names.qzeros, DType::kI32, {E, G, N / pf}});
+    const MoeProj p = s == &x.w13 ? MoeProj::kW13 : MoeProj::kW2;
+    const auto role = [p](ParamRole w13_role) { return param_role_of(p, w13_role); };
+    out.push_back(
+        {pre + names.qweight, DType::kI32, {E, K / 16, N * 16 / pf}, role(ParamRole::kW13Weight)});
+    out.push_back({pre + names.scales, opts.act_dtype, {E, G, N}, role(ParamRole::kW13Scale)});
+    if (!names.qzeros.empty())
+      out.push_back({pre + names.qzeros, DType::kI32, {E, G, N / pf}, role(ParamRole::kW13Zero)});
     if (!index_params) continue;
-    if (!names.g_idx.empty()) out.push_back({pre + names.g_idx, DType::kI32, {E, gk}});
-    out.push_back({pre + names.sort_indices, DType::kI32, {E, gk}});
+    if (!names.g_idx.empty())
+      out.push_back({pre + names.g_idx, DType::kI32, {E, gk}, role(ParamRole::kW13GIdx)});
+    out.push_back(
+        {pre + names.sort_indices, DType::kI32, {E, gk}, role(ParamRole::kW13SortIndices)});
   }
   return out;
 }

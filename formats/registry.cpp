@@ -174,8 +174,14 @@ const std::vector<SourceCodec>& source_codecs() {
   return table;
 }
 
+// vllm_serving: what vLLM 0.33.0's code does (read in its source, docs/vllm.md "What is served").
+// Path (a) needs a MoE method that declares supports_pre_processed_weights and skips its
+// transforms under weights_already_processed(); Fp8MoEMethod does (every backend),
+// ModelOptMxFp8FusedMoE, CompressedTensorsW8A8Mxfp8MoEMethod, CompressedTensorsW8A8Fp8MoEMethod,
+// the WNA16 and W8A8-int8 MoE methods do not.
 const std::vector<TargetLayout>& target_layouts() {
   using A = TargetArch;
+  using S = ServingPath;
   static const std::vector<A> every_arch = all_target_archs();
   // FlashInfer's TRT-LLM-Gen MoE kernels run only on the SM100 family (Blackwell).
   static const std::vector<A> sm100 = {A::kSm100};
@@ -196,7 +202,13 @@ const std::vector<TargetLayout>& target_layouts() {
        .make_reader = marlin_make_reader,
        .deviations_from_vllm = marlin_deviations_from_vllm,
        .option_deviations = marlin_option_deviations,
-       .padded_inter = marlin_padded_inter},
+       .padded_inter = marlin_padded_inter,
+       // vLLM 0.33's WNA16 MoE methods repack in process_weights_after_loading and have no
+       // pre-processed path; the plugin builds MarlinExperts' modular kernel itself (its oracle
+       // would put Humming first on sm90, which reads another layout).
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "wna16-marlin"}}},
       {.name = "triton-wna16",
        .kernel = "vLLM's Triton fused_moe kernel (moe_wna16)",
        .layout_version = 2,
@@ -209,7 +221,11 @@ const std::vector<TargetLayout>& target_layouts() {
        .reader_kind = reader::Kind::kTritonWna16,
        .act_quant = triton_wna16_act_quant,
        .make_reader = triton_wna16_make_reader,
-       .deviations_from_vllm = triton_wna16_deviations_from_vllm},
+       .deviations_from_vllm = triton_wna16_deviations_from_vllm,
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .reason = "vLLM 0.33's MoeWNA16 method reads the checkpoint-format "
+                                   "qweight/scales and repacks them itself; its Triton kernel has "
+                                   "no pre-packed entry point this plugin can feed"}}},
       {.name = "triton-int8",
        .kernel = "vLLM's Triton fused_moe kernel (W8A8 int8)",
        .layout_version = 1,
@@ -222,7 +238,10 @@ const std::vector<TargetLayout>& target_layouts() {
        .reader_kind = reader::Kind::kTritonInt8,
        .act_quant = triton_int8_act_quant,
        .make_reader = triton_int8_make_reader,
-       .deviations_from_vllm = triton_int8_deviations_from_vllm},
+       .deviations_from_vllm = triton_int8_deviations_from_vllm,
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .reason = "vLLM 0.33's W8A8 int8 MoE methods quantise per load and have "
+                                   "no pre-processed weight path this plugin can feed"}}},
       {.name = "trtllm-mxfp8",
        .kernel = "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
        .layout_version = 1,
@@ -235,7 +254,13 @@ const std::vector<TargetLayout>& target_layouts() {
        .reader_kind = reader::Kind::kTrtllmMxfp8,
        .act_quant = trtllm_mxfp8_act_quant,
        .make_reader = trtllm_mxfp8_make_reader,
-       .deviations_from_vllm = trtllm_mxfp8_deviations_from_vllm},
+       .deviations_from_vllm = trtllm_mxfp8_deviations_from_vllm,
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .reason = "vLLM 0.33's MXFP8 MoE methods (ModelOptMxFp8FusedMoE, "
+                                   "CompressedTensorsW8A8Mxfp8MoEMethod) do not declare "
+                                   "supports_pre_processed_weights (they always shuffle in "
+                                   "process_weights_after_loading), and this plugin has no kernel "
+                                   "builder for the TRT-LLM MXFP8 experts yet"}}},
       {.name = "trtllm-fp8-block",
        .kernel = "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
        .layout_version = 1,
@@ -248,7 +273,20 @@ const std::vector<TargetLayout>& target_layouts() {
        .reader_kind = reader::Kind::kTrtllmFp8Block,
        .act_quant = trtllm_fp8_block_act_quant,
        .make_reader = trtllm_fp8_block_make_reader,
-       .deviations_from_vllm = trtllm_fp8_block_deviations_from_vllm},
+       .deviations_from_vllm = trtllm_fp8_block_deviations_from_vllm,
+       // Fp8Config's Fp8MoEMethod on Blackwell picks FLASHINFER_TRTLLM for 128x128 blocks; under
+       // weights_already_processed() it only builds TrtLlmFp8Experts from these parameters (the
+       // names, dtypes and shapes prepare_fp8_moe_layer_for_fi leaves).
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kFp8Block},
+                         .path = S::kVllmMethod,
+                         .vllm_method = "Fp8MoEMethod",
+                         .vllm_backend = "Fp8MoeBackend.FLASHINFER_TRTLLM"},
+                        {.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kCtFp8Block},
+                         .reason = "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
+                                   "supports_pre_processed_weights (it always shuffles in "
+                                   "process_weights_after_loading)"}}},
   };
   return table;
 }
@@ -290,6 +328,79 @@ const TargetLayout* find_target_layout(const std::string& name) {
   for (const auto& t : target_layouts())
     if (name == t.name) return &t;
   return nullptr;
+}
+
+VllmServing find_vllm_serving(const TargetLayout& layout, VllmTarget target, QuantMethod source) {
+  for (const VllmServing& s : layout.vllm_serving) {
+    const bool covers = s.sources.empty() ||
+                        std::find(s.sources.begin(), s.sources.end(), source) != s.sources.end();
+    if (s.target == target && covers) return s;
+  }
+  VllmServing none{.target = target};
+  none.reason = "moepack records no serving path for this layout, source and vLLM target";
+  return none;
+}
+
+namespace {
+struct ParamRoleRow {
+  ParamRole role;
+  const char* name;
+};
+const std::vector<ParamRoleRow>& param_role_rows() {
+  static const std::vector<ParamRoleRow> rows = {
+      {ParamRole::kW13Weight, "w13_weight"},
+      {ParamRole::kW2Weight, "w2_weight"},
+      {ParamRole::kW13Scale, "w13_scale"},
+      {ParamRole::kW2Scale, "w2_scale"},
+      {ParamRole::kW13Zero, "w13_zero"},
+      {ParamRole::kW2Zero, "w2_zero"},
+      {ParamRole::kW13GIdx, "w13_g_idx"},
+      {ParamRole::kW2GIdx, "w2_g_idx"},
+      {ParamRole::kW13SortIndices, "w13_sort_indices"},
+      {ParamRole::kW2SortIndices, "w2_sort_indices"},
+  };
+  return rows;
+}
+struct ServingPathRow {
+  ServingPath path;
+  const char* name;
+};
+const std::vector<ServingPathRow>& serving_path_rows() {
+  static const std::vector<ServingPathRow> rows = {{ServingPath::kNone, "none"},
+                                                   {ServingPath::kVllmMethod, "vllm-method"},
+                                                   {ServingPath::kKernelBuilder, "kernel-builder"}};
+  return rows;
+}
+}  // namespace
+
+const char* param_role_name(ParamRole r) {
+  for (const auto& row : param_role_rows())
+    if (row.role == r) return row.name;
+  return "unknown";
+}
+
+std::optional<ParamRole> parse_param_role(const std::string& name) {
+  for (const auto& row : param_role_rows())
+    if (name == row.name) return row.role;
+  return std::nullopt;
+}
+
+ParamRole param_role_of(MoeProj proj, ParamRole w13_role) {
+  // The rows pair each w13 role with its w2 role, in that order.
+  if (proj == MoeProj::kW13) return w13_role;
+  return static_cast<ParamRole>(static_cast<uint8_t>(w13_role) + 1);
+}
+
+const char* serving_path_name(ServingPath p) {
+  for (const auto& row : serving_path_rows())
+    if (row.path == p) return row.name;
+  return "unknown";
+}
+
+std::optional<ServingPath> parse_serving_path(const std::string& name) {
+  for (const auto& row : serving_path_rows())
+    if (name == row.name) return row.path;
+  return std::nullopt;
 }
 
 const char* quant_method_name(QuantMethod m) {

@@ -167,8 +167,14 @@ std::vector<ParamSpec> triton_int8_param_specs(const LayoutOptions& o, const Moe
   std::vector<ParamSpec> out;
   for (MoeProj p : {MoeProj::kW13, MoeProj::kW2}) {
     const ProjShape& s = p == MoeProj::kW13 ? x.w13 : x.w2;
-    out.push_back({param(o, p, "weight"), DType::kI8, {x.experts, s.n, s.k}});
-    out.push_back({param(o, p, "weight_scale"), DType::kF32, {x.experts, s.n, 1}});
+    out.push_back({param(o, p, "weight"),
+                   DType::kI8,
+                   {x.experts, s.n, s.k},
+                   param_role_of(p, ParamRole::kW13Weight)});
+    out.push_back({param(o, p, "weight_scale"),
+                   DType::kF32,
+                   {x.experts, s.n, 1},
+                   param_role_of(p, ParamRole::kW13Scale)});
   }
   return out;
 }

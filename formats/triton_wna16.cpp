@@ -584,11 +584,20 @@ std::vector<ParamSpec> triton_wna16_param_specs(const LayoutOptions& o, const Mo
   if (!is_ct(o)) triton_wna16_halve_group_size(eff, x.w2.k, x.w13.k, &eff, &f);
   std::vector<ParamSpec> out;
   for (const ProjShape* s : {&x.w13, &x.w2}) {
-    const Names nm = names_for(o, s == &x.w13 ? MoeProj::kW13 : MoeProj::kW2);
+    const MoeProj p = s == &x.w13 ? MoeProj::kW13 : MoeProj::kW2;
+    const Names nm = names_for(o, p);
     const int64_t Gp = s->k / eff;  // narrowed as vLLM's loader narrows the repeats
-    out.push_back({nm.qweight, DType::kU8, {x.experts, s->n, s->k * s->quant.bits / 8}});
-    out.push_back({nm.scales, o.act_dtype, {x.experts, s->n, Gp}});
-    if (!s->quant.symmetric) out.push_back({nm.qzeros, DType::kU8, {x.experts, s->n / 2, Gp}});
+    out.push_back({nm.qweight,
+                   DType::kU8,
+                   {x.experts, s->n, s->k * s->quant.bits / 8},
+                   param_role_of(p, ParamRole::kW13Weight)});
+    out.push_back(
+        {nm.scales, o.act_dtype, {x.experts, s->n, Gp}, param_role_of(p, ParamRole::kW13Scale)});
+    if (!s->quant.symmetric)
+      out.push_back({nm.qzeros,
+                     DType::kU8,
+                     {x.experts, s->n / 2, Gp},
+                     param_role_of(p, ParamRole::kW13Zero)});
   }
   return out;
 }

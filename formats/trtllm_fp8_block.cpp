@@ -274,10 +274,20 @@ std::vector<std::string> trtllm_fp8_block_deviations_from_vllm(const LayoutOptio
 
 std::vector<ParamSpec> trtllm_fp8_block_param_specs(const LayoutOptions& opts, const MoeShape& x) {
   const int64_t E = x.experts, H = x.w13.k, I = x.w2.k, R13 = x.w13.n;
-  return {{param(opts, "w13_weight"), DType::kF8_E4M3, {E, H / kBlock, R13, kBlock}},
-          {param(opts, "w2_weight"), DType::kF8_E4M3, {E, I / kBlock, H, kBlock}},
-          {param(opts, "w13_weight_scale_inv"), DType::kF32, {E, R13 / kBlock, H / kBlock}},
-          {param(opts, "w2_weight_scale_inv"), DType::kF32, {E, H / kBlock, I / kBlock}}};
+  return {
+      {param(opts, "w13_weight"),
+       DType::kF8_E4M3,
+       {E, H / kBlock, R13, kBlock},
+       ParamRole::kW13Weight},
+      {param(opts, "w2_weight"), DType::kF8_E4M3, {E, I / kBlock, H, kBlock}, ParamRole::kW2Weight},
+      {param(opts, "w13_weight_scale_inv"),
+       DType::kF32,
+       {E, R13 / kBlock, H / kBlock},
+       ParamRole::kW13Scale},
+      {param(opts, "w2_weight_scale_inv"),
+       DType::kF32,
+       {E, H / kBlock, I / kBlock},
+       ParamRole::kW2Scale}};
 }
 
 }  // namespace moepack

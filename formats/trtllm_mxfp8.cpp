@@ -284,10 +284,11 @@ std::vector<std::string> trtllm_mxfp8_deviations_from_vllm(const LayoutOptions&,
 
 std::vector<ParamSpec> trtllm_mxfp8_param_specs(const LayoutOptions& opts, const MoeShape& x) {
   const int64_t E = x.experts, H = x.w13.k, I = x.w2.k, R13 = x.w13.n;
-  return {{param(opts, "w13_weight"), DType::kF8_E4M3, {E, R13, H}},
-          {param(opts, "w2_weight"), DType::kF8_E4M3, {E, H, I}},
-          {param(opts, "w13_weight_scale"), DType::kU8, {E, R13, H / kMxBlock}},
-          {param(opts, "w2_weight_scale"), DType::kU8, {E, H, I / kMxBlock}}};
+  return {
+      {param(opts, "w13_weight"), DType::kF8_E4M3, {E, R13, H}, ParamRole::kW13Weight},
+      {param(opts, "w2_weight"), DType::kF8_E4M3, {E, H, I}, ParamRole::kW2Weight},
+      {param(opts, "w13_weight_scale"), DType::kU8, {E, R13, H / kMxBlock}, ParamRole::kW13Scale},
+      {param(opts, "w2_weight_scale"), DType::kU8, {E, H, I / kMxBlock}, ParamRole::kW2Scale}};
 }
 
 }  // namespace moepack

@@ -1,5 +1,6 @@
 #include "pipeline/manifest.h"
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <fstream>
@@ -35,6 +36,24 @@ json quant_params_json(const QuantParams& q) {
           {"dynamic_input", q.dynamic_input}};
 }
 
+namespace {
+
+// The layout row's serving entry for the plan's target and the experts' method (the target
+// params: with --quantize, the method moepack quantised to).
+ManifestServing serving_of(const Plan& plan) {
+  const VllmServing s = find_vllm_serving(*plan.layout, plan.vllm_target, plan.target_quant.method);
+  ManifestServing m;
+  m.path = s.path;
+  m.vllm_method = s.vllm_method ? s.vllm_method : "";
+  m.vllm_backend = s.vllm_backend ? s.vllm_backend : "";
+  m.kernel_builder = s.kernel_builder ? s.kernel_builder : "";
+  m.reason = s.reason ? s.reason : "";
+  for (TargetArch a : plan.layout->archs) m.archs.push_back(target_arch_name(a));
+  return m;
+}
+
+}  // namespace
+
 Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
                         const std::map<std::string, std::string>& sha) {
   Manifest m;
@@ -54,6 +73,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
   m.vllm_target = plan.vllm_target;
   m.act_dtype = plan.options.act_dtype;
   m.options.vllm_w13_scale_size_k = plan.options.vllm_w13_scale_size_k;
+  m.serving = serving_of(plan);
   m.deviations_from_vllm = plan.deviations;
   for (const auto& pl : plan.layers) {
     const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
@@ -69,6 +89,8 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     ml.gated = L.gated;
     for (const auto& t : plan.tensors)
       if (t.layer == pl.index) ml.params.push_back(t.name);
+    for (const ParamSpec& spec : plan.layout->param_specs(pl.layout_options, pl.shape))
+      ml.param_roles[spec.name] = spec.role;
     ml.deviations_from_vllm = pl.deviations;
     m.layers.push_back(std::move(ml));
   }
@@ -93,17 +115,35 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
 }
 
 json to_json(const ManifestLayer& l) {
-  return {{"module", l.module},
-          {"layer", l.layer},
-          {"family", l.family},
-          {"param_prefix", l.param_prefix},
-          {"experts", l.experts},
-          {"hidden", l.hidden},
-          {"inter", l.inter},
-          {"inter_padded", l.inter_padded},
-          {"gated", l.gated},
-          {"params", l.params},
-          {"deviations_from_vllm", l.deviations_from_vllm}};
+  json j = {{"module", l.module},
+            {"layer", l.layer},
+            {"family", l.family},
+            {"param_prefix", l.param_prefix},
+            {"experts", l.experts},
+            {"hidden", l.hidden},
+            {"inter", l.inter},
+            {"inter_padded", l.inter_padded},
+            {"gated", l.gated},
+            {"params", l.params},
+            {"deviations_from_vllm", l.deviations_from_vllm}};
+  if (!l.param_roles.empty()) {
+    json roles = json::object();
+    for (const auto& [name, role] : l.param_roles) roles[name] = param_role_name(role);
+    j["param_roles"] = roles;
+  }
+  return j;
+}
+
+json to_json(const ManifestServing& s) {
+  json j = {{"path", serving_path_name(s.path)}};
+  if (s.path == ServingPath::kVllmMethod) {
+    j["vllm_method"] = s.vllm_method;
+    j["vllm_backend"] = s.vllm_backend;
+  }
+  if (s.path == ServingPath::kKernelBuilder) j["kernel_builder"] = s.kernel_builder;
+  if (s.path == ServingPath::kNone) j["reason"] = s.reason;
+  j["archs"] = s.archs;
+  return j;
 }
 
 json to_json(const Manifest& m) {
@@ -124,6 +164,7 @@ json to_json(const Manifest& m) {
   j["vllm_target"] = vllm_target_name(m.vllm_target);
   j["act_dtype"] = dtype_name(m.act_dtype);
   j["options"] = {{"vllm_w13_scale_size_k", m.options.vllm_w13_scale_size_k}};
+  if (m.serving) j["serving"] = to_json(*m.serving);
   j["deviations_from_vllm"] = m.deviations_from_vllm;
   j["layers"] = json::array();
   for (const auto& l : m.layers) j["layers"].push_back(to_json(l));
@@ -260,6 +301,58 @@ ManifestTensor parse_tensor(const JsonField& f, const std::set<std::string>& sha
   return t;
 }
 
+// 1 (before "serving" and "param_roles") up to kManifestVersion.
+int parse_manifest_version(const JsonField& v) {
+  if (!v.value().is_number_integer()) v.fail("expected an integer, got " + json_excerpt(v.value()));
+  if (v.value() < 1 || v.value() > kManifestVersion)
+    v.fail("unsupported version " + json_excerpt(v.value()) + " (this moepack reads 1 to " +
+           std::to_string(kManifestVersion) + ")");
+  return v.value().get<int>();
+}
+
+// "serving" (manifest_version >= 2): a known path with the fields it needs, known archs.
+ManifestServing parse_serving(const JsonField& f) {
+  ManifestServing s;
+  const JsonField path = f["path"];
+  const auto p = parse_serving_path(path.str());
+  if (!p)
+    path.fail("expected \"none\", \"vllm-method\" or \"kernel-builder\", got " +
+              json_excerpt(path.value()));
+  s.path = *p;
+  if (s.path == ServingPath::kVllmMethod) {
+    s.vllm_method = f["vllm_method"].nonempty_str();
+    s.vllm_backend = f["vllm_backend"].nonempty_str();
+  }
+  if (s.path == ServingPath::kKernelBuilder) s.kernel_builder = f["kernel_builder"].nonempty_str();
+  if (s.path == ServingPath::kNone) s.reason = f["reason"].nonempty_str();
+  const JsonField archs = f["archs"];
+  s.archs = archs.strings();
+  if (s.archs.empty()) archs.fail("empty: a layout's kernel runs on at least one arch");
+  for (size_t i = 0; i < s.archs.size(); ++i)
+    if (!target_arch_from_name(s.archs[i]))
+      archs.item(i).fail("unknown target arch " + json_quoted(s.archs[i]));
+  return s;
+}
+
+// A layer's "param_roles" (manifest_version >= 2): a known role for exactly each of its params.
+std::map<std::string, ParamRole> parse_param_roles(const JsonField& layer,
+                                                   const std::vector<std::string>& params) {
+  const JsonField roles = layer["param_roles"];
+  roles.expect_object();
+  std::map<std::string, ParamRole> out;
+  for (auto it = roles.value().begin(); it != roles.value().end(); ++it) {
+    const JsonField r = roles.member(it.key());
+    const auto role = parse_param_role(r.str());
+    if (!role) r.fail("unknown parameter role " + json_excerpt(r.value()));
+    if (std::find(params.begin(), params.end(), it.key()) == params.end())
+      r.fail(json_quoted(it.key()) + " is not in the layer's params");
+    out[it.key()] = *role;
+  }
+  for (const auto& p : params)
+    if (!out.count(p)) roles.fail("no role for " + json_quoted(p));
+  return out;
+}
+
 ManifestLayer parse_layer(const JsonField& f,
                           const std::map<std::string, ManifestTensor>& tensors) {
   f.expect_object();
@@ -287,15 +380,7 @@ ManifestLayer parse_layer(const JsonField& f,
 
 // manifest_version, tool and source: what wrote the manifest, and from what.
 void parse_provenance(const JsonField& root, Manifest& m) {
-  {
-    const JsonField v = root["manifest_version"];
-    if (!v.value().is_number_integer())
-      v.fail("expected an integer, got " + json_excerpt(v.value()));
-    if (v.value() != kManifestVersion)
-      v.fail("unsupported version " + json_excerpt(v.value()) + " (this moepack reads " +
-             std::to_string(kManifestVersion) + ")");
-    m.manifest_version = kManifestVersion;
-  }
+  m.manifest_version = parse_manifest_version(root["manifest_version"]);
   const JsonField tool = root["tool"];
   m.tool.name = tool["name"].str();
   m.tool.version = tool["version"].str();
@@ -356,6 +441,7 @@ void parse_target(const JsonField& root, Manifest& m) {
       act.fail("expected \"BF16\" or \"F16\", got " + json_excerpt(act.value()));
   }
   m.options.vllm_w13_scale_size_k = root["options"]["vllm_w13_scale_size_k"].boolean();
+  if (m.manifest_version >= 2) m.serving = parse_serving(root["serving"]);
   m.deviations_from_vllm = root["deviations_from_vllm"].strings();
 }
 
@@ -419,6 +505,13 @@ void check_layers_cover_tensors(const JsonField& root, const Manifest& m) {
                                           " in its params");
 }
 
+// Each layer's param_roles (manifest_version >= 2), once its params are known to be its own.
+void parse_layer_roles(const JsonField& root, Manifest& m) {
+  const JsonField layers = root["layers"];
+  for (size_t i = 0; i < m.layers.size(); ++i)
+    m.layers[i].param_roles = parse_param_roles(layers.item(i), m.layers[i].params);
+}
+
 Manifest parse_fields(const JsonField& root) {
   root.expect_object();
   Manifest m;
@@ -426,6 +519,7 @@ Manifest parse_fields(const JsonField& root) {
   parse_target(root, m);
   parse_contents(root, m);
   check_layers_cover_tensors(root, m);
+  if (m.manifest_version >= 2) parse_layer_roles(root, m);
   return m;
 }
 

@@ -25,7 +25,9 @@ namespace moepack {
 struct Plan;       // pipeline/plan.h: only build_manifest needs it
 class Checkpoint;  // model/checkpoint.h
 
-constexpr int kManifestVersion = 1;
+// 2: adds "serving" and each layer's "param_roles" (what the moepack-vllm plugin reads); version 1
+// manifests (without them) still read, for verify and inspect.
+constexpr int kManifestVersion = 2;
 // Far above any real manifest (tens of MB for the largest models); bounds what a hostile
 // moepack.json can make the reader allocate.
 constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
@@ -57,6 +59,16 @@ struct ManifestLayout {
   int version = 0;
 };
 
+// How the moepack-vllm plugin serves the conversion (the layout row's VllmServing for the target
+// and the experts' method), plus the target archs the layout's kernel runs on.
+struct ManifestServing {
+  ServingPath path = ServingPath::kNone;
+  std::string vllm_method, vllm_backend;  // path vllm-method
+  std::string kernel_builder;             // path kernel-builder
+  std::string reason;                     // path none
+  std::vector<std::string> archs;         // target_arch_name of each
+};
+
 struct ManifestOptions {
   bool vllm_w13_scale_size_k = false;
 };
@@ -72,6 +84,8 @@ struct ManifestLayer {
   bool gated = true;
   std::vector<std::string> params;  // output tensor names, each a key of Manifest::tensors
   std::vector<std::string> deviations_from_vllm;
+  // Each parameter's role (manifest_version >= 2: exactly the params; empty in version 1).
+  std::map<std::string, ParamRole> param_roles;
 };
 
 struct ManifestShard {
@@ -104,6 +118,7 @@ struct Manifest {
   VllmTarget vllm_target = VllmTarget::kV2026_05;
   DType act_dtype = DType::kBF16;  // BF16 or F16
   ManifestOptions options;
+  std::optional<ManifestServing> serving;  // manifest_version >= 2
   std::vector<std::string> deviations_from_vllm;
   std::vector<ManifestLayer> layers;  // at least one
   std::vector<ManifestShard> shards;
@@ -115,7 +130,8 @@ struct Manifest {
 Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
                         const std::map<std::string, std::string>& sha256_by_tensor);
 nlohmann::json to_json(const Manifest& manifest);
-nlohmann::json to_json(const ManifestLayer& layer);  // one entry of "layers"
+nlohmann::json to_json(const ManifestLayer& layer);      // one entry of "layers"
+nlohmann::json to_json(const ManifestServing& serving);  // "serving"
 // The exact bytes write_manifest writes (the digest in config.json's quantization_config is
 // the SHA-256 of these).
 std::string manifest_text(const Manifest& manifest);

@@ -186,6 +186,23 @@ TEST_F(RealManifest, BuildToJsonParseToJsonIsTheFileByteForByte) {
 
     EXPECT_EQ(read.manifest_version, kManifestVersion);
     EXPECT_EQ(read.backend, c->plan.backend);
+    // The layout row's serving entry for the target and the experts' method, and a role for
+    // exactly each parameter, as param_specs gives it.
+    ASSERT_TRUE(read.serving.has_value());
+    const VllmServing want =
+        find_vllm_serving(*c->plan.layout, c->plan.vllm_target, c->plan.target_quant.method);
+    EXPECT_EQ(read.serving->path, want.path);
+    EXPECT_EQ(read.serving->kernel_builder, want.kernel_builder ? want.kernel_builder : "");
+    EXPECT_EQ(read.serving->vllm_backend, want.vllm_backend ? want.vllm_backend : "");
+    EXPECT_EQ(read.serving->archs.size(), c->plan.layout->archs.size());
+    for (size_t i = 0; i < read.layers.size(); ++i) {
+      const PlannedLayer& pl = c->plan.layers[i];
+      std::map<std::string, ParamRole> roles;
+      for (const ParamSpec& s : c->plan.layout->param_specs(pl.layout_options, pl.shape))
+        roles[s.name] = s.role;
+      EXPECT_EQ(read.layers[i].param_roles, roles);
+      EXPECT_EQ(read.layers[i].param_roles.size(), read.layers[i].params.size());
+    }
     EXPECT_EQ(read.layers.size(), c->plan.layers.size());
     EXPECT_EQ(read.tensors.size(), c->plan.tensors.size());
     EXPECT_EQ(read.act_dtype, DType::kBF16);
@@ -210,6 +227,44 @@ struct Mutation {
 
 const std::string kW13 = "model.layers.1.mlp.experts.w13_qweight";
 
+// The defects of manifest_version 2's "serving" and "param_roles" (and a version below 1).
+std::vector<Mutation> serving_and_role_mutations() {
+  return {
+      {"version zero", [](json& m) { m["manifest_version"] = 0; },
+       "manifest_version: unsupported version 0"},
+      {"no serving", [](json& m) { m.erase("serving"); }, "serving: missing"},
+      {"serving path", [](json& m) { m["serving"]["path"] = "vllm"; },
+       "serving.path: expected \"none\", \"vllm-method\" or \"kernel-builder\", got \"vllm\""},
+      // (This manifest is for vLLM 2026-05, which the plugin does not serve: path "none".)
+      {"none without a reason", [](json& m) { m["serving"].erase("reason"); },
+       "serving.reason: missing"},
+      {"kernel-builder without a builder", [](json& m) { m["serving"]["path"] = "kernel-builder"; },
+       "serving.kernel_builder: missing"},
+      {"empty kernel builder",
+       [](json& m) {
+         m["serving"]["path"] = "kernel-builder";
+         m["serving"]["kernel_builder"] = "";
+       },
+       "serving.kernel_builder: must not be empty"},
+      {"vllm-method without its method", [](json& m) { m["serving"]["path"] = "vllm-method"; },
+       "serving.vllm_method: missing"},
+      {"serving archs empty", [](json& m) { m["serving"]["archs"] = json::array(); },
+       "serving.archs: empty"},
+      {"serving arch", [](json& m) { m["serving"]["archs"][0] = "sm99"; },
+       "serving.archs[0]: unknown target arch \"sm99\""},
+      {"no param_roles", [](json& m) { m["layers"][0].erase("param_roles"); },
+       "layers[0].param_roles: missing"},
+      {"param_roles array", [](json& m) { m["layers"][0]["param_roles"] = json::array(); },
+       "layers[0].param_roles: expected an object"},
+      {"unknown role", [](json& m) { m["layers"][0]["param_roles"][kW13] = "w13_weights"; },
+       "layers[0].param_roles[\"" + kW13 + "\"]: unknown parameter role \"w13_weights\""},
+      {"role of no param", [](json& m) { m["layers"][0]["param_roles"]["model.x"] = "w2_zero"; },
+       "layers[0].param_roles[\"model.x\"]: \"model.x\" is not in the layer's params"},
+      {"param without role", [](json& m) { m["layers"][0]["param_roles"].erase(kW13); },
+       "layers[0].param_roles: no role for \"" + kW13 + "\""},
+  };
+}
+
 std::vector<Mutation> mutations(const json& good) {
   const std::string t = "tensors[\"" + kW13 + "\"]";
   const std::string first_param = good["layers"][0]["params"][0];
@@ -222,8 +277,9 @@ std::vector<Mutation> mutations(const json& good) {
        "top level: expected an object"},
       {"a string", [](json& m) { m = "moepack"; }, "top level: expected an object"},
       {"no version", [](json& m) { m.erase("manifest_version"); }, "manifest_version: missing"},
-      {"future version", [](json& m) { m["manifest_version"] = 2; },
-       "manifest_version: unsupported version 2"},
+      {"future version", [](json& m) { m["manifest_version"] = kManifestVersion + 1; },
+       "manifest_version: unsupported version " + std::to_string(kManifestVersion + 1) +
+           " (this moepack reads 1 to " + std::to_string(kManifestVersion) + ")"},
       {"version as text", [](json& m) { m["manifest_version"] = "1"; },
        "manifest_version: expected an integer"},
       {"no backend", [](json& m) { m.erase("backend"); }, "backend: missing"},
@@ -425,6 +481,23 @@ TEST_F(RealManifest, VllmTargetAndArchRoundTripThroughManifestConfigAndPartJson)
   }
 }
 
+// A manifest written before version 2 (no serving, no param_roles) still reads, and writes back
+// as it was.
+TEST_F(RealManifest, Version1ReadsWithoutServingAndRoles) {
+  for (const auto& c : converted_) {
+    SCOPED_TRACE(c->name);
+    json m = json::parse(slurp(manifest_path(c->dst)));
+    m["manifest_version"] = 1;
+    m.erase("serving");
+    for (auto& l : m["layers"]) l.erase("param_roles");
+    const Manifest got = parse_manifest(m, "v1/moepack.json");
+    EXPECT_EQ(got.manifest_version, 1);
+    EXPECT_FALSE(got.serving.has_value());
+    for (const auto& l : got.layers) EXPECT_TRUE(l.param_roles.empty());
+    EXPECT_EQ(to_json(got).dump(2), m.dump(2));
+  }
+}
+
 TEST_F(RealManifest, EveryDefectIsBadConfigNamingTheField) {
   const json good = gptq_json();
   ASSERT_TRUE(good["tensors"].contains(kW13));
@@ -433,7 +506,9 @@ TEST_F(RealManifest, EveryDefectIsBadConfigNamingTheField) {
   ASSERT_EQ(good["shards"].size(), 1u);
   ASSERT_FALSE(good.contains("quantize"));
   test::TempDir dir;
-  for (const Mutation& mu : mutations(good)) {
+  std::vector<Mutation> all = mutations(good);
+  for (Mutation& mu : serving_and_role_mutations()) all.push_back(std::move(mu));
+  for (const Mutation& mu : all) {
     SCOPED_TRACE(mu.what);
     json m = good;
     mu.apply(m);

@@ -287,6 +287,23 @@ void expect_same_params(const std::vector<Tensor>& got, const std::vector<Tensor
     EXPECT_TRUE(bytes_equal(got[i].data, want[i].data, 16, what + ": " + got[i].name));
 }
 
+// The roles a serving plugin finds the parameters by: one parameter per role, the weights and
+// scales of both projections always, and each parameter's role of its own projection (vLLM names
+// every expert parameter w13_... or w2_...).
+void expect_roles(const LayoutOptions& o, const std::vector<ParamSpec>& declared) {
+  std::set<ParamRole> seen;
+  for (const ParamSpec& p : declared) {
+    EXPECT_TRUE(seen.insert(p.role).second) << "two parameters are " << param_role_name(p.role);
+    const std::string local = p.name.substr(o.prefix.size());
+    const std::string role = param_role_name(p.role);
+    const std::string proj = role.substr(0, role.find('_') + 1);  // "w13_" or "w2_"
+    EXPECT_EQ(local.rfind(proj, 0), 0u) << local << " has role " << role;
+  }
+  for (ParamRole r :
+       {ParamRole::kW13Weight, ParamRole::kW2Weight, ParamRole::kW13Scale, ParamRole::kW2Scale})
+    EXPECT_TRUE(seen.count(r)) << "no parameter is " << param_role_name(r);
+}
+
 // Both sides read identical quantised values (the decoded experts are pack's input, bit for bit),
 // so the only difference is float32 accumulation order over K <= 512 products against the double
 // reference: measured worst 2.0e-6 over every row of this suite. 1e-5 leaves a 5x margin; flipping
@@ -317,6 +334,7 @@ void check_layout_case(Rng& rng, const TargetLayout& row, const LayoutOptions& o
   const std::vector<ParamSpec> declared = row.param_specs(o, s);
   EXPECT_EQ(declared, specs_of(packed))
       << "param_specs:" << specs_str(declared) << "\npack:" << specs_str(specs_of(packed));
+  expect_roles(o, declared);
 
   // unpack inverts pack.
   const TensorMap params = by_name(packed);
@@ -458,6 +476,86 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
                           << skipped << " skipped)";
   std::cout << "[ " << row.name << " ] " << supported << " supported, " << skipped
             << " skipped; worst matmul error " << worst << "\n";
+}
+
+// Every row says how the moepack-vllm plugin serves it in the newest vLLM target, for every
+// source method it takes, with the fields its path needs (the plugin reads them from
+// moepack.json; docs/vllm.md "Serving paths").
+TEST_P(TargetLayoutRows, DeclaresItsServingForTheNewestTarget) {
+  const TargetLayout& row = GetParam();
+  const VllmTarget target = newest_vllm_target();
+  int covered = 0;
+  for (const SourceCodec& codec : source_codecs()) {
+    if (!takes_scheme(row, codec.scheme)) continue;
+    SCOPED_TRACE(std::string(row.name) + " <- " + codec.name);
+    bool explicit_entry = false;
+    for (const VllmServing& s : row.vllm_serving)
+      explicit_entry =
+          explicit_entry || (s.target == target &&
+                             (s.sources.empty() ||
+                              std::count(s.sources.begin(), s.sources.end(), codec.method) == 1));
+    EXPECT_TRUE(explicit_entry) << "no vllm_serving entry for " << vllm_target_name(target);
+    const VllmServing s = find_vllm_serving(row, target, codec.method);
+    ++covered;
+    switch (s.path) {
+      case ServingPath::kNone:
+        EXPECT_TRUE(s.reason && std::string(s.reason).size() > 20) << "no reason";
+        break;
+      case ServingPath::kVllmMethod: {
+        ASSERT_TRUE(s.vllm_method && s.vllm_backend);
+        const std::string b = s.vllm_backend;
+        EXPECT_EQ(std::count(b.begin(), b.end(), '.'), 1) << b << ": not EnumClass.MEMBER";
+        EXPECT_EQ(s.kernel_builder, nullptr);
+        break;
+      }
+      case ServingPath::kKernelBuilder:
+        EXPECT_TRUE(s.kernel_builder && *s.kernel_builder);
+        EXPECT_EQ(s.vllm_method, nullptr);
+        break;
+    }
+  }
+  EXPECT_GE(covered, 1);
+  // A target or source no entry covers reads as not served, with a reason.
+  const VllmServing none = find_vllm_serving(row, VllmTarget::kV2026_05, QuantMethod::kNone);
+  EXPECT_EQ(none.path, ServingPath::kNone);
+  EXPECT_NE(none.reason, nullptr);
+}
+
+// A vllm-method entry's backend is the one the target's backend order (the oracle's data) names
+// for this layout, on every arch the layout runs on: the two tables state one fact.
+TEST_P(TargetLayoutRows, ServingBackendIsTheOrdersBackendForThisLayout) {
+  const TargetLayout& row = GetParam();
+  for (const VllmServing& s : row.vllm_serving) {
+    if (s.path != ServingPath::kVllmMethod) continue;
+    const std::string member =
+        std::string(s.vllm_backend)
+            .substr(std::string(s.vllm_backend).find('.') + 1);  // "FLASHINFER_TRTLLM"
+    for (const std::string& scheme : row.schemes)
+      for (TargetArch arch : row.archs) {
+        SCOPED_TRACE(std::string(row.name) + " " + scheme + " " + target_arch_name(arch));
+        const VllmBackendOrder* order = vllm_backend_order(vllm_target_row(s.target), scheme, arch);
+        ASSERT_NE(order, nullptr);
+        std::vector<std::string> reading;
+        for (const VllmBackend& b : order->backends)
+          if (b.layout && std::string(b.layout) == row.name) reading.push_back(b.name);
+        EXPECT_EQ(reading, std::vector<std::string>{member});
+      }
+  }
+}
+
+TEST(ParamRoles, NamesRoundTripAndPairW13WithW2) {
+  for (int i = 0; i <= static_cast<int>(ParamRole::kW2SortIndices); ++i) {
+    const auto r = static_cast<ParamRole>(i);
+    const std::string name = param_role_name(r);
+    EXPECT_EQ(parse_param_role(name), r) << name;
+    if (name.rfind("w13_", 0) == 0) {
+      EXPECT_EQ("w2_" + name.substr(4), param_role_name(param_role_of(MoeProj::kW2, r)));
+    }
+  }
+  EXPECT_FALSE(parse_param_role("w13_weights").has_value());
+  for (ServingPath p : {ServingPath::kNone, ServingPath::kVllmMethod, ServingPath::kKernelBuilder})
+    EXPECT_EQ(parse_serving_path(serving_path_name(p)), p);
+  EXPECT_FALSE(parse_serving_path("vllm").has_value());
 }
 
 std::string layout_test_name(const ::testing::TestParamInfo<TargetLayout>& p) {
