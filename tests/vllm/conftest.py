@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -61,6 +62,17 @@ def edit_config(d: Path, **quant_fields) -> None:
     p.write_text(json.dumps(cfg, indent=2))
 
 
+def edit_manifest(d: Path, fn) -> None:
+    """Applies fn to moepack.json's JSON and rewrites it, with config.json's manifest_sha256
+    following (so that only the edit, not the digest check, is under test)."""
+    p = d / "moepack.json"
+    m = json.loads(p.read_text())
+    fn(m)
+    data = (json.dumps(m, indent=2) + "\n").encode()
+    p.write_bytes(data)
+    edit_config(d, manifest_sha256=hashlib.sha256(data).hexdigest())
+
+
 @pytest.fixture(scope="session")
 def plugin():
     """Registers moepack-vllm in this process, as vLLM's plugin loader would (VLLM_PLUGINS=none
@@ -69,3 +81,33 @@ def plugin():
 
     moepack_vllm.register()
     return moepack_vllm
+
+
+def experts_params(model):
+    return {n: p for n, p in model.named_parameters() if ".experts." in n}
+
+
+def assert_byte_identical(model, dst):
+    """Every manifest parameter exists under `...experts.routed_experts.` with the checkpoint's
+    exact dtype, shape and bytes; returns how many were checked."""
+    import torch
+    from safetensors.torch import load_file
+
+    manifest = json.loads((dst / "moepack.json").read_text())
+    tensors = {}
+    for shard in manifest["shards"]:
+        tensors.update(load_file(str(dst / shard["name"])))
+    params = experts_params(model)
+    checked = 0
+    for layer in manifest["layers"]:
+        for name in layer["params"]:
+            local = name[len(layer["param_prefix"]):]
+            pname = f"{layer['module']}.experts.routed_experts.{local}"
+            assert pname in params, f"{pname} not created (have {sorted(params)[:6]}...)"
+            got, want = params[pname].data, tensors[name]
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert torch.equal(got.contiguous().view(torch.uint8),
+                               want.contiguous().view(torch.uint8)), f"{name}: bytes differ"
+            checked += 1
+    assert checked > 0
+    return checked

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 import vllm_harness as h  # noqa: E402
-from conftest import edit_config  # noqa: E402
+from conftest import assert_byte_identical, edit_config, edit_manifest  # noqa: E402
 
 STOCK_CASES = [("gptq", "qwen3"), ("awq", "mixtral"), ("ct-w4a16", "qwen3")]
 
@@ -43,31 +43,6 @@ def test_entry_point_declared():
     assert any(ep.name == "moepack" and ep.value == "moepack_vllm:register" for ep in eps)
 
 
-def experts_params(model):
-    return {n: p for n, p in model.named_parameters() if ".experts." in n}
-
-
-def assert_byte_identical(model, dst):
-    manifest = json.loads((dst / "moepack.json").read_text())
-    tensors = {}
-    for shard in manifest["shards"]:
-        tensors.update(load_file(str(dst / shard["name"])))
-    params = experts_params(model)
-    checked = 0
-    for layer in manifest["layers"]:
-        for name in layer["params"]:
-            local = name[len(layer["param_prefix"]):]
-            pname = f"{layer['module']}.experts.routed_experts.{local}"
-            assert pname in params, f"{pname} not created (have {sorted(params)[:6]}...)"
-            got, want = params[pname].data, tensors[name]
-            assert got.dtype == want.dtype and got.shape == want.shape, name
-            assert torch.equal(got.contiguous().view(torch.uint8),
-                               want.contiguous().view(torch.uint8)), f"{name}: bytes differ"
-            checked += 1
-    assert checked > 0
-    return checked
-
-
 LOAD_CASES = [("gptq", "qwen3"), ("gptq", "mixtral"), ("awq", "qwen3"), ("ct-w4a16", "qwen3"),
               ("ct-w8a16", "mixtral")]
 
@@ -78,12 +53,16 @@ def test_plugin_loads_byte_identical(plugin, artifacts, fmt, family):
     model, cfg = h.load_model(str(dst))
     assert cfg.model_config.quantization == "moepack"
     assert assert_byte_identical(model, dst) >= 4
-    from moepack_vllm.moe import MoepackMarlinMoEMethod
+    from moepack_vllm.moe import MoepackMoEMethod
 
+    manifest = json.loads((dst / "moepack.json").read_text())
+    assert manifest["serving"]["path"] == "kernel-builder"
+    assert manifest["serving"]["kernel_builder"] == "wna16-marlin"
     methods = [m for m in model.modules() if isinstance(getattr(m, "quant_method", None),
-                                                       MoepackMarlinMoEMethod)]
-    assert methods, "no layer served by the moepack method"
+                                                       MoepackMoEMethod)]
+    assert len(methods) == len(manifest["layers"]), "not every layer served by the moepack method"
     for m in methods:
+        assert m.quant_method.inner is None and m.quant_method.builder.name == "wna16-marlin"
         assert m.quant_method.moe_kernel is not None  # the kernel object was built
         assert type(m.quant_method.moe_kernel.fused_experts).__name__ == "MarlinExperts"
 
@@ -142,8 +121,16 @@ def test_refuses_other_tensor_parallel_size(plugin, artifacts):
     _, dst = artifacts.get("gptq", "qwen3")
     d = artifacts.edited_copy(dst, "tp2")
     edit_config(d, tensor_parallel_size=2)
-    with pytest.raises(Exception, match="written for tensor_parallel_size=2, the engine runs 1"):
+    with pytest.raises(Exception, match=r"config\.json: quantization_config\.tensor_parallel_size: "
+                                        "moepack artifact was written for tensor_parallel_size=2, "
+                                        "the engine runs 1"):
         h.load_model(str(d))
+
+
+def test_refuses_expert_parallel(plugin, artifacts):
+    _, dst = artifacts.get("gptq", "qwen3")
+    with pytest.raises(Exception, match="expert parallelism is not supported"):
+        h.load_model(str(dst), enable_expert_parallel=True)
 
 
 def test_refuses_manifest_digest_mismatch(plugin, artifacts):
@@ -157,14 +144,18 @@ def test_refuses_manifest_digest_mismatch(plugin, artifacts):
 
 def test_refuses_other_dtype(plugin, artifacts):
     _, dst = artifacts.get("gptq", "qwen3")
-    with pytest.raises(Exception, match="serve it with --dtype bfloat16"):
+    with pytest.raises(Exception, match=r"config\.json: quantization_config\.act_dtype: .*serve "
+                                        "it with --dtype bfloat16"):
         h.load_model(str(dst), dtype="float16")
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("layout_version", 3, "layout_version 3"),
+    # config.json's block must describe the conversion moepack.json (digest-bound) describes.
+    ("layout_version", 3, r"quantization_config\.layout_version 3 differs from .*moepack\.json's "
+                          r"layout\.version 2"),
     ("vllm_target", "2026-05", "vllm_target '2026-05'"),
-    ("backend", "triton-wna16", "'triton-wna16' is not served"),
+    ("backend", "triton-wna16", r"quantization_config\.backend 'triton-wna16' differs from "
+                                r".*moepack\.json's backend 'marlin'"),
 ])
 def test_refuses_unservable_config(plugin, artifacts, field, value, match):
     _, dst = artifacts.get("gptq", "qwen3")
@@ -175,9 +166,66 @@ def test_refuses_unservable_config(plugin, artifacts, field, value, match):
 
 
 def test_refuses_unserved_backend_artifact(plugin, artifacts):
+    # The reason is the layout row's (moepack.json serving.reason), not a plugin table.
     _, dst = artifacts.get("gptq", "qwen3", "--backend", "triton-wna16")
-    with pytest.raises(Exception, match="'triton-wna16' is not served"):
+    serving = json.loads((dst / "moepack.json").read_text())["serving"]
+    assert serving["path"] == "none" and "MoeWNA16" in serving["reason"]
+    with pytest.raises(Exception, match=r"moepack\.json: serving\.path \"none\": backend "
+                                        r"'triton-wna16' is not served .*MoeWNA16"):
         h.engine_config(str(dst))
+
+
+def test_refuses_manifest_version_1(plugin, artifacts):
+    """A manifest from before the serving paths were exported (no serving, no param_roles)."""
+    _, dst = artifacts.get("gptq", "qwen3")
+    d = artifacts.edited_copy(dst, "manifest-v1")
+
+    def to_v1(m):
+        m["manifest_version"] = 1
+        del m["serving"]
+        for L in m["layers"]:
+            del L["param_roles"]
+
+    edit_manifest(d, to_v1)
+    with pytest.raises(Exception, match=r"moepack\.json: manifest_version 1: this moepack-vllm "
+                                        r"reads \[2\]"):
+        h.engine_config(str(d))
+
+
+def test_refuses_unknown_kernel_builder(plugin, artifacts):
+    _, dst = artifacts.get("gptq", "qwen3")
+    d = artifacts.edited_copy(dst, "builder")
+    edit_manifest(d, lambda m: m["serving"].update(kernel_builder="wna16-humming"))
+    with pytest.raises(Exception, match=r"serving\.kernel_builder 'wna16-humming': this "
+                                        r"moepack-vllm has the kernel builders \['wna16-marlin'\]"):
+        h.engine_config(str(d))
+
+
+def test_marlin_finds_its_parameters_by_role(plugin, artifacts):
+    """The kernel builder reads the manifest's roles, not names of its own: swapping the roles
+    of the w13 and w2 scales makes vLLM's quant config take the other tensors."""
+    _, dst = artifacts.get("gptq", "qwen3")
+    d = artifacts.edited_copy(dst, "roles")
+
+    def swap(m):
+        for L in m["layers"]:
+            r = L["param_roles"]
+            a = next(n for n, v in r.items() if v == "w13_scale")
+            b = next(n for n, v in r.items() if v == "w2_scale")
+            r[a], r[b] = "w2_scale", "w13_scale"
+
+    edit_manifest(d, swap)
+    model, _ = h.load_model(str(d))
+    from moepack_vllm.moe import MoepackMoEMethod
+
+    for mod in model.modules():
+        q = getattr(mod, "quant_method", None)
+        if isinstance(q, MoepackMoEMethod):
+            assert q.moe_quant_config.w1_scale is mod.w2_scales
+            assert q.moe_quant_config.w2_scale is mod.w13_scales
+            break
+    else:
+        pytest.fail("no moepack layer")
 
 
 def test_refuses_act_order(plugin, artifacts):

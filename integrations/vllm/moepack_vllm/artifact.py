@@ -1,5 +1,9 @@
-"""What a moepack artifact is, read from its config block and moepack.json, and what this plugin
-can serve of it. No vLLM import here: the refusals are testable without an engine.
+"""What a moepack artifact is, read from its config block and moepack.json, and how it is served.
+No vLLM import here: the refusals are testable without an engine.
+
+How each layout is served is not written here: moepack's C++ layout rows export it into
+moepack.json ("serving": the path and its vLLM method/backend or kernel builder, or why not; each
+layer's "param_roles"), and this module reads it (docs/vllm.md "Serving paths").
 
 Every refusal raises ArtifactError with a message naming the file and field, so a user sees why
 the artifact cannot be served instead of a model that talks nonsense.
@@ -14,24 +18,11 @@ from dataclasses import dataclass, field
 
 # The vLLM release line whose names and shapes the artifact must have been written for.
 VLLM_TARGETS = ("0.33",)
+# moepack.json versions this plugin reads: 2 is the first that exports "serving" and
+# "param_roles" (a version 1 manifest has neither).
+MANIFEST_VERSIONS = (2,)
 
-# backend -> layout versions this plugin serves. Everything else is refused with a reason
-# (docs/vllm.md "What is served").
-# Marlin layout 2 (issue 10) differs from 1 only for act-order layers (refused here) and adds the
-# 0.33 intermediate padding (whole tiles the kernel reads as it is; docs/vllm_targets.md).
-SERVED_LAYOUTS = {"marlin": (1, 2)}
-UNSERVED_REASONS = {
-    "triton-wna16": "vLLM 0.33's MoeWNA16 method reads the checkpoint-format qweight/scales and "
-    "repacks them itself; its Triton kernel has no pre-packed entry point this plugin can feed",
-    "triton-int8": "vLLM 0.33's W8A8 int8 MoE methods quantise per load and have no pre-processed "
-    "weight path this plugin can feed",
-    "trtllm-mxfp8": "the TRT-LLM MXFP8 MoE path needs FlashInfer's sm100 kernels; not served by "
-    "this plugin yet",
-    "trtllm-fp8-block": "the TRT-LLM FP8 block MoE path needs FlashInfer's sm100 kernels; not "
-    "served by this plugin yet",
-}
-# Source methods whose Marlin parameters the plugin knows by name.
-MARLIN_SOURCES = ("gptq", "awq", "compressed-tensors-pack-quantized")
+SERVING_PATHS = ("none", "vllm-method", "kernel-builder")
 
 
 class ArtifactError(ValueError):
@@ -84,20 +75,11 @@ class Block:
             source_quantization_config=block.get("source_quantization_config"),
             raw=block,
         )
-        b.check_servable(file)
+        b.check_config(file)
         return b
 
-    def check_servable(self, file: str = "config.json") -> None:
-        if self.backend not in SERVED_LAYOUTS:
-            why = UNSERVED_REASONS.get(self.backend, "unknown backend")
-            raise ArtifactError(
-                f"{file}: quantization_config.backend {self.backend!r} is not served by "
-                f"moepack-vllm: {why}")
-        if self.layout_version not in SERVED_LAYOUTS[self.backend]:
-            raise ArtifactError(
-                f"{file}: quantization_config.layout_version {self.layout_version} of "
-                f"{self.backend!r}: this moepack-vllm serves versions "
-                f"{list(SERVED_LAYOUTS[self.backend])}; upgrade moepack-vllm or re-convert")
+    def check_config(self, file: str = "config.json") -> None:
+        """What config.json alone shows: written for another vLLM line, dtype, digest."""
         if self.vllm_target not in VLLM_TARGETS:
             raise ArtifactError(
                 f"{file}: quantization_config.vllm_target {self.vllm_target!r}: the artifact was "
@@ -105,37 +87,51 @@ class Block:
                 "(re-convert with the matching --vllm-target)")
         if self.act_dtype not in ("BF16", "F16"):
             raise ArtifactError(f"{file}: quantization_config.act_dtype {self.act_dtype!r}")
-        if self.source_format not in MARLIN_SOURCES:
-            raise ArtifactError(
-                f"{file}: quantization_config.source_format {self.source_format!r} has no Marlin "
-                "MoE parameters in vLLM 0.33 (served: gptq, awq, compressed-tensors-pack-quantized)")
         if len(self.manifest_sha256) != 64:
             raise ArtifactError(f"{file}: quantization_config.manifest_sha256 is not a SHA-256")
+        src = self.source_quantization_config
+        if src is not None and not isinstance(src, dict):
+            raise ArtifactError(f"{file}: quantization_config.source_quantization_config: "
+                                f"expected an object or null, got {src!r}")
 
     def check_deployment(self, tensor_parallel_size: int, expert_parallel: bool,
-                         device_capability: int | None, dtype_name: str) -> None:
+                         dtype_name: str, file: str = "config.json") -> None:
         """Refuses a deployment the artifact was not written for."""
         if tensor_parallel_size != self.tensor_parallel_size:
             raise ArtifactError(
+                f"{file}: quantization_config.tensor_parallel_size: "
                 f"moepack artifact was written for tensor_parallel_size="
                 f"{self.tensor_parallel_size}, the engine runs {tensor_parallel_size}: the expert "
                 "tensors are laid out for whole (unsplit) experts; serve it with "
                 f"--tensor-parallel-size {self.tensor_parallel_size}")
         if expert_parallel:
-            raise ArtifactError("moepack artifact holds every expert in one tensor per layer; "
-                                "expert parallelism is not supported")
-        # Marlin's tiles are the same for every arch the kernel runs on (sm80+); the target arch
-        # only chose the backend. Refuse devices the kernel cannot run on.
-        if device_capability is not None and device_capability < 80:
-            raise ArtifactError(
-                f"moepack {self.backend} artifact (target {self.target_arch}) needs an sm80+ GPU; "
-                f"this one is sm{device_capability}")
+            raise ArtifactError(f"{file}: quantization_config.tensor_parallel_size: moepack "
+                                "artifact holds every expert in one tensor per layer; expert "
+                                "parallelism is not supported")
         want = {"BF16": "bfloat16", "F16": "float16"}[self.act_dtype]
         if dtype_name != want:
             raise ArtifactError(
-                f"moepack artifact stores its scales in {want} (act_dtype {self.act_dtype}); the "
+                f"{file}: quantization_config.act_dtype: moepack artifact stores its scales in "
+                f"{want} (act_dtype {self.act_dtype}); the "
                 f"engine runs {dtype_name}: serve it with --dtype {want} or re-convert with "
                 "--act-dtype")
+
+
+@dataclass
+class Serving:
+    """moepack.json's "serving": how the layout row says this plugin serves the artifact."""
+
+    path: str  # one of SERVING_PATHS
+    vllm_method: str = ""  # vllm-method: the class of vLLM's MoE method for the source
+    vllm_backend: str = ""  # vllm-method: "EnumClass.MEMBER" vLLM's oracle must pick
+    kernel_builder: str = ""  # kernel-builder: the builder's name (moe.KERNEL_BUILDERS)
+    reason: str = ""  # none: why not
+    archs: tuple = ()  # target archs the layout's kernel runs on ("sm80", ...)
+
+    @property
+    def min_capability(self) -> int:
+        """The lowest compute capability (as vLLM's to_int: 80, 100) among `archs`."""
+        return min(int(a.removeprefix("sm")) for a in self.archs)
 
 
 @dataclass
@@ -147,15 +143,24 @@ class Layer:
     inter: int
     gated: bool
     params: dict  # local name ("w13_qweight") -> (dtype name, shape)
+    roles: dict  # role ("w13_weight", "w2_scale", ...) -> local name
 
 
 @dataclass
 class Manifest:
     path: str
-    source_method: str
+    version: int
+    backend: str
+    layout: str
+    layout_version: int
+    target_arch: str
+    vllm_target: str
+    act_dtype: str
+    source_method: str  # the experts' method (target_quant_params.method)
     bits: int
     group_size: int
     symmetric: bool
+    serving: Serving
     layers: list
 
     def layer_for(self, prefix: str) -> Layer | None:
@@ -168,9 +173,82 @@ class Manifest:
                 return L
         return None
 
+    def check_matches(self, block: Block, file: str = "config.json") -> None:
+        """config.json's block repeats what the manifest says; both come from one conversion."""
+        for key, mine in (("backend", self.backend), ("layout", self.layout),
+                          ("layout_version", self.layout_version),
+                          ("target_arch", self.target_arch), ("vllm_target", self.vllm_target),
+                          ("act_dtype", self.act_dtype)):
+            theirs = getattr(block, key)
+            if theirs != mine:
+                where = "layout.version" if key == "layout_version" else key
+                raise ArtifactError(
+                    f"{file}: quantization_config.{key} {theirs!r} differs from {self.path}'s "
+                    f"{where} {mine!r}: the config and the manifest do not describe the same "
+                    "conversion")
+
+    def check_servable(self, kernel_builders, source_config_present: bool) -> None:
+        """Refuses what the layout row says is not served, or a path this plugin lacks."""
+        s = self.serving
+        if s.path == "none":
+            raise ArtifactError(
+                f"{self.path}: serving.path \"none\": backend {self.backend!r} is not served by "
+                f"moepack-vllm for vLLM {self.vllm_target} ({self.source_method} experts): "
+                f"{s.reason}")
+        if s.path == "kernel-builder" and s.kernel_builder not in kernel_builders:
+            raise ArtifactError(
+                f"{self.path}: serving.kernel_builder {s.kernel_builder!r}: this moepack-vllm has "
+                f"the kernel builders {sorted(kernel_builders)}; upgrade moepack-vllm")
+        if s.path == "vllm-method" and not source_config_present:
+            raise ArtifactError(
+                f"{self.path}: serving.path \"vllm-method\" needs vLLM's method for the source, "
+                "but config.json's quantization_config.source_quantization_config is null")
+
+
+def _serving(s: dict) -> Serving:
+    if not isinstance(s, dict):
+        raise TypeError(f"serving: expected an object, got {s!r}")
+    path = s["path"]
+    if path not in SERVING_PATHS:
+        raise ValueError(f"serving.path {path!r} (expected one of {list(SERVING_PATHS)})")
+    out = Serving(path=path, archs=tuple(s["archs"]))
+    if not out.archs or not all(isinstance(a, str) and a.startswith("sm") for a in out.archs):
+        raise ValueError(f"serving.archs {s['archs']!r}")
+    if path == "vllm-method":
+        out.vllm_method, out.vllm_backend = str(s["vllm_method"]), str(s["vllm_backend"])
+        if out.vllm_backend.count(".") != 1:
+            raise ValueError(f"serving.vllm_backend {out.vllm_backend!r} is not EnumClass.MEMBER")
+    elif path == "kernel-builder":
+        out.kernel_builder = str(s["kernel_builder"])
+    else:
+        out.reason = str(s["reason"])
+    return out
+
+
+def _layer(i: int, L: dict, tensors: dict, path: str) -> Layer:
+    prefix = L["param_prefix"]
+    params, roles = {}, {}
+    for name in L["params"]:
+        t = tensors[name]
+        if not name.startswith(prefix):
+            raise ArtifactError(f"{path}: layers[{i}].params: {name} is not under {prefix}")
+        params[name[len(prefix):]] = (t["dtype"], tuple(t["shape"]))
+    for name, role in L["param_roles"].items():
+        if name not in L["params"]:
+            raise ArtifactError(f"{path}: layers[{i}].param_roles: {name} is not in its params")
+        if role in roles:
+            raise ArtifactError(f"{path}: layers[{i}].param_roles: two parameters are {role}")
+        roles[role] = name[len(prefix):]
+    missing = set(L["params"]) - set(L["param_roles"])
+    if missing:
+        raise ArtifactError(f"{path}: layers[{i}].param_roles: no role for {sorted(missing)}")
+    return Layer(L["module"], prefix, L["experts"], L["hidden"], L["inter"], L["gated"], params,
+                 roles)
+
 
 def read_manifest(model_dir: str, block: Block) -> Manifest:
-    """Reads DIR/moepack.json, checking it is the one config.json names (by SHA-256)."""
+    """Reads DIR/moepack.json, checking it is the one config.json names (by SHA-256) and that
+    both describe the same conversion."""
     path = os.path.join(model_dir, block.manifest)
     try:
         with open(path, "rb") as f:
@@ -185,21 +263,33 @@ def read_manifest(model_dir: str, block: Block) -> Manifest:
             "config are not from the same conversion")
     try:
         m = json.loads(data)
+        version = m["manifest_version"]
+        if version not in MANIFEST_VERSIONS:
+            raise ArtifactError(
+                f"{path}: manifest_version {version!r}: this moepack-vllm reads "
+                f"{list(MANIFEST_VERSIONS)} (version 1 predates the exported serving paths and "
+                "parameter roles): re-convert with a newer moepack")
         tq = m["target_quant_params"]
-        tensors = m["tensors"]
-        layers = []
-        for i, L in enumerate(m["layers"]):
-            prefix = L["param_prefix"]
-            params = {}
-            for name in L["params"]:
-                t = tensors[name]
-                if not name.startswith(prefix):
-                    raise ArtifactError(f"{path}: layers[{i}].params: {name} is not under {prefix}")
-                params[name[len(prefix):]] = (t["dtype"], tuple(t["shape"]))
-            layers.append(Layer(L["module"], prefix, L["experts"], L["hidden"], L["inter"],
-                                L["gated"], params))
-        return Manifest(path, tq["method"], tq["bits"], tq["group_size"], tq["symmetric"], layers)
-    except (KeyError, TypeError, ValueError) as e:
+        layers = [_layer(i, L, m["tensors"], path) for i, L in enumerate(m["layers"])]
+        out = Manifest(path, version, m["backend"], m["layout"]["name"], m["layout"]["version"],
+                       m["target_arch"], m["vllm_target"], m["act_dtype"], tq["method"],
+                       tq["bits"], tq["group_size"], tq["symmetric"], _serving(m["serving"]),
+                       layers)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, ArtifactError):
             raise
         raise ArtifactError(f"{path}: malformed moepack manifest ({e!r})") from e
+    out.check_matches(block)
+    return out
+
+
+def check_capability(manifest: Manifest, device_capability: int | None) -> None:
+    """Refuses a GPU below every arch the layout's kernel runs on (serving.archs)."""
+    if device_capability is None:
+        return
+    need = manifest.serving.min_capability
+    if device_capability < need:
+        raise ArtifactError(
+            f"{manifest.path}: serving.archs {list(manifest.serving.archs)}: moepack "
+            f"{manifest.backend} artifact (target {manifest.target_arch}) needs an sm{need}+ "
+            f"GPU; this one is sm{device_capability}")

@@ -8,6 +8,7 @@ import torch
 
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.quantization import (
+    QUANTIZATION_METHODS,
     get_quantization_config,
     register_quantization_config,
 )
@@ -16,23 +17,19 @@ from vllm.model_executor.layers.quantization.base_config import (
     QuantizeMethodBase,
 )
 
-from .artifact import ArtifactError, Block, Manifest, read_manifest
-
-# vLLM's name for the source method whose config class reads the nested block. These are the
-# methods vLLM's own override detection picks on CUDA for the same quant_method.
-_SOURCE_METHOD = {"gptq": "auto_gptq", "awq": "auto_awq",
-                  "compressed-tensors": "compressed-tensors"}
+from .artifact import ArtifactError, Block, Manifest, check_capability, read_manifest
 
 
 @register_quantization_config("moepack")
 class MoepackConfig(QuantizationConfig):
     """A moepack artifact: experts in kernel layout, every other Linear as the source wrote it."""
 
-    def __init__(self, block: Block, source: QuantizationConfig | None) -> None:
+    def __init__(self, block: Block) -> None:
         super().__init__()
         self.block = block
-        self.source = source  # the source's own method, for the copied-through Linears
         self._manifest: Manifest | None = None
+        self._deployment_checked = False
+        self._source: QuantizationConfig | None = None
 
     def __repr__(self) -> str:
         return (f"MoepackConfig(backend={self.block.backend}, layout={self.block.layout} "
@@ -48,7 +45,9 @@ class MoepackConfig(QuantizationConfig):
 
     @classmethod
     def get_min_capability(cls) -> int:
-        return 80  # Marlin
+        # The lowest any layout's kernel runs on (Marlin); each artifact's own minimum comes from
+        # its manifest (serving.archs) and is checked in manifest().
+        return 80
 
     @staticmethod
     def get_config_filenames() -> list[str]:
@@ -56,17 +55,7 @@ class MoepackConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "MoepackConfig":
-        block = Block.parse(config)
-        src = block.source_quantization_config
-        source = None
-        if src is not None:
-            method = str(src.get("quant_method", "")).lower()
-            if method not in _SOURCE_METHOD:
-                raise ArtifactError(
-                    "config.json: quantization_config.source_quantization_config.quant_method "
-                    f"{method!r} has no vLLM method this plugin delegates to")
-            source = get_quantization_config(_SOURCE_METHOD[method]).from_config(src)
-        return cls(block, source)
+        return cls(Block.parse(config))
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
@@ -78,32 +67,64 @@ class MoepackConfig(QuantizationConfig):
                 f"{user_quant} would read its kernel-format experts as {user_quant} tensors")
         return "moepack"
 
-    def manifest(self) -> Manifest:
-        """moepack.json of the served model, digest-checked against config.json (read once)."""
+    # ---- the manifest and the source's own method ----
+
+    def _load_manifest(self, model_dir: str) -> Manifest:
+        """moepack.json of `model_dir`: digest-checked, matching config.json, servable (once)."""
         if self._manifest is None:
-            from vllm.config import get_current_vllm_config
+            from .moe import KERNEL_BUILDERS
 
-            vc = get_current_vllm_config()
-            mc = vc.model_config
+            m = read_manifest(model_dir, self.block)
+            m.check_servable(KERNEL_BUILDERS, self.block.source_quantization_config is not None)
+            self._manifest = m
+        return self._manifest
+
+    def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
+        # vLLM calls this while building its config, with the model directory: an artifact that
+        # is not served here is refused before any model is built.
+        self._load_manifest(model_name)
+        if self.source is not None and hasattr(self.source, "maybe_update_config"):
+            self.source.maybe_update_config(model_name, hf_config=hf_config, revision=revision)
+
+    @property
+    def source(self) -> QuantizationConfig | None:
+        """vLLM's config for the source's block (null: unquantized), for the copied-through
+        Linears and, on the vllm-method path, the MoE method itself."""
+        src = self.block.source_quantization_config
+        if self._source is None and src is not None:
+            method = str(src.get("quant_method", ""))
+            if method not in QUANTIZATION_METHODS:
+                raise ArtifactError(
+                    "config.json: quantization_config.source_quantization_config.quant_method "
+                    f"{method!r} is not a vLLM quantization method")
+            self._source = get_quantization_config(method).from_config(src)
+        return self._source
+
+    def manifest(self) -> Manifest:
+        """The served model's manifest, after checking the deployment against it (once)."""
+        from vllm.config import get_current_vllm_config
+        from vllm.platforms import current_platform
+
+        vc = get_current_vllm_config()
+        m = self._load_manifest(vc.model_config.model)
+        if not self._deployment_checked:
             pc = vc.parallel_config
-            cap = None
-            from vllm.platforms import current_platform
-
-            if current_platform.is_cuda():
-                c = current_platform.get_device_capability()
-                cap = c.to_int() if c is not None else None
             self.block.check_deployment(
                 tensor_parallel_size=pc.tensor_parallel_size,
                 expert_parallel=bool(getattr(pc, "enable_expert_parallel", False)),
-                device_capability=cap,
-                dtype_name=str(mc.dtype).removeprefix("torch."))
-            self._manifest = read_manifest(mc.model, self.block)
-        return self._manifest
+                dtype_name=str(vc.model_config.dtype).removeprefix("torch."))
+            cap = None
+            if current_platform.is_cuda():
+                c = current_platform.get_device_capability()
+                cap = c.to_int() if c is not None else None
+            check_capability(m, cap)
+            self._deployment_checked = True
+        return m
 
     def get_quant_method(self, layer: torch.nn.Module,
                          prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, RoutedExperts):
-            from .moe import MoepackMarlinMoEMethod
+            from .moe import MoepackMoEMethod
 
             m = self.manifest()
             L = m.layer_for(prefix)
@@ -111,16 +132,17 @@ class MoepackConfig(QuantizationConfig):
                 raise ArtifactError(
                     f"{m.path}: vLLM's MoE layer {prefix!r} has no entry in the manifest "
                     f"(layers: {[x.module for x in m.layers][:4]}...)")
-            return MoepackMarlinMoEMethod(layer.moe_config, m, L, prefix)
+            return MoepackMoEMethod(layer, m, L, prefix, self.source_for_moe())
         if self.source is None:
             return None
         self.source.packed_modules_mapping = self.packed_modules_mapping
         return self.source.get_quant_method(layer, prefix)
 
+    def source_for_moe(self) -> QuantizationConfig | None:
+        if self.source is not None:
+            self.source.packed_modules_mapping = self.packed_modules_mapping
+        return self.source
+
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
         if self.source is not None:
             self.source.apply_vllm_mapper(hf_to_vllm_mapper)
-
-    def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
-        if self.source is not None and hasattr(self.source, "maybe_update_config"):
-            self.source.maybe_update_config(model_name, hf_config=hf_config, revision=revision)

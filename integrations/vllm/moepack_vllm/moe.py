@@ -1,87 +1,202 @@
-"""The MoE method of a moepack artifact: parameters in the kernel's names and shapes, loaded
-byte for byte, and a post-processing step that only builds the kernel object.
+"""The MoE method of a moepack artifact: parameters created from moepack.json (names, dtypes,
+shapes), loaded byte for byte, and then served by one of the two paths the layout row exported
+(moepack.json "serving"; docs/vllm.md "Serving paths"):
 
-Which kernel: the one the artifact was written for (Marlin), forced, whatever vLLM's WNA16
-oracle would pick (on SM90 vLLM 0.33 prefers Humming, which reads another layout).
+(a) "vllm-method": vLLM's own MoE method for the source format (built from the source's
+    quantization config, nested in config.json) runs its process_weights_after_loading under
+    weights_already_processed(): it transforms no tensor and only builds its kernel, as for
+    `vllm preload`'s post-processed weights. Its oracle must have picked the backend the artifact
+    was written for (serving.vllm_backend); otherwise the layer is refused, naming both.
+(b) "kernel-builder": vLLM's method has no such path; the plugin builds vLLM's own modular kernel
+    for the layout with the builder named in the manifest (KERNEL_BUILDERS), finding the
+    parameters by their exported roles.
+
+Nothing here knows a layout's parameter names: they are the manifest's.
 """
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
-from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
-from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import (
-    WNA16MoEBackend,
-    make_wna16_moe_kernel,
-    make_wna16_moe_quant_config,
-)
-from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+from vllm.model_executor.utils import weights_already_processed
 
 from .artifact import ArtifactError, Layer, Manifest
 
 _DTYPES = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16,
-           "F32": torch.float32, "U8": torch.uint8, "I8": torch.int8, "I64": torch.int64}
-
-# Per source method: the artifact's names of (w13 weight, w2 weight, w13 scales, w2 scales,
-# w13 zeros, w2 zeros, act-order params). docs/marlin.md "Parameters".
-_MARLIN_NAMES = {
-    "gptq": ("w13_qweight", "w2_qweight", "w13_scales", "w2_scales", None, None,
-             ("w13_g_idx", "w2_g_idx", "w13_g_idx_sort_indices", "w2_g_idx_sort_indices")),
-    "awq": ("w13_qweight", "w2_qweight", "w13_scales", "w2_scales", "w13_qzeros", "w2_qzeros",
-            ("w13_g_idx_sort_indices", "w2_g_idx_sort_indices")),
-    "compressed-tensors-pack-quantized": (
-        "w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale", None,
-        None, ("w13_weight_g_idx", "w2_weight_g_idx", "w13_g_idx_sort_indices",
-               "w2_g_idx_sort_indices")),
-}
+           "F32": torch.float32, "U8": torch.uint8, "I8": torch.int8, "I64": torch.int64,
+           "F8_E4M3": torch.float8_e4m3fn}
 
 
-class MoepackMarlinMoEMethod(FusedMoEMethodBase):
-    """Serves one MoE layer of a moepack Marlin artifact."""
+# ---- path (b): kernel builders, one per layout vLLM's methods cannot take pre-processed ----
 
-    supports_pre_processed_weights = True
+class Wna16MarlinBuilder:
+    """vLLM 0.33's Marlin WNA16 MoE kernel (MarlinExperts through make_wna16_moe_kernel), forced:
+    its WNA16 oracle would put Humming first on SM90, which reads another layout."""
 
-    def __init__(self, moe, manifest: Manifest, layer: Layer, prefix: str) -> None:
-        super().__init__(moe)
-        self.manifest = manifest
-        self.art = layer
-        self.prefix = prefix
-        self.names = _MARLIN_NAMES[manifest.source_method]
-        self.loaded: set[str] = set()
-        self.use_marlin = True
+    name = "wna16-marlin"
+
+    def __init__(self, method: "MoepackMoEMethod") -> None:
+        from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+        from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import WNA16MoEBackend
+
+        self.method = method
         self.experts_cls = MarlinExperts
         self.backend = WNA16MoEBackend.MARLIN
 
+    def check(self, where: str) -> None:
+        art = self.method.art
+        for role in ("w13_weight", "w2_weight", "w13_scale", "w2_scale"):
+            if role not in art.roles:
+                raise ArtifactError(f"{where}: param_roles has no {role} (needed by {self.name})")
+        for role in ("w13_g_idx", "w2_g_idx", "w13_sort_indices", "w2_sort_indices"):
+            local = art.roles.get(role)
+            if local is not None and art.params[local][1][-1] != 0:
+                raise ArtifactError(
+                    f"{where}: {local} {list(art.params[local][1])}: act-order layers are not "
+                    "served (vLLM 0.33's Marlin MoE kernel takes no g_idx/perm)")
+
+    def quant_config(self, layer: RoutedExperts):
+        from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import (
+            make_wna16_moe_quant_config,
+        )
+
+        p, m = self.method.param, self.method.manifest
+        return make_wna16_moe_quant_config(
+            w1_scale=p(layer, "w13_scale"), w2_scale=p(layer, "w2_scale"),
+            group_size=m.group_size, num_bits=m.bits,
+            w1_zp=p(layer, "w13_zero"), w2_zp=p(layer, "w2_zero"))
+
+    def build(self, layer: RoutedExperts):
+        from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import make_wna16_moe_kernel
+
+        # The modular kernel reads w13_weight/w2_weight.
+        layer.w13_weight = self.method.param(layer, "w13_weight")
+        layer.w2_weight = self.method.param(layer, "w2_weight")
+        quant_config = self.quant_config(layer)
+        return quant_config, make_wna16_moe_kernel(
+            moe_quant_config=quant_config, moe_config=self.method.moe,
+            experts_cls=self.experts_cls, backend=self.backend,
+            routing_tables=layer._expert_routing_tables())
+
+
+# The kernel-builder names a manifest may give (serving.kernel_builder).
+KERNEL_BUILDERS = {b.name: b for b in (Wna16MarlinBuilder,)}
+
+
+def _oracle_choice(method, enum_class: str):
+    """The member of vLLM's backend enum `enum_class` that `method` holds (its oracle's pick)."""
+    for value in vars(method).values():
+        if isinstance(value, enum.Enum) and type(value).__name__ == enum_class:
+            return value
+    return None
+
+
+class MoepackMoEMethod(FusedMoEMethodBase):
+    """Serves one MoE layer of a moepack artifact by the path its manifest names."""
+
+    # Neither path transforms a tensor after loading.
+    supports_pre_processed_weights = True
+
+    def __init__(self, layer: RoutedExperts, manifest: Manifest, art: Layer, prefix: str,
+                 source) -> None:
+        super().__init__(layer.moe_config)
+        self.manifest = manifest
+        self.art = art
+        self.prefix = prefix
+        self.where = f"{manifest.path}: layer {art.module}"
+        self.loaded: set[str] = set()
+        self.inner: FusedMoEMethodBase | None = None  # path (a): vLLM's own method
+        self.builder = None  # path (b)
+        serving = manifest.serving
+        if serving.path == "vllm-method":
+            self.inner = self._vllm_method(layer, source)
+        else:
+            self.builder = KERNEL_BUILDERS[serving.kernel_builder](self)
+            self.experts_cls = self.builder.experts_cls
+
+    # ---- path (a): vLLM's method, checked against the manifest ----
+
+    def _vllm_method(self, layer: RoutedExperts, source) -> FusedMoEMethodBase:
+        s = self.manifest.serving
+        inner = source.get_quant_method(layer, self.prefix)
+        got = type(inner).__name__
+        if got != s.vllm_method:
+            raise ArtifactError(
+                f"{self.manifest.path}: serving.vllm_method: the artifact is served by vLLM's "
+                f"{s.vllm_method}, but vLLM's {type(source).__name__} gives {got} for "
+                f"{self.prefix}")
+        if not getattr(inner, "supports_pre_processed_weights", False):
+            raise ArtifactError(
+                f"{self.manifest.path}: serving.vllm_method: vLLM's {got} does not declare "
+                "supports_pre_processed_weights in this vLLM")
+        enum_class, member = s.vllm_backend.split(".")
+        picked = _oracle_choice(inner, enum_class)
+        if picked is None or picked.name != member:
+            got_name = f"{enum_class}.{picked.name}" if picked is not None else "no backend"
+            raise ArtifactError(
+                f"{self.manifest.path}: serving.vllm_backend: the artifact is written for "
+                f"{s.vllm_backend}, but vLLM's oracle picked {got_name} for {self.prefix} on "
+                f"this deployment (its {got} would transform nothing and read the bytes with the "
+                "wrong kernel); serve it where vLLM picks that backend "
+                f"(serving.archs {list(s.archs)}) or re-convert for this GPU")
+        return inner
+
     # ---- parameters ----
+
+    def param(self, layer: RoutedExperts, role: str):
+        """The layer's parameter with this role (param_roles), or None when it has none."""
+        local = self.art.roles.get(role)
+        return getattr(layer, local) if local is not None else None
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
+                            moe_parallel_config):
+        if self.inner is not None:
+            return self.inner.maybe_roundup_sizes(hidden_size, intermediate_size_per_partition,
+                                                  act_dtype, moe_parallel_config)
+        return super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition,
+                                           act_dtype, moe_parallel_config)
 
     def create_weights(self, layer: RoutedExperts, num_experts: int, hidden_size: int,
                        intermediate_size_per_partition: int, params_dtype: torch.dtype,
                        **extra_weight_attrs) -> None:
         L = self.art
-        where = f"{self.manifest.path}: layer {L.module}"
         got = (num_experts, hidden_size, intermediate_size_per_partition)
         if got != (L.experts, L.hidden, L.inter):
             raise ArtifactError(
-                f"{where}: written for (experts, hidden, intermediate) = "
+                f"{self.where}: written for (experts, hidden, intermediate) = "
                 f"{(L.experts, L.hidden, L.inter)}, vLLM builds {got} for {self.prefix}")
-        for name in self.names[6]:
-            if name in L.params and L.params[name][1][-1] != 0:
-                raise ArtifactError(
-                    f"{where}: {name} {list(L.params[name][1])}: act-order layers are not served "
-                    "(vLLM 0.33's Marlin MoE kernel takes no g_idx/perm)")
         for local, (dtype, shape) in L.params.items():
             if dtype not in _DTYPES:
-                raise ArtifactError(f"{where}: {local}: dtype {dtype} not served")
+                raise ArtifactError(f"{self.where}: {local}: dtype {dtype} not served")
             if (dtype in ("BF16", "F16")) and _DTYPES[dtype] != params_dtype:
                 raise ArtifactError(
-                    f"{where}: {local} is {dtype}, the engine's dtype is {params_dtype}")
+                    f"{self.where}: {local} is {dtype}, the engine's dtype is {params_dtype}")
+        if self.inner is not None:
+            self._vllm_create_weights(layer, got, params_dtype, extra_weight_attrs)
+        else:
+            self.builder.check(self.where)
+        for local, (dtype, shape) in L.params.items():
             p = torch.nn.Parameter(torch.empty(shape, dtype=_DTYPES[dtype]), requires_grad=False)
             p.weight_loader = self._make_loader(local)
+            layer._parameters.pop(local, None)
             layer.register_parameter(local, p)
-        for local in self.names[:4]:
-            if local not in L.params:
-                raise ArtifactError(f"{where}: the manifest lists no {L.param_prefix}{local}")
+
+    def _vllm_create_weights(self, layer, sizes, params_dtype, extra_weight_attrs) -> None:
+        """vLLM's method creates its parameters on the meta device (as `vllm preload`'s loader
+        builds the model), which also sets the layer attributes its post-processing reads; each
+        is then replaced by the manifest's post-processed parameter of the same name."""
+        before = set(layer._parameters)
+        with torch.device("meta"):
+            self.inner.create_weights(layer, *sizes, params_dtype, **extra_weight_attrs)
+        made = sorted(set(layer._parameters) - before)
+        if made != sorted(self.art.params):
+            raise ArtifactError(
+                f"{self.where}: vLLM's {type(self.inner).__name__} creates {made}, the manifest "
+                f"lists {sorted(self.art.params)}: the artifact's names are not this vLLM's")
 
     def _make_loader(self, local: str):
         def load(param: torch.nn.Parameter, loaded_weight: torch.Tensor, *args, **kwargs):
@@ -117,33 +232,56 @@ class MoepackMarlinMoEMethod(FusedMoEMethodBase):
             raise ArtifactError(
                 f"{self.manifest.path}: layer {self.art.module}: the checkpoint holds no "
                 f"{', '.join(self.art.param_prefix + m for m in missing)}")
-        w13, w2, s13, s2, z13, z2, _ = self.names
-        # The modular kernel reads w13_weight/w2_weight.
-        layer.w13_weight = getattr(layer, w13)
-        layer.w2_weight = getattr(layer, w2)
-        self.moe_quant_config = self.get_fused_moe_quant_config(layer)
-        self.moe_kernel = make_wna16_moe_kernel(
-            moe_quant_config=self.moe_quant_config,
-            moe_config=self.moe,
-            experts_cls=self.experts_cls,
-            backend=self.backend,
-            routing_tables=layer._expert_routing_tables(),
-        )
+        if self.inner is None:
+            self.moe_quant_config, self.moe_kernel = self.builder.build(layer)
+            return
+        before = {n: self._identity(layer, n) for n in self.art.params}
+        with weights_already_processed():
+            self.inner.process_weights_after_loading(layer)
+        for n, ident in before.items():
+            if self._identity(layer, n) != ident:
+                raise ArtifactError(
+                    f"{self.where}: vLLM's {type(self.inner).__name__} replaced or reshaped {n} "
+                    "under weights_already_processed(); it must only build its kernel")
+        self.moe_quant_config = self.inner.moe_quant_config
+        self.moe_kernel = self.inner.moe_kernel
+
+    @staticmethod
+    def _identity(layer, name):
+        p = layer._parameters.get(name)
+        return None if p is None else (p.data_ptr(), p.dtype, tuple(p.shape))
+
+    # ---- running: vLLM's method (a) or the built modular kernel (b) ----
 
     def get_fused_moe_quant_config(self, layer: RoutedExperts):
-        w13, w2, s13, s2, z13, z2, _ = self.names
-        m = self.manifest
-        return make_wna16_moe_quant_config(
-            w1_scale=getattr(layer, s13),
-            w2_scale=getattr(layer, s2),
-            group_size=m.group_size,
-            num_bits=m.bits,
-            w1_zp=getattr(layer, z13) if z13 else None,
-            w2_zp=getattr(layer, z2) if z2 else None,
-        )
+        if self.inner is not None:
+            return self.inner.get_fused_moe_quant_config(layer)
+        return self.builder.quant_config(layer)
+
+    @property
+    def is_monolithic(self) -> bool:
+        if self.inner is not None:
+            return self.inner.is_monolithic
+        return super().is_monolithic
+
+    @property
+    def skip_forward_padding(self) -> bool:
+        return self.inner.skip_forward_padding if self.inner is not None else False
+
+    @property
+    def has_unpadded_output(self) -> bool:
+        return self.inner.has_unpadded_output if self.inner is not None else False
+
+    def apply_monolithic(self, layer: RoutedExperts, x: torch.Tensor,
+                         router_logits: torch.Tensor, input_ids: torch.Tensor | None = None):
+        assert self.inner is not None, "only vLLM's own methods have monolithic kernels here"
+        return self.inner.apply_monolithic(layer, x, router_logits, input_ids)
 
     def apply(self, layer: RoutedExperts, x: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, shared_experts, shared_experts_input):
+        if self.inner is not None:
+            return self.inner.apply(layer, x, topk_weights, topk_ids, shared_experts,
+                                    shared_experts_input)
         assert self.moe_kernel is not None
         return self.moe_kernel.apply(
             hidden_states=x,
@@ -169,7 +307,7 @@ def patch_routed_experts_loader() -> None:
         return
 
     def load_weights(self, weights):
-        if isinstance(self.quant_method, MoepackMarlinMoEMethod):
+        if isinstance(self.quant_method, MoepackMoEMethod):
             return self.quant_method.load_layer_weights(self, weights)
         return original(self, weights)
 
