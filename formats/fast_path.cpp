@@ -24,6 +24,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 #include "formats/awq.h"
+#include "formats/fp8.h"
 #include "formats/layout/marlin_layout.h"
 #include "formats/marlin.h"
 #include "formats/trtllm_mxfp8.h"
@@ -581,6 +582,9 @@ bool read_mx_linear(const QuantParams& q, const LinearViews& m, int64_t n, int64
   if (!w || !s || w->dtype != DType::kF8_E4M3 || !is_scale_byte_dtype(s->dtype)) return false;
   if (w->shape != Shape{n, k} || s->shape != Shape{n, k / kMxBlock}) return false;
   if (std::memchr(s->data, 255, s->nbytes)) return false;  // E8M0 NaN: the codec refuses it
+  bool nan_code = false;  // e4m3 NaN codes: the codec refuses them too
+  for (uint64_t i = 0; i < w->nbytes; ++i) nan_code |= e4m3_is_nan(w->data[i]);
+  if (nan_code) return false;
   out->codes = w->data;
   out->scales = s->data;
   return true;

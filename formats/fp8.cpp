@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/error.h"
 #include "core/half.h"
 
 namespace moepack {
@@ -55,6 +56,16 @@ uint8_t e8m0_ceil_code(float s) {
 
 uint8_t mxfp8_scale_code_for_amax(float amax) {
   return e8m0_ceil_code(amax / 448.0f);
+}
+
+void check_e4m3_codes(const std::vector<uint8_t>& codes, int64_t k, const std::string& what) {
+  for (size_t i = 0; i < codes.size(); ++i)
+    if (e4m3_is_nan(codes[i]))
+      throw Error(ErrorCode::kBadValue, "", what,
+                  std::string("float8_e4m3fn code ") + (codes[i] == 0x7f ? "0x7f" : "0xff") +
+                      " (NaN) at row " + std::to_string(static_cast<int64_t>(i) / k) + ", column " +
+                      std::to_string(static_cast<int64_t>(i) % k) +
+                      ": a quantised weight is a finite number");
 }
 
 }  // namespace moepack

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/half.h"
 
@@ -44,5 +46,15 @@ uint8_t e8m0_ceil_code(float s);
 // e8m0_ceil_code(amax / 448) with the float32 division correctly rounded (FlashInfer
 // mxfp8_quantize_reference, ModelOpt MXFP8QTensor).
 uint8_t mxfp8_scale_code_for_amax(float amax);
+
+// Whether an e4m3fn byte is a NaN (S.1111.111: 0x7f, 0xff; e4m3fn has no infinity).
+inline bool e4m3_is_nan(uint8_t b) {
+  return (b & 0x7f) == 0x7f;
+}
+
+// Float8 weights are finite numbers: a NaN code cannot come from a quantiser and would poison
+// every output it touches. Throws kBadValue naming `what` (the tensor's suffix) with the row and
+// column of the first NaN code of `codes` [n, k].
+void check_e4m3_codes(const std::vector<uint8_t>& codes, int64_t k, const std::string& what);
 
 }  // namespace moepack

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/fp8.h"
+
 namespace moepack {
 namespace {
 
@@ -71,6 +73,7 @@ QuantTensor unpack_fp8_block(const QuantParams& p, const TensorMap& by_suffix, i
     throw Error(ErrorCode::kBadShape, "", "weight_scale_inv",
                 "shape " + shape_str(s.shape) + ", expected " + shape_str(ss));
   check_scales(s.data, "weight_scale_inv");
+  check_e4m3_codes(w.data, k, "weight");
 
   QuantTensor q(fp8_block_spec(kBlock, kBlock), 1, n, k);
   q.codes = w.data;
@@ -163,6 +166,7 @@ QuantTensor unpack_ct_fp8_block(const QuantParams& p, const TensorMap& by_suffix
                 "shape " + shape_str(s.shape) + ", expected " + shape_str(ss) +
                     " ([ceil(N/128), ceil(K/128)])");
   check_scales(s.data, "weight_scale", s.dtype);
+  check_e4m3_codes(w.data, k, "weight");
   QuantSpec spec = fp8_block_spec(kBlock, kBlock);
   spec.scale_dtype = s.dtype;
   QuantTensor q(spec, 1, n, k);

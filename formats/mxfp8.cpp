@@ -58,6 +58,7 @@ QuantTensor unpack_mxfp8(const QuantParams&, const TensorMap& by_suffix, int64_t
                   "E8M0 code 255 (NaN) at row " + std::to_string(i / (k / kMxBlock)) + ", block " +
                       std::to_string(i % (k / kMxBlock)));
 
+  check_e4m3_codes(w.data, k, "weight");
   QuantTensor q(mxfp8_spec_for(QuantParams{}), 1, n, k);
   q.codes = w.data;
   q.scales = s.data;

@@ -395,9 +395,13 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     throw Error(ErrorCode::kIo, path, "", "cannot stat: " + errno_text(err));
   }
   if (!S_ISREG(st.st_mode)) {
+    // What the path is, not the environment, is wrong: an input error, as for a JSON input
+    // (io/json_file.h), never an I/O error a pipeline would retry.
     ::close(fd);
-    throw Error(ErrorCode::kIo, path, "",
-                S_ISDIR(st.st_mode) ? "is a directory, not a file" : "not a regular file");
+    throw Error(ErrorCode::kBadConfig, path, "",
+                S_ISDIR(st.st_mode)    ? "is a directory, not a file"
+                : S_ISFIFO(st.st_mode) ? "is a FIFO, not a regular file"
+                                       : "not a regular file");
   }
   f.size_ = static_cast<uint64_t>(st.st_size);
   if (f.size_ < 8) {

@@ -26,6 +26,11 @@ SafetensorsIndex parse_safetensors_index(const json& j, const std::string& path)
     if (s.empty() || s == "." || s == ".." || s.find('/') != std::string::npos ||
         s.find('\0') != std::string::npos)
       throw bad(tensor, field + ": shard name \"" + s + "\" is not a plain file name");
+    // What loaders read: a weight_map entry names a .safetensors file (never config.json,
+    // moepack.json or another file the directory also holds).
+    const std::string ext = ".safetensors";
+    if (s.size() <= ext.size() || s.compare(s.size() - ext.size(), ext.size(), ext) != 0)
+      throw bad(tensor, field + ": shard name \"" + s + "\" does not end in " + ext);
     idx.weight_map[tensor] = s;
     shards.insert(s);
   }

@@ -1,7 +1,8 @@
 // model.safetensors.index.json: {"metadata": {"total_size": N, ...}, "weight_map": {tensor: shard}}
 // read as untrusted input (io/json_file.h: regular file, bounded size and depth) and validated:
-// weight_map an object of plain shard file names (no '/', not "." or "..", not empty), total_size
-// absent or a non-negative integer. Every failure is kBadConfig naming the file and the field.
+// weight_map an object of plain shard file names ending in ".safetensors" (no '/', not "." or
+// "..", not empty), total_size absent or a non-negative integer. Every failure is kBadConfig
+// naming the file and the field.
 #pragma once
 
 #include <cstdint>

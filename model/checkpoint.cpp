@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -72,6 +74,38 @@ int proj_of(const std::string& name) {
   return -1;
 }
 
+// The index and the shards it names agree exactly, in both directions: every weight_map entry
+// is in the shard it names, and every tensor of those shards is in weight_map. A loader that
+// follows the index would otherwise miss a tensor or look for one that is not there.
+void check_index_agrees(const std::map<std::string, std::string>& index_map,
+                        const std::map<std::string, std::string>& where,
+                        const std::vector<std::string>& order, const std::string& index_path,
+                        const std::string& dir) {
+  for (const auto& [tensor, shard] : index_map) {
+    auto it = where.find(tensor);
+    if (it == where.end())
+      throw Error(ErrorCode::kMissingTensor, (fs::path(dir) / shard).string(), tensor,
+                  "listed in " + std::string(kIndexName) + " but not in the shard");
+    if (it->second != shard)
+      throw Error(ErrorCode::kBadConfig, index_path, tensor,
+                  "index says " + shard + " but the tensor is in " + it->second);
+  }
+  for (const auto& tensor : order)
+    if (!index_map.count(tensor))
+      throw Error(ErrorCode::kBadConfig, index_path, tensor,
+                  "stored in " + where.at(tensor) + " but not listed in weight_map");
+}
+
+// The source names a file "moepack.json": a converted checkpoint (convert it from its source),
+// or a stray manifest that an output would then carry next to its own.
+void refuse_reserved_files(const std::vector<std::string>& other_files, const std::string& dir) {
+  for (const auto& rel : other_files)
+    if (rel == "moepack.json")
+      throw Error(ErrorCode::kBadConfig, (fs::path(dir) / rel).string(), "",
+                  "a source holds no moepack.json (the name of a converted checkpoint's "
+                  "manifest): convert from the original checkpoint, or remove the file");
+}
+
 }  // namespace
 
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
@@ -106,20 +140,18 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
 
   for (const auto& s : c->shard_names_) {
     const std::string p = (fs::path(dir) / s).string();
-    if (regular_file_or_missing(p) == PathKind::kMissing)
-      throw Error(ErrorCode::kIo, p, "",
-                  "shard listed in " + std::string(kIndexName) + " does not exist");
+    if (regular_file_or_missing(p) == PathKind::kMissing) {
+      // The index is what is wrong (or the checkpoint is incomplete): an input error, never an
+      // environment error a pipeline would retry.
+      std::string tensor;
+      for (const auto& [t, shard] : index_map)
+        if (shard == s) tensor = t;
+      throw Error(ErrorCode::kBadConfig, index_path, tensor,
+                  "weight_map names shard " + s + ", which does not exist in " + dir);
+    }
     c->add_shard(s, SafetensorsFile::open(p));
   }
-  for (const auto& [tensor, shard] : index_map) {
-    auto it = c->where_.find(tensor);
-    if (it == c->where_.end())
-      throw Error(ErrorCode::kMissingTensor, (fs::path(dir) / shard).string(), tensor,
-                  "listed in " + std::string(kIndexName) + " but not in the shard");
-    if (it->second != shard)
-      throw Error(ErrorCode::kBadConfig, index_path, tensor,
-                  "index says " + shard + " but the tensor is in " + it->second);
-  }
+  if (c->indexed_) check_index_agrees(index_map, c->where_, c->tensor_order_, index_path, dir);
 
   // Files to carry over: everything that is not a weight shard, the index or config.json.
   // Symlinks to directories are not followed (no loops); a symlink loop is named, a dangling
@@ -139,7 +171,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     }
     if (st.type() != fs::file_type::regular) continue;
     if (rel.empty() || rel[0] == '.' || ends_with(rel, ".safetensors") || rel == kIndexName ||
-        rel == "config.json")
+        rel == "config.json" || c->shards_.count(rel))
       continue;
     c->other_files_.push_back(rel);
   }
@@ -147,6 +179,9 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     throw Error(ec.value() == ELOOP ? ErrorCode::kBadConfig : ErrorCode::kIo, dir, "",
                 "cannot list the checkpoint directory: " + ec.message());
   std::sort(c->other_files_.begin(), c->other_files_.end());
+  // A converted checkpoint holds its own manifest (convert refuses it as a source by its config,
+  // inspect and verify read it).
+  if (c->config_.moepack_quant.is_null()) refuse_reserved_files(c->other_files_, dir);
 
   // The experts' scheme, resolved per module as the producer's config assigns it (regex targets,
   // dynamic overrides): every routed expert Linear must resolve to the same one.
@@ -165,6 +200,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   c->config_.quant = quant_for_modules(c->config_, expert_linears);
 
   c->discover_moe();
+  c->check_routing();
   return c;
 }
 
@@ -192,6 +228,7 @@ std::unique_ptr<Checkpoint> Checkpoint::from_shards(
     c->add_shard(name, std::move(file));
   }
   c->discover_moe();
+  c->check_routing();
   return c;
 }
 
@@ -236,32 +273,6 @@ const char* kExpertNameForms =
     "expected <module>.experts.<id>.<gate_proj|up_proj|down_proj|w1|w3|w2>.<tensor> with <id> a "
     "canonical decimal (0, 1, ... without leading zeros), or <module>.experts.<gate_up_proj|"
     "down_proj>[_blocks|_scales|_bias] for fused experts";
-
-// The router the experts are routed by: a [E, H] weight (and [E] biases) when the checkpoint has
-// one under a known name. A router of another shape loads in no serving engine.
-void check_router(const Checkpoint& ckpt, const MoeLayer& L) {
-  for (const char* router : {".gate", ".router"}) {
-    const std::string w = L.module + router + ".weight";
-    if (ckpt.has_tensor(w)) {
-      const TensorView v = ckpt.view(w);
-      const Shape want = {L.num_experts, L.hidden};
-      if (v.shape != want)
-        throw Error(ErrorCode::kBadShape, (fs::path(ckpt.dir()) / ckpt.shard_of(w)).string(), w,
-                    "router weight is " + shape_str(v.shape) +
-                        ", expected [E=" + std::to_string(L.num_experts) +
-                        ", H=" + std::to_string(L.hidden) + "] for the experts of " + L.module);
-    }
-    for (const char* bias : {".bias", ".e_score_correction_bias"}) {
-      const std::string b = L.module + router + bias;
-      if (!ckpt.has_tensor(b)) continue;
-      const TensorView v = ckpt.view(b);
-      if (v.shape != Shape{L.num_experts})
-        throw Error(ErrorCode::kBadShape, (fs::path(ckpt.dir()) / ckpt.shard_of(b)).string(), b,
-                    "router bias is " + shape_str(v.shape) + ", expected [E=" +
-                        std::to_string(L.num_experts) + "] for the experts of " + L.module);
-    }
-  }
-}
 
 }  // namespace
 
@@ -434,6 +445,39 @@ void check_expert_ids(const Checkpoint& ckpt, const MoeLayer& L,
                   std::to_string(L.num_experts) + " is missing");
 }
 
+// Expert 0 carries every tensor its format needs (every expert has expert 0's suffixes, checked
+// before): a missing one is named in full, with what the config made the format, before any
+// shape is read from the others.
+void check_required_suffixes(const Checkpoint& ckpt, const MoeLayer& L) {
+  const HfConfig& config = ckpt.config();
+  const QuantParams& q = config.quant;
+  const SourceCodec* codec = find_source_codec(q.method);
+  if (!codec && q.method != QuantMethod::kNone) return;  // refused by the plan, naming the method
+  const std::vector<std::string> required =
+      codec ? codec->required_suffixes(q) : std::vector<std::string>{"weight"};
+  for (int p = 0; p < 3; ++p) {
+    if (p == kGate && !L.gated) continue;
+    const auto& have = L.experts[0][p];
+    for (const auto& suffix : required) {
+      if (have.count(suffix)) continue;
+      const std::string first = have.begin()->second;
+      std::string found, wanted;
+      for (const auto& [sfx, name] : have) found += (found.empty() ? "" : ", ") + sfx;
+      for (const auto& r : required) wanted += (wanted.empty() ? "" : ", ") + r;
+      const std::string why =
+          codec ? std::string(quant_method_name(q.method)) + " experts (as " +
+                      (config.quant_file.empty() ? "config.json" : config.quant_file) +
+                      " declares them) need " + wanted
+                : "no quantization config (config.json quantization_config, hf_quant_config.json "
+                  "or quantize_config.json): the experts are read as unquantized and need "
+                  "'weight'";
+      throw Error(ErrorCode::kMissingTensor, file_of(ckpt, first),
+                  first.substr(0, first.rfind('.') + 1) + suffix,
+                  "required tensor missing: " + why + "; found " + found);
+    }
+  }
+}
+
 // E, H and I of a per-expert layer, and its experts: every one with expert 0's projections,
 // tensor suffixes and logical Linear shapes (shape metadata only, no bytes).
 void size_per_expert_layer(const Checkpoint& ckpt, MoeLayer& L,
@@ -466,6 +510,7 @@ void size_per_expert_layer(const Checkpoint& ckpt, MoeLayer& L,
     }
     L.experts.push_back(projs);
   }
+  check_required_suffixes(ckpt, L);
   const auto [n1, k1] = linear_shape(ckpt, quant, L.experts[0][has_gate ? kGate : kUp]);
   const auto [n2, k2] = linear_shape(ckpt, quant, L.experts[0][kDown]);
   L.inter = n1;
@@ -555,7 +600,6 @@ void Checkpoint::discover_moe() {
     else
       size_per_expert_layer(*this, L, found.per_expert[module]);
     check_layer_against_config(*this, L);
-    check_router(*this, L);
     if (!config_.gated) L.gated = false;
     layers_.push_back(std::move(L));
   }
@@ -565,6 +609,172 @@ void Checkpoint::discover_moe() {
   check_one_block_per_decoder_layer(*this, layers_);
   for (const auto& name : tensor_order_)
     if (!found.names.count(name)) others_.push_back(name);
+}
+
+namespace {
+
+// One router tensor: of the shape the experts need, float, every value finite (verify computes
+// the router's logits from it; a NaN would route nowhere).
+void check_router_tensor(const Checkpoint& ckpt, const std::string& name, const Shape& want,
+                         const std::string& what, const MoeLayer& L) {
+  const std::string file = (fs::path(ckpt.dir()) / ckpt.shard_of(name)).string();
+  const TensorView v = ckpt.view(name);
+  if (v.shape != want)
+    throw Error(ErrorCode::kBadShape, file, name,
+                what + " is " + shape_str(v.shape) + ", expected " +
+                    (want.size() == 2
+                         ? "[E=" + std::to_string(want[0]) + ", H=" + std::to_string(want[1]) + "]"
+                         : "[E=" + std::to_string(want[0]) + "]") +
+                    " for the experts of " + L.module);
+  if (v.dtype != DType::kBF16 && v.dtype != DType::kF16 && v.dtype != DType::kF32)
+    throw Error(ErrorCode::kBadDtype, file, name,
+                what + " is " + dtype_name(v.dtype) + ", expected BF16, F16 or F32 values");
+  const std::vector<float> values = to_floats(v);
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]))
+      throw Error(ErrorCode::kBadValue, file, name,
+                  what + " holds a non-finite value at index " + std::to_string(i));
+}
+
+// The router is read by vLLM's MoE block as a plain float weight and by verify to route tokens:
+// a quantized one would be copied through as bytes nothing can load. Refused by name (exit 4).
+void refuse_quantized_router(const Checkpoint& ckpt, const MoeLayer& L) {
+  for (const char* child : {".gate.", ".router."})
+    for (const char* suffix : {"qweight", "qzeros", "scales", "g_idx", "weight_packed",
+                               "weight_scale", "weight_zero_point", "weight_scale_inv", "weight"}) {
+      const std::string name = L.module + child + suffix;
+      if (!ckpt.has_tensor(name)) continue;
+      const DType d = ckpt.view(name).dtype;
+      if (std::string(suffix) == "weight" &&
+          (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32))
+        continue;
+      throw Error(ErrorCode::kUnsupported, file_of(ckpt, name), name,
+                  "the MoE router " + L.module + std::string(child, std::strlen(child) - 1) +
+                      " is quantized (" + suffix + " " + dtype_name(d) +
+                      "); vLLM's MoE block and moepack verify read an unquantized router weight. "
+                      "Leave the router out of quantization (ignore / dynamic \"-:\")");
+    }
+}
+
+// The tensors that route L's experts, as verify reads them and vLLM loads them
+// (router_tensor_names): the weight always, the bias and the correction bias exactly when the
+// config's router uses them, each [E, H] / [E], float and finite.
+void check_router(const Checkpoint& ckpt, const MoeLayer& L, const RouterConfig& router,
+                  const std::string& config_path) {
+  refuse_quantized_router(ckpt, L);
+  const auto exists = [&](const std::string& n) { return ckpt.has_tensor(n); };
+  const RouterTensorNames names = router_tensor_names(L.module, router, exists);
+  const std::string first_file =
+      (fs::path(ckpt.dir()) / ckpt.shard_of(L.source_tensors.front())).string();
+  if (names.weight.empty())
+    throw Error(ErrorCode::kMissingTensor, first_file, L.module + ".gate.weight",
+                "the router of " + L.module + " is missing: expected " + L.module +
+                    ".gate.weight (or " + L.module + ".router.weight) [E=" +
+                    std::to_string(L.num_experts) + ", H=" + std::to_string(L.hidden) + "]");
+  check_router_tensor(ckpt, names.weight, {L.num_experts, L.hidden}, "router weight", L);
+  for (const char* router_child : {".gate.", ".router."})
+    for (const char* bias : {"bias", "e_score_correction_bias"}) {
+      const std::string b = L.module + router_child + bias;
+      if (ckpt.has_tensor(b)) check_router_tensor(ckpt, b, {L.num_experts}, "router bias", L);
+    }
+  const std::string prefix = names.weight.substr(0, names.weight.size() - 6);  // "...gate."
+  const std::string model_type = router.family.empty() ? "this model_type" : router.family;
+  struct Optional {
+    std::string name, wanted, what, why;
+  };
+  for (const Optional& o : {Optional{prefix + "bias", names.bias, "router bias",
+                                     "the router of " + model_type + " has no bias"},
+                            Optional{prefix + "e_score_correction_bias", names.correction_bias,
+                                     "correction bias", "topk_method is not noaux_tc"}}) {
+    if (!o.wanted.empty()) {
+      if (!ckpt.has_tensor(o.wanted))
+        throw Error(ErrorCode::kMissingTensor, first_file, o.wanted,
+                    o.what + " missing: " + config_path + " makes the router of " + L.module +
+                        " use " + o.wanted + " [E=" + std::to_string(L.num_experts) + "]");
+    } else if (ckpt.has_tensor(o.name)) {
+      throw Error(ErrorCode::kBadConfig, (fs::path(ckpt.dir()) / ckpt.shard_of(o.name)).string(),
+                  o.name,
+                  "is not used by the router " + config_path + " describes (" + o.why +
+                      "): vLLM would not load it");
+    }
+  }
+}
+
+// The config makes every layer holding experts an MoE layer, and every other decoder layer below
+// num_hidden_layers a dense one (rule: model/routing.h). Layers at or past num_hidden_layers
+// (DeepSeek's MTP layer) are not the decoder's.
+void check_layer_plan(const Checkpoint& ckpt, const std::vector<MoeLayer>& layers,
+                      const MoeLayerRule& rule, const std::string& config_path) {
+  const int64_t decoder_layers = ckpt.config().num_layers;
+  auto in_decoder = [&](int64_t i) {
+    return i >= 0 && (decoder_layers == 0 || i < decoder_layers);
+  };
+  std::set<int64_t> moe;
+  for (const MoeLayer& L : layers) {
+    moe.insert(L.layer);
+    if (!in_decoder(L.layer) || rule.is_moe_layer(L.layer)) continue;
+    throw Error(ErrorCode::kBadConfig, config_path, L.source_tensors.front(),
+                rule.dense_because(L.layer) + " makes layer " + std::to_string(L.layer) +
+                    " a dense layer, but " + L.module + " stores " + std::to_string(L.num_experts) +
+                    " routed experts (" + L.source_tensors.front() + ")");
+  }
+  // Decoder layers present in the checkpoint (any tensor under "<prefix>layers.<i>.", the prefix
+  // of the MoE layers) that the config makes MoE layers must hold experts.
+  const std::string& m = layers.front().module;
+  const size_t at = m.rfind("layers.");
+  if (at == std::string::npos) return;
+  const std::string prefix = m.substr(0, at + 7);
+  std::map<int64_t, std::string> present;  // layer -> one of its tensors
+  for (const auto& name : ckpt.tensor_names()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos) continue;
+    const int64_t i = canonical_id(name.substr(prefix.size(), dot - prefix.size()));
+    if (i >= 0) present.emplace(i, name);
+  }
+  for (const auto& [i, tensor] : present)
+    if (in_decoder(i) && !moe.count(i) && rule.is_moe_layer(i))
+      throw Error(ErrorCode::kBadConfig, config_path, tensor,
+                  "makes layer " + std::to_string(i) + " an MoE layer (" +
+                      (rule.where.empty() ? "" : rule.where) +
+                      "mlp_only_layers / decoder_sparse_step / first_k_dense_replace / "
+                      "moe_layer_freq as the model_type reads them), but " +
+                      prefix + std::to_string(i) + " stores no routed experts (" + tensor + ")");
+}
+
+// Without an expert count in the config, a router [R, H] with more rows than the layer has
+// experts says how many it was trained with: the missing experts are the culprit, named.
+void check_router_rows(const Checkpoint& ckpt, const MoeLayer& L) {
+  if (!ckpt.config().num_experts_key.empty()) return;  // the config's count was checked
+  for (const char* child : {".gate.weight", ".router.weight"}) {
+    const std::string w = L.module + child;
+    if (!ckpt.has_tensor(w)) continue;
+    const TensorView v = ckpt.view(w);
+    if (v.shape.size() != 2 || v.shape[1] != L.hidden || v.shape[0] <= L.num_experts) return;
+    const std::string missing = L.param_prefix + std::to_string(L.num_experts);
+    throw Error(ErrorCode::kMissingTensor, file_of(ckpt, L.source_tensors.back()), missing,
+                "expert " + std::to_string(L.num_experts) + " is missing (no " + missing +
+                    ".* tensors): the router " + w + " has " + std::to_string(v.shape[0]) +
+                    " rows, one per expert, and only experts 0.." +
+                    std::to_string(L.num_experts - 1) + " are stored");
+  }
+}
+
+}  // namespace
+
+void Checkpoint::check_routing() {
+  if (layers_.empty()) return;
+  const std::string config_path = (fs::path(dir_) / "config.json").string();
+  for (const MoeLayer& L : layers_) check_router_rows(*this, L);
+  router_ = router_config_from_hf(config_.raw, config_path);
+  for (const MoeLayer& L : layers_)
+    if (L.num_experts != router_.num_experts)
+      throw Error(ErrorCode::kBadConfig, config_path, L.source_tensors.front(),
+                  router_.num_experts_key + " is " + std::to_string(router_.num_experts) +
+                      " (the router's expert count), but " + L.module + " stores " +
+                      std::to_string(L.num_experts) + " experts");
+  check_layer_plan(*this, layers_, moe_layer_rule_from_hf(config_.raw, config_path), config_path);
+  for (const MoeLayer& L : layers_) check_router(*this, L, router_, config_path);
 }
 
 std::pair<int64_t, int64_t> linear_shape(const Checkpoint& ckpt, const QuantParams& q,

@@ -12,6 +12,7 @@
 #include "formats/codec.h"
 #include "io/safetensors.h"
 #include "model/hf_config.h"
+#include "model/routing.h"
 
 namespace moepack {
 
@@ -44,11 +45,13 @@ struct MoeLayer {
 
 class Checkpoint {
  public:
-  // Opens DIR: config (+ side files), index or model.safetensors, every shard validated,
-  // MoE discovery. Throws Error naming file/tensor.
+  // Opens DIR: config (+ side files), index or model.safetensors (the index and the shards it
+  // names must agree exactly), every shard validated, MoE discovery, then the routing the config
+  // describes checked against the layers (check_routing). Throws Error naming file/tensor.
   static std::unique_ptr<Checkpoint> open(const std::string& dir);
   // The same over shards already in memory (SafetensorsFile::from_bytes; tests and fuzzing):
-  // `config` as parsed, the shards' tensors, then MoE discovery. `dir` labels errors.
+  // `config` as parsed, the shards' tensors, then MoE discovery and the routing checks. `dir`
+  // labels errors.
   static std::unique_ptr<Checkpoint> from_shards(
       const std::string& dir, HfConfig config,
       std::vector<std::pair<std::string, SafetensorsFile>> shards);
@@ -67,6 +70,9 @@ class Checkpoint {
   uint64_t total_tensor_bytes() const;
 
   const std::vector<MoeLayer>& moe_layers() const { return layers_; }
+  // The router of the MoE layers as the config describes it (model/routing.h); checked against
+  // every layer (expert count, router tensors). Default-constructed without MoE layers.
+  const RouterConfig& router() const { return router_; }
   // Non-expert tensors (copied through), in tensor_names() order.
   const std::vector<std::string>& other_tensors() const { return others_; }
   // Non-weight files to carry over (tokenizer, generation_config, ...), relative paths.
@@ -75,6 +81,7 @@ class Checkpoint {
  private:
   void add_shard(const std::string& name, SafetensorsFile file);  // its tensors, deduplicated
   void discover_moe();
+  void check_routing();
   std::string dir_;
   HfConfig config_;
   bool indexed_ = false;
@@ -83,6 +90,7 @@ class Checkpoint {
   std::map<std::string, std::string> where_;  // tensor -> shard
   std::vector<std::string> tensor_order_;
   std::vector<MoeLayer> layers_;
+  RouterConfig router_;
   std::vector<std::string> others_;
   std::vector<std::string> other_files_;
 };

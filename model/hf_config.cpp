@@ -633,6 +633,10 @@ HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const 
   c.raw = std::move(raw);
   if (!c.raw.is_object()) throw Error(ErrorCode::kBadConfig, path, "", "not a JSON object");
   c.text = c.raw;
+  if (c.raw.contains("text_config") && !c.raw["text_config"].is_null() &&
+      !c.raw["text_config"].is_object())
+    throw Error(ErrorCode::kBadConfig, path, "",
+                "text_config: expected an object, got " + json_excerpt(c.raw["text_config"]));
   const bool from_text_config = c.raw.contains("text_config") && c.raw["text_config"].is_object();
   if (from_text_config) c.text = c.raw["text_config"];
   c.model_type = get_str(c.text, "model_type", get_str(c.raw, "model_type"));

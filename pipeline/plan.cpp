@@ -185,26 +185,6 @@ void refuse_unconvertible_experts(const Checkpoint& ckpt, const Plan& plan, cons
                         "any moepack layout; refusing rather than dropping it");
 }
 
-// The router (module.gate) is read by vLLM's MoE block as a plain float weight and by verify to
-// route tokens: a quantized one would be copied through as bytes nothing can load. Refuse it by
-// name instead.
-void refuse_quantized_router(const Checkpoint& ckpt, const MoeLayer& L) {
-  for (const char* suffix : {"qweight", "qzeros", "scales", "g_idx", "weight_packed",
-                             "weight_scale", "weight_zero_point", "weight_scale_inv", "weight"}) {
-    const std::string name = L.module + ".gate." + suffix;
-    if (!ckpt.has_tensor(name)) continue;
-    const DType d = ckpt.view(name).dtype;
-    if (std::string(suffix) == "weight" &&
-        (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32))
-      continue;
-    throw Error(ErrorCode::kUnsupported, ckpt.dir() + "/" + ckpt.shard_of(name), name,
-                "the MoE router " + L.module + ".gate is quantized (" + suffix + " " +
-                    dtype_name(d) +
-                    "); vLLM's MoE block and moepack verify read an unquantized router weight. "
-                    "Leave the router out of quantization (ignore / dynamic \"-:\")");
-  }
-}
-
 // The oracle's decision for one layer, and the plan's backend: the first layer's choice, which
 // every other layer must share.
 void choose_layer_backend(const Checkpoint& ckpt, const MoeLayer& L, Plan& plan, PlannedLayer& pl) {
@@ -259,7 +239,6 @@ PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
   const MoeLayer& L = ckpt.moe_layers()[li];
   const ConvertOptions& opts = plan.options;
   refuse_unconvertible_experts(ckpt, plan, L);
-  refuse_quantized_router(ckpt, L);
   PlannedLayer pl;
   pl.index = static_cast<int64_t>(li);
   pl.module = L.module;

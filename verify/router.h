@@ -28,39 +28,18 @@
 #include <vector>
 
 #include "kernels/moe_runtime.h"
+#include "model/routing.h"
 
 namespace moepack::ref {
 
-enum class RouterScoring : uint8_t { kSoftmax, kSigmoid };
-
-// How a group of experts is scored for group-limited selection.
-enum class GroupScore : uint8_t {
-  kNone,     // no group limit (n_group == 1 or topk_method greedy)
-  kMax,      // DeepSeek-V2 group_limited_greedy: the best score in the group
-  kSumTop2,  // DeepSeek-V3 noaux_tc: the sum of the two best biased scores in the group
-};
-
-struct RouterConfig {
-  std::string family;  // "mixtral", "qwen3_moe", "deepseek_v3", ... (model_type), for reports
-  RouterScoring scoring = RouterScoring::kSoftmax;
-  int64_t num_experts = 0;  // routed experts E
-  int top_k = 1;
-  bool renormalize = false;  // divide the selected weights by their sum (norm_topk_prob)
-  int n_group = 1;
-  int topk_group = 1;
-  GroupScore group_score = GroupScore::kNone;
-  double routed_scaling_factor = 1.0;
-  bool has_correction_bias = false;  // e_score_correction_bias [E] (DeepSeek-V3 noaux_tc)
-  bool has_router_bias = false;      // the router Linear has a bias (gpt-oss)
-
-  // Throws kBadConfig when the numbers do not make a router (top_k > E, E % n_group, ...).
-  void validate() const;
-};
-
-// Parses the router of a Hugging Face config.json (a nested "text_config" is used when the
-// top level has no MoE fields, as in Qwen3-VL-MoE). Throws kBadConfig (missing/invalid field)
-// or kUnsupported (unknown model_type; the message lists the supported ones).
-RouterConfig router_config_from_hf(const nlohmann::json& config);
+// The router's configuration is the model tier's (model/routing.h: one reader of the fields for
+// convert and verify); verify's code names them here.
+using moepack::group_score_name;
+using moepack::GroupScore;
+using moepack::router_config_from_hf;
+using moepack::router_scoring_name;
+using moepack::RouterConfig;
+using moepack::RouterScoring;
 
 // The routing of T tokens: row t holds the top_k selections of token t, best first.
 struct Routing {
@@ -81,9 +60,6 @@ struct Routing {
 // group id), so the result never depends on the platform's sort. Non-finite logits: kBadValue.
 Routing route(const std::vector<float>& logits, const std::vector<float>& correction_bias,
               const RouterConfig& cfg);
-
-const char* router_scoring_name(RouterScoring s);  // "softmax" / "sigmoid"
-const char* group_score_name(GroupScore g);        // "none" / "max" / "sum_top2"
 
 // The router as the CUDA runtime's routing kernels take it (kernels/moe_runtime.h).
 MoeRouterSpec runtime_router_spec(const RouterConfig& c);

@@ -496,17 +496,16 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
 void load_layer_inputs(const LayerRun& run, LayerJob* job) {
   const Output& out = *run.out;
   const std::string& module = job->ml->module;
-  const std::string router_prefix = module + ".gate.";
-  std::string rw_name = router_prefix + "weight", rb_name,
-              cb_name = router_prefix + "e_score_correction_bias";
-  if (!out.where.count(rw_name)) {
-    rw_name = module + ".router.weight";
-    rb_name = module + ".router.bias";
-  }
-  job->router_w = to_floats(out.view(rw_name));
-  job->router_b = !rb_name.empty() && out.where.count(rb_name) ? to_floats(out.view(rb_name))
-                                                               : std::vector<float>{};
-  job->corr = out.where.count(cb_name) ? to_floats(out.view(cb_name)) : std::vector<float>{};
+  // The tensors convert checked (model/routing.h), by the same names.
+  const RouterTensorNames names = router_tensor_names(
+      module, run.router, [&](const std::string& n) { return out.where.count(n) != 0; });
+  if (names.weight.empty())
+    throw Error(ErrorCode::kMissingTensor, "", module + ".gate.weight",
+                "the router of " + module + " is not in the converted checkpoint");
+  job->router_w = to_floats(out.view(names.weight));
+  job->router_b = names.bias.empty() ? std::vector<float>{} : to_floats(out.view(names.bias));
+  job->corr = names.correction_bias.empty() ? std::vector<float>{}
+                                            : to_floats(out.view(names.correction_bias));
   job->x = ref::random_hidden_states(run.opts->tokens, job->spec.hidden,
                                      run.opts->seed + static_cast<uint64_t>(job->ml->layer));
 }
@@ -992,7 +991,8 @@ VerifyReport run_verify(const VerifyOptions& opts) {
       quantized_from_dense
           ? &find_quantize_recipe(manifest.quantize->format, manifest.quantize->recipe)
           : nullptr;
-  const ref::RouterConfig router = ref::router_config_from_hf(cfg.text);
+  const ref::RouterConfig router =
+      ref::router_config_from_hf(cfg.raw, (fs::path(opts.dst) / "config.json").string());
   const ref::Activation activation = ref::activation_from_hf(cfg.hidden_act);
   if (src) r.integrity.push_back(check_copied_tensors(manifest, out, *src));
   r.integrity.push_back(check_carried_files(manifest, opts.dst, src.get()));

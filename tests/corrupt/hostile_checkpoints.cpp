@@ -162,7 +162,19 @@ std::function<void(const std::string&)> shard_bytes(std::string image) {
 
 // ---- The corpus -------------------------------------------------------------------------------
 
-enum class Base { kGptq, kGptqActOrder, kMixtral, kBf16, kSharded, kConverted };
+enum class Base {
+  kGptq,
+  kGptqActOrder,
+  kMixtral,
+  kBf16,
+  kSharded,
+  kConverted,
+  kDeepseek,    // GPTQ, DeepSeek-V3 naming and router (noaux_tc, correction bias)
+  kFp8Block,    // DeepSeek FP8 block, DeepSeek-V3 family
+  kMxfp8,       // ModelOpt MXFP8
+  kCtFp8Block,  // compressed-tensors FP8_BLOCK
+  kCtW4a16,     // compressed-tensors pack-quantized W4A16
+};
 
 struct Kind {
   std::string name;
@@ -172,8 +184,11 @@ struct Kind {
   std::vector<std::string> named;  // stderr must contain each ("@" = the checkpoint directory)
 };
 
+void add_trust_kinds(std::vector<Kind>& k);
+
 std::vector<Kind> kinds() {
   std::vector<Kind> k;
+  add_trust_kinds(k);
   const std::string cfg = "@/config.json", st = "@/model.safetensors";
   const std::string gate = std::string(kL) + "gate.weight";
 
@@ -587,9 +602,10 @@ std::vector<Kind> kinds() {
                j["weight_map"]["model.layers.9.nothing.weight"] = j["weight_map"].begin().value();
              },
              3, {"model.layers.9.nothing.weight", "not in the shard"});
+  // A wrong index is invalid input (3), not an environment error (5) a pipeline retries.
   index_kind("IndexNamesMissingShard",
              [](json& j) { j["weight_map"][X(0, "up_proj.scales")] = "model-99999.safetensors"; },
-             5, {"model-99999.safetensors", "does not exist"});
+             3, {X(0, "up_proj.scales"), "model-99999.safetensors", "does not exist"});
   index_kind("IndexNamesWrongShard",
              [](json& j) {
                std::string other;
@@ -747,9 +763,150 @@ std::vector<Kind> kinds() {
   return k;
 }
 
+// Issue 28: sources that convert used to accept and its own verify then refused (two validators
+// that disagreed), contradicting layer plans, and refusals with the wrong code or no culprit.
+// One validation now judges them all (model/routing.h, Checkpoint::open): convert refuses first.
+void add_trust_kinds(std::vector<Kind>& k) {
+  const std::string cfg = "@/config.json", st = "@/model.safetensors";
+  auto config_kind = [&](const std::string& name, Base base, std::function<void(json&)> fn,
+                         int code, std::vector<std::string> named) {
+    named.insert(named.begin(), cfg);
+    k.push_back({name, base, [fn](const std::string& d) { edit_config(d, fn); }, code, named});
+  };
+  auto set = [](const char* key, json v) { return [key, v](json& c) { c[key] = v; }; };
+  // Routing fields verify rebuilds the router from.
+  config_kind("RouterNGroupZero", Base::kDeepseek, set("n_group", 0), 3,
+              {"n_group: must be a positive integer, got 0"});
+  config_kind("RouterNGroupNotDividingExperts", Base::kDeepseek, set("n_group", 3), 3,
+              {"n_group", "must divide 4 experts"});
+  config_kind("RouterTopkGroupAboveNGroup", Base::kDeepseek, set("topk_group", 3), 3,
+              {"topk_group", "must be in [1, n_group 2]"});
+  config_kind("RouterScoringFuncUnknown", Base::kDeepseek, set("scoring_func", "tanh"), 4,
+              {"scoring_func: \"tanh\" is not supported"});
+  config_kind("RouterTopkMethodUnknown", Base::kDeepseek, set("topk_method", "best"), 4,
+              {"topk_method: \"best\" is not supported"});
+  config_kind("RouterScalingFactorString", Base::kDeepseek, set("routed_scaling_factor", "big"), 3,
+              {"routed_scaling_factor: expected a number, got \"big\""});
+  config_kind("RouterNormTopkProbString", Base::kGptq, set("norm_topk_prob", "false"), 3,
+              {"norm_topk_prob: expected true or false"});
+  config_kind("RouterTopKNull", Base::kGptq, set("num_experts_per_tok", nullptr), 3,
+              {"num_experts_per_tok: missing"});
+  config_kind("TextConfigNotAnObject", Base::kGptq, set("text_config", 5), 3,
+              {"text_config: expected an object, got 5"});
+  // NaN codes in float8 weights: malformed input naming the tensor (and so the expert).
+  auto nan_code = [&](const std::string& name, Base base, const std::string& tensor, uint8_t code) {
+    k.push_back({name,
+                 base,
+                 [tensor, code](const std::string& d) {
+                   edit_tensors(d, tensor, [&](auto& ts) { find(ts, tensor).data[300] = code; });
+                 },
+                 3,
+                 {st, tensor, "float8_e4m3fn code", "(NaN) at row"}});
+  };
+  nan_code("Fp8BlockNanWeightCode", Base::kFp8Block, X(1, "up_proj.weight"), 0x7f);
+  nan_code("Mxfp8NanWeightCode", Base::kMxfp8, X(2, "down_proj.weight"), 0xff);
+  nan_code("CtFp8BlockNanWeightCode", Base::kCtFp8Block, X(3, "gate_proj.weight"), 0x7f);
+  // DeepSeek-V3's router needs its correction bias, as floats.
+  const std::string bias = std::string(kL) + "gate.e_score_correction_bias";
+  k.push_back({"CorrectionBiasMissing",
+               Base::kDeepseek,
+               [bias](const std::string& d) {
+                 edit_tensors(d, bias, [&](auto& ts) {
+                   erase_if(ts, [&](const std::string& n) { return n == bias; });
+                 });
+               },
+               3,
+               {st, bias, "correction bias missing"}});
+  k.push_back({"CorrectionBiasInt32",
+               Base::kDeepseek,
+               [bias](const std::string& d) {
+                 edit_tensors(d, bias, [&](auto& ts) { find(ts, bias).dtype = DType::kI32; });
+               },
+               3,
+               {st, bias, "is I32, expected BF16, F16 or F32"}});
+  // The output's manifest name in the source.
+  k.push_back({"StrayManifestInSource",
+               Base::kGptq,
+               [](const std::string& d) { write_text(d + "/moepack.json", "{}"); },
+               3,
+               {"@/moepack.json", "a source holds no moepack.json"}});
+  k.push_back({"ShardNamedMoepackJson",
+               Base::kSharded,
+               [](const std::string& d) {
+                 const std::string index = d + "/model.safetensors.index.json";
+                 const std::string shard = shard_of(d, X(0, "up_proj.scales"));
+                 const std::string base = fs::path(shard).filename().string();
+                 fs::rename(shard, d + "/moepack.json");
+                 edit_json(index, [&](json& j) {
+                   for (auto& [t, s] : j["weight_map"].items())
+                     if (s == base) s = "moepack.json";
+                 });
+               },
+               3,
+               {"model.safetensors.index.json", "\"moepack.json\" does not end in .safetensors"}});
+  // Layer plans that contradict the layers holding experts.
+  config_kind("MlpOnlyLayersNamesAnMoeLayer", Base::kGptq, set("mlp_only_layers", {1}), 3,
+              {"mlp_only_layers = [1] makes layer 1 a dense layer", "model.layers.1.mlp"});
+  config_kind("FirstKDenseReplaceCoversAnMoeLayer", Base::kDeepseek,
+              set("first_k_dense_replace", 2), 3,
+              {"first_k_dense_replace = 2 makes layer 1 a dense layer", "model.layers.1.mlp"});
+  config_kind("DecoderSparseStepZero", Base::kGptq, set("decoder_sparse_step", 0), 3,
+              {"decoder_sparse_step: must be at least 1, got 0"});
+  config_kind("MlpOnlyLayersOmitsTheDenseLayer", Base::kGptq, set("mlp_only_layers", json::array()),
+              3, {"makes layer 0 an MoE layer", "model.layers.0."});
+  // Refusals that named no culprit, or gave the wrong code.
+  k.push_back({"CtAsymmetricWithoutZeroPoints",
+               Base::kCtW4a16,
+               [](const std::string& d) {
+                 edit_config(d, [](json& c) {
+                   c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] =
+                       false;
+                 });
+               },
+               3,
+               {st, X(0, "gate_proj.weight_zero_point"), "required tensor missing"}});
+  k.push_back(
+      {"TensorInShardNotInWeightMap",
+       Base::kSharded,
+       [](const std::string& d) {
+         edit_json(d + "/model.safetensors.index.json",
+                   [](json& j) { j["weight_map"].erase(X(2, "up_proj.qweight")); });
+       },
+       3,
+       {"model.safetensors.index.json", X(2, "up_proj.qweight"), "not listed in weight_map"}});
+  k.push_back(
+      {"QuantizationConfigMissing",
+       Base::kGptq,
+       [](const std::string& d) {
+         edit_config(d, [](json& c) { c.erase("quantization_config"); });
+       },
+       3,
+       {st, X(0, "gate_proj.weight"), "no quantization config", "found g_idx, qweight, qzeros"}});
+  k.push_back({"LastExpertMissingCountOnlyInRouter",
+               Base::kGptq,
+               [](const std::string& d) {
+                 edit_config(d, [](json& c) { c.erase("num_experts"); });
+                 edit_tensors(d, [](auto& ts) {
+                   erase_if(ts, [](const std::string& n) { return starts_with(n, X(3, "")); });
+                 });
+               },
+               3,
+               {X(3, ""), "expert 3 is missing", std::string(kL) + "gate.weight has 4 rows"}});
+}
+
 std::string base_args(Base b) {
   const std::string small = " --layers 2 --experts 4 --hidden 256 --inter 128 --seed 7 --threads 1";
   switch (b) {
+    case Base::kDeepseek:
+      return "--format gptq --family deepseek" + small;
+    case Base::kFp8Block:
+      return "--format fp8-block --family deepseek" + small;
+    case Base::kMxfp8:
+      return "--format modelopt-mxfp8" + small;
+    case Base::kCtFp8Block:
+      return "--format ct-fp8-block" + small;
+    case Base::kCtW4a16:
+      return "--format ct-w4a16" + small;
     case Base::kGptq:
     case Base::kConverted:
       return "--format gptq" + small;
@@ -766,12 +923,16 @@ std::string base_args(Base b) {
 }
 // An act-order source converts only for a vLLM target with MoE act-order (2026-05); the corpus
 // aims its defects at the checks behind that refusal.
+bool is_fp8_base(Base b) {
+  return b == Base::kFp8Block || b == Base::kMxfp8 || b == Base::kCtFp8Block;
+}
 std::string convert_args(Base b) {
   if (b == Base::kBf16) return " --quantize mxfp8 --target-arch sm100 --threads 1";
+  if (is_fp8_base(b)) return " --target-arch sm100 --threads 1";
   return b == Base::kGptqActOrder ? " --vllm-target 2026-05 --threads 1" : " --threads 1";
 }
 std::string inspect_args(Base b) {
-  if (b == Base::kBf16) return " --target-arch sm100";
+  if (b == Base::kBf16 || is_fp8_base(b)) return " --target-arch sm100";
   return b == Base::kGptqActOrder ? " --vllm-target 2026-05" : "";
 }
 

@@ -322,6 +322,19 @@ TEST_F(ScaleOutCli, TruncatedPartFile) {
   expect_merge_fails({"0-of-3"});
 }
 
+// A FIFO or a directory where a part's tensors should be is a broken part (exit 3 naming it),
+// never an I/O error (5) a job engine retries, and never a hang.
+TEST_F(ScaleOutCli, PartTensorsNotARegularFile) {
+  all_parts();
+  const std::string f = (fs::path(parts_dir(dst_)) / "1-of-3" / "part.safetensors").string();
+  fs::remove(f);
+  ASSERT_EQ(::mkfifo(f.c_str(), 0644), 0);
+  expect_merge_fails({"1-of-3/part.safetensors", "is a FIFO"});
+  fs::remove(f);
+  fs::create_directory(f);
+  expect_merge_fails({"1-of-3/part.safetensors", "is a directory"});
+}
+
 TEST_F(ScaleOutCli, GarbagePartJson) {
   all_parts();
   std::ofstream(fs::path(parts_dir(dst_)) / "2-of-3" / "part.json") << "{\"moepack_part\": 1, ";

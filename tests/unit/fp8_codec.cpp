@@ -272,10 +272,18 @@ TEST(QuantizeMxfp8, RefusesNonFiniteAndBadShapes) {
   }
 }
 
+// Any e4m3fn code but the two NaNs (0x7f, 0xff), which the codecs refuse.
+uint8_t random_finite_e4m3(std::mt19937& rng) {
+  uint8_t b;
+  do b = static_cast<uint8_t>(rng());
+  while (e4m3_is_nan(b));
+  return b;
+}
+
 TensorMap mx_linear(int64_t n, int64_t k, DType scale_dtype, uint32_t seed) {
   std::mt19937 rng(seed);
   Tensor w("weight", DType::kF8_E4M3, {n, k});
-  for (auto& b : w.data) b = static_cast<uint8_t>(rng());
+  for (auto& b : w.data) b = random_finite_e4m3(rng);
   Tensor s("weight_scale", scale_dtype, {n, k / 32});
   for (auto& b : s.data) b = static_cast<uint8_t>(rng() % 255);
   TensorMap m;
@@ -341,6 +349,13 @@ TEST(Mxfp8Codec, Refusals) {
   bad_scale_shape.at("weight_scale").shape = {2, 4};
   EXPECT_EQ(code_of([&] { unpack_mxfp8(p, bad_scale_shape, 4, 64); }, &t), ErrorCode::kBadShape);
   EXPECT_EQ(t, "weight_scale");
+  // A NaN code (either sign) is malformed input naming the weight, row and column.
+  for (uint8_t nan_code : {uint8_t{0x7f}, uint8_t{0xff}}) {
+    TensorMap nan_codes = lin;
+    nan_codes.at("weight").data[70] = nan_code;
+    EXPECT_EQ(code_of([&] { unpack_mxfp8(p, nan_codes, 4, 64); }, &t), ErrorCode::kBadValue);
+    EXPECT_EQ(t, "weight");
+  }
   // input_scale is optional and ignored.
   TensorMap with_input = lin;
   with_input.emplace("input_scale", Tensor("input_scale", DType::kF32, {}));
@@ -350,7 +365,7 @@ TEST(Mxfp8Codec, Refusals) {
 TensorMap block_linear(int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   Tensor w("weight", DType::kF8_E4M3, {n, k});
-  for (auto& b : w.data) b = static_cast<uint8_t>(rng());
+  for (auto& b : w.data) b = random_finite_e4m3(rng);
   const int64_t sr = (n + 127) / 128, sc = (k + 127) / 128;
   std::vector<float> s(static_cast<size_t>(sr * sc));
   for (auto& v : s)
@@ -399,6 +414,18 @@ TEST(Fp8BlockCodec, Refusals) {
     std::memcpy(bad.at("weight_scale_inv").data.data() + 4, &badv, 4);
     EXPECT_EQ(code_of([&] { unpack_fp8_block(p, bad, 256, 256); }, &t), ErrorCode::kBadValue);
     EXPECT_EQ(t, "weight_scale_inv");
+  }
+  for (uint8_t nan_code : {uint8_t{0x7f}, uint8_t{0xff}}) {
+    TensorMap nan_codes = lin;
+    nan_codes.at("weight").data[300] = nan_code;
+    try {
+      unpack_fp8_block(p, nan_codes, 256, 256);
+      ADD_FAILURE() << "a NaN weight code was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kBadValue);
+      EXPECT_EQ(e.tensor(), "weight");
+      EXPECT_NE(e.message().find("row 1, column 44"), std::string::npos) << e.message();
+    }
   }
   EXPECT_EQ(code_of([&] { unpack_fp8_block(p, lin, 256, 384); }), ErrorCode::kBadShape);
   TensorMap f16 = lin;

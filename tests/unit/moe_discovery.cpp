@@ -490,6 +490,8 @@ TEST(MoeDiscovery, GptOssExpertBiasesAreNotSilentlyDropped) {
   b.add(bf16(X + "gate_up_proj_bias", {kE, 2 * kI}));
   b.add(bf16(X + "down_proj", {kE, kI, kH}));
   b.add(bf16(X + "down_proj_bias", {kE, kH}));
+  b.add(bf16("model.layers.0.mlp.router.weight", {kE, kH}));
+  b.add(bf16("model.layers.0.mlp.router.bias", {kE}));
   b.write(dir.path);
   const auto c = Checkpoint::open(dir.path);
   ASSERT_EQ(c->moe_layers().size(), 1u);
@@ -542,6 +544,7 @@ TEST(MoeDiscovery, NonWeightFilesCarriedOver) {
   TempDir dir;
   Builder b;
   b.config = model_config("qwen3_moe", 1);
+  b.add(bf16("model.layers.0.mlp.gate.weight", {kE, kH}));
   add_experts(b, "model.layers.0.mlp.experts.", "gate_proj", "up_proj", "down_proj");
   b.write(dir.path);
   for (const char* f : {"tokenizer.json", "generation_config.json", "chat_template.jinja"}) {
@@ -772,8 +775,27 @@ TEST(MoeDiscoveryErrors, IndexPointsToMissingShard) {
   b.force_index = true;
   b.extra_index_entries["lm_head.weight"] = "model-00002-of-00002.safetensors";
   b.write(dir.path);
-  const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kIo);
-  EXPECT_TRUE(contains(e.file(), "model-00002-of-00002.safetensors")) << e.what();
+  // The index is wrong (an input error, exit 3), not the file system (exit 5, retried forever).
+  const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kBadConfig);
+  EXPECT_TRUE(contains(e.file(), "model.safetensors.index.json")) << e.what();
+  EXPECT_EQ(e.tensor(), "lm_head.weight") << e.what();
+  EXPECT_TRUE(contains(e.message(), "model-00002-of-00002.safetensors")) << e.what();
+}
+
+TEST(MoeDiscoveryErrors, TensorInShardButNotInIndex) {
+  TempDir dir;
+  Builder b = qwen3_experts_builder();
+  add_experts(b, "model.layers.0.mlp.experts.", "gate_proj", "up_proj", "down_proj");
+  b.add(bf16("lm_head.weight", {100, kH}), 1);
+  b.add(bf16("model.norm.weight", {kH}), 1);
+  b.write(dir.path);
+  // Drop one tensor of shard 2 from the index: the shard still holds it.
+  json idx = test::read_json_file(dir / "model.safetensors.index.json");
+  idx["weight_map"].erase("model.norm.weight");
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump(2);
+  const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kBadConfig);
+  EXPECT_EQ(e.tensor(), "model.norm.weight") << e.what();
+  EXPECT_TRUE(contains(e.message(), "not listed in weight_map")) << e.what();
 }
 
 TEST(MoeDiscoveryErrors, IndexNamesTheWrongShard) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "core/error.h"
 
@@ -291,6 +292,76 @@ TEST(RouterConfigFromHf, Errors) {
                                      {"topk_method", "weird"}});
             }),
             ErrorCode::kUnsupported);
+}
+
+// Which decoder layers are MoE layers, by the family's fields (transformers / vLLM rules).
+TEST(MoeLayerRuleFromHf, PerFamily) {
+  MoeLayerRule q = moe_layer_rule_from_hf(
+      {{"model_type", "qwen3_moe"}, {"mlp_only_layers", {0, 3}}, {"decoder_sparse_step", 2}});
+  EXPECT_FALSE(q.is_moe_layer(0));  // mlp_only_layers
+  EXPECT_TRUE(q.is_moe_layer(1));   // (1 + 1) % 2 == 0
+  EXPECT_FALSE(q.is_moe_layer(2));  // (2 + 1) % 2 != 0
+  EXPECT_FALSE(q.is_moe_layer(3));  // mlp_only_layers
+  EXPECT_EQ(q.dense_because(3), "mlp_only_layers = [0,3]");
+  EXPECT_EQ(q.dense_because(2), "decoder_sparse_step = 2");
+  MoeLayerRule d = moe_layer_rule_from_hf(
+      {{"model_type", "deepseek_v2"}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 2}});
+  EXPECT_FALSE(d.is_moe_layer(0));
+  EXPECT_FALSE(d.is_moe_layer(1));  // 1 % 2 != 0
+  EXPECT_TRUE(d.is_moe_layer(2));
+  // GLM-4.5: first_k_dense_replace only; Mixtral: every layer.
+  EXPECT_TRUE(moe_layer_rule_from_hf(
+                  {{"model_type", "glm4_moe"}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 5}})
+                  .is_moe_layer(3));
+  EXPECT_TRUE(moe_layer_rule_from_hf({{"model_type", "mixtral"}}).is_moe_layer(7));
+  // Qwen3-VL: the fields live in text_config, and say so.
+  const MoeLayerRule vl =
+      moe_layer_rule_from_hf({{"model_type", "qwen3_vl_moe"},
+                              {"text_config", {{"num_experts", 4}, {"mlp_only_layers", {1}}}}});
+  EXPECT_EQ(vl.dense_because(1), "text_config.mlp_only_layers = [1]");
+}
+
+TEST(MoeLayerRuleFromHf, MalformedFields) {
+  for (const nlohmann::json& c :
+       {nlohmann::json{{"model_type", "qwen3_moe"}, {"decoder_sparse_step", 0}},
+        nlohmann::json{{"model_type", "qwen3_moe"}, {"decoder_sparse_step", "1"}},
+        nlohmann::json{{"model_type", "qwen3_moe"}, {"mlp_only_layers", 1}},
+        nlohmann::json{{"model_type", "qwen3_moe"}, {"mlp_only_layers", {-1}}},
+        nlohmann::json{{"model_type", "deepseek_v3"}, {"first_k_dense_replace", -1}},
+        nlohmann::json{{"model_type", "deepseek_v3"}, {"moe_layer_freq", 0}}})
+    EXPECT_EQ(code_of([&] { moe_layer_rule_from_hf(c, "/x/config.json"); }), ErrorCode::kBadConfig)
+        << c.dump();
+}
+
+// The router's tensors by the names vLLM loads and verify reads.
+TEST(RouterTensorNames, GateThenRouterWithTheConfigsBiases) {
+  RouterConfig v3;
+  v3.has_correction_bias = true;
+  const std::set<std::string> have = {"m.gate.weight", "m.gate.e_score_correction_bias"};
+  const auto exists = [&](const std::string& n) { return have.count(n) != 0; };
+  RouterTensorNames n = router_tensor_names("m", v3, exists);
+  EXPECT_EQ(n.weight, "m.gate.weight");
+  EXPECT_EQ(n.correction_bias, "m.gate.e_score_correction_bias");
+  EXPECT_EQ(n.bias, "");
+  RouterConfig oss;
+  oss.has_router_bias = true;
+  n = router_tensor_names("m", oss, [](const std::string& s) { return s == "m.router.weight"; });
+  EXPECT_EQ(n.weight, "m.router.weight");
+  EXPECT_EQ(n.bias, "m.router.bias");
+  EXPECT_EQ(router_tensor_names("m", oss, [](const std::string&) { return false; }).weight, "");
+}
+
+// Errors name the real file and the field as the config spells it.
+TEST(RouterConfigFromHf, ErrorsNameFileAndField) {
+  try {
+    router_config_from_hf({{"model_type", "qwen3_vl_moe"},
+                           {"text_config", {{"num_experts", 4}, {"num_experts_per_tok", 8}}}},
+                          "/ckpt/config.json");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.file(), "/ckpt/config.json");
+    EXPECT_EQ(e.message().rfind("text_config.num_experts_per_tok: ", 0), 0u) << e.message();
+  }
 }
 
 TEST(Router, InputErrors) {

@@ -2,6 +2,7 @@
 // hand-built legal files (no padding, leading whitespace, ...) are accepted; out-of-order
 // multithreaded writes give the same bytes as in-order writes; the writer refuses misuse.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -252,14 +253,20 @@ TEST(SafetensorsRoundtrip, EmptyLayoutAndMove) {
   expect_same_tensors(mem2, ts);
 }
 
-TEST(SafetensorsRoundtrip, OpenErrorsAreIo) {
+// A path that cannot be opened is an I/O error; one that is not a regular file (a directory, a
+// FIFO: opened without blocking) is an input error, exit 3, as for JSON inputs.
+TEST(SafetensorsRoundtrip, OpenErrors) {
   TempDir tmp;
-  for (const std::string& p : {tmp / "missing.safetensors", tmp.path}) {
+  ASSERT_EQ(::mkfifo((tmp / "fifo.safetensors").c_str(), 0644), 0);
+  for (const auto& [p, code] :
+       {std::pair<std::string, ErrorCode>{tmp / "missing.safetensors", ErrorCode::kIo},
+        {tmp.path, ErrorCode::kBadConfig},
+        {tmp / "fifo.safetensors", ErrorCode::kBadConfig}}) {
     try {
       SafetensorsFile::open(p);
       ADD_FAILURE() << p;
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+      EXPECT_EQ(e.code(), code) << e.what();
       EXPECT_EQ(e.file(), p);
     }
   }
