@@ -97,6 +97,9 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
   for (size_t i = 0; i < plan.shards.shard_names.size(); ++i)
     m.shards.push_back({plan.shards.shard_names[i], plan.shards.shard_file_bytes[i]});
   m.files = plan.copied_files;
+  m.files_include = plan.options.files.include;
+  m.files_exclude = plan.options.files.exclude;
+  for (const auto& f : plan.left_out_files) m.files_left_out.push_back(f.path);
   for (const auto& t : plan.tensors) {
     auto it = sha.find(t.name);
     if (it == sha.end()) throw Error(ErrorCode::kInternal, "", t.name, "no checksum recorded");
@@ -172,6 +175,9 @@ json to_json(const Manifest& m) {
   for (const auto& s : m.shards)
     j["shards"].push_back({{"name", s.name}, {"file_bytes", s.file_bytes}});
   j["files"] = m.files;
+  if (!m.files_include.empty() || !m.files_exclude.empty())
+    j["files_rule"] = {{"include", m.files_include}, {"exclude", m.files_exclude}};
+  if (!m.files_left_out.empty()) j["files_left_out"] = m.files_left_out;
   j["tensors"] = json::object();
   for (const auto& [name, t] : m.tensors)
     j["tensors"][name] = {{"shard", t.shard},   {"dtype", dtype_name(t.dtype)},
@@ -459,6 +465,12 @@ void parse_contents(const JsonField& root, Manifest& m) {
     m.shards.push_back(std::move(ms));
   }
   m.files = root["files"].strings();
+  if (root.has("files_rule")) {
+    const JsonField rule = root["files_rule"];
+    m.files_include = rule["include"].strings();
+    m.files_exclude = rule["exclude"].strings();
+  }
+  if (root.has("files_left_out")) m.files_left_out = root["files_left_out"].strings();
 
   const JsonField tensors = root["tensors"];
   tensors.expect_object();

@@ -123,6 +123,12 @@ struct Manifest {
   std::vector<ManifestLayer> layers;  // at least one
   std::vector<ManifestShard> shards;
   std::vector<std::string> files;  // copied non-weight files, relative paths
+  // The --include / --exclude globs of the conversion (model/hf_hub.h FileRule), written only
+  // when given ("files_rule"), and the source's non-weight files the rule left out, written only
+  // when there are some ("files_left_out"): verify --source applies the rule to the source again
+  // and checks both lists.
+  std::vector<std::string> files_include, files_exclude;
+  std::vector<std::string> files_left_out;
   std::map<std::string, ManifestTensor> tensors;
 };
 

@@ -304,14 +304,18 @@ std::string plan_digest(const Plan& plan, const Checkpoint& ckpt) {
 }
 
 json part_options_json(const ConvertOptions& o) {
-  return {{"backend", o.backend},
-          {"target_arch", target_arch_name(o.target_arch)},
-          {"act_dtype", dtype_name(o.act_dtype)},
-          {"quantize", o.quantize},
-          {"mx_recipe", o.mx_recipe},
-          {"vllm_w13_scale_size_k", o.vllm_w13_scale_size_k},
-          {"vllm_target", vllm_target_name(o.vllm_target)},
-          {"max_shard_bytes", o.max_shard_bytes}};
+  json j = {{"backend", o.backend},
+            {"target_arch", target_arch_name(o.target_arch)},
+            {"act_dtype", dtype_name(o.act_dtype)},
+            {"quantize", o.quantize},
+            {"mx_recipe", o.mx_recipe},
+            {"vllm_w13_scale_size_k", o.vllm_w13_scale_size_k},
+            {"vllm_target", vllm_target_name(o.vllm_target)},
+            {"max_shard_bytes", o.max_shard_bytes}};
+  // Only when given, as moepack.json's files_rule (parts written before them read the same).
+  if (!o.files.is_default())
+    j["files"] = {{"include", o.files.include}, {"exclude", o.files.exclude}};
+  return j;
 }
 
 ConvertOptions part_options_from_json(const json& j, const std::string& file) {
@@ -337,6 +341,10 @@ ConvertOptions part_options_from_json(const json& j, const std::string& file) {
                 json_excerpt(target.value()));
   o.vllm_target = *known_target;
   o.max_shard_bytes = options["max_shard_bytes"].size();
+  if (options.has("files")) {
+    o.files.include = options["files"]["include"].strings();
+    o.files.exclude = options["files"]["exclude"].strings();
+  }
   return o;
 }
 

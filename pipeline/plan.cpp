@@ -361,7 +361,9 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
                                   {"vllm_target", vllm_target_name(plan.vllm_target)},
                                   {"act_dtype", dtype_name(plan.options.act_dtype)}};
   plan_output_tensors(ckpt, layer_params, plan);
-  plan.copied_files = ckpt.other_files();
+  FileSelection files = select_files(ckpt.other_files(), opts.files);
+  plan.copied_files = std::move(files.carried);
+  plan.left_out_files = std::move(files.left_out);
   return plan;
 }
 
@@ -412,6 +414,9 @@ json Plan::to_json() const {
                            {"tensors", shards.shards[i].size()},
                            {"file_bytes", shards.shard_file_bytes[i]}});
   j["copied_files"] = copied_files;
+  j["left_out_files"] = json::array();
+  for (const auto& f : left_out_files)
+    j["left_out_files"].push_back({{"path", f.path}, {"why", f.why}});
   j["totals"] = {{"tensor_bytes", total_bytes()},
                  {"converted_bytes", converted},
                  {"copied_bytes", copied},
@@ -453,6 +458,7 @@ std::string Plan::to_text() const {
     for (size_t i = 0; i < copied_files.size(); ++i) s << (i ? ", " : "") << copied_files[i];
     s << "\n";
   }
+  for (const auto& f : left_out_files) s << "  left out        " << f.path << ": " << f.why << "\n";
   for (const auto& d : deviations) s << "  deviation from vLLM's loader: " << d << "\n";
   if (!layers.empty()) {
     int64_t chunked = 0;

@@ -17,6 +17,7 @@
 #include "formats/fast_path.h"
 #include "io/shard_writer.h"
 #include "model/checkpoint.h"
+#include "model/hf_hub.h"
 #include "pipeline/oracle.h"
 
 namespace moepack {
@@ -54,6 +55,9 @@ struct ConvertOptions {
   // direct path (formats/fast_path.h). Output bytes are the same either way, so it is not a
   // part option.
   bool no_fast_path = false;
+  // --include / --exclude: which of the source's non-weight files are carried (model/hf_hub.h;
+  // by default every one but other weight formats). Recorded in moepack.json and part.json.
+  FileRule files;
 };
 
 struct PlannedTensor {
@@ -115,8 +119,9 @@ struct Plan {
   std::vector<PlannedLayer> layers;
   std::vector<PlannedTensor> tensors;  // output order
   ShardPlan shards;
-  std::vector<std::string> copied_files;
-  std::vector<std::string> deviations;  // union over layers, deduplicated
+  std::vector<std::string> copied_files;    // the source's non-weight files carried
+  std::vector<LeftOutFile> left_out_files;  // and those options.files leaves out
+  std::vector<std::string> deviations;      // union over layers, deduplicated
   uint64_t total_bytes() const { return shards.total_tensor_bytes; }
   nlohmann::json to_json() const;
   std::string to_text() const;

@@ -24,6 +24,12 @@ Runner add_verify(CLI::App& app, Globals& g);
 Runner add_synth(CLI::App& app, Globals& g);
 Runner add_merge(CLI::App& app, Globals& g);
 
+// A command's checkpoint argument (inspect's DIR, convert's SRC, verify's and merge's --source)
+// as a directory to read: a Hugging Face hub id or cache repo root resolved offline to its
+// snapshot (model/hf_hub.h), anything else unchanged. A resolution is said on stderr (text
+// mode) so that the directory read is never a surprise.
+std::string resolve_checkpoint_arg(const std::string& arg, const Globals& g);
+
 // Progress lines go to stderr, and only when stderr is a terminal.
 bool stderr_is_terminal();
 void print_json(const nlohmann::json& j);

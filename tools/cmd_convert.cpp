@@ -28,7 +28,10 @@ struct ConvertArgs {
 
 // The options, into `a`: convert's flags and their help text.
 void add_convert_options(CLI::App& app, ConvertArgs& a) {
-  app.add_option("src", a.o.src, "Source checkpoint directory")->required();
+  app.add_option("src", a.o.src,
+                 "Source checkpoint directory, a Hugging Face cache snapshot or repo root, or a "
+                 "hub id org/name in the local cache")
+      ->required();
   app.add_option("dst", a.o.dst, "Output directory (written atomically)")->required();
   app.add_option("--backend", a.o.backend, "auto|" + target_layout_names("|"))
       ->capture_default_str();
@@ -66,6 +69,16 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
   app.add_flag("--no-fast-path", a.o.no_fast_path,
                "Convert every layer through the canonical one-byte-per-code form instead of a "
                "direct fast path (same output bytes; for debugging and tests)");
+  app.add_option("--include", a.o.files.include,
+                 "Carry the source's files matching this glob that are left out by default "
+                 "(other weight formats: *.bin, *.pth, original/*, ...); repeatable")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--exclude", a.o.files.exclude,
+                 "Leave out the source's non-weight files matching this glob (wins over "
+                 "--include); repeatable")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--force", a.o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a.dry_run, "Print the plan and write nothing");
   app.add_option("--shard", a.shard,
@@ -151,6 +164,12 @@ void print_part_result(const PartResult& p, const ShardSpec& spec, const Globals
               << p.convert.seconds << " s\n";
 }
 
+nlohmann::json left_out_json(const Plan& plan) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& f : plan.left_out_files) j.push_back({{"path", f.path}, {"why", f.why}});
+  return j;
+}
+
 void print_convert_result(const ConvertResult& r, const Plan& plan, const Globals& g) {
   if (g.json)
     print_json({{"ok", true},
@@ -164,12 +183,17 @@ void print_convert_result(const ConvertResult& r, const Plan& plan, const Global
                 {"stage_seconds", r.stage_seconds},
                 {"peak_rss_anon_bytes", r.peak_rss_anon_bytes},
                 {"peak_rss_file_bytes", r.peak_rss_file_bytes},
-                {"deviations_from_vllm", plan.deviations}});
+                {"deviations_from_vllm", plan.deviations},
+                {"files_carried", plan.copied_files},
+                {"files_left_out", left_out_json(plan)}});
   else
     std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
               << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
               << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
               << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
+  if (!g.json)
+    for (const auto& f : plan.left_out_files)
+      std::cout << "left out " << f.path << ": " << f.why << "\n";
 }
 
 int run_convert(ConvertArgs& a, const Globals& g) {
@@ -180,6 +204,7 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   a.o.chunk_bytes = parse_size("--chunk-size", a.chunk);
   std::optional<ShardSpec> spec;
   if (!a.shard.empty()) spec = parse_shard_spec(a.shard);
+  a.o.src = resolve_checkpoint_arg(a.o.src, g);
   const auto ckpt = Checkpoint::open(a.o.src);
   const Plan plan = make_plan(*ckpt, a.o);
   if (a.dry_run) {

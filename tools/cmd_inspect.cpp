@@ -230,7 +230,8 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
   }
 }
 
-int run_inspect(const InspectArgs& a, const Globals& g) {
+int run_inspect(InspectArgs& a, const Globals& g) {
+  a.dir = resolve_checkpoint_arg(a.dir, g);
   const auto ckpt = Checkpoint::open(a.dir);
   const HfConfig& cfg = ckpt->config();
   const TargetArch arch = parse_target_arch(a.target_arch);
@@ -271,7 +272,10 @@ int run_inspect(const InspectArgs& a, const Globals& g) {
 
 Runner add_inspect(CLI::App& app, Globals& g) {
   auto a = std::make_shared<InspectArgs>();
-  app.add_option("dir", a->dir, "Checkpoint directory")->required();
+  app.add_option("dir", a->dir,
+                 "Checkpoint directory, a Hugging Face cache snapshot or repo root, or a hub id "
+                 "org/name in the local cache")
+      ->required();
   app.add_option("--target-arch", a->target_arch,
                  "Target GPU for the backend oracle: " + target_arch_names("|"))
       ->capture_default_str();

@@ -18,6 +18,7 @@ Runner add_merge(CLI::App& app, Globals& g) {
   app.add_flag("--remove-parts", o->remove_parts, "Delete DST.parts/ once the output is in place");
   app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
   return [o, &g] {
+    if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
     const MergeResult r = merge_parts(*o);
     if (g.json)
       print_json({{"ok", true},

@@ -14,9 +14,13 @@ Runner add_verify(CLI::App& app, Globals& g) {
   auto o = std::make_shared<VerifyOptions>();
   auto report = std::make_shared<std::string>();
   auto chunk = std::make_shared<std::string>("1GiB");
-  app.add_option("dst", o->dst, "Converted checkpoint directory")->required();
-  app.add_option("--source", o->source,
-                 "Source checkpoint: enables the exact round-trip check and the source reference");
+  app.add_option("dst", o->dst,
+                 "Converted checkpoint directory (or its Hugging Face cache snapshot / hub id)")
+      ->required();
+  app.add_option(
+      "--source", o->source,
+      "Source checkpoint (a directory, Hugging Face cache snapshot or hub id, as convert's SRC): "
+      "enables the exact round-trip check and the source reference");
   app.add_option("--tokens", o->tokens, "Random hidden states per MoE layer")
       ->capture_default_str();
   app.add_option("--seed", o->seed, "Seed of the hidden states")->capture_default_str();
@@ -31,6 +35,8 @@ Runner add_verify(CLI::App& app, Globals& g) {
   app.add_option("--report", *report, "Write a self-contained HTML report");
   return [o, report, chunk, &g] {
     o->chunk_bytes = parse_size("--chunk-size", *chunk);
+    o->dst = resolve_checkpoint_arg(o->dst, g);
+    if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
     const VerifyReport r = run_verify(*o);
     if (!report->empty()) {
       std::ofstream f(*report);

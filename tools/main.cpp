@@ -11,12 +11,21 @@
 #include "core/memory.h"
 #include "core/version.h"
 #include "io/atomic_dir.h"
+#include "model/hf_hub.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {
 
 bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
+}
+
+std::string resolve_checkpoint_arg(const std::string& arg, const Globals& g) {
+  const ResolvedCheckpoint r = resolve_checkpoint(arg);
+  if (r.from_cache() && !g.json)
+    std::cerr << "moepack: " << arg << ": Hugging Face cache snapshot " << r.dir << " (" << r.hub_id
+              << ", " << (r.ref == r.revision ? "commit " : r.ref + " = ") << r.revision << ")\n";
+  return r.dir;
 }
 
 void print_json(const nlohmann::json& j) {

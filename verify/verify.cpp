@@ -20,6 +20,7 @@
 #include "kernels/moe_runtime.h"
 #include "kernels/moepack_cuda.h"
 #include "model/checkpoint.h"
+#include "model/hf_hub.h"
 #include "pipeline/manifest.h"
 #include "pipeline/plan.h"
 #include "verify/moe_reference.h"
@@ -43,15 +44,10 @@ struct Output {
   }
 };
 
-// The index as JSON, or a description of why it is not usable. A symlink is not a file moepack
-// wrote; the rest is io/json_file.h's: never blocks on a FIFO or device, never reads more than a
-// manifest may hold, bounded nesting.
+// The index as JSON, or a description of why it is not usable (io/json_file.h's rules: a
+// regular file, through symlinks as a Hugging Face cache snapshot holds it; never blocks on a
+// FIFO or device, never reads more than a manifest may hold, bounded nesting).
 std::optional<json> read_index(const std::string& path, std::string* problem) {
-  std::error_code ec;
-  if (fs::symlink_status(path, ec).type() == fs::file_type::symlink) {
-    *problem = "model.safetensors.index.json is not a regular file (a symlink)";
-    return std::nullopt;
-  }
   json j;
   try {
     j = read_json_file(path, {.max_bytes = kMaxManifestBytes});
@@ -121,8 +117,9 @@ Output open_output(const std::string& dir, const Manifest& manifest, VerifyRepor
     for (const auto& [n, f] : o.shards)
       for (const auto& e : f.entries()) total += e.end - e.begin;
     if (!idx) {
-      ic.detail =
-          fs::exists(index, ec) ? problem : "sharded output without model.safetensors.index.json";
+      ic.detail = fs::exists(fs::symlink_status(index, ec))
+                      ? problem
+                      : "sharded output without model.safetensors.index.json";
     } else {
       const json& wm = (*idx)["weight_map"];
       const json* ts = nullptr;
@@ -154,10 +151,12 @@ Output open_output(const std::string& dir, const Manifest& manifest, VerifyRepor
 }
 
 // Whether two files have the same bytes (read in blocks; never blocks on a non-regular file).
+// Symlinks are followed (a Hugging Face cache snapshot's files are links into blobs/); each must
+// end at a regular file.
 bool same_file_bytes(const std::string& a, const std::string& b, std::string* problem) {
   std::error_code ec;
   for (const std::string* p : {&a, &b})
-    if (fs::symlink_status(*p, ec).type() != fs::file_type::regular) {
+    if (fs::status(*p, ec).type() != fs::file_type::regular) {
       *problem = *p + " is not a regular file";
       return false;
     }
@@ -233,10 +232,17 @@ void check_manifest_covers_source(const Manifest& m, const std::string& mpath,
   if (m.source.tensor_bytes != src.total_tensor_bytes())
     bad("source.tensor_bytes: " + std::to_string(m.source.tensor_bytes) +
         ", but the source holds " + std::to_string(src.total_tensor_bytes()));
-  const std::set<std::string> want(src.other_files().begin(), src.other_files().end());
+  // The files the conversion's rule (the defaults, its --include / --exclude) carries.
+  const FileSelection sel = select_files(src.other_files(), {m.files_include, m.files_exclude});
+  const std::set<std::string> want(sel.carried.begin(), sel.carried.end());
   const std::set<std::string> got(m.files.begin(), m.files.end());
   for (const auto& f : want)
     if (!got.count(f)) bad("files: the source's " + f + " is not listed");
+  std::vector<std::string> left_out;
+  for (const auto& f : sel.left_out) left_out.push_back(f.path);
+  if (left_out != m.files_left_out)
+    bad("files_left_out: " + json(m.files_left_out).dump() + ", but the rule leaves out " +
+        json(left_out).dump() + " of the source");
   for (size_t i = 0; i < m.files.size(); ++i)
     if (!want.count(m.files[i]))
       bad("files[" + std::to_string(i) + "]: \"" + m.files[i] + "\" is not a file of the source");
@@ -276,25 +282,36 @@ RoundTripCheck compare_per_expert(const std::string& name, int64_t layer, const 
     c.first_mismatch = m;
     return c;
   }
-  c.compared = static_cast<int64_t>(got.size()) / std::max<int64_t>(1, elem_per_unit);
-  const int64_t per_expert = experts ? static_cast<int64_t>(got.size()) / experts : 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i]) {
-      if (++c.mismatches == 1) {
-        RoundTripMismatch m;
-        m.layer = layer;
-        m.expert = per_expert ? first_expert + static_cast<int64_t>(i) / per_expert : -1;
-        m.tensor = name;
-        m.index = (per_expert ? static_cast<int64_t>(i) % per_expert : static_cast<int64_t>(i)) /
-                  elem_per_unit;
-        std::ostringstream g, w;
-        g << "0x" << std::hex << +got[i];
-        w << "0x" << std::hex << +want[i];
-        m.got = g.str();
-        m.want = w.str();
-        c.first_mismatch = m;
-      }
+  // Counted per element (`elem_per_unit` values of T each: the bytes of one scale), so that
+  // "M of N differ" compares like with like; the first mismatch shows the whole element.
+  const int64_t unit = std::max<int64_t>(1, elem_per_unit);
+  const int64_t units = static_cast<int64_t>(got.size()) / unit;
+  c.compared = units;
+  const int64_t per_expert = experts ? units / experts : 0;  // elements per expert
+  const auto element = [&](const std::vector<T>& v, int64_t u) {
+    std::ostringstream s;  // little-endian: the last value is the most significant
+    s << "0x" << std::hex;
+    for (int64_t b = unit - 1; b >= 0; --b) {
+      s.width(b == unit - 1 ? 0 : static_cast<std::streamsize>(2 * sizeof(T)));
+      s.fill('0');
+      s << +v[static_cast<size_t>(u * unit + b)];
     }
+    return s.str();
+  };
+  for (int64_t u = 0; u < units; ++u) {
+    const auto first = got.begin() + u * unit;
+    if (std::equal(first, first + unit, want.begin() + u * unit)) continue;
+    if (++c.mismatches == 1) {
+      RoundTripMismatch m;
+      m.layer = layer;
+      m.expert = per_expert ? first_expert + u / per_expert : -1;
+      m.tensor = name;
+      m.index = per_expert ? u % per_expert : u;
+      m.got = element(got, u);
+      m.want = element(want, u);
+      c.first_mismatch = m;
+    }
+  }
   c.passed = c.mismatches == 0;
   return c;
 }
@@ -935,7 +952,7 @@ IntegrityCheck check_carried_files(const Manifest& manifest, const std::string& 
     const std::string p = (fs::path(dst) / f).string();
     std::error_code ec;
     std::string problem;
-    if (fs::symlink_status(p, ec).type() != fs::file_type::regular)
+    if (fs::status(p, ec).type() != fs::file_type::regular)  // through symlinks, as above
       problem = "missing or not a regular file";
     else if (src && !same_file_bytes(p, (fs::path(src->dir()) / f).string(), &problem))
       problem = "differs from the source: " + problem;

@@ -585,6 +585,35 @@ TEST(VerifyCatches, MarlinGateUpSwapped) {
   expect_verify_fails_naming_layer(c.dst, c.src, 1);
 }
 
+// Every scale of w13 changed: the round trip counts mismatching scales against the scales
+// compared, never bytes against elements ("12398 of 8192 differ", issue 29), and the first
+// mismatch shows whole scale values.
+TEST(VerifyCatches, RoundTripCountsScalesNotBytes) {
+  Converted c("gptq", "sm90");
+  corrupt(c.dst, kExperts + "w13_scales", [](std::vector<uint8_t>& b, const Shape&) {
+    for (size_t i = 0; i + 1 < b.size(); i += 2) {  // both bytes of each fp16 scale
+      b[i] ^= 0x01;
+      b[i + 1] ^= 0x01;
+    }
+  });
+  std::string out, err;
+  ASSERT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src + " --json", &out, &err), 1)
+      << err;
+  const json v = json::parse(out);
+  bool saw = false;
+  for (const auto& rt : v["round_trip"]) {
+    EXPECT_LE(rt["mismatches"].get<int64_t>(), rt["compared"].get<int64_t>()) << rt.dump();
+    if (rt["name"].get<std::string>().find("w13") == std::string::npos ||
+        rt["name"].get<std::string>().find("scales") == std::string::npos)
+      continue;
+    saw = true;
+    EXPECT_EQ(rt["mismatches"], rt["compared"]) << rt.dump();  // every scale differs
+    const std::string got = rt["first_mismatch"]["got"];
+    EXPECT_LE(got.size(), 6u) << got;  // "0x" and at most 4 hex digits: one fp16 value
+  }
+  EXPECT_TRUE(saw) << v["round_trip"].dump();
+}
+
 TEST(VerifyCatches, MarlinWrongScalePermutation) {
   Converted c("gptq", "sm90");  // H = 256, group 128: w13 has 2 groups -> grouped permutation
   corrupt(c.dst, kExperts + "w13_scales", [](std::vector<uint8_t>& b, const Shape& s) {
