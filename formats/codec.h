@@ -285,6 +285,15 @@ struct LayoutOptions {
   // (GPTQ: w13_qweight/w13_scales/w13_g_idx, AWQ: + w13_qzeros, CT: w13_weight_packed/...).
   QuantMethod source_method = QuantMethod::kGptq;
   int threads = 1;  // worker threads; output bytes never depend on it
+  // The layer's real hidden size where the layout pads it (Humming pads H to 128 / 256; 0: as
+  // the parameters say): unpack drops the padding back to it, the reader reads this many.
+  int64_t hidden = 0;
+  // Decisions the layout made from the codes of the WHOLE layer (TargetLayout::decide_layer),
+  // by name: made once per layer at plan time over all its experts, never per chunk, so that
+  // every chunk of a layer is packed alike; recorded per layer in moepack.json
+  // ("layout_decisions") and given back to unpack and the reader by verify. Empty for layouts
+  // without decide_layer.
+  std::map<std::string, std::string> layer_decisions;
 
   // The one way the pipeline makes them for a layer (plan, oracle, verify); tests may also set
   // fields one by one.
@@ -366,6 +375,15 @@ struct VllmServing {
   const char* reason = nullptr;
 };
 
+// A whole layer's experts for TargetLayout::decide_layer: `load(first, end)` returns experts
+// [first, end) of the `experts` in canonical form (as pack receives them), at most `max_per_load`
+// at once (the plan's chunk rule bounds the memory).
+struct LayerExperts {
+  int64_t experts = 0;
+  int64_t max_per_load = 1;
+  std::function<MoeExperts(int64_t first, int64_t end)> load;
+};
+
 // A backend layout: one MoE layer's stacked experts <-> the kernel's parameters, named and
 // shaped like vLLM's FusedMoE parameters after process_weights_after_loading.
 struct TargetLayout {
@@ -405,6 +423,19 @@ struct TargetLayout {
   // How the moepack-vllm plugin serves this layout, per vLLM target and source method (the first
   // entry that matches wins; none: not served). find_vllm_serving reads it.
   std::vector<VllmServing> vllm_serving = {};
+  // Optional (nullptr: none): decisions that depend on the codes of the whole layer (all its
+  // experts), which no chunk can make alone -- Humming recodes a projection none of whose codes
+  // is 0. make_plan calls it once per layer; the result is LayoutOptions::layer_decisions for
+  // every chunk's pack, recorded in moepack.json and given back to unpack and make_reader.
+  std::map<std::string, std::string> (*decide_layer)(const LayoutOptions&, const MoeShape&,
+                                                     const LayerExperts&) = nullptr;
+  // Optional (nullptr: none): what the serving runtime needs beside the parameters (Humming: its
+  // version, the SM and each sublayer's LayerConfig), as ordered (key, text) pairs computed from
+  // the options (decisions included) and the shape. Recorded per layer in moepack.json
+  // ("layout_config"); verify recomputes it and refuses an artifact whose record differs, naming
+  // the key (and the field, where both texts are JSON objects).
+  std::vector<std::pair<std::string, std::string>> (*layer_config)(const LayoutOptions&,
+                                                                   const MoeShape&) = nullptr;
 };
 
 // `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.

@@ -10,6 +10,7 @@
 #include "formats/compressed_tensors.h"
 #include "formats/fp8_block.h"
 #include "formats/gptq.h"
+#include "formats/humming.h"
 #include "formats/marlin.h"
 #include "formats/mxfp8.h"
 #include "formats/triton_int8.h"
@@ -287,6 +288,24 @@ const std::vector<TargetLayout>& target_layouts() {
                          .reason = "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
                                    "supports_pre_processed_weights (it always shuffles in "
                                    "process_weights_after_loading)"}}},
+      // vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming); its LayerConfig names the
+      // exact SM, so the layout is written for SM90 only.
+      {.name = "humming",
+       .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
+       .layout_version = 1,
+       .schemes = {"wna16"},
+       .archs = {A::kSm90},
+       .priority = 9,
+       .unsupported_reasons = humming_unsupported_reasons,
+       .param_specs = humming_param_specs,
+       .pack = pack_humming_moe,
+       .unpack = unpack_humming_moe,
+       .reader_kind = reader::Kind::kHumming,
+       .act_quant = humming_act_quant,
+       .make_reader = humming_make_reader,
+       .deviations_from_vllm = humming_deviations_from_vllm,
+       .decide_layer = humming_decide_layer,
+       .layer_config = humming_layer_config},
   };
   return table;
 }

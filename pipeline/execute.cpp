@@ -83,20 +83,7 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
 std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& ckpt,
                                             const PlannedLayer& pl, int64_t e0, int64_t e1,
                                             const std::function<void(const char*)>& lap) {
-  const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
-  ExpertRange range;
-  range.begin = e0;
-  range.end = e1;
-  range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
-  range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
-  MoeExperts experts;
-  if (plan.quantize_recipe) {
-    const DenseExperts d = load_dense_experts(ckpt, L, range);
-    experts.w13 = plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);
-    experts.w2 = plan.quantize_recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
-  } else {
-    experts = load_moe_experts(ckpt, L, pl.source_quant, plan.threads, range);
-  }
+  MoeExperts experts = load_planned_experts(plan, ckpt, pl, e0, e1);
   if (lap) lap("load");
   std::vector<Tensor> params = plan.layout->pack(pl.layout_options, experts);
   experts = MoeExperts();  // release the canonical form before writing

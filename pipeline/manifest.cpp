@@ -92,6 +92,10 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     for (const ParamSpec& spec : plan.layout->param_specs(pl.layout_options, pl.shape))
       ml.param_roles[spec.name] = spec.role;
     ml.deviations_from_vllm = pl.deviations;
+    ml.layout_decisions = pl.layout_options.layer_decisions;
+    if (plan.layout->layer_config)
+      for (auto& [k, v] : plan.layout->layer_config(pl.layout_options, pl.shape))
+        ml.layout_config[k] = std::move(v);
     m.layers.push_back(std::move(ml));
   }
   for (size_t i = 0; i < plan.shards.shard_names.size(); ++i)
@@ -117,6 +121,15 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
   return m;
 }
 
+LayoutOptions layout_options_of(const Manifest& m, const ManifestLayer& ml, int threads) {
+  LayoutOptions lo = LayoutOptions::for_layer(m.target_quant_params.method, m.act_dtype, ml.gated,
+                                              m.options.vllm_w13_scale_size_k, m.vllm_target,
+                                              ml.param_prefix, ml.inter, threads);
+  lo.hidden = ml.hidden;
+  lo.layer_decisions = ml.layout_decisions;
+  return lo;
+}
+
 json to_json(const ManifestLayer& l) {
   json j = {{"module", l.module},
             {"layer", l.layer},
@@ -134,6 +147,8 @@ json to_json(const ManifestLayer& l) {
     for (const auto& [name, role] : l.param_roles) roles[name] = param_role_name(role);
     j["param_roles"] = roles;
   }
+  if (!l.layout_decisions.empty()) j["layout_decisions"] = l.layout_decisions;
+  if (!l.layout_config.empty()) j["layout_config"] = l.layout_config;
   return j;
 }
 
@@ -359,6 +374,16 @@ std::map<std::string, ParamRole> parse_param_roles(const JsonField& layer,
   return out;
 }
 
+// Optional member KEY: an object of strings (absent: empty).
+std::map<std::string, std::string> parse_string_map(const JsonField& f, const char* key) {
+  std::map<std::string, std::string> out;
+  if (!f.has(key)) return out;
+  const JsonField m = f[key];
+  m.expect_object();
+  for (const auto& item : m.value().items()) out[item.key()] = m.member(item.key()).str();
+  return out;
+}
+
 ManifestLayer parse_layer(const JsonField& f,
                           const std::map<std::string, ManifestTensor>& tensors) {
   f.expect_object();
@@ -381,6 +406,8 @@ ManifestLayer parse_layer(const JsonField& f,
     if (!tensors.count(l.params[i]))
       params.item(i).fail(json_quoted(l.params[i]) + " is not in tensors");
   l.deviations_from_vllm = f["deviations_from_vllm"].strings();
+  l.layout_decisions = parse_string_map(f, "layout_decisions");
+  l.layout_config = parse_string_map(f, "layout_config");
   return l;
 }
 

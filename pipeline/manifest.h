@@ -86,6 +86,12 @@ struct ManifestLayer {
   std::vector<std::string> deviations_from_vllm;
   // Each parameter's role (manifest_version >= 2: exactly the params; empty in version 1).
   std::map<std::string, ParamRole> param_roles;
+  // What the layout decided from the whole layer's codes (TargetLayout::decide_layer: Humming's
+  // "w13_b_dtype" / "w2_b_dtype") and what its serving runtime needs beside the parameters
+  // (TargetLayout::layer_config: Humming's version, SM and LayerConfig strings). Empty, and absent
+  // from the file, for layouts without those hooks.
+  std::map<std::string, std::string> layout_decisions;
+  std::map<std::string, std::string> layout_config;
 };
 
 struct ManifestShard {
@@ -152,6 +158,11 @@ Manifest parse_manifest(const nlohmann::json& j, const std::string& file);
 // not a regular file, larger than kMaxManifestBytes, not JSON or malformed; kIo when it cannot
 // be read.
 Manifest read_manifest(const std::string& dir);
+
+// The options a manifest layer's parameters were packed with (what make_plan gave pack): the
+// target's method, activation dtype, gated, --vllm-w13-scale-size-k, vLLM target, the layer's
+// parameter prefix, real H and I, and its recorded layout decisions.
+LayoutOptions layout_options_of(const Manifest& manifest, const ManifestLayer& layer, int threads);
 
 nlohmann::json quant_params_json(const QuantParams& q);
 // Inverse of quant_params_json (for verify: the source params the conversion used). Throws

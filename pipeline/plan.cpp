@@ -254,6 +254,7 @@ PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
   pl.layout_options = LayoutOptions::for_layer(
       plan.target_quant.method, opts.act_dtype, L.gated, opts.vllm_w13_scale_size_k,
       plan.vllm_target, vllm_param_prefix(plan.vllm_target, L.param_prefix), L.inter, plan.threads);
+  pl.layout_options.hidden = L.hidden;
   const LayoutOptions& lo = pl.layout_options;
   pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,
                            pl.act_order_w13 ? 1 : 0, pl.act_order_w2 ? 1 : 0);
@@ -267,6 +268,17 @@ PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
       opts.chunk_bytes, L.num_experts,
       canonical_expert_bytes(pl.shape.w13.n, L.hidden, L.inter, plan.quantize_recipe != nullptr));
   pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
+  // Decisions of the whole layer (all its experts), made here once so that every chunk packs
+  // alike: the layout reads experts, at most a chunk at a time.
+  if (plan.layout->decide_layer) {
+    LayerExperts layer;
+    layer.experts = L.num_experts;
+    layer.max_per_load = pl.experts_per_chunk;
+    layer.load = [&](int64_t e0, int64_t e1) {
+      return load_planned_experts(plan, ckpt, pl, e0, e1);
+    };
+    pl.layout_options.layer_decisions = plan.layout->decide_layer(lo, pl.shape, layer);
+  }
   return pl;
 }
 
@@ -335,6 +347,22 @@ void plan_output_tensors(const Checkpoint& ckpt,
 
 }  // namespace
 
+MoeExperts load_planned_experts(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
+                                int64_t e0, int64_t e1) {
+  const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
+  ExpertRange range;
+  range.begin = e0;
+  range.end = e1;
+  range.g_idx_w13 = pl.act_order_w13 ? 1 : 0;
+  range.g_idx_w2 = pl.act_order_w2 ? 1 : 0;
+  if (!plan.quantize_recipe) return load_moe_experts(ckpt, L, pl.source_quant, plan.threads, range);
+  const DenseExperts d = load_dense_experts(ckpt, L, range);
+  MoeExperts experts;
+  experts.w13 = plan.quantize_recipe->quantize(d.w13.data(), d.experts, pl.shape.w13.n, d.hidden);
+  experts.w2 = plan.quantize_recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
+  return experts;
+}
+
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan = plan_options(ckpt, opts);
   std::map<int64_t, std::vector<PlannedTensor>> layer_params;
@@ -394,6 +422,9 @@ json Plan::to_json() const {
          {"conversion", l.direct ? json{{"path", "direct"}, {"direct_path", l.direct->name}}
                                  : json{{"path", "canonical"}, {"why", l.canonical_why}}},
          {"deviations_from_vllm", l.deviations}});
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (!layers[i].layout_options.layer_decisions.empty())
+      j["layers"][i]["layout_decisions"] = layers[i].layout_options.layer_decisions;
   j["tensors"] = json::array();
   uint64_t converted = 0, copied = 0;
   for (const auto& t : tensors) {
@@ -478,6 +509,12 @@ std::string Plan::to_text() const {
         << " layers; --no-fast-path forces the canonical form)\n";
     else
       s << "canonical (" << layers.front().canonical_why << ")\n";
+    // Layout decisions from each layer's codes (Humming's recode), counted per distinct value.
+    std::map<std::string, int64_t> decided;
+    for (const auto& l : layers)
+      for (const auto& [k, v] : l.layout_options.layer_decisions) ++decided[k + " " + v];
+    for (const auto& [kv, n] : decided)
+      s << "  layout decision " << kv << " (" << n << " of " << layers.size() << " layers)\n";
     s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
   }
   s << "  converted tensors:\n";

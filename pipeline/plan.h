@@ -3,9 +3,10 @@
 // set; the shard layout; per layer the backend, the source codec's refined params, the chunk size
 // and the conversion path (direct or canonical) -- so that execution only follows it.
 // `convert --dry-run` prints it; execute_plan() writes exactly it.
-// Tensor bytes read while planning: act-order g_idx (whether a layer is act-order), and the
-// tensors of one Linear per layer that the codec's `refine` reads (GPTQ: expert 0's first
-// qzeros, for the v1/v2 zero convention). Nothing else.
+// Tensor bytes read while planning: act-order g_idx (whether a layer is act-order), the tensors
+// of one Linear per layer that the codec's `refine` reads (GPTQ: expert 0's first qzeros, for the
+// v1/v2 zero convention), and for a layout with a decide_layer hook the experts it asks for
+// (Humming: until both projections show a code 0, usually expert 0 alone). Nothing else.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +88,8 @@ struct PlannedLayer {
   bool act_order_w13 = false, act_order_w2 = false;
   MoeShape shape;            // what the layout was judged and sized on
   int64_t inter_padded = 0;  // the I the parameters carry (> shape.inter() where the target pads)
-  LayoutOptions layout_options;   // exactly what pack takes for this layer
+  LayoutOptions layout_options;   // exactly what pack takes for this layer (with the layout's
+                                  // decisions over the whole layer: layer_decisions)
   int64_t experts_per_chunk = 0;  // experts converted at once (--chunk-size, kMinChunksPerLayer)
   int64_t chunks = 0;
   // The direct fast path that converts this layer's chunks (byte-identical to the canonical
@@ -143,5 +145,12 @@ uint64_t canonical_expert_bytes(int64_t w13_rows, int64_t hidden, int64_t inter,
 
 // Throws kUnsupported listing every reason when a layer cannot be converted.
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
+
+// Experts [e0, e1) of a planned layer in canonical form, as the layout's pack receives them on the
+// canonical path: the source codec's unpack with the layer's refined params (the act-order g_idx
+// as planned), or with --quantize the recipe over the dense experts. What convert_chunk packs and
+// what a layout's decide_layer reads at plan time.
+MoeExperts load_planned_experts(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
+                                int64_t e0, int64_t e1);
 
 }  // namespace moepack

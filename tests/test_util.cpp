@@ -268,6 +268,37 @@ QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts
   return q;
 }
 
+QuantTensor slice_experts(const QuantTensor& q, int64_t first, int64_t end) {
+  QuantTensor s = q;
+  s.experts = end - first;
+  const auto cut = [&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if (v.empty()) return V{};
+    const size_t per = v.size() / static_cast<size_t>(q.experts);
+    return V(v.begin() + static_cast<std::ptrdiff_t>(first * per),
+             v.begin() + static_cast<std::ptrdiff_t>(end * per));
+  };
+  s.codes = cut(q.codes);
+  s.scales = cut(q.scales);
+  s.zeros = cut(q.zeros);
+  s.g_idx = cut(q.g_idx);
+  s.check_consistent("slice");
+  return s;
+}
+
+LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads) {
+  LayerExperts l;
+  l.experts = x.w13.experts;
+  l.max_per_load = max_per_load;
+  l.load = [&x, max_per_load, loads](int64_t a, int64_t b) {
+    EXPECT_TRUE(0 <= a && a < b && b <= x.w13.experts && b - a <= max_per_load)
+        << "load(" << a << ", " << b << ")";
+    if (loads) ++*loads;
+    return MoeExperts{slice_experts(x.w13, a, b), slice_experts(x.w2, a, b)};
+  };
+  return l;
+}
+
 MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts) {
   MoeExperts x;
   opts.act_order = s.w13.act_order;

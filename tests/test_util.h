@@ -113,6 +113,12 @@ QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts
 // act-order projection with one group gets the trivial g_idx, explicit.
 MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts);
 
+// Experts [first, end) of q alone (codes, scales, zeros and g_idx sliced along the experts).
+QuantTensor slice_experts(const QuantTensor& q, int64_t first, int64_t end);
+// x as the whole layer a TargetLayout::decide_layer reads (LayerExperts): load(a, b) returns the
+// slice [a, b) of x; `loads`, when given, counts the calls.
+LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads = nullptr);
+
 // Layer extents: E in {1, 2, 3}, H a multiple of 128 in [128, 512], I a multiple of 128 in
 // [128, 512] or (one draw in four) an odd multiple of 64 (64, 192, 320), which layouts with
 // halving or 128-row tiles must refuse or handle.

@@ -23,6 +23,7 @@
 #include "model/hf_hub.h"
 #include "pipeline/manifest.h"
 #include "pipeline/plan.h"
+#include "verify/layout_record.h"
 #include "verify/moe_reference.h"
 #include "verify/router.h"
 
@@ -478,9 +479,7 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   const Manifest& manifest = *run.manifest;
   LayerJob job;
   job.ml = &ml;
-  job.lo = LayoutOptions::for_layer(manifest.target_quant_params.method, manifest.act_dtype,
-                                    ml.gated, manifest.options.vllm_w13_scale_size_k,
-                                    manifest.vllm_target, ml.param_prefix, ml.inter, run.threads);
+  job.lo = layout_options_of(manifest, ml, run.threads);
   if (run.src)
     for (const auto& L : run.src->moe_layers())
       if (L.module == ml.module) job.src_layer = &L;
@@ -989,6 +988,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   const std::string mpath = manifest_path(opts.dst);
   r.backend = manifest.backend;
   const TargetLayout& layout = manifest_layout(manifest, mpath);
+  check_layout_records(manifest, layout, mpath);
   const HfConfig cfg = load_hf_config(opts.dst);
   r.model = cfg.architecture.empty() ? cfg.model_type : cfg.architecture;
   const int threads = resolve_threads(opts.threads);

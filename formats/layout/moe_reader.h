@@ -39,6 +39,8 @@
 //                   marlin_act_int8_process_scales), so it is read with 16-bit activations too.
 //   triton-wna16    kBf16 / kFp16: fused_moe_kernel_gptq_awq multiplies the 16-bit activations
 //                   by dequantised weights (vllm fused_moe/fused_moe.py).
+//   humming         kBf16 / kFp16: vLLM 0.33's default HummingInputSchema() keeps 16-bit
+//                   activations (no VLLM_HUMMING_INPUT_QUANT_CONFIG: input_quant_mode "none").
 //   triton-int8     kInt8PerToken: int8_w8a8_moe_quant_config(per_act_token_quant=True) ->
 //                   fused_moe/utils.py _int8_quantize -> quantization/utils/int8_utils.py
 //                   per_token_quant_int8 (Triton _per_token_quant_int8): absmax = max(max|x|,
@@ -81,7 +83,8 @@ enum class Kind : int32_t {
   kTritonWna16,
   kTritonInt8,
   kTrtllmMxfp8,
-  kTrtllmFp8Block
+  kTrtllmFp8Block,
+  kHumming
 };
 enum class ActQuant : int32_t {
   kNone,
@@ -170,6 +173,28 @@ struct TrtllmFp8BlockParams {
   int64_t k_blocks;               // K / 128
 };
 
+// How kHumming's stored codes map back to offset-binary codes (formats/humming.h).
+enum HummingCodeMap : int32_t {
+  kHummingOffsetBinary = 0,   // as stored: W = (c - z) * s
+  kHummingSignMagnitude = 1,  // float{b}e0m{b-1}: W = (-1)^sign * magnitude * s
+  kHummingInt2fp = 2,         // weight_repack_nk's int2fp: c' = c >= z ? c - z : 2^b - 1 - c
+};
+
+// kHumming (formats/humming.h). Physical sizes kp x np: K padded to 128, N to 256 at the end.
+struct HummingParams {
+  const uint32_t* weight;    // [E, kp/16, np*16*bits/32] Marlin 16x64 tiles
+  const uint16_t* scales;    // [E, groups_p, np] in the activation dtype, 64-permuted
+  const uint32_t* zeros;     // [E, groups_p, np*bits/32] 64-permuted, in order; null: 2^(bits-1)
+  int32_t bits;              // 4 or 8
+  int32_t code_map;          // HummingCodeMap
+  int32_t scale_type;        // kScaleF16 / kScaleBf16
+  int64_t kp, np;            // physical K and N
+  int64_t groups_p;          // Kp / group_size
+  int64_t group_size;        // > 0
+  int64_t tiles_n;           // np / 64
+  int64_t words_per_expert;  // kp * np * bits / 32
+};
+
 // One projection (w13 or w2) of a chunk of experts. Trivially copyable: kernels take it by value.
 struct ProjReader {
   Kind kind;
@@ -182,6 +207,7 @@ struct ProjReader {
     TritonInt8Params triton_int8;
     TrtllmMxfp8Params trtllm_mxfp8;
     TrtllmFp8BlockParams trtllm_fp8_block;
+    HummingParams humming;
   };
 };
 static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
@@ -200,6 +226,8 @@ MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
       return f(r.trtllm_mxfp8);
     case Kind::kTrtllmFp8Block:
       return f(r.trtllm_fp8_block);
+    case Kind::kHumming:
+      return f(r.humming);
     default:
       return f(r.canonical);
   }
@@ -453,6 +481,73 @@ MOEPACK_HD void kind_weight_row(const TrtllmFp8BlockParams& p, const ProjReader&
     const uint8_t* blk = wq + (kb * rows + pr) * 128;  // BlockMajorK [kb][row][j]
     const int64_t len = r.k - kb * 128 < 128 ? r.k - kb * 128 : 128;
     for (int64_t j = 0; j < len; ++j) w[kb * 128 + j] = hd::e4m3_value(blk[j]) * s;
+  }
+}
+
+// ---- kHumming ----------------------------------------------------------------------------------
+
+// The dequantised weight of stored code `c` with zero code z (offset binary) and scale s.
+MOEPACK_HD float humming_value(const HummingParams& p, uint32_t c, uint32_t z, float s) {
+  const uint32_t half = 1u << (p.bits - 1), max = (1u << p.bits) - 1u;
+  switch (p.code_map) {
+    case kHummingSignMagnitude: {
+      const float mag = static_cast<float>(c & (half - 1u));
+      return ((c & half) ? -mag : mag) * s;
+    }
+    case kHummingInt2fp:
+      c = c <= max - z ? c + z : max - c;
+      return (static_cast<float>(c) - static_cast<float>(z)) * s;
+    default:
+      return (static_cast<float>(c) - static_cast<float>(z)) * s;
+  }
+}
+
+// The scale of (group g, physical column n) and its zero code: position (j / 64) * 64 +
+// 8x8-transpose(j % 64) of the row-major [groups_p, np] matrix (transform_humming_weight_scale),
+// zero codes packed in order after the same permutation (transform_humming_zero_point).
+MOEPACK_HD void humming_scale_zero(const HummingParams& p, int64_t e, int64_t g, int64_t n,
+                                   float* s, uint32_t* z) {
+  const int64_t j = g * p.np + n;
+  const int64_t pos = (j / 64) * 64 + marlin::scale_perm_grouped_dst(static_cast<int>(j % 64));
+  *s = scale_at(p.scales + e * p.groups_p * p.np, pos, p.scale_type);
+  *z = 1u << (p.bits - 1);
+  if (p.zeros) {
+    const int pf = 32 / p.bits;
+    const uint32_t w = p.zeros[e * p.groups_p * (p.np / pf) + pos / pf];
+    *z = (w >> (p.bits * (pos % pf))) & ((1u << p.bits) - 1u);
+  }
+}
+
+// Humming's reading of (n, kk): Marlin's 16x64 tile map over the padded [np, kp] (logical row n
+// is physical row n: the padding sits at the end), then the code map.
+MOEPACK_HD float kind_weight(const HummingParams& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  int word = 0, field = 0;
+  marlin::word_field_of(p.bits, false, kk, n, &word, &field);
+  const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
+  const uint32_t w = p.weight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
+  const uint32_t c = (w >> (p.bits * field)) & ((1u << p.bits) - 1u);
+  float s = 0.0f;
+  uint32_t z = 0;
+  humming_scale_zero(p, e, kk / p.group_size, n, &s, &z);
+  return humming_value(p, c, z, s);
+}
+
+// The row at once: (word, field) of the 16 rows of a tile, scale and zero per group hoisted.
+MOEPACK_HD void kind_weight_row(const HummingParams& p, const ProjReader& r, int64_t e, int64_t n,
+                                float* w) {
+  int word[16], field[16];
+  for (int k = 0; k < 16; ++k) marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
+  const uint32_t* q = p.weight + e * p.words_per_expert;
+  const int64_t tile_words = marlin::words_per_tile(p.bits), nt = n / 64;
+  const uint32_t mask = (1u << p.bits) - 1u;
+  float s = 0.0f;
+  uint32_t z = 0;
+  for (int64_t kk = 0; kk < r.k; ++kk) {
+    if (kk % p.group_size == 0) humming_scale_zero(p, e, kk / p.group_size, n, &s, &z);
+    const int t = static_cast<int>(kk % 16);
+    const uint32_t wd = q[((kk / 16) * p.tiles_n + nt) * tile_words + word[t]];
+    w[kk] = humming_value(p, (wd >> (p.bits * field[t])) & mask, z, s);
   }
 }
 

@@ -218,6 +218,13 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         o.gated = gated;
         o.source_method = params.method;
         o.prefix = "model.layers.0.mlp.experts.";
+        o.hidden = d.hidden;
+        o.inter = d.inter;
+        // The spec's vLLM target, or the first one the row writes for (Humming: 0.33 only).
+        for (const VllmTargetRow& t : vllm_target_rows()) {
+          if (row.unsupported_reasons(o, s).empty()) break;
+          o.vllm_target = t.target;
+        }
         if (!row.unsupported_reasons(o, s).empty()) continue;
         std::ostringstream trace;
         trace << row.name << " <- " << codec.name << " {" << test::describe_params(params)
@@ -226,6 +233,9 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         SCOPED_TRACE(trace.str());
         ++cases;
         const MoeExperts experts = test::random_moe_experts(rng, s, ro);
+        // A decision over the whole layer, as make_plan makes it.
+        if (row.decide_layer)
+          o.layer_decisions = row.decide_layer(o, s, test::whole_layer(experts, 2));
         TensorMap packed;
         for (Tensor& t : row.pack(o, experts)) packed.emplace(t.name, std::move(t));
         const MoeExperts decoded = row.unpack(o, packed);

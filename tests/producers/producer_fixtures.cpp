@@ -139,7 +139,9 @@ TEST_P(ProducerFixture, ConvertAndVerify) {
     EXPECT_EQ(rc, r.at("exit").get<int>()) << err;
     EXPECT_NE(err.find(r.at("contains").get<std::string>()), std::string::npos) << err;
     EXPECT_FALSE(fs::exists(tmp / "dst"));
-    return;
+    // A fixture refused on one arch may convert on another (asymmetric compressed-tensors:
+    // refused where only Marlin / Triton would read it, Humming on SM90).
+    if (!pj.contains("convert")) return;
   }
   ASSERT_EQ(moepack_cli("inspect " + src + " --json", &out, &err), 0) << err;
   const json ins = json::parse(out, nullptr, false);

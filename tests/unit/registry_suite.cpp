@@ -43,6 +43,7 @@ void PrintTo(const TargetLayout& t, std::ostream* os) {
 namespace {
 
 using test::matmul_error;
+using test::slice_experts;
 
 using test::bytes_equal;
 using test::describe_params;
@@ -260,25 +261,6 @@ TensorMap by_name(const std::vector<Tensor>& ts) {
   return m;
 }
 
-// Experts [a, b) of q alone.
-QuantTensor slice_experts(const QuantTensor& q, int64_t a, int64_t b) {
-  QuantTensor s = q;
-  s.experts = b - a;
-  const auto cut = [&](const auto& v) {
-    using V = std::decay_t<decltype(v)>;
-    if (v.empty()) return V{};
-    const size_t per = v.size() / static_cast<size_t>(q.experts);
-    return V(v.begin() + static_cast<std::ptrdiff_t>(a * per),
-             v.begin() + static_cast<std::ptrdiff_t>(b * per));
-  };
-  s.codes = cut(q.codes);
-  s.scales = cut(q.scales);
-  s.zeros = cut(q.zeros);
-  s.g_idx = cut(q.g_idx);
-  s.check_consistent("slice");
-  return s;
-}
-
 void expect_same_params(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
                         const std::string& what) {
   ASSERT_EQ(specs_of(got), specs_of(want))
@@ -420,7 +402,7 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
   ASSERT_NE(row.make_reader, nullptr) << row.name << " has no reader (TargetLayout::make_reader)";
   ASSERT_NE(row.act_quant, nullptr) << row.name << " has no TargetLayout::act_quant";
   Rng rng(seed_of(row.name));
-  int supported = 0, skipped = 0, codecs = 0;
+  int supported = 0, skipped = 0, codecs = 0, combo = 0;
   double worst = 0.0;
   for (const SourceCodec& codec : source_codecs()) {
     if (!takes_scheme(row, codec.scheme)) continue;
@@ -450,6 +432,12 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
             o.gated = gated;
             o.source_method = params.method;
             o.prefix = "model.layers.0.mlp.experts.";
+            o.hidden = d.hidden;
+            o.inter = d.inter;
+            // Every vLLM target in turn (a layout only one vLLM runs, such as Humming for 0.33,
+            // is judged under each and skipped where it refuses).
+            const std::vector<VllmTargetRow>& targets = vllm_target_rows();
+            o.vllm_target = targets[static_cast<size_t>(combo++) % targets.size()].target;
             if (!row.unsupported_reasons(o, s).empty()) {
               ++skipped;
               continue;
@@ -461,6 +449,9 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
             SCOPED_TRACE(trace.str());
             ++supported;
             const MoeExperts x = test::random_moe_experts(rng, s, ro);
+            // A layout that decides from the whole layer's codes decides once, over x.
+            if (row.decide_layer)
+              o.layer_decisions = row.decide_layer(o, s, test::whole_layer(x, 1));
             try {
               // Every element of one expert in one case of four (run time under ASan), samples
               // elsewhere.

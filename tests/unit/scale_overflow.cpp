@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "formats/codec.h"
+#include "tests/test_util.h"
 
 namespace moepack {
 namespace {
@@ -31,10 +32,14 @@ TEST(ScaleOverflow, EveryHalfPrecisionLayoutRefusesAScaleThatBecomesInf) {
   for (const TargetLayout& t : target_layouts()) {
     if (std::find(t.schemes.begin(), t.schemes.end(), "wna16") == t.schemes.end()) continue;
     SCOPED_TRACE(t.name);
-    const LayoutOptions o =
+    LayoutOptions o =
         LayoutOptions::for_layer(QuantMethod::kGptq, DType::kF16, true, false, VllmTarget::kV0_33,
                                  "model.layers.0.mlp.experts.routed_experts.", 0, 1);
-    ASSERT_TRUE(t.unsupported_reasons(o, moe_shape_of(layer_with_scale(0.01f))).empty());
+    const MoeExperts x = layer_with_scale(0.01f);
+    ASSERT_TRUE(t.unsupported_reasons(o, moe_shape_of(x)).empty());
+    // A layout that decides from the whole layer's codes (the same codes at every scale).
+    if (t.decide_layer)
+      o.layer_decisions = t.decide_layer(o, moe_shape_of(x), test::whole_layer(x, 1));
     EXPECT_NO_THROW(t.pack(o, layer_with_scale(60000.0f)));  // the largest fp16 is 65504
     try {
       t.pack(o, layer_with_scale(1.0e6f));
@@ -48,7 +53,7 @@ TEST(ScaleOverflow, EveryHalfPrecisionLayoutRefusesAScaleThatBecomesInf) {
     }
     ++layouts;
   }
-  EXPECT_GE(layouts, 2);  // marlin and triton-wna16 at least
+  EXPECT_GE(layouts, 3);  // marlin, triton-wna16 and humming at least
 }
 
 TEST(ScaleOverflow, ConvertScaleRoundsToNearestEvenAndKeepsE8m0Codes) {
