@@ -285,6 +285,10 @@ struct LayoutOptions {
   // (GPTQ: w13_qweight/w13_scales/w13_g_idx, AWQ: + w13_qzeros, CT: w13_weight_packed/...).
   QuantMethod source_method = QuantMethod::kGptq;
   int threads = 1;  // worker threads; output bytes never depend on it
+  // The GPU architecture the parameters are for (--target-arch; the pipeline sets it after
+  // for_layer): a layout whose runtime configuration names the exact SM (Humming's LayerConfig
+  // sm_version) writes it, and refuses the archs it has no layout for.
+  TargetArch target_arch = TargetArch::kSm90;
   // The layer's real hidden size where the layout pads it (Humming pads H to 128 / 256; 0: as
   // the parameters say): unpack drops the padding back to it, the reader reads this many.
   int64_t hidden = 0;

@@ -32,6 +32,22 @@ const char* humming_version_of(VllmTarget t) {
   return t == VllmTarget::kV0_33 ? kHummingKernelsVersion : nullptr;
 }
 
+// LayerConfig.sm_version of a target arch (DeviceInfo: major * 10 + minor).
+int sm_version_of(TargetArch a) {
+  switch (a) {
+    case TargetArch::kSm80:
+      return 80;
+    case TargetArch::kSm89:
+      return 89;
+    case TargetArch::kSm90:
+      return 90;
+    case TargetArch::kSm100:
+      return 100;
+    default:
+      return 120;
+  }
+}
+
 bool is_wna16_method(QuantMethod m) {
   return m == QuantMethod::kGptq || m == QuantMethod::kAwq || m == QuantMethod::kCtPackQuantized;
 }
@@ -161,6 +177,12 @@ std::vector<std::string> humming_unsupported_reasons(const LayoutOptions& opts, 
     why.push_back(std::string(target.follows) +
                   " has no Humming MoE path (vLLM 0.33.0 pins humming-kernels 0.1.19; "
                   "--vllm-target 0.33)");
+  if (sm_version_of(opts.target_arch) != kHummingSmVersion)
+    why.push_back(
+        std::string("moepack writes Humming's layout for sm90 only (the LayerConfig names "
+                    "the exact SM, and only sm90 is checked against humming-kernels "
+                    "0.1.19's own transform); target is ") +
+        target_arch_name(opts.target_arch));
   if (!is_wna16_method(opts.source_method))
     why.push_back(std::string("source method ") + quant_method_name(opts.source_method) +
                   " has no Humming WNA16 MoE path (GPTQ, AWQ and compressed-tensors "
@@ -250,7 +272,7 @@ std::string humming_layer_config_json(const LayoutOptions& opts, const MoeShape&
   // LayerConfig's fields in declaration order, json.dumps' default separators (humming/config/
   // base.py BaseHummingConfig.to_str).
   const std::vector<std::pair<const char*, std::string>> fields = {
-      {"sm_version", num(kHummingSmVersion)},
+      {"sm_version", num(sm_version_of(opts.target_arch))},
       {"shape_n", num(gm.np)},
       {"shape_k", num(gm.kp)},
       {"pad_shape_n", num(gm.np - gm.n)},
@@ -286,7 +308,7 @@ std::vector<std::pair<std::string, std::string>> humming_layer_config(const Layo
       {"kernel_package", kHummingKernelsPackage},
       {"kernel_version",
        humming_version_of(opts.vllm_target) ? humming_version_of(opts.vllm_target) : "none"},
-      {"sm_version", num(kHummingSmVersion)}};
+      {"sm_version", num(sm_version_of(opts.target_arch))}};
   for (MoeProj p : {MoeProj::kW13, MoeProj::kW2})
     out.push_back(
         {std::string(proj_name(p)) + "_layer_config", humming_layer_config_json(opts, x, p)});

@@ -37,8 +37,8 @@
 namespace moepack {
 
 // The humming-kernels release whose layout and LayerConfig this writes (vLLM 0.33.0's pin
-// humming-kernels[cu13]==0.1.19), and the SM its LayerConfig names (Humming refuses a LayerConfig
-// of another SM: LayerConfig.check_device).
+// humming-kernels[cu13]==0.1.19), and the one SM it writes them for (the LayerConfig names the
+// target arch's SM, and Humming refuses one of another SM: LayerConfig.check_device).
 inline constexpr const char* kHummingKernelsPackage = "humming-kernels";
 inline constexpr const char* kHummingKernelsVersion = "0.1.19";
 inline constexpr int kHummingSmVersion = 90;

@@ -288,14 +288,14 @@ const std::vector<TargetLayout>& target_layouts() {
                          .reason = "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
                                    "supports_pre_processed_weights (it always shuffles in "
                                    "process_weights_after_loading)"}}},
-      // vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming); its LayerConfig names the
-      // exact SM, so the layout is written for SM90 only.
+      // vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming). Its kernel runs on every
+      // arch vLLM's Humming experts take (capability 7.5 and up); its LayerConfig names the exact
+      // SM, and moepack writes it for SM90 only (humming_unsupported_reasons).
       {.name = "humming",
        .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
        .layout_version = 1,
        .schemes = {"wna16"},
-       .archs = {A::kSm90},
-       .priority = 9,
+       .archs = every_arch,
        .unsupported_reasons = humming_unsupported_reasons,
        .param_specs = humming_param_specs,
        .pack = pack_humming_moe,
@@ -494,8 +494,7 @@ Wna16Backends wna16_backends(const ArchSets& a) {
                                .moe_backend = "humming",
                                .archs = a.every,  // Humming experts: capability 7.5 and up
                                .layout = "humming",
-                               .reads = kHummingReads,
-                               .vllm_refusals = wna16_act_order_refusals};
+                               .reads = kHummingReads};  // judged by moepack's humming row
   const VllmBackend emulation = {.name = "EMULATION",
                                  .moe_backend = "emulation",
                                  .archs = a.every,  // Int4EmulationTritonExperts: any CUDA GPU

@@ -125,6 +125,7 @@ LayoutOptions layout_options_of(const Manifest& m, const ManifestLayer& ml, int 
   LayoutOptions lo = LayoutOptions::for_layer(m.target_quant_params.method, m.act_dtype, ml.gated,
                                               m.options.vllm_w13_scale_size_k, m.vllm_target,
                                               ml.param_prefix, ml.inter, threads);
+  lo.target_arch = m.target_arch;
   lo.hidden = ml.hidden;
   lo.layer_decisions = ml.layout_decisions;
   return lo;

@@ -160,8 +160,8 @@ Manifest parse_manifest(const nlohmann::json& j, const std::string& file);
 Manifest read_manifest(const std::string& dir);
 
 // The options a manifest layer's parameters were packed with (what make_plan gave pack): the
-// target's method, activation dtype, gated, --vllm-w13-scale-size-k, vLLM target, the layer's
-// parameter prefix, real H and I, and its recorded layout decisions.
+// target's method, activation dtype, gated, --vllm-w13-scale-size-k, vLLM target, target arch,
+// the layer's parameter prefix, real H and I, and its recorded layout decisions.
 LayoutOptions layout_options_of(const Manifest& manifest, const ManifestLayer& layer, int threads);
 
 nlohmann::json quant_params_json(const QuantParams& q);

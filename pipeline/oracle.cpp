@@ -177,11 +177,12 @@ OracleDecision choose_backend(const OracleQuery& q, const std::vector<TargetLayo
   }
   const VllmTargetRow& target = find_target(targets, q.vllm_target);
   const VllmBackendOrder* order = codec ? vllm_backend_order(target, d.scheme, q.arch) : nullptr;
+  LayoutOptions opts = LayoutOptions::for_layer(
+      q.quant.method, q.act_dtype, q.gated, q.vllm_w13_scale_size_k, q.vllm_target, "", q.inter, 1);
+  opts.target_arch = q.arch;
   const Judge judge{
       q, d.scheme, codec != nullptr,
-      codec && codec->refusals ? codec->refusals(q.quant) : std::vector<std::string>{},
-      LayoutOptions::for_layer(q.quant.method, q.act_dtype, q.gated, q.vllm_w13_scale_size_k,
-                               q.vllm_target, "", q.inter, 1),
+      codec && codec->refusals ? codec->refusals(q.quant) : std::vector<std::string>{}, opts,
       // The layer as every candidate judges it (only candidates exist when a codec reads it).
       codec ? moe_shape_for(q.quant, std::max<int64_t>(1, q.experts), q.hidden, q.inter, q.gated,
                             q.act_order_w13, q.act_order_w2)

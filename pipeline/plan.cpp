@@ -254,6 +254,7 @@ PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
   pl.layout_options = LayoutOptions::for_layer(
       plan.target_quant.method, opts.act_dtype, L.gated, opts.vllm_w13_scale_size_k,
       plan.vllm_target, vllm_param_prefix(plan.vllm_target, L.param_prefix), L.inter, plan.threads);
+  pl.layout_options.target_arch = plan.arch;
   pl.layout_options.hidden = L.hidden;
   const LayoutOptions& lo = pl.layout_options;
   pl.shape = moe_shape_for(plan.target_quant, L.num_experts, L.hidden, L.inter, L.gated,

@@ -228,7 +228,7 @@ TEST(Cli, DryRunWritesNothingAndPlansTheRealBytes) {
   EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
   std::string text;
   ASSERT_EQ(moepack_cli("convert " + src + " " + (tmp / "dst2") + " --dry-run", &text), 0);
-  EXPECT_NE(text.find("w13_qweight"), std::string::npos);
+  EXPECT_NE(text.find("routed_experts.w13_"), std::string::npos);
   EXPECT_FALSE(fs::exists(tmp / "dst2"));
 }
 
@@ -558,13 +558,16 @@ void expect_verify_fails_naming_layer(const std::string& dst, const std::string&
 struct Converted {
   TempDir tmp;
   std::string src, dst;
-  Converted(const std::string& format, const std::string& arch) {
+  Converted(const std::string& format, const std::string& arch,
+            const std::string& backend = "auto") {
     src = tmp / "src";
     dst = tmp / "dst";
     EXPECT_EQ(moepack_cli("synth " + src + " --format " + format + " --family qwen3" +
                           std::string(kSmall)),
               0);
-    EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch " + arch), 0);
+    EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch " + arch + " --backend " +
+                          backend),
+              0);
     EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
   }
 };
@@ -573,7 +576,7 @@ struct Converted {
 const std::string kExperts = "model.layers.1.mlp.experts.routed_experts.";
 
 TEST(VerifyCatches, MarlinGateUpSwapped) {
-  Converted c("gptq", "sm90");
+  Converted c("gptq", "sm90", "marlin");
   // Marlin(w13)[kt] = concat(Marlin(gate)[kt], Marlin(up)[kt]); scales [E, G, 2I]: swap halves.
   auto swap_halves = [](std::vector<uint8_t>& b, const Shape& s) {
     const size_t row = b.size() / static_cast<size_t>(s[0] * s[1]), half = row / 2;
@@ -615,7 +618,8 @@ TEST(VerifyCatches, RoundTripCountsScalesNotBytes) {
 }
 
 TEST(VerifyCatches, MarlinWrongScalePermutation) {
-  Converted c("gptq", "sm90");  // H = 256, group 128: w13 has 2 groups -> grouped permutation
+  Converted c("gptq", "sm90",
+              "marlin");  // H = 256, group 128: w13 has 2 groups -> grouped permutation
   corrupt(c.dst, kExperts + "w13_scales", [](std::vector<uint8_t>& b, const Shape& s) {
     const int64_t rows = s[0] * s[1], n = s[2];
     marlin_unpermute_scales(b.data(), rows, n, 2, /*grouped=*/true);
@@ -625,7 +629,7 @@ TEST(VerifyCatches, MarlinWrongScalePermutation) {
 }
 
 TEST(VerifyCatches, AwqZeroPointsNotPermuted) {
-  Converted c("awq", "sm90");
+  Converted c("awq", "sm90", "marlin");
   corrupt(c.dst, kExperts + "w13_qzeros", [](std::vector<uint8_t>& b, const Shape& s) {
     // Decode the Marlin zero points, then pack them plainly (low bits first, logical order),
     // i.e. forget the 64-permutation and the interleave.

@@ -87,6 +87,7 @@ void expect_direct_takes_every_chunk(const std::string& src, const std::string& 
   if (flags.find("--vllm-target 2026-05") != std::string::npos)
     o.vllm_target = VllmTarget::kV2026_05;
   if (flags.find("--act-dtype fp16") != std::string::npos) o.act_dtype = DType::kF16;
+  if (flags.find("--backend marlin") != std::string::npos) o.backend = "marlin";
   o.chunk_bytes = 300000;  // several chunks per layer
   const Plan plan = make_plan(*ckpt, o);
   int chunks = 0;
@@ -131,7 +132,8 @@ TEST_P(FastPathE2e, SameBytesAsCanonical) {
   std::string out, err;
   const std::string arch = c.flags.find("sm100") != std::string::npos ? " --target-arch sm100" : "";
   const std::string target =
-      c.flags.find("2026-05") != std::string::npos ? " --vllm-target 2026-05" : "";
+      (c.flags.find("2026-05") != std::string::npos ? " --vllm-target 2026-05" : "") +
+      std::string(c.flags.find("--backend marlin") != std::string::npos ? " --backend marlin" : "");
   ASSERT_EQ(moepack("inspect " + src + arch + target + " --json", &out, &err), 0) << err;
   const json j = json::parse(out, nullptr, false);
   ASSERT_TRUE(j.contains("conversion")) << out;
@@ -140,14 +142,16 @@ TEST_P(FastPathE2e, SameBytesAsCanonical) {
 
 INSTANTIATE_TEST_SUITE_P(
     Pairs, FastPathE2e,
-    ::testing::Values(Pair{"gptq_int4", "--format gptq", ""},
-                      Pair{"gptq_int8_channel", "--format gptq --bits 8 --group-size -1", ""},
+    // The WNA16 pairs name Marlin: on SM90 for vLLM 0.33 `auto` writes Humming.
+    ::testing::Values(Pair{"gptq_int4", "--format gptq", "--backend marlin"},
+                      Pair{"gptq_int8_channel", "--format gptq --bits 8 --group-size -1",
+                           "--backend marlin"},
                       Pair{"gptq_actorder", "--format gptq-actorder", "--vllm-target 2026-05"},
                       Pair{"gptq_mixtral_fp16", "--format gptq --family mixtral --dtype fp16",
-                           "--act-dtype fp16"},
-                      Pair{"awq", "--format awq", ""},
-                      Pair{"ct_w4a16", "--format ct-w4a16", "--threads 3"},
-                      Pair{"ct_w8a16", "--format ct-w8a16 --family deepseek", ""},
+                           "--act-dtype fp16 --backend marlin"},
+                      Pair{"awq", "--format awq", "--backend marlin"},
+                      Pair{"ct_w4a16", "--format ct-w4a16", "--threads 3 --backend marlin"},
+                      Pair{"ct_w8a16", "--format ct-w8a16 --family deepseek", "--backend marlin"},
                       Pair{"modelopt_mxfp8", "--format modelopt-mxfp8", "--target-arch sm100"}),
     [](const ::testing::TestParamInfo<Pair>& i) { return i.param.name; });
 
@@ -159,8 +163,8 @@ TEST(FastPathE2e, PaddedIntermediate) {
       moepack("synth " + src +
               " --format gptq --group-size 32 --layers 2 --experts 3 --hidden 128 --inter 96"),
       0);
-  expect_identical_outputs(src, "--vllm-target 0.33", "direct", tmp);
-  expect_direct_takes_every_chunk(src, "");
+  expect_identical_outputs(src, "--vllm-target 0.33 --backend marlin", "direct", tmp);
+  expect_direct_takes_every_chunk(src, "--backend marlin");
 }
 
 // The real producers' checkpoints whose pairs have a direct path.
@@ -168,14 +172,14 @@ TEST(FastPathE2e, ProducerFixtures) {
   const std::string root = test::source_dir() + "/tests/producers/fixtures";
   if (!fs::is_directory(root)) GTEST_SKIP() << "no producer fixtures at " << root;
   int converted = 0;
-  for (const auto& [name, flags] :
-       std::map<std::string, std::string>{{"ct-w4a16-g32-qwen3", ""},
-                                          {"ct-w8a16-channel-mixtral", ""},
-                                          {"gptqmodel-dynamic-experts-g64-qwen3", ""},
-                                          {"autoround-autoawq-sym-qwen3", ""},
-                                          {"ct-mxfp8-qwen3", "--target-arch sm100"},
-                                          {"modelopt-mxfp8-mixtral", "--target-arch sm100"},
-                                          {"modelopt-mxfp8-qwen3", "--target-arch sm100"}}) {
+  for (const auto& [name, flags] : std::map<std::string, std::string>{
+           {"ct-w4a16-g32-qwen3", "--backend marlin"},
+           {"ct-w8a16-channel-mixtral", "--backend marlin"},
+           {"gptqmodel-dynamic-experts-g64-qwen3", "--backend marlin"},
+           {"autoround-autoawq-sym-qwen3", "--backend marlin"},
+           {"ct-mxfp8-qwen3", "--target-arch sm100"},
+           {"modelopt-mxfp8-mixtral", "--target-arch sm100"},
+           {"modelopt-mxfp8-qwen3", "--target-arch sm100"}}) {
     SCOPED_TRACE(name);
     const std::string src = root + "/" + name + "/ckpt";
     if (!fs::is_directory(src)) continue;

@@ -55,11 +55,18 @@ TEST(VllmTargetsE2e, GptqBothTargetsNamesRecordedAndVerified) {
     EXPECT_EQ(read_json_file(dst + "/config.json")["moepack"]["vllm_target"], want);
     const std::string prefix = std::string(kLayer) + (want == "0.33" ? "routed_experts." : "");
     const auto p = params_under(m, prefix);
-    EXPECT_TRUE(p.count("w13_qweight") && p.count("w2_scales")) << m["tensors"].dump();
-    // 0.33: no g_idx or sort-index parameters at all; 2026-05: empty [E, 0] without act-order.
-    EXPECT_EQ(p.count("w13_g_idx"), want == "0.33" ? 0u : 1u);
-    EXPECT_EQ(p.count("w2_g_idx_sort_indices"), want == "0.33" ? 0u : 1u);
-    if (want == "2026-05") {
+    // 0.33 on SM90 (the default arch): Humming's parameters, as vLLM 0.33's Humming
+    // post-processing leaves them; 2026-05: Marlin's, with empty [E, 0] act-order parameters.
+    if (want == "0.33") {
+      EXPECT_EQ(m["backend"], "humming");
+      EXPECT_EQ(p.size(), 4u) << m["tensors"].dump();
+      EXPECT_EQ(p.at("w13_weight"), (std::vector<int64_t>{3, 256 / 16, 256 * 16 * 4 / 32}));
+      EXPECT_EQ(p.at("w2_weight_scale"), (std::vector<int64_t>{3, 1, 256}));
+    } else {
+      EXPECT_EQ(m["backend"], "marlin");
+      EXPECT_TRUE(p.count("w13_qweight") && p.count("w2_scales")) << m["tensors"].dump();
+      EXPECT_EQ(p.count("w13_g_idx"), 1u);
+      EXPECT_EQ(p.count("w2_g_idx_sort_indices"), 1u);
       EXPECT_EQ(p.at("w2_g_idx"), (std::vector<int64_t>{3, 0}));
     }
     EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
@@ -81,29 +88,30 @@ TEST(VllmTargetsE2e, InspectJsonShowsVllmOrderAndPick) {
                         " --format gptq --layers 2 --experts 3 --hidden 256 --inter 128"),
             0);
   struct Want {
-    std::string target, arch, pick, first_runs;
+    std::string target, arch, pick, first_runs, chosen, backend = "auto";
   };
-  for (const Want& w :
-       {Want{"0.33", "sm90", "humming", "HUMMING"}, Want{"0.33", "sm100", "marlin", "MARLIN"},
-        Want{"2026-05", "sm90", "marlin", "MARLIN"}}) {
+  for (const Want& w : {Want{"0.33", "sm90", "humming", "HUMMING", "humming"},
+                        Want{"0.33", "sm90", "humming", "HUMMING", "marlin", "marlin"},
+                        Want{"0.33", "sm100", "marlin", "MARLIN", "marlin"},
+                        Want{"2026-05", "sm90", "marlin", "MARLIN", "marlin"}}) {
     SCOPED_TRACE(w.target + " " + w.arch);
     std::string out;
     ASSERT_EQ(moepack_cli("inspect " + src + " --json --no-validate --vllm-target " + w.target +
-                              " --target-arch " + w.arch,
+                              " --target-arch " + w.arch + " --backend " + w.backend,
                           &out),
               0);
     const json ins = json::parse(out);
     const json& kind = ins["oracle"]["kinds"].at(0);
     EXPECT_EQ(kind["scheme"], "wna16");
-    EXPECT_EQ(kind["chosen"], "marlin");
+    EXPECT_EQ(kind["chosen"], w.chosen);
     EXPECT_EQ(kind["vllm_would_pick"], w.pick);
-    EXPECT_EQ(kind.contains("vllm_note"), w.pick != "marlin") << kind.dump(1);
-    if (w.pick != "marlin") {
+    EXPECT_EQ(kind.contains("vllm_note"), w.pick != w.chosen) << kind.dump(1);
+    if (w.pick != w.chosen) {
       EXPECT_NE(kind["vllm_note"].get<std::string>().find("--moe-backend marlin"),
                 std::string::npos);
     }
     ASSERT_TRUE(kind["candidates"].is_array());
-    EXPECT_EQ(kind["candidates"].at(0)["backend"], "marlin");
+    EXPECT_EQ(kind["candidates"].at(0)["backend"], w.chosen);
     std::string first_runs;
     for (const auto& b : kind["vllm_order"]) {
       EXPECT_EQ(b["vllm_runs"], b["reasons"].empty()) << b.dump();

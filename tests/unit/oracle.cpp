@@ -295,19 +295,43 @@ std::vector<Case> cases() {
        "auto",
        "wna16",
        "",
-       {"marlin", "triton-wna16"},
-       {{"marlin", "--vllm-target 2026-05"}, {"triton-wna16", "act-order"}},
+       {"humming", "marlin", "triton-wna16"},
+       {{"humming", "act-order"},
+        {"marlin", "--vllm-target 2026-05"},
+        {"triton-wna16", "act-order"}},
        VllmTarget::kV0_33},
-      {"0.33: gptq g32 I=96 -> marlin (I padded to 128)",
+      {"0.33: gptq g32 I=96 -> humming (N padded to 256 at the end)",
        gptq(4, 32),
        256,
        96,
        sm90,
        "auto",
        "wna16",
-       "marlin",
-       {"marlin", "triton-wna16"},
+       "humming",
+       {"humming", "marlin", "triton-wna16"},
        {},
+       VllmTarget::kV0_33},
+      {"0.33 on sm80: gptq g32 I=96 -> marlin (I padded to 128)",
+       gptq(4, 32),
+       256,
+       96,
+       TargetArch::kSm80,
+       "auto",
+       "wna16",
+       "marlin",
+       {"marlin", "triton-wna16", "humming"},
+       {{"humming", "sm90 only"}},
+       VllmTarget::kV0_33},
+      {"0.33: gptq channelwise -> marlin (stock vLLM's Humming path cannot load it)",
+       gptq(4, -1),
+       256,
+       128,
+       sm90,
+       "auto",
+       "wna16",
+       "marlin",
+       {"humming", "marlin", "triton-wna16"},
+       {{"humming", "GPTQ channelwise"}},
        VllmTarget::kV0_33},
       {"0.33: gptq g128 I=64 -> triton (a group would straddle the padding)",
        gptq(4, 128),
@@ -317,8 +341,8 @@ std::vector<Case> cases() {
        "auto",
        "wna16",
        "triton-wna16",
-       {"marlin", "triton-wna16"},
-       {{"marlin", "group_size=128"}},
+       {"humming", "marlin", "triton-wna16"},
+       {{"humming", "MoeWNA16Method"}, {"marlin", "group_size=128"}},
        VllmTarget::kV0_33},
       {"unquantized -> refused, suggests --quantize",
        unquantized(),
@@ -429,7 +453,8 @@ TEST(Oracle, UnknownBackendIsUsageError) {
   }
 }
 
-// vLLM 0.33 on SM90 would run Humming for WNA16; moepack writes Marlin and says so beside it.
+// vLLM 0.33 on SM90 runs Humming for WNA16, and so does `auto`; an explicit Marlin there is
+// written with the note that says what that vLLM would run and how it is told to run Marlin.
 TEST(Oracle, VllmOwnChoiceIsShownBesideTheChosenLayout) {
   OracleQuery q;
   q.quant = gptq(4, 128);
@@ -438,16 +463,22 @@ TEST(Oracle, VllmOwnChoiceIsShownBesideTheChosenLayout) {
   q.vllm_target = VllmTarget::kV0_33;
   q.arch = TargetArch::kSm90;
   OracleDecision d = choose_backend(q);
+  EXPECT_EQ(d.chosen, "humming");
+  EXPECT_EQ(d.vllm_would_pick, "humming");
+  EXPECT_EQ(d.vllm_note, "");
+  EXPECT_NE(d.explain().find("prioritize_humming"), std::string::npos) << d.explain();
+  q.requested = "marlin";
+  d = choose_backend(q);
   EXPECT_EQ(d.chosen, "marlin");
   EXPECT_EQ(d.vllm_would_pick, "humming");
-  EXPECT_NE(d.explain().find("prioritize_humming"), std::string::npos) << d.explain();
-  // The note, from the rows: vLLM's backend, that moepack lacks its layout, what it writes
+  // The note, from the rows: vLLM's backend and moepack's layout of it, what moepack writes
   // instead and how that vLLM is told to run it.
-  for (const char* part : {"vLLM 0.33.0", "sm90", "would run HUMMING", "no humming layout yet",
-                           "writes marlin", "--moe-backend marlin"})
+  for (const char* part : {"vLLM 0.33.0", "sm90", "would run HUMMING (moepack's humming layout)",
+                           "writes marlin (--backend marlin)", "--moe-backend marlin"})
     EXPECT_NE(d.vllm_note.find(part), std::string::npos) << part << " not in: " << d.vllm_note;
   EXPECT_EQ(d.to_json()["vllm_would_pick"], "humming");
   EXPECT_EQ(d.to_json()["vllm_note"], d.vllm_note);
+  q.requested = "auto";
   for (const auto& [target, arch] : {std::make_pair(VllmTarget::kV0_33, TargetArch::kSm100),
                                      std::make_pair(VllmTarget::kV2026_05, TargetArch::kSm90)}) {
     q.vllm_target = target;
@@ -539,10 +570,12 @@ struct OrderCase {
 std::vector<OrderCase> order_cases() {
   using A = TargetArch;
   const auto v033 = VllmTarget::kV0_33, v2605 = VllmTarget::kV2026_05;
+  // On SM90 `auto` writes what that vLLM runs there when moepack has its layout (Humming).
   auto wna16 = [](const std::string& on_sm90, const std::string& on_sm100) {
+    const std::string chosen_sm90 = on_sm90 == "humming" ? "humming" : "marlin";
     return std::vector<ArchExpectation>{{A::kSm80, "marlin", "marlin"},
                                         {A::kSm89, "marlin", "marlin"},
-                                        {A::kSm90, "marlin", on_sm90},
+                                        {A::kSm90, chosen_sm90, on_sm90},
                                         {A::kSm100, "marlin", on_sm100},
                                         {A::kSm120, "marlin", "marlin"}};
   };
@@ -570,7 +603,9 @@ std::vector<OrderCase> order_cases() {
       {"awq g128", awq(128), v2605, wna16("marlin", "marlin")},
       {"ct w4a16 g32", ct_pack(4, 32), v033, wna16("humming", "flashinfer_trtllm")},
       {"ct w4a16 g32", ct_pack(4, 32), v2605, wna16("marlin", "flashinfer_trtllm")},
-      {"ct w8a16 channel", ct_pack(8, -1), v033, wna16("humming", "marlin")},
+      // Channelwise compressed-tensors: vLLM 0.33's method asserts the group strategy off Marlin,
+      // so its Humming path cannot load the layer (the humming row's reason says so).
+      {"ct w8a16 channel", ct_pack(8, -1), v033, wna16("marlin", "marlin")},
       {"ct w8a8 dynamic", ct_w8a8(true), v033, int8},
       {"ct w8a8 dynamic", ct_w8a8(true), v2605, int8},
       {"modelopt mxfp8", mxfp8(), v033, mx("humming")},
@@ -626,9 +661,9 @@ TEST(Oracle, VllmPickFollowsTheLayer) {
   EXPECT_EQ(d.chosen, "triton-wna16");
   EXPECT_EQ(d.vllm_would_pick, "triton-wna16");
   EXPECT_EQ(d.vllm_note, "");
-  q.vllm_target = VllmTarget::kV0_33;  // padded: Marlin, but vLLM 0.33 on SM90 runs Humming
+  q.vllm_target = VllmTarget::kV0_33;  // vLLM 0.33 on SM90 runs Humming (N padded at the end)
   d = choose_backend(q);
-  EXPECT_EQ(d.chosen, "marlin");
+  EXPECT_EQ(d.chosen, "humming");
   EXPECT_EQ(d.vllm_would_pick, "humming");
 
   // vLLM 0.33 takes no act-order MoE checkpoint: neither side runs anything, and no note.
@@ -698,8 +733,9 @@ const VllmBackend* order_entry(const VllmBackendOrder& o, const std::string& vll
   return nullptr;
 }
 
-// A later issue adds the layout row the order maps Humming to: `auto` takes it where vLLM's order
-// puts Humming first, with no oracle change; elsewhere Marlin keeps its place ahead of it.
+// The humming row is the one the order maps vLLM's HUMMING to, added with no oracle change:
+// `auto` takes it where vLLM's order puts Humming first; elsewhere Marlin keeps its place ahead
+// of it; without the row the same query writes Marlin.
 TEST(Oracle, NewLayoutRowIsPickedWithNoOracleChange) {
   const VllmTargetRow& v033 = vllm_target_row(VllmTarget::kV0_33);
   const VllmBackendOrder* order = vllm_backend_order(v033, "wna16", TargetArch::kSm90);
@@ -707,17 +743,8 @@ TEST(Oracle, NewLayoutRowIsPickedWithNoOracleChange) {
   const VllmBackend* humming = order_entry(*order, "HUMMING");
   ASSERT_NE(humming, nullptr);
   ASSERT_NE(humming->layout, nullptr);
-  ASSERT_EQ(find_target_layout(humming->layout), nullptr) << "the registry has the row already";
-
-  std::vector<TargetLayout> layouts = target_layouts();
-  TargetLayout row = *find_target_layout("marlin");  // hooks borrowed: only the name matters here
-  static const std::string name = humming->layout;
-  row.name = name.c_str();
-  row.kernel = "a test row for vLLM's Humming MoE";
-  row.unsupported_reasons = [](const LayoutOptions&, const MoeShape&) {
-    return std::vector<std::string>{};
-  };
-  layouts.push_back(row);
+  const std::string name = humming->layout;
+  ASSERT_NE(find_target_layout(name), nullptr) << "the registry has the row";
 
   OracleQuery q;
   q.quant = gptq(4, 128);
@@ -725,33 +752,40 @@ TEST(Oracle, NewLayoutRowIsPickedWithNoOracleChange) {
   q.inter = 128;
   q.vllm_target = VllmTarget::kV0_33;
   q.arch = TargetArch::kSm90;
-  OracleDecision d = choose_backend(q, layouts);
+  OracleDecision d = choose_backend(q);
   EXPECT_EQ(d.chosen, name);
   EXPECT_EQ(d.vllm_would_pick, name);
   EXPECT_EQ(d.vllm_note, "");
   std::vector<std::string> got;
   for (const auto& v : d.verdicts) got.push_back(v.backend);
   EXPECT_EQ(got, (std::vector<std::string>{name, "marlin", "triton-wna16"}));
-  // Without the row, the same query writes Marlin (the registry as it is).
-  EXPECT_EQ(choose_backend(q).chosen, "marlin");
+  // Without the row, the same query writes Marlin and says what vLLM would run.
+  std::vector<TargetLayout> without;
+  for (const auto& t : target_layouts())
+    if (name != t.name) without.push_back(t);
+  d = choose_backend(q, without);
+  EXPECT_EQ(d.chosen, "marlin");
+  EXPECT_NE(d.vllm_note.find("no humming layout yet"), std::string::npos) << d.vllm_note;
 
   q.arch = TargetArch::kSm100;  // Humming after Marlin and Triton
-  d = choose_backend(q, layouts);
+  d = choose_backend(q);
   EXPECT_EQ(d.chosen, "marlin");
   got.clear();
   for (const auto& v : d.verdicts) got.push_back(v.backend);
   EXPECT_EQ(got, (std::vector<std::string>{"marlin", "triton-wna16", name}));
 
   q.vllm_target = VllmTarget::kV2026_05;  // the spec's vLLM has no Humming: not a candidate
-  d = choose_backend(q, layouts);
+  d = choose_backend(q);
   EXPECT_EQ(d.chosen, "marlin");
   EXPECT_EQ(d.verdicts.size(), 2u);
 
   // --backend knows the row from the table it is given, and only from it.
   q.requested = name;
-  EXPECT_EQ(choose_backend(q, layouts).chosen, name);
+  q.vllm_target = VllmTarget::kV0_33;
+  q.arch = TargetArch::kSm90;
+  EXPECT_EQ(choose_backend(q).chosen, name);
   try {
-    choose_backend(q);
+    choose_backend(q, without);
     FAIL() << "expected kUsage";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUsage);
@@ -781,7 +815,7 @@ TEST(Oracle, BackendOrderIsData) {
   const OracleDecision d = choose_backend(q, target_layouts(), targets);
   EXPECT_EQ(d.chosen, "triton-wna16");
   EXPECT_EQ(d.vllm_would_pick, "triton-wna16");
-  ASSERT_EQ(d.verdicts.size(), 2u);
+  ASSERT_EQ(d.verdicts.size(), 3u);  // Triton, Marlin, then Humming (vLLM 0.33 off SM90)
   EXPECT_EQ(d.verdicts[0].backend, "triton-wna16");
   EXPECT_EQ(choose_backend(q).chosen, "marlin");
 }
@@ -819,10 +853,22 @@ TEST(VllmBackendOrders, CoverEverySchemeArchAndLayout) {
         const VllmBackendOrder* o = vllm_backend_order(target, scheme, a);
         for (const auto& t : target_layouts()) {
           if (std::find(t.schemes.begin(), t.schemes.end(), scheme) == t.schemes.end()) continue;
-          EXPECT_TRUE(std::any_of(
-              o->backends.begin(), o->backends.end(),
-              [&](const VllmBackend& b) { return b.layout && std::string(b.layout) == t.name; }))
-              << t.name << " is in no place of the order";
+          if (std::any_of(o->backends.begin(), o->backends.end(), [&](const VllmBackend& b) {
+                return b.layout && std::string(b.layout) == t.name;
+              }))
+            continue;
+          // Out of the order only where the layout writes nothing for this target: it refuses a
+          // plain layer of every codec of the scheme (Humming for the spec's vLLM).
+          for (const auto& c : source_codecs()) {
+            if (scheme != c.scheme) continue;
+            const QuantParams p = c.param_space().front();
+            LayoutOptions lo;
+            lo.vllm_target = target.target;
+            lo.target_arch = a;
+            lo.source_method = p.method;
+            EXPECT_FALSE(t.unsupported_reasons(lo, moe_shape_for(p, 8, 256, 128, true)).empty())
+                << t.name << " is in no place of the order but takes " << c.name;
+          }
         }
       }
   }

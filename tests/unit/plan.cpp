@@ -120,7 +120,9 @@ class PlanGptq : public ::testing::Test {
 
 TEST_F(PlanGptq, MarlinTensorsNamesOrderAndCopySet) {
   ASSERT_EQ(ckpt_->moe_layers().size(), 2u);
-  const Plan plan = make_plan(*ckpt_, convert_options(src_, tmp_ / "out"));
+  ConvertOptions c = convert_options(src_, tmp_ / "out");
+  c.backend = "marlin";  // on sm90 for vLLM 0.33 `auto` writes Humming (tests/unit/humming_*)
+  const Plan plan = make_plan(*ckpt_, c);
   EXPECT_EQ(plan.backend, "marlin");
   EXPECT_EQ(plan.layout_name, "marlin");
   EXPECT_EQ(plan.source_format, quant_method_name(QuantMethod::kGptq));
@@ -216,7 +218,9 @@ TEST_F(PlanGptq, MarlinTensorsNamesOrderAndCopySet) {
 
 TEST_F(PlanGptq, ExecuteWritesExactlyThePlan) {
   const std::string dst = tmp_ / "out";
-  const Plan plan = make_plan(*ckpt_, convert_options(src_, dst));
+  ConvertOptions c = convert_options(src_, dst);
+  c.backend = "marlin";
+  const Plan plan = make_plan(*ckpt_, c);
   const ConvertResult r = execute_plan(plan, *ckpt_);
   EXPECT_EQ(r.tensors, static_cast<int64_t>(plan.tensors.size()));
   EXPECT_EQ(r.bytes_written, plan.total_bytes());
@@ -532,7 +536,9 @@ TEST(PlanDecides, RefinedSourceParamsAreThePlansAndExecutionTakesThem) {
                     0x88888888u);
   const auto ckpt = Checkpoint::open(src);
   ASSERT_EQ(ckpt->quant().gptq_format, GptqFormat::kV1);
-  const Plan plan = make_plan(*ckpt, convert_options(src, tmp / "out"));
+  ConvertOptions c = convert_options(src, tmp / "out");
+  c.backend = "marlin";  // the direct gptq->marlin path
+  const Plan plan = make_plan(*ckpt, c);
   EXPECT_EQ(plan.source_quant.gptq_format, GptqFormat::kV1);  // the config's (moepack.json)
   ASSERT_EQ(plan.layers.size(), 2u);
   for (const PlannedLayer& pl : plan.layers) {
@@ -545,7 +551,9 @@ TEST(PlanDecides, RefinedSourceParamsAreThePlansAndExecutionTakesThem) {
   }
   // The layers of the unedited checkpoint plan v1, as their zeros say.
   const auto plain_ckpt = Checkpoint::open(plain);
-  const Plan plain_plan = make_plan(*plain_ckpt, convert_options(plain, tmp / "plain-out"));
+  ConvertOptions plain_options = convert_options(plain, tmp / "plain-out");
+  plain_options.backend = "marlin";
+  const Plan plain_plan = make_plan(*plain_ckpt, plain_options);
   for (const PlannedLayer& pl : plain_plan.layers)
     EXPECT_EQ(pl.source_quant.gptq_format, GptqFormat::kV1) << pl.module;
 
@@ -563,6 +571,7 @@ TEST(PlanDecides, RefinedSourceParamsAreThePlansAndExecutionTakesThem) {
   execute_plan(plan, *ckpt);
   execute_plan(plain_plan, *plain_ckpt);
   ConvertOptions canonical = convert_options(src, tmp / "canonical");
+  canonical.backend = "marlin";
   canonical.no_fast_path = true;
   execute_plan(make_plan(*ckpt, canonical), *ckpt);
   for (const auto& shard : plan.shards.shard_names) {
