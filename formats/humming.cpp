@@ -221,12 +221,18 @@ std::vector<ParamSpec> humming_param_specs(const LayoutOptions& opts, const MoeS
     const ProjShape& s = p == MoeProj::kW13 ? x.w13 : x.w2;
     const Geom gm = geom_of(s.n, s.k, s.quant.group_size);
     const int b = s.quant.bits;
-    out.push_back({param(opts, p, "weight"), DType::kI32, {E, gm.kp / 16, gm.np * 16 * b / 32},
+    out.push_back({param(opts, p, "weight"),
+                   DType::kI32,
+                   {E, gm.kp / 16, gm.np * 16 * b / 32},
                    param_role_of(p, ParamRole::kW13Weight)});
-    out.push_back({param(opts, p, "weight_scale"), opts.act_dtype, {E, gm.groups_p, gm.np},
+    out.push_back({param(opts, p, "weight_scale"),
+                   opts.act_dtype,
+                   {E, gm.groups_p, gm.np},
                    param_role_of(p, ParamRole::kW13Scale)});
     if (!s.quant.symmetric)
-      out.push_back({param(opts, p, "zero_point"), DType::kI32, {E, gm.groups_p, gm.np * b / 32},
+      out.push_back({param(opts, p, "zero_point"),
+                     DType::kI32,
+                     {E, gm.groups_p, gm.np * b / 32},
                      param_role_of(p, ParamRole::kW13Zero)});
   }
   return out;

@@ -175,6 +175,38 @@ const std::vector<SourceCodec>& source_codecs() {
   return table;
 }
 
+namespace {
+
+// vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming). Its kernel runs on every
+// arch vLLM's Humming experts take (capability 7.5 and up); its LayerConfig names the exact
+// SM, and moepack writes it for SM90 only (humming_unsupported_reasons).
+TargetLayout humming_row(const std::vector<TargetArch>& every_arch) {
+  using S = ServingPath;
+  return {.name = "humming",
+          .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
+          .layout_version = 1,
+          .schemes = {"wna16"},
+          .archs = every_arch,
+          .unsupported_reasons = humming_unsupported_reasons,
+          .param_specs = humming_param_specs,
+          .pack = pack_humming_moe,
+          .unpack = unpack_humming_moe,
+          .reader_kind = reader::Kind::kHumming,
+          .act_quant = humming_act_quant,
+          .make_reader = humming_make_reader,
+          .deviations_from_vllm = humming_deviations_from_vllm,
+          // vLLM 0.33's WNA16 MoE methods run convert_to_humming_moe_kernel_format in
+          // process_weights_after_loading and have no pre-processed path; the plugin builds vLLM's
+          // Humming experts itself from the parameters and the recorded LayerConfigs.
+          .vllm_serving = {{.target = VllmTarget::kV0_33,
+                            .path = S::kKernelBuilder,
+                            .kernel_builder = "wna16-humming"}},
+          .decide_layer = humming_decide_layer,
+          .layer_config = humming_layer_config};
+}
+
+}  // namespace
+
 // vllm_serving: what vLLM 0.33.0's code does (read in its source, docs/vllm.md "What is served").
 // Path (a) needs a MoE method that declares supports_pre_processed_weights and skips its
 // transforms under weights_already_processed(); Fp8MoEMethod does (every backend),
@@ -288,24 +320,7 @@ const std::vector<TargetLayout>& target_layouts() {
                          .reason = "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
                                    "supports_pre_processed_weights (it always shuffles in "
                                    "process_weights_after_loading)"}}},
-      // vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming). Its kernel runs on every
-      // arch vLLM's Humming experts take (capability 7.5 and up); its LayerConfig names the exact
-      // SM, and moepack writes it for SM90 only (humming_unsupported_reasons).
-      {.name = "humming",
-       .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
-       .layout_version = 1,
-       .schemes = {"wna16"},
-       .archs = every_arch,
-       .unsupported_reasons = humming_unsupported_reasons,
-       .param_specs = humming_param_specs,
-       .pack = pack_humming_moe,
-       .unpack = unpack_humming_moe,
-       .reader_kind = reader::Kind::kHumming,
-       .act_quant = humming_act_quant,
-       .make_reader = humming_make_reader,
-       .deviations_from_vllm = humming_deviations_from_vllm,
-       .decide_layer = humming_decide_layer,
-       .layer_config = humming_layer_config},
+      humming_row(every_arch),
   };
   return table;
 }

@@ -188,6 +188,16 @@ bool takes_scheme(const TargetLayout& row, const char* scheme) {
          row.schemes.end();
 }
 
+// Sets o.vllm_target to the spec's, or else the first target the row writes this layer for
+// (Humming: 0.33 only); false when it writes it for none.
+bool writable_for_some_target(const TargetLayout& row, LayoutOptions& o, const MoeShape& s) {
+  for (const VllmTargetRow& t : vllm_target_rows()) {
+    if (row.unsupported_reasons(o, s).empty()) return true;
+    o.vllm_target = t.target;
+  }
+  return row.unsupported_reasons(o, s).empty();
+}
+
 class LayoutRowsCuda : public ::testing::TestWithParam<TargetLayout> {};
 
 // Every layout row, every codec it takes, random legal layers (gated and relu2): the fused MoE
@@ -220,12 +230,7 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         o.prefix = "model.layers.0.mlp.experts.";
         o.hidden = d.hidden;
         o.inter = d.inter;
-        // The spec's vLLM target, or the first one the row writes for (Humming: 0.33 only).
-        for (const VllmTargetRow& t : vllm_target_rows()) {
-          if (row.unsupported_reasons(o, s).empty()) break;
-          o.vllm_target = t.target;
-        }
-        if (!row.unsupported_reasons(o, s).empty()) continue;
+        if (!writable_for_some_target(row, o, s)) continue;
         std::ostringstream trace;
         trace << row.name << " <- " << codec.name << " {" << test::describe_params(params)
               << "} E=" << E << " H=" << d.hidden << " I=" << d.inter

@@ -18,6 +18,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import vllm_harness as h  # noqa: E402
 from conftest import assert_byte_identical, edit_config, edit_manifest  # noqa: E402
 
+# The Marlin layout, named: on sm90 (convert's default arch) for vLLM 0.33 `auto` writes Humming
+# (test_serving_humming.py).
+MARLIN = ("--backend", "marlin")
 STOCK_CASES = [("gptq", "qwen3"), ("awq", "mixtral"), ("ct-w4a16", "qwen3")]
 
 
@@ -25,13 +28,13 @@ STOCK_CASES = [("gptq", "qwen3"), ("awq", "mixtral"), ("ct-w4a16", "qwen3")]
 
 @pytest.mark.parametrize("fmt,family", STOCK_CASES)
 def test_stock_vllm_refuses(artifacts, fmt, family):
-    _, dst = artifacts.get(fmt, family)
+    _, dst = artifacts.get(fmt, family, *MARLIN)
     with pytest.raises(Exception, match="Unknown quantization method: moepack"):
         h.engine_config(str(dst))
 
 
 def test_stock_vllm_refuses_forced_quantization(artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     with pytest.raises(Exception, match=r"\(moepack\) does not match"):
         h.engine_config(str(dst), quantization="gptq")
 
@@ -49,7 +52,7 @@ LOAD_CASES = [("gptq", "qwen3"), ("gptq", "mixtral"), ("awq", "qwen3"), ("ct-w4a
 
 @pytest.mark.parametrize("fmt,family", LOAD_CASES)
 def test_plugin_loads_byte_identical(plugin, artifacts, fmt, family):
-    _, dst = artifacts.get(fmt, family)
+    _, dst = artifacts.get(fmt, family, *MARLIN)
     model, cfg = h.load_model(str(dst))
     assert cfg.model_config.quantization == "moepack"
     assert assert_byte_identical(model, dst) >= 4
@@ -77,7 +80,7 @@ def rewrite(d, fn):
 def test_live_routed_experts_names_load(plugin, artifacts):
     """Legacy names (`...experts.w13_qweight`) load like vLLM 0.33's (`...routed_experts.`),
     which --vllm-target 0.33 writes."""
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "live-names")
 
     def rename(t):
@@ -90,7 +93,7 @@ def test_live_routed_experts_names_load(plugin, artifacts):
 
 
 def test_missing_tensor_is_an_error(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "missing")
     rewrite(d, lambda t: t.pop("model.layers.1.mlp.experts.routed_experts.w2_scales"))
     with pytest.raises(Exception, match=r"holds no model\.layers\.1\.mlp\.experts\.routed_experts\.w2_scales"):
@@ -98,7 +101,7 @@ def test_missing_tensor_is_an_error(plugin, artifacts):
 
 
 def test_extra_tensor_is_an_error(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "extra")
     rewrite(d, lambda t: t.__setitem__("model.layers.1.mlp.experts.routed_experts.w13_extra",
                                        torch.zeros(4, dtype=torch.int32)))
@@ -107,7 +110,7 @@ def test_extra_tensor_is_an_error(plugin, artifacts):
 
 
 def test_wrong_shape_is_an_error(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "shape")
     n = "model.layers.1.mlp.experts.routed_experts.w2_scales"
     rewrite(d, lambda t: t.__setitem__(n, t[n][:, :, :-1].contiguous()))
@@ -118,7 +121,7 @@ def test_wrong_shape_is_an_error(plugin, artifacts):
 # ---- refusals ----
 
 def test_refuses_other_tensor_parallel_size(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "tp2")
     edit_config(d, tensor_parallel_size=2)
     with pytest.raises(Exception, match=r"config\.json: quantization_config\.tensor_parallel_size: "
@@ -128,13 +131,13 @@ def test_refuses_other_tensor_parallel_size(plugin, artifacts):
 
 
 def test_refuses_expert_parallel(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     with pytest.raises(Exception, match="expert parallelism is not supported"):
         h.load_model(str(dst), enable_expert_parallel=True)
 
 
 def test_refuses_manifest_digest_mismatch(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "digest")
     with open(d / "moepack.json", "a") as f:
         f.write(" ")
@@ -143,7 +146,7 @@ def test_refuses_manifest_digest_mismatch(plugin, artifacts):
 
 
 def test_refuses_other_dtype(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     with pytest.raises(Exception, match=r"config\.json: quantization_config\.act_dtype: .*serve "
                                         "it with --dtype bfloat16"):
         h.load_model(str(dst), dtype="float16")
@@ -158,7 +161,7 @@ def test_refuses_other_dtype(plugin, artifacts):
                                 r".*moepack\.json's backend 'marlin'"),
 ])
 def test_refuses_unservable_config(plugin, artifacts, field, value, match):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, f"cfg-{field}")
     edit_config(d, **{field: value})
     with pytest.raises(Exception, match=match):
@@ -177,7 +180,7 @@ def test_refuses_unserved_backend_artifact(plugin, artifacts):
 
 def test_refuses_manifest_version_1(plugin, artifacts):
     """A manifest from before the serving paths were exported (no serving, no param_roles)."""
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "manifest-v1")
 
     def to_v1(m):
@@ -193,18 +196,19 @@ def test_refuses_manifest_version_1(plugin, artifacts):
 
 
 def test_refuses_unknown_kernel_builder(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "builder")
-    edit_manifest(d, lambda m: m["serving"].update(kernel_builder="wna16-humming"))
-    with pytest.raises(Exception, match=r"serving\.kernel_builder 'wna16-humming': this "
-                                        r"moepack-vllm has the kernel builders \['wna16-marlin'\]"):
+    edit_manifest(d, lambda m: m["serving"].update(kernel_builder="wna16-future"))
+    with pytest.raises(Exception, match=r"serving\.kernel_builder 'wna16-future': this "
+                                        r"moepack-vllm has the kernel builders "
+                                        r"\['wna16-humming', 'wna16-marlin'\]"):
         h.engine_config(str(d))
 
 
 def test_marlin_finds_its_parameters_by_role(plugin, artifacts):
     """The kernel builder reads the manifest's roles, not names of its own: swapping the roles
     of the w13 and w2 scales makes vLLM's quant config take the other tensors."""
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     d = artifacts.edited_copy(dst, "roles")
 
     def swap(m):
@@ -240,6 +244,6 @@ def test_refuses_act_order(plugin, artifacts):
 
 
 def test_refuses_forced_other_quantization(plugin, artifacts):
-    _, dst = artifacts.get("gptq", "qwen3")
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     with pytest.raises(Exception, match="--quantization gptq would read"):
         h.engine_config(str(dst), quantization="gptq")

@@ -23,6 +23,9 @@ from safetensors.torch import load_file
 import vllm_harness as h
 from layouts import marlin_weight, source_linear
 
+# The Marlin layout, named: on sm90 (convert's default arch) for vLLM 0.33 `auto` writes Humming
+# (test_serving_humming.py).
+MARLIN = ("--backend", "marlin")
 RIGHT_TOL = 2e-2  # bf16 activations and intermediates: ~4e-3 expected
 WRONG_MIN = 0.2
 
@@ -136,7 +139,7 @@ def run_moe(plugin, monkeypatch, src, dst, family):
 @pytest.mark.parametrize("fmt,family", [("gptq", "qwen3"), ("awq", "qwen3"),
                                         ("ct-w4a16", "mixtral"), ("ct-w8a16", "qwen3")])
 def test_vllm_moe_forward_matches_source_reference(plugin, artifacts, monkeypatch, fmt, family):
-    src, dst = artifacts.get(fmt, family)
+    src, dst = artifacts.get(fmt, family, *MARLIN)
     y, x, stand, prefix, names = run_moe(plugin, monkeypatch, src, dst, family)
     dec, bits = CASES[fmt]
     ref = reference(src, prefix, dec, bits, x, stand.topk_ids, stand.topk_weights, names)
@@ -148,7 +151,7 @@ def test_vllm_moe_forward_matches_source_reference(plugin, artifacts, monkeypatc
 def test_vllm_moe_forward_catches_loader_scale_permutation(plugin, artifacts, monkeypatch):
     """w13 scales permuted by vLLM's loader rule (single, since size_k = I for GPTQ) where the
     kernel reads grouped (two groups along H): the forward is far off."""
-    src, dst = artifacts.get("gptq", "qwen3", "--vllm-w13-scale-size-k")
+    src, dst = artifacts.get("gptq", "qwen3", "--vllm-w13-scale-size-k", *MARLIN)
     y, x, stand, prefix, names = run_moe(plugin, monkeypatch, src, dst, "qwen3")
     ref = reference(src, prefix, "gptq", 4, x, stand.topk_ids, stand.topk_weights, names)
     err = float((y - ref).norm() / ref.norm())

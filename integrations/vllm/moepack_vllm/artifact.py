@@ -144,6 +144,11 @@ class Layer:
     gated: bool
     params: dict  # local name ("w13_qweight") -> (dtype name, shape)
     roles: dict  # role ("w13_weight", "w2_scale", ...) -> local name
+    index: int = 0  # its position in moepack.json's "layers"
+    # What the layout decided from the layer's codes and what its kernel needs beside the
+    # parameters (Humming: "w13_b_dtype"; "kernel_version", "sm_version", "w13_layer_config", ...).
+    layout_decisions: dict = field(default_factory=dict)
+    layout_config: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -242,8 +247,14 @@ def _layer(i: int, L: dict, tensors: dict, path: str) -> Layer:
     missing = set(L["params"]) - set(L["param_roles"])
     if missing:
         raise ArtifactError(f"{path}: layers[{i}].param_roles: no role for {sorted(missing)}")
+    extra = {}
+    for key in ("layout_decisions", "layout_config"):
+        value = L.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ArtifactError(f"{path}: layers[{i}].{key}: expected an object of strings")
+        extra[key] = value
     return Layer(L["module"], prefix, L["experts"], L["hidden"], L["inter"], L["gated"], params,
-                 roles)
+                 roles, i, **extra)
 
 
 def read_manifest(model_dir: str, block: Block) -> Manifest:

@@ -25,6 +25,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.utils import weights_already_processed
 
 from .artifact import ArtifactError, Layer, Manifest
+from .humming_builder import Wna16HummingBuilder
 
 _DTYPES = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16,
            "F32": torch.float32, "U8": torch.uint8, "I8": torch.int8, "I64": torch.int64,
@@ -32,6 +33,39 @@ _DTYPES = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16,
 
 
 # ---- path (b): kernel builders, one per layout vLLM's methods cannot take pre-processed ----
+
+# Set to 1 to serve a Marlin artifact where stock vLLM would run Humming (slower at prefill).
+ALLOW_SLOWER_ENV = "MOEPACK_VLLM_ALLOW_SLOWER_KERNEL"
+
+
+def refuse_slower_than_stock(manifest: Manifest, where: str) -> None:
+    """A group-quantized WNA16 Marlin artifact on a GPU where vLLM 0.33's own oracle puts Humming
+    first (prioritize_humming: compute capability 9.0) with humming installed: stock vLLM serves
+    the source through Humming, up to 1.9x faster at prefill on an H100 (bench/RESULTS.md). The
+    plugin never serves the slower kernel silently: it refuses unless ALLOW_SLOWER_ENV=1."""
+    import os
+
+    from vllm.model_executor.layers.quantization.utils.humming.priority import prefers_humming
+    from vllm.utils.import_utils import has_humming
+
+    from . import humming_builder
+
+    cc = humming_builder.device_sm()
+    if cc is None or not prefers_humming(cc) or not has_humming():
+        return
+    # Channelwise checkpoints: vLLM 0.33's Humming path cannot load them (GPTQ: the LayerConfig
+    # asserts a group; compressed-tensors: the method asserts the group strategy off Marlin), so
+    # Marlin is what stock can run too (moepack's humming row refuses them the same way).
+    if manifest.group_size <= 0:
+        return
+    if os.environ.get(ALLOW_SLOWER_ENV) == "1":
+        return
+    raise ArtifactError(
+        f"{where}: backend 'marlin': on this GPU vLLM {manifest.vllm_target} runs Humming for "
+        "the same checkpoint (prioritize_humming), which is up to 1.9x faster at prefill than "
+        "Marlin on an H100; re-convert with the default backend for --target-arch sm90 "
+        f"(humming), or set {ALLOW_SLOWER_ENV}=1 to serve Marlin anyway")
+
 
 class Wna16MarlinBuilder:
     """vLLM 0.33's Marlin WNA16 MoE kernel (MarlinExperts through make_wna16_moe_kernel), forced:
@@ -49,6 +83,7 @@ class Wna16MarlinBuilder:
 
     def check(self, where: str) -> None:
         art = self.method.art
+        refuse_slower_than_stock(self.method.manifest, where)
         for role in ("w13_weight", "w2_weight", "w13_scale", "w2_scale"):
             if role not in art.roles:
                 raise ArtifactError(f"{where}: param_roles has no {role} (needed by {self.name})")
@@ -84,7 +119,7 @@ class Wna16MarlinBuilder:
 
 
 # The kernel-builder names a manifest may give (serving.kernel_builder).
-KERNEL_BUILDERS = {b.name: b for b in (Wna16MarlinBuilder,)}
+KERNEL_BUILDERS = {b.name: b for b in (Wna16MarlinBuilder, Wna16HummingBuilder)}
 
 
 def _oracle_choice(method, enum_class: str):
