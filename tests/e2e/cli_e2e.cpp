@@ -660,6 +660,59 @@ TEST(VerifyCatches, TrtllmScalesPermutedButNotInterleaved) {
   expect_verify_fails_naming_layer(c.dst, c.src, 1);
 }
 
+// Humming (the sm90 default for vLLM 0.33): w13's gate and up halves swapped along N (the
+// tile columns hold N in 64-wide tiles, so the halves of the last dimension are the halves of N).
+TEST(VerifyCatches, HummingGateUpSwapped) {
+  Converted c("gptq", "sm90");
+  ASSERT_EQ(read_json_file(c.dst + "/moepack.json")["backend"], "humming");
+  corrupt(c.dst, kExperts + "w13_weight", [](std::vector<uint8_t>& b, const Shape& s) {
+    const size_t row = b.size() / static_cast<size_t>(s[0] * s[1]), half = row / 2;
+    for (size_t r = 0; r < static_cast<size_t>(s[0] * s[1]); ++r)
+      std::swap_ranges(b.begin() + r * row, b.begin() + r * row + half, b.begin() + r * row + half);
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+// A Humming artifact whose recorded configuration disagrees (another humming-kernels version,
+// another SM, a LayerConfig field, a layout decision) is refused by verify, naming the field.
+TEST(VerifyCatches, HummingRecordThatDisagreesNamesTheField) {
+  Converted c("gptq", "sm90");
+  const std::string manifest = c.dst + "/moepack.json";
+  const json original = read_json_file(manifest);
+  auto layer_config = [&](const char* sub, const char* field, const json& v) {
+    return [=](json& m) {
+      json lc = json::parse(
+          m["layers"][0]["layout_config"][std::string(sub) + "_layer_config"].get<std::string>());
+      lc[field] = v;
+      m["layers"][0]["layout_config"][std::string(sub) + "_layer_config"] = lc.dump();
+    };
+  };
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> edits = {
+      {[](json& m) { m["layers"][0]["layout_config"]["kernel_version"] = "0.1.18"; },
+       "layers[0].layout_config.kernel_version: recorded \"0.1.18\", this layer's is \"0.1.19\""},
+      {[](json& m) { m["layers"][0]["layout_config"]["sm_version"] = "100"; },
+       "layers[0].layout_config.sm_version"},
+      {layer_config("w13", "shape_n", 512),
+       "layers[0].layout_config.w13_layer_config.shape_n: recorded 512"},
+      {layer_config("w2", "num_experts", 7), "layout_config.w2_layer_config.num_experts"},
+      {layer_config("w13", "b_dtype", "float4e0m3"), "layout_config.w13_layer_config.b_dtype"},
+      {[](json& m) { m["layers"][0]["layout_decisions"]["w2_b_dtype"] = "float4e0m3"; },
+       "layers[0].layout_config.w2_layer_config.b_dtype: recorded \"uint4\", this layer's is "
+       "\"float4e0m3\""},
+  };
+  for (const auto& [edit, want] : edits) {
+    SCOPED_TRACE(want);
+    json m = original;
+    edit(m);
+    std::ofstream(manifest) << m.dump(2);
+    std::string out, err;
+    EXPECT_NE(moepack_cli("verify " + c.dst + " --source " + c.src, &out, &err), 0) << out;
+    EXPECT_NE((out + err).find(want), std::string::npos) << out << err;
+  }
+  std::ofstream(manifest) << original.dump(2);
+  EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src), 0);
+}
+
 TEST(VerifyCatches, TrtllmGateUpNotSwapped) {
   Converted c("modelopt-mxfp8", "sm100");
   // Forget the W31 swap: every physical row gets the row of the other half.
