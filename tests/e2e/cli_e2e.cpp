@@ -592,7 +592,7 @@ TEST(VerifyCatches, MarlinGateUpSwapped) {
 // compared, never bytes against elements ("12398 of 8192 differ", issue 29), and the first
 // mismatch shows whole scale values.
 TEST(VerifyCatches, RoundTripCountsScalesNotBytes) {
-  Converted c("gptq", "sm90");
+  Converted c("gptq", "sm90", "marlin");  // Marlin's w13_scales (sm90's default is Humming)
   corrupt(c.dst, kExperts + "w13_scales", [](std::vector<uint8_t>& b, const Shape&) {
     for (size_t i = 0; i + 1 < b.size(); i += 2) {  // both bytes of each fp16 scale
       b[i] ^= 0x01;
