@@ -361,7 +361,8 @@ std::vector<std::string> marlin_unsupported_reasons(const LayoutOptions& opts, c
     why.push_back(std::string("act-order (GPTQ desc_act / compressed-tensors actorder group): ") +
                   target.follows +
                   " no longer takes act-order MoE checkpoints (quantization/utils/gptq_utils.py); "
-                  "--vllm-target 2026-05 (vLLM@9aaf83ef) takes them");
+                  "--vllm-target 2026-05 (vLLM@9aaf83ef) takes them, but no moepack-vllm serves "
+                  "that target (the output converts and verifies; nothing here serves it)");
   return why;
 }
 

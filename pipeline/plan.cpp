@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "core/version.h"
+#include "pipeline/servability.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -101,7 +102,7 @@ json moepack_quantization_config(const Plan& plan, const json& weights_quantizat
           // The --vllm-target whose names and shapes the layouts wrote; the plugin serves only
           // artifacts written for its own vLLM line.
           {"vllm_target", vllm_target_name(plan.vllm_target)},
-          {"tensor_parallel_size", 1},
+          {"tensor_parallel_size", kWrittenTensorParallelSize},
           {"manifest", "moepack.json"},
           {"manifest_sha256", nullptr}};
 }

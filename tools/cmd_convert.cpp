@@ -5,10 +5,12 @@
 #include <iostream>
 #include <optional>
 
+#include "core/error.h"
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
 #include "pipeline/parts.h"
 #include "pipeline/progress.h"
+#include "pipeline/servability.h"
 #include "tools/cli.h"
 #include "tools/flags.h"
 
@@ -23,6 +25,7 @@ struct ConvertArgs {
   std::string max_shard = "5GB";
   std::string chunk = "1GiB";
   bool dry_run = false;
+  bool require_servable = false;
   std::string shard;  // "I/N": convert only unit I of N into DST.parts/I-of-N (pipeline/parts.h)
 };
 
@@ -81,6 +84,9 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--force", a.o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a.dry_run, "Print the plan and write nothing");
+  app.add_flag(
+      "--require-servable", a.require_servable,
+      "Refuse (exit 4, nothing written) an output the moepack-vllm plugin would not serve");
   app.add_option("--shard", a.shard,
                  "Convert only work unit I of N (0-based) into DST.parts/I-of-N, skipped when "
                  "already complete; `moepack merge DST` assembles the parts. With --dry-run: the "
@@ -89,13 +95,14 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
 
 // --dry-run: the plan (and with --shard, the work units), nothing written.
 void print_dry_run(const Plan& plan, const Checkpoint& ckpt, const std::optional<ShardSpec>& spec,
-                   const Globals& g) {
+                   const Servability& serving, const Globals& g) {
   std::vector<WorkUnit> units;
   if (spec) units = split_plan(plan, spec->count);
   if (g.json) {
     auto j = plan.to_json();
     j["ok"] = true;
     j["dry_run"] = true;
+    j["serving"] = serving.to_json();
     if (spec) {
       j["shard"] = {{"index", spec->index},
                     {"count", spec->count},
@@ -107,6 +114,7 @@ void print_dry_run(const Plan& plan, const Checkpoint& ckpt, const std::optional
     return;
   }
   std::cout << plan.to_text();
+  std::cout << "  serving         " << serving.to_text() << "\n";
   if (spec) {
     std::cout << "  work units      " << spec->count << " (into " << parts_dir(plan.options.dst)
               << "/)\n";
@@ -170,7 +178,8 @@ nlohmann::json left_out_json(const Plan& plan) {
   return j;
 }
 
-void print_convert_result(const ConvertResult& r, const Plan& plan, const Globals& g) {
+void print_convert_result(const ConvertResult& r, const Plan& plan, const Servability& serving,
+                          const Globals& g) {
   if (g.json)
     print_json({{"ok", true},
                 {"dst", r.dst},
@@ -185,15 +194,17 @@ void print_convert_result(const ConvertResult& r, const Plan& plan, const Global
                 {"peak_rss_file_bytes", r.peak_rss_file_bytes},
                 {"deviations_from_vllm", plan.deviations},
                 {"files_carried", plan.copied_files},
-                {"files_left_out", left_out_json(plan)}});
+                {"files_left_out", left_out_json(plan)},
+                {"serving", serving.to_json()}});
   else
     std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
               << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
               << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
               << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
-  if (!g.json)
-    for (const auto& f : plan.left_out_files)
-      std::cout << "left out " << f.path << ": " << f.why << "\n";
+  if (g.json) return;
+  for (const auto& f : plan.left_out_files)
+    std::cout << "left out " << f.path << ": " << f.why << "\n";
+  std::cout << "serving: " << serving.to_text() << "\n";
 }
 
 int run_convert(ConvertArgs& a, const Globals& g) {
@@ -207,10 +218,17 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   a.o.src = resolve_checkpoint_arg(a.o.src, g);
   const auto ckpt = Checkpoint::open(a.o.src);
   const Plan plan = make_plan(*ckpt, a.o);
+  // Whether the plugin serves the output, decided before anything is written.
+  const Servability serving = servability(*plan.layout, plan.vllm_target, plan.target_quant.method);
+  if (a.require_servable && !serving.servable)
+    throw Error(ErrorCode::kUnsupported, a.o.src, "", "--require-servable: " + serving.to_text());
   if (a.dry_run) {
-    print_dry_run(plan, *ckpt, spec, g);
+    print_dry_run(plan, *ckpt, spec, serving, g);
     return 0;
   }
+  if (!serving.servable && !g.json)
+    std::cerr << "moepack: warning: the output will be " << serving.to_text()
+              << " (--require-servable refuses it)\n";
   TerminalProgress progress(!g.json && stderr_is_terminal());
   if (spec) {
     const PartResult p = execute_part(plan, *ckpt, *spec, progress.fn());
@@ -220,7 +238,7 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   }
   const ConvertResult r = execute_plan(plan, *ckpt, progress.fn());
   progress.clear();
-  print_convert_result(r, plan, g);
+  print_convert_result(r, plan, serving, g);
   return 0;
 }
 

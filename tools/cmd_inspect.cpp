@@ -7,11 +7,13 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/error.h"
 #include "core/threads.h"
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
 #include "pipeline/manifest.h"
 #include "pipeline/oracle.h"
+#include "pipeline/servability.h"
 #include "tools/cli.h"
 #include "tools/flags.h"
 
@@ -27,6 +29,7 @@ struct InspectArgs {
   std::string vllm_target = vllm_target_name(newest_vllm_target());
   bool tensors = false;
   bool no_validate = false;
+  bool require_servable = false;
 };
 
 // The params that mean something for the checkpoint's format (its codec row's params_shown): a
@@ -159,6 +162,33 @@ std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a,
                  : std::string(" (canonical path)"));
 }
 
+// Whether moepack-vllm serves the checkpoint (converted: as its moepack.json records it) or what
+// convert would write from it (the backend the oracle picks for each kind of layer, for the
+// target inspect judges): the first kind that is not servable, else the first kind's.
+json serving_json(const Checkpoint& ckpt, const std::optional<Manifest>& manifest, json& oracle,
+                  VllmTarget target) {
+  std::optional<Servability> first, unserved;
+  if (manifest) first = servability(*manifest);
+  for (auto& o : oracle["kinds"]) {
+    const std::string chosen = o["chosen"].is_string() ? o["chosen"].get<std::string>() : "";
+    const TargetLayout* layout = find_target_layout(chosen);
+    if (!layout) continue;
+    const Servability s = servability(*layout, target, ckpt.config().quant.method);
+    o["serving"] = s.to_json();
+    if (!first) first = s;
+    if (!s.servable && !unserved) unserved = s;
+  }
+  if (!manifest && unserved) first = unserved;
+  if (!first)
+    return {{"servable", false},
+            {"plugin", "moepack-vllm"},
+            {"reason", "no MoE layer has a backend here, so convert writes nothing to serve"},
+            {"text", "NOT servable by moepack-vllm: no MoE layer has a backend here"}};
+  json j = first->to_json();
+  j["text"] = first->to_text();
+  return j;
+}
+
 json tensors_json(const Checkpoint& ckpt) {
   json tensors = json::array();
   for (const auto& name : ckpt.tensor_names()) {
@@ -185,6 +215,7 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
               << (cfg.quant.symmetric ? " sym" : " asym")
               << (cfg.quant.act_order ? " act-order" : "");
   std::cout << "\n  validation     " << j["validation"].get<std::string>();
+  std::cout << "\n  serving        " << j["serving"]["text"].get<std::string>();
   std::cout << "\n  tensors        " << j["tensors"].size() << " in " << ckpt.shard_names().size()
             << " shard(s), " << human_bytes(ckpt.total_tensor_bytes()) << "\n";
   if (manifest) {
@@ -255,6 +286,7 @@ int run_inspect(InspectArgs& a, const Globals& g) {
   as_convert.vllm_target = target;
   as_convert.act_dtype = act_dtype;
   j["validation"] = validate_as_convert(*ckpt, a, as_convert, manifest.has_value(), j);
+  j["serving"] = serving_json(*ckpt, manifest, j["oracle"], target);
   const json tensors = tensors_json(*ckpt);
   j["totals"] = {{"tensors", tensors.size()},
                  {"tensor_bytes", ckpt->total_tensor_bytes()},
@@ -266,6 +298,10 @@ int run_inspect(InspectArgs& a, const Globals& g) {
     print_json(j);
   else
     print_inspect_text(a, *ckpt, manifest, j);
+  if (a.require_servable && !j["serving"]["servable"].get<bool>()) {
+    std::cerr << "moepack: --require-servable: " << j["serving"]["text"].get<std::string>() << "\n";
+    return static_cast<int>(ExitCode::kUnsupported);
+  }
   return 0;
 }
 }  // namespace
@@ -290,6 +326,9 @@ Runner add_inspect(CLI::App& app, Globals& g) {
   app.add_flag("--no-validate", a->no_validate,
                "List the checkpoint without reading every expert as convert would (inspect "
                "otherwise refuses, with convert's exit code, what convert would refuse)");
+  app.add_flag("--require-servable", a->require_servable,
+               "Exit 4 when the moepack-vllm plugin would not serve the checkpoint (converted) or "
+               "what convert would write from it");
   return [a, &g] { return run_inspect(*a, g); };
 }
 
