@@ -1,6 +1,7 @@
 #include "core/memory.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,7 +20,15 @@ void keep_freed_memory_for_reuse() {
 #if defined(__GLIBC__)
   mallopt(M_MMAP_MAX, 0);         // large blocks from the heap, not per-block mmaps
   mallopt(M_TRIM_THRESHOLD, -1);  // never trim: freed heap is reused by the next layer (size_t max)
-  mallopt(M_TOP_PAD, 64 << 20);   // grow the heap in large steps
+  // Grow the heap in large steps, but never in steps a data-size limit (ulimit -d / -v) makes
+  // the first growth fail: a 64 MiB step under `ulimit -d 60M` refused every allocation.
+  size_t pad = size_t{64} << 20;
+  for (int resource : {RLIMIT_DATA, RLIMIT_AS}) {
+    struct rlimit lim {};
+    if (getrlimit(resource, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
+      pad = std::min<size_t>(pad, static_cast<size_t>(lim.rlim_cur / 16));
+  }
+  mallopt(M_TOP_PAD, static_cast<int>(pad));
 #endif
 }
 

@@ -3,6 +3,7 @@
 // normaliser row in model/hf_config.cpp, one generator row in synth/synth.cpp);
 // docs/architecture.md has the checklist.
 #include <algorithm>
+#include <cctype>
 #include <numeric>
 
 #include "formats/awq.h"
@@ -872,7 +873,25 @@ TargetArch parse_target_arch(const std::string& s) {
     if (s == r.name || (r.alias && s == r.alias)) return r.arch;
     names += (names.empty() ? "" : ", ") + std::string(r.name);
   }
-  throw Error(ErrorCode::kUsage, "unknown --target-arch \"" + s + "\" (" + names + ")");
+  // A GPU's name instead of its arch: say which arch it is (a hint, never an alias: the arch is
+  // what the layouts are for).
+  static const std::vector<std::pair<std::vector<const char*>, const char*>> gpus = {
+      {{"a100", "a800", "a30", "a10", "a10g", "a40", "rtx3090", "3090"}, "sm80"},
+      {{"l4", "l40", "l40s", "rtx4090", "4090", "rtx6000ada"}, "sm89"},
+      {{"h100", "h200", "h800", "h20", "gh200"}, "sm90"},
+      {{"b100", "b200", "gb200", "b300", "gb300"}, "sm100"},
+      {{"rtx5090", "5090", "rtxpro6000"}, "sm120"}};
+  std::string key;
+  for (char c : s)
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string hint;
+  for (const auto& [names_of_gpus, arch] : gpus)
+    for (const char* g : names_of_gpus)
+      if (key == g || (key.size() > std::string(g).size() && key.rfind(g, 0) == 0 &&
+                       !std::isdigit(static_cast<unsigned char>(key[std::string(g).size()]))))
+        hint = std::string(": ") + s + " is " + arch + ", use --target-arch " + arch;
+  throw Error(ErrorCode::kUsage, "unknown --target-arch \"" + s + "\" (" + names + ")" + hint);
 }
 
 std::optional<TargetArch> target_arch_from_name(const std::string& name) {

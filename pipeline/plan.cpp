@@ -408,6 +408,7 @@ json Plan::to_json() const {
   j["vllm_target"] = {{"name", vllm_target_name(vllm_target)},
                       {"follows", vllm_target_row(vllm_target).follows}};
   j["act_dtype"] = dtype_name(options.act_dtype);
+  j["threads"] = threads;  // resolved: --threads 0 is the CPUs this process may use
   if (!options.quantize.empty())
     j["quantize"] = {{"format", options.quantize}, {"recipe", options.mx_recipe}};
   j["deviations_from_vllm"] = deviations;

@@ -24,6 +24,11 @@ Runner add_verify(CLI::App& app, Globals& g);
 Runner add_synth(CLI::App& app, Globals& g);
 Runner add_merge(CLI::App& app, Globals& g);
 
+// CLI11 validators for numbers (the message names the flag: "--threads: must be 0 or more, got
+// -3"): an integer of at least `min`, a finite real of at least `min`.
+CLI::Validator integer_at_least(long long min);
+CLI::Validator real_at_least(double min);
+
 // A command's checkpoint argument (inspect's DIR, convert's SRC, verify's and merge's --source)
 // as a directory to read: a Hugging Face hub id or cache repo root resolved offline to its
 // snapshot (model/hf_hub.h), anything else unchanged. A resolution is said on stderr (text

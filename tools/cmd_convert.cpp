@@ -60,8 +60,11 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
                  "The vLLM the output is for: " + vllm_target_names("|") +
                      " (parameter names, shapes, act-order, padding; docs/vllm_targets.md)")
       ->capture_default_str();
-  app.add_option("--threads", a.o.threads,
-                 "Worker threads (0: all cores); output bytes do not depend on it")
+  app.add_option(
+         "--threads", a.o.threads,
+         "Worker threads (0: the CPUs this process may use: affinity and cgroup quota); output "
+         "bytes do not depend on it")
+      ->check(integer_at_least(0))
       ->capture_default_str();
   app.add_option("--max-shard-size", a.max_shard, "Shard size limit (e.g. 5GB, 500MB)")
       ->capture_default_str();

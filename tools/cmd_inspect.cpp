@@ -262,12 +262,13 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
 }
 
 int run_inspect(InspectArgs& a, const Globals& g) {
-  a.dir = resolve_checkpoint_arg(a.dir, g);
-  const auto ckpt = Checkpoint::open(a.dir);
-  const HfConfig& cfg = ckpt->config();
+  // The flags first: a bad value is a usage error whatever the checkpoint.
   const TargetArch arch = parse_target_arch(a.target_arch);
   const VllmTarget target = parse_vllm_target(a.vllm_target);
   const DType act_dtype = parse_act_dtype(a.act_dtype);
+  a.dir = resolve_checkpoint_arg(a.dir, g);
+  const auto ckpt = Checkpoint::open(a.dir);
+  const HfConfig& cfg = ckpt->config();
   json j = checkpoint_json(a.dir, cfg);
   std::optional<Manifest> manifest;
   if (std::filesystem::exists(manifest_path(a.dir))) manifest = read_manifest(a.dir);

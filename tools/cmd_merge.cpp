@@ -16,7 +16,10 @@ Runner add_merge(CLI::App& app, Globals& g) {
                  "Source checkpoint, where it is not at the path the parts recorded");
   app.add_flag("--force", o->force, "Replace an existing output directory");
   app.add_flag("--remove-parts", o->remove_parts, "Delete DST.parts/ once the output is in place");
-  app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  app.add_option("--threads", o->threads,
+                 "Worker threads (0: the CPUs this process may use: affinity and cgroup quota)")
+      ->check(integer_at_least(0))
+      ->capture_default_str();
   return [o, &g] {
     if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
     const MergeResult r = merge_parts(*o);

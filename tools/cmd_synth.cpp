@@ -18,22 +18,37 @@ Runner add_synth(CLI::App& app, Globals& g) {
   app.add_option("out", *out, "Output directory")->required();
   app.add_option("--format", o->format, formats)->required();
   app.add_option("--family", o->family, families)->capture_default_str();
-  app.add_option("--layers", o->layers, "Decoder layers")->capture_default_str();
-  app.add_option("--experts", o->experts, "Routed experts per MoE layer")->capture_default_str();
-  app.add_option("--hidden", o->hidden, "Hidden size H")->capture_default_str();
-  app.add_option("--inter", o->inter, "Expert intermediate size I")->capture_default_str();
+  app.add_option("--layers", o->layers, "Decoder layers")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  app.add_option("--experts", o->experts, "Routed experts per MoE layer")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  app.add_option("--hidden", o->hidden, "Hidden size H")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  app.add_option("--inter", o->inter, "Expert intermediate size I")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
   app.add_option("--group-size", o->group_size,
                  "Quantisation group size (0: format default, -1: channel)")
       ->capture_default_str();
   app.add_option("--bits", o->bits, "Bits for integer formats (0: format default)")
       ->capture_default_str();
-  app.add_option("--top-k", o->top_k, "Experts per token")->capture_default_str();
-  app.add_option("--vocab", o->vocab, "Vocabulary size")->capture_default_str();
+  app.add_option("--top-k", o->top_k, "Experts per token")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  app.add_option("--vocab", o->vocab, "Vocabulary size")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
   app.add_option("--seed", o->seed, "Random seed")->capture_default_str();
   app.add_option("--dtype", *dtype, "Model dtype fp16|bf16")->capture_default_str();
   app.add_option("--max-shard-size", *shard, "Shard size limit (e.g. 5GB, 200MB)")
       ->capture_default_str();
-  app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  app.add_option("--threads", o->threads,
+                 "Worker threads (0: the CPUs this process may use: affinity and cgroup quota)")
+      ->check(integer_at_least(0))
+      ->capture_default_str();
   app.add_flag("--force", o->force, "Replace an existing output directory");
   return [o, out, dtype, shard, &g] {
     o->dtype = parse_half_dtype("--dtype", *dtype);

@@ -1,5 +1,8 @@
 // moepack verify DST [--source SRC] [--tokens 64] [--seed 0] [--tolerance 1e-3]
 //                [--device cpu|cuda] [--chunk-size 1GiB] [--report FILE.html] [--json]
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -9,6 +12,25 @@
 #include "verify/verify.h"
 
 namespace moepack::cli {
+
+namespace {
+// --report FILE: its folder exists and is writable, and FILE is not a directory -- checked before
+// a verify that may take minutes (exit 5 naming the path).
+void check_report_path(const std::string& report) {
+  namespace fs = std::filesystem;
+  const fs::path p(report);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(ErrorCode::kIo, report, "",
+                "cannot write the report: the folder " + dir.string() + " does not exist");
+  if (fs::is_directory(p, ec))
+    throw Error(ErrorCode::kIo, report, "", "cannot write the report: it is a directory");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(ErrorCode::kIo, report, "",
+                "cannot write the report: the folder " + dir.string() + " is not writable");
+}
+}  // namespace
 
 Runner add_verify(CLI::App& app, Globals& g) {
   auto o = std::make_shared<VerifyOptions>();
@@ -22,12 +44,19 @@ Runner add_verify(CLI::App& app, Globals& g) {
       "Source checkpoint (a directory, Hugging Face cache snapshot or hub id, as convert's SRC): "
       "enables the exact round-trip check and the source reference");
   app.add_option("--tokens", o->tokens, "Random hidden states per MoE layer")
+      ->check(integer_at_least(1))
       ->capture_default_str();
   app.add_option("--seed", o->seed, "Seed of the hidden states")->capture_default_str();
   app.add_option("--tolerance", o->tolerance, "Normalised error tolerance per layer")
+      ->check(real_at_least(0))
       ->capture_default_str();
-  app.add_option("--device", o->device, "cpu|cuda")->capture_default_str();
-  app.add_option("--threads", o->threads, "Worker threads (0: all cores)")->capture_default_str();
+  app.add_option("--device", o->device, "cpu|cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--threads", o->threads,
+                 "Worker threads (0: the CPUs this process may use: affinity and cgroup quota)")
+      ->check(integer_at_least(0))
+      ->capture_default_str();
   app.add_option("--chunk-size", *chunk,
                  "Experts of a layer checked at once, as canonical bytes (as convert's: bounds "
                  "memory for very large layers; the verdict does not depend on it)")
@@ -37,18 +66,20 @@ Runner add_verify(CLI::App& app, Globals& g) {
     o->chunk_bytes = parse_size("--chunk-size", *chunk);
     o->dst = resolve_checkpoint_arg(o->dst, g);
     if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
+    if (!report->empty()) check_report_path(*report);  // before the work, not after it
     const VerifyReport r = run_verify(*o);
-    if (!report->empty()) {
-      std::ofstream f(*report);
-      f << render_html(r);
-      if (!f) throw Error(ErrorCode::kIo, *report, "", "cannot write the report");
-    }
     if (g.json) {
       auto j = to_json(r);
       j["ok"] = r.passed;
+      if (!report->empty()) j["report"] = *report;
       print_json(j);
     } else {
       std::cout << render_text(r);
+    }
+    if (!report->empty()) {  // after the verdict is out: a failure here does not hide it
+      std::ofstream f(*report);
+      f << render_html(r);
+      if (!f) throw Error(ErrorCode::kIo, *report, "", "cannot write the report");
     }
     return r.passed ? 0 : static_cast<int>(ExitCode::kVerifyFailed);
   };

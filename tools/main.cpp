@@ -4,20 +4,59 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/version.h"
 #include "io/atomic_dir.h"
 #include "model/hf_hub.h"
+#include "moepack_build_info.h"
 #include "tools/cli.h"
 
 namespace moepack::cli {
 
 bool stderr_is_terminal() {
   return isatty(STDERR_FILENO) == 1;
+}
+
+CLI::Validator integer_at_least(long long min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return "expected an integer, got \"" + text + "\"";
+        if (v < min) return "must be " + std::to_string(min) + " or more, got " + text;
+        return "";
+      },
+      "INT>=" + std::to_string(min));
+}
+
+CLI::Validator real_at_least(double min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || !std::isfinite(v))
+          return "expected a number, got \"" + text + "\"";
+        if (v < min) return "must be " + CLI::detail::to_string(min) + " or more, got " + text;
+        return "";
+      },
+      "NUMBER>=" + CLI::detail::to_string(min));
 }
 
 std::string resolve_checkpoint_arg(const std::string& arg, const Globals& g) {
@@ -75,34 +114,60 @@ void remove_outputs_on_fatal_signals() {
 
 }  // namespace moepack::cli
 
-int main(int argc, char** argv) {
-  using namespace moepack;
-  keep_freed_memory_for_reuse();
-  cli::remove_outputs_on_fatal_signals();
+namespace moepack::cli {
+namespace {
+
+// `moepack --version`: what was built, from what.
+std::string version_text() {
+  return std::string("moepack ") + moepack_version() + "\ncommit " + MOEPACK_GIT_COMMIT +
+         "\nbuild type " + MOEPACK_BUILD_TYPE + "\nCUDA archs " + MOEPACK_CUDA_ARCHS;
+}
+
+// --json anywhere on the command line: a failure before or during parsing is reported as JSON too.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  return false;
+}
+
+// The JSON error object every failure prints under --json (best effort: printing may itself fail
+// when memory is exhausted).
+void print_json_error(int code, const char* kind, const std::string& message,
+                      const std::string& file = "", const std::string& tensor = "") {
+  try {
+    print_json(
+        {{"ok", false},
+         {"exit_code", code},
+         {"error", {{"code", kind}, {"file", file}, {"tensor", tensor}, {"message", message}}}});
+  } catch (...) {
+  }
+}
+
+constexpr const char* kOutOfMemory = "out of memory: lower --threads or --chunk-size";
+
+int run(int argc, char** argv, Globals& g) {
   CLI::App app{
       "moepack: convert quantized MoE checkpoints into backend-ready layouts ahead of time"};
-  app.set_version_flag("--version", std::string("moepack ") + moepack_version());
+  app.set_version_flag("--version", version_text());
   app.require_subcommand(1);
-  cli::Globals g;
-  std::vector<std::pair<CLI::App*, cli::Runner>> runners;
-  auto add = [&](const char* name, const char* help, cli::Runner (*fn)(CLI::App&, cli::Globals&)) {
+  std::vector<std::pair<CLI::App*, Runner>> runners;
+  auto add = [&](const char* name, const char* help, Runner (*fn)(CLI::App&, Globals&)) {
     CLI::App* sub = app.add_subcommand(name, help);
     sub->add_flag("--json", g.json, "Print the result as JSON on stdout");
     runners.emplace_back(sub, fn(*sub, g));
   };
   add("inspect",
       "Describe a checkpoint: format, MoE layers, tensors, and the backend the oracle picks",
-      cli::add_inspect);
+      add_inspect);
   add("convert", "Write a backend-ready checkpoint (safetensors + index + config + moepack.json)",
-      cli::add_convert);
+      add_convert);
   add("merge",
       "Assemble the parts of `convert --shard I/N` into the output a single convert writes",
-      cli::add_merge);
+      add_merge);
   add("verify",
       "Prove a converted checkpoint right: integrity, exact round-trip, fused MoE vs reference",
-      cli::add_verify);
-  add("synth", "Write a realistic random MoE checkpoint in any supported source format",
-      cli::add_synth);
+      add_verify);
+  add("synth", "Write a realistic random MoE checkpoint in any supported source format", add_synth);
 
   try {
     app.parse(argc, argv);
@@ -113,29 +178,52 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    if (json_requested(argc, argv))
+      print_json_error(static_cast<int>(ExitCode::kUsage), "usage", e.what());
     app.exit(e);
     return static_cast<int>(ExitCode::kUsage);
   }
+  for (auto& [sub, runner] : runners)
+    if (sub->parsed()) return runner();
+  return static_cast<int>(ExitCode::kUsage);
+}
+
+}  // namespace
+}  // namespace moepack::cli
+
+int main(int argc, char** argv) {
+  using namespace moepack;
+  keep_freed_memory_for_reuse();
+  cli::remove_outputs_on_fatal_signals();
+  cli::Globals g;
+  const bool json = cli::json_requested(argc, argv);
   try {
-    for (auto& [sub, run] : runners)
-      if (sub->parsed()) return run();
-    return static_cast<int>(ExitCode::kUsage);
+    return cli::run(argc, argv, g);
   } catch (const Error& e) {
     const int code = static_cast<int>(e.exit_code());
-    if (g.json)
-      cli::print_json({{"ok", false},
-                       {"exit_code", code},
-                       {"error",
-                        {{"code", error_code_name(e.code())},
-                         {"file", e.file()},
-                         {"tensor", e.tensor()},
-                         {"message", e.message()}}}});
+    if (g.json || json)
+      cli::print_json_error(code, error_code_name(e.code()), e.message(), e.file(), e.tensor());
     std::cerr << "moepack: error: " << e.what() << "\n";
     return code;
   } catch (const std::bad_alloc&) {
-    std::cerr << "moepack: error: out of memory\n";
+    // No allocation here: the message is a constant and stderr is unbuffered.
+    if (json) cli::print_json_error(static_cast<int>(ExitCode::kIo), "io", cli::kOutOfMemory);
+    std::fputs("moepack: error: ", stderr);
+    std::fputs(cli::kOutOfMemory, stderr);
+    std::fputs("\n", stderr);
     return static_cast<int>(ExitCode::kIo);
+  } catch (const std::system_error& e) {
+    // A thread that cannot be started (EAGAIN: memory for its stack, or a thread limit).
+    const bool resources = e.code() == std::errc::resource_unavailable_try_again ||
+                           e.code() == std::errc::not_enough_memory;
+    const std::string message =
+        resources ? std::string(cli::kOutOfMemory) + " (" + e.what() + ")" : e.what();
+    const int code = static_cast<int>(resources ? ExitCode::kIo : ExitCode::kInternal);
+    if (json) cli::print_json_error(code, resources ? "io" : "internal", message);
+    std::cerr << "moepack: " << (resources ? "error: " : "internal error: ") << message << "\n";
+    return code;
   } catch (const std::exception& e) {
+    if (json) cli::print_json_error(static_cast<int>(ExitCode::kInternal), "internal", e.what());
     std::cerr << "moepack: internal error: " << e.what() << "\n";
     return static_cast<int>(ExitCode::kInternal);
   }

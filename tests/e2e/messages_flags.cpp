@@ -1,0 +1,101 @@
+// Messages and flags through the real binary (issue 29): CLI11 validators for numbers and
+// choices, parse errors as JSON under --json, GPU-name hints, --report checked before the work,
+// and running out of memory is exit 5 with advice instead of an abort.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace moepack {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::moepack_bin;
+using test::moepack_cli;
+using test::run_command;
+using test::TempDir;
+
+const char* kSmall = " --layers 2 --experts 4 --hidden 256 --inter 128";
+
+TEST(MessagesFlags, NumbersAndChoicesAreValidatedByTheParser) {
+  std::string out, err;
+  EXPECT_EQ(moepack_cli("convert a b --threads -3", &out, &err), 2);
+  EXPECT_NE(err.find("--threads: must be 0 or more, got -3"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("verify a --tokens 0", &out, &err), 2);
+  EXPECT_NE(err.find("--tokens: must be 1 or more, got 0"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("verify a --tolerance nan", &out, &err), 2);
+  EXPECT_NE(err.find("--tolerance: expected a number"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("verify a --device gpu", &out, &err), 2);
+  EXPECT_NE(err.find("--device: gpu not in {cpu,cuda}"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("synth a --format gptq --experts 0", &out, &err), 2);
+  EXPECT_NE(err.find("--experts: must be 1 or more, got 0"), std::string::npos) << err;
+}
+
+TEST(MessagesFlags, ParseErrorsAreJsonUnderJson) {
+  std::string out, err;
+  EXPECT_EQ(moepack_cli("convert a b --threads -3 --json", &out, &err), 2);
+  const json j = json::parse(out);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["exit_code"], 2);
+  EXPECT_EQ(j["error"]["code"], "usage");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("--threads"), std::string::npos);
+  EXPECT_EQ(moepack_cli("convert --json a", &out, &err), 2);  // a missing positional
+  EXPECT_EQ(json::parse(out)["error"]["code"], "usage") << out;
+  EXPECT_EQ(moepack_cli("inspect a --no-such-flag --json", &out, &err), 2);
+  EXPECT_EQ(json::parse(out)["exit_code"], 2) << out;
+}
+
+TEST(MessagesFlags, AGpuNameGetsItsArch) {
+  std::string out, err;
+  EXPECT_EQ(moepack_cli("convert a b --target-arch h100", &out, &err), 2);
+  EXPECT_NE(err.find("h100 is sm90, use --target-arch sm90"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("inspect a --target-arch B200", &out, &err), 2);
+  EXPECT_NE(err.find("B200 is sm100"), std::string::npos) << err;
+}
+
+TEST(MessagesFlags, ReportIsCheckedBeforeTheWork) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst), 0);
+  std::string out, err;
+  EXPECT_EQ(moepack_cli("verify " + dst + " --report " + (tmp / "missing/r.html"), &out, &err), 5);
+  EXPECT_NE(err.find("the folder " + (tmp / "missing") + " does not exist"), std::string::npos)
+      << err;
+  EXPECT_EQ(out.find("layer"), std::string::npos) << "verify ran before the check: " << out;
+  // A writable one: the verdict and the report.
+  EXPECT_EQ(moepack_cli("verify " + dst + " --tokens 8 --report " + (tmp / "r.html"), &out, &err),
+            0);
+  EXPECT_TRUE(fs::exists(tmp / "r.html"));
+}
+
+// `ulimit -d` far below what a conversion needs: exit 5 with advice (was: "terminate called
+// without an active exception", exit 134), nothing left at the destination, JSON under --json.
+TEST(MessagesFlags, OutOfMemoryIsExit5WithAdvice) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory does not start under a data-size limit";
+#endif
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack_cli("synth " + src +
+                        " --format gptq --layers 2 --experts 16 --hidden 1024 "
+                        "--inter 512"),
+            0);
+  for (const char* limit : {"10000", "30000"}) {
+    SCOPED_TRACE(std::string("ulimit -d ") + limit);
+    std::string out, err;
+    EXPECT_EQ(run_command("ulimit -d " + std::string(limit) + "; exec " + moepack_bin() +
+                              " convert " + src + " " + dst + " --json",
+                          &out, &err),
+              5)
+        << err;
+    EXPECT_NE(err.find("out of memory: lower --threads or --chunk-size"), std::string::npos) << err;
+    EXPECT_EQ(json::parse(out, nullptr, false)["error"]["code"], "io") << out;
+    EXPECT_FALSE(fs::exists(dst));
+  }
+}
+
+}  // namespace
+}  // namespace moepack
