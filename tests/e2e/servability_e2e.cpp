@@ -28,10 +28,12 @@ TEST(ServabilityCli, AServedOutputSaysWhereAndHow) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
   ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
-  const json ins = run_json("inspect " + src + " --vllm-target 0.33", 0);
+  // Marlin named (sm90's default is Humming, served by another kernel builder).
+  const json ins = run_json("inspect " + src + " --vllm-target 0.33 --backend marlin", 0);
   EXPECT_EQ(ins["serving"]["servable"], true) << ins["serving"];
   EXPECT_EQ(ins["oracle"]["kinds"][0]["serving"]["backend"], "marlin");
-  const json conv = run_json("convert " + src + " " + dst + " --require-servable", 0);
+  const json conv =
+      run_json("convert " + src + " " + dst + " --backend marlin --require-servable", 0);
   const json& s = conv["serving"];
   EXPECT_EQ(s["servable"], true) << s;
   EXPECT_EQ(s["plugin"], "moepack-vllm");
