@@ -2,6 +2,7 @@
 //                 [--quantize mxfp8 [--mx-recipe flashinfer|modelopt]] [--threads N]
 //                 [--max-shard-size 5GB] [--force] [--dry-run] [--json] [--shard I/N]
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 
@@ -129,16 +130,34 @@ void print_dry_run(const Plan& plan, const Checkpoint& ckpt, const std::optional
   std::cout << "dry run: nothing written\n";
 }
 
-// One updating line on a terminal (layers, bytes, rate, ETA), cleared before the result or an
-// error message is printed; nothing when stderr is not a terminal or the result goes out as JSON.
+// Progress on stderr while converting (layers, bytes, rate, ETA), never with the result as JSON:
+// on a terminal one updating line, cleared before the result or an error message is printed;
+// without one (a Slurm or Kubernetes log) a plain line at most every kPlainEverySeconds
+// ($MOEPACK_PROGRESS_SECONDS overrides it), and the last one when the writing is done (a run
+// shorter than the interval stays quiet).
 class TerminalProgress {
  public:
-  explicit TerminalProgress(bool wanted) {
-    if (wanted)
+  static constexpr double kPlainEverySeconds = 5;
+  TerminalProgress(bool wanted, bool terminal) {
+    if (!wanted) return;
+    if (const char* every = std::getenv("MOEPACK_PROGRESS_SECONDS")) every_ = std::atof(every);
+    next_plain_ = every_;
+    if (terminal)
       fn_ = [this](const ConvertProgress& p) {
         std::fprintf(stderr, "\r\033[K%s", progress_line(p).c_str());
         std::fflush(stderr);
         shown_ = true;
+      };
+    else
+      fn_ = [this](const ConvertProgress& p) {
+        const bool done = p.bytes_total > 0 && p.bytes_done >= p.bytes_total;
+        if (!done && p.seconds < next_plain_) return;
+        if (done && (done_shown_ || !any_shown_)) return;  // a short run stays quiet
+        done_shown_ = done;
+        any_shown_ = true;
+        next_plain_ = p.seconds + every_;
+        std::fprintf(stderr, "moepack: %s\n", progress_line(p).c_str());
+        std::fflush(stderr);
       };
   }
   TerminalProgress(const TerminalProgress&) = delete;
@@ -153,6 +172,9 @@ class TerminalProgress {
  private:
   ProgressFn fn_;
   bool shown_ = false;
+  double every_ = kPlainEverySeconds;
+  double next_plain_ = kPlainEverySeconds;  // the first plain line after one interval of work
+  bool done_shown_ = false, any_shown_ = false;
 };
 
 void print_part_result(const PartResult& p, const ShardSpec& spec, const Globals& g) {
@@ -181,8 +203,8 @@ nlohmann::json left_out_json(const Plan& plan) {
   return j;
 }
 
-void print_convert_result(const ConvertResult& r, const Plan& plan, const Servability& serving,
-                          const Globals& g) {
+void print_convert_result(const ConvertResult& r, const Plan& plan, uint64_t source_bytes,
+                          const Servability& serving, const Globals& g) {
   if (g.json)
     print_json({{"ok", true},
                 {"dst", r.dst},
@@ -205,6 +227,13 @@ void print_convert_result(const ConvertResult& r, const Plan& plan, const Servab
               << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
               << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
   if (g.json) return;
+  // The summary: source -> output bytes, rate, peak memory.
+  const double rate = r.seconds > 0 ? static_cast<double>(r.bytes_written) / r.seconds : 0;
+  std::cout << "summary: " << human_bytes(source_bytes) << " source -> "
+            << human_bytes(r.bytes_written) << " written in " << r.seconds << " s ("
+            << human_bytes(static_cast<uint64_t>(rate)) << "/s), peak memory "
+            << human_bytes(r.peak_rss_anon_bytes) << " anonymous + "
+            << human_bytes(r.peak_rss_file_bytes) << " mapped source pages\n";
   for (const auto& f : plan.left_out_files)
     std::cout << "left out " << f.path << ": " << f.why << "\n";
   std::cout << "serving: " << serving.to_text() << "\n";
@@ -232,7 +261,7 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   if (!serving.servable && !g.json)
     std::cerr << "moepack: warning: the output will be " << serving.to_text()
               << " (--require-servable refuses it)\n";
-  TerminalProgress progress(!g.json && stderr_is_terminal());
+  TerminalProgress progress(!g.json, stderr_is_terminal());
   if (spec) {
     const PartResult p = execute_part(plan, *ckpt, *spec, progress.fn());
     progress.clear();
@@ -241,7 +270,7 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   }
   const ConvertResult r = execute_plan(plan, *ckpt, progress.fn());
   progress.clear();
-  print_convert_result(r, plan, serving, g);
+  print_convert_result(r, plan, ckpt->total_tensor_bytes(), serving, g);
   return 0;
 }
 

@@ -71,6 +71,32 @@ TEST(MessagesFlags, ReportIsCheckedBeforeTheWork) {
   EXPECT_TRUE(fs::exists(tmp / "r.html"));
 }
 
+// Without a terminal (a Slurm or Kubernetes log) convert prints plain progress lines on stderr
+// (every $MOEPACK_PROGRESS_SECONDS, default 5 s; 0 here: every piece) ending with all bytes
+// written, none under --json; the result ends with a summary (sizes, time, rate, peak memory).
+TEST(MessagesFlags, ProgressWithoutATerminalAndASummary) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
+  std::string out, err;
+  ASSERT_EQ(run_command("MOEPACK_PROGRESS_SECONDS=0 " + moepack_bin() + " convert " + src + " " +
+                            (tmp / "a") + " 2>&1 >/dev/null | cat",
+                        &err),
+            0);
+  EXPECT_NE(err.find("moepack: layers 0/1"), std::string::npos) << err;
+  EXPECT_NE(err.find("moepack: layers 1/1"), std::string::npos) << err;
+  ASSERT_EQ(run_command("MOEPACK_PROGRESS_SECONDS=0 " + moepack_bin() + " convert " + src + " " +
+                            (tmp / "b") + " --json",
+                        &out, &err),
+            0);
+  EXPECT_EQ(err.find("moepack: layers"), std::string::npos) << err;
+  ASSERT_EQ(moepack_cli("convert " + src + " " + (tmp / "c"), &out, &err), 0);
+  EXPECT_EQ(err.find("moepack: layers"), std::string::npos) << "a short run stays quiet: " << err;
+  EXPECT_NE(out.find("summary: "), std::string::npos) << out;
+  EXPECT_NE(out.find(" source -> "), std::string::npos) << out;
+  EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
+}
+
 // `ulimit -d` far below what a conversion needs: exit 5 with advice (was: "terminate called
 // without an active exception", exit 134), nothing left at the destination, JSON under --json.
 TEST(MessagesFlags, OutOfMemoryIsExit5WithAdvice) {
