@@ -1,0 +1,276 @@
+"""vLLM 0.33.0's shipped Marlin MoE kernel on moepack's float Marlin output (docs/marlin_float.md, with the
+marlin-fp8 / marlin-mxfp8 rows of branch fplayout, issue 24).
+
+Loads the wheel's `_moe_C_stable_libtorch.abi3.so` (the library only: no vLLM Python) into the
+device's torch and runs the fused MoE the way vLLM's Marlin experts do -- gemm1 over w13 with
+`moe_wna16_marlin_gemm`, silu(gate) * up, gemm2 over w2 with the router weights, top-k sum --
+on each converted layer, against an fp32 MoE computed from the *source* checkpoint's tensors
+(decoded here from their definitions, not from the layout). Every case must land at bf16/fp16
+rounding (< 2e-2), at two batch sizes (moe block 8: the kernel's small-batch thread configs;
+64: the large-batch ones), and each corruption of moepack's output that a layout bug would
+produce must fail (> 0.2): gate/up halves swapped; the scales as the checkpoint orders them
+(Marlin's permutation and, for E8M0 / NVFP4 scales, the pair swap undone); FP8's fused exponent
+bias dropped; MX's pair swap dropped; FP8 block's K groups reversed; NVFP4's global scale
+dropped.
+
+  python3 gpu_marlin_float.py --so MOE_C_SO ARTIFACT_ROOT [--json OUT.json]
+
+ARTIFACT_ROOT/<case>/{src,out,case.json} come from `bench/gpu_marlin_float.sh prepare`.
+Needs only torch (with float8 dtypes) and a CUDA device. Exit 0 when every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# vllm.scalar_type ids in vLLM 0.33.0 (scalar_types.<name>.id): the kernel's b_type_id.
+FLOAT8_E4M3FN, FLOAT4_E2M1F = 2814749767172868, 562949953487106
+RIGHT_TOL, WRONG_MIN = 2e-2, 0.2
+_DT = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+       "U8": torch.uint8, "I8": torch.int8, "F8_E4M3": torch.uint8, "F8_E8M0": torch.uint8}
+
+
+def read_safetensors(path: Path) -> dict:
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        buf = bytearray(data[8 + n + b:8 + n + e])
+        dt = _DT[t["dtype"]]
+        out[name] = (torch.frombuffer(buf, dtype=dt).reshape(t["shape"]) if buf
+                     else torch.empty(t["shape"], dtype=dt))
+    return out
+
+
+# ---- the source, decoded from its definition (fp32 [N, K]) ------------------------------------
+
+def e4m3(u8: torch.Tensor) -> torch.Tensor:
+    return u8.contiguous().view(torch.float8_e4m3fn).float()
+
+
+def e8m0(u8: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(u8.float() - 127.0)
+
+
+def source_linear(src: dict, prefix: str, fmt: str) -> torch.Tensor:
+    w = src[prefix + "weight"]
+    if fmt in ("fp8-block", "ct-fp8-block"):
+        s = src[prefix + ("weight_scale_inv" if fmt == "fp8-block" else "weight_scale")].float()
+        n, k = w.shape
+        s = s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        return e4m3(w) * s
+    if fmt in ("modelopt-mxfp8", "ct-mxfp8"):
+        return e4m3(w) * e8m0(src[prefix + "weight_scale"]).repeat_interleave(32, 1)
+    raise ValueError(f"no source decoder for {fmt}")
+
+
+# ---- Marlin's scale permutations (docs/marlin.md "Scales"), for the corruptions ----------------
+
+def perm_src(grouped: bool) -> torch.Tensor:
+    """out[i] = in[src[i]] inside each chunk (64 grouped, 32 single)."""
+    if grouped:
+        i = torch.arange(64)
+        return 8 * (i % 8) + i // 8
+    i = torch.arange(32)
+    return 2 * (i // 8) + 8 * ((i % 8) // 2) + (i % 2)
+
+
+def unpermute(s: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """[E, G, N] as stored -> the logical [E, G, N] (each expert's [G, N] flattened)."""
+    src = perm_src(grouped)
+    c = src.numel()
+    flat = s.reshape(s.shape[0], -1, c)
+    out = torch.empty_like(flat)
+    out[:, :, src] = flat
+    return out.reshape(s.shape)
+
+
+def pair_swap(s: torch.Tensor) -> torch.Tensor:
+    flat = s.reshape(-1, 4)
+    return flat[:, [0, 2, 1, 3]].reshape(s.shape).contiguous()
+
+
+def swap_halves(t: torch.Tensor) -> torch.Tensor:
+    half = t.shape[-1] // 2
+    return torch.cat([t[..., half:], t[..., :half]], -1).contiguous()
+
+
+# ---- the fused MoE on the kernel --------------------------------------------------------------
+
+def align(topk_ids: torch.Tensor, block: int, E: int):
+    flat = topk_ids.flatten().tolist()
+    ids, experts = [], []
+    for e in range(E):
+        idx = [i for i, v in enumerate(flat) if v == e]
+        if not idx:
+            continue
+        pad = (-len(idx)) % block
+        ids += idx + [len(flat)] * pad
+        experts += [e] * ((len(idx) + pad) // block)
+    mk = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")  # noqa: E731
+    return mk(ids), mk(experts), mk([len(ids)])
+
+
+def kernel_moe(x, p: dict, topk_ids, topk_w, block: int, H: int, ip: int):
+    op = torch.ops._moe_C.moe_wna16_marlin_gemm
+    M, topk, E = x.shape[0], topk_ids.shape[1], p["w13"].shape[0]
+    sorted_ids, expert_ids, ntok = align(topk_ids, block, E)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ws = torch.zeros(sms * 4, dtype=torch.int32, device="cuda")
+    c1 = torch.empty(M * topk, 2 * ip, dtype=x.dtype, device="cuda")
+    c1 = op(x, c1, p["w13"], None, p["s13"], None, p.get("g13"), None, ws, sorted_ids,
+            expert_ids, ntok, topk_w, block, topk, False, p["type"], M, 2 * ip, H, False, True,
+            False, -1, -1, -1)
+    act = (F.silu(c1[:, :ip].float()) * c1[:, ip:].float()).to(x.dtype)
+    ws.zero_()
+    c2 = torch.empty(M * topk, H, dtype=x.dtype, device="cuda")
+    c2 = op(act, c2, p["w2"], None, p["s2"], None, p.get("g2"), None, ws, sorted_ids, expert_ids,
+            ntok, topk_w, block, 1, True, p["type"], M * topk, H, ip, False, True, False, -1, -1,
+            -1)
+    return c2.view(M, topk, H).float().sum(1)
+
+
+def layout_params(out: dict, P: str, layout: str, act: torch.dtype) -> dict:
+    """The kernel's operands from moepack's parameters, on the device."""
+    w = {k: out[P + k].cuda() for k in ("w13_weight", "w2_weight")}
+    if layout == "marlin-fp8":
+        name = "weight_scale_inv" if P + "w13_weight_scale_inv" in out else "weight_scale"
+        s13, s2 = out[P + "w13_" + name], out[P + "w2_" + name]
+        assert s13.dtype == act, (s13.dtype, act)
+        return {"w13": w["w13_weight"], "w2": w["w2_weight"], "s13": s13.cuda(),
+                "s2": s2.cuda(), "type": FLOAT8_E4M3FN, "kind": "fp8"}
+    if layout == "marlin-mxfp8":
+        conv = lambda t: t.contiguous().view(torch.float8_e8m0fnu).cuda()  # noqa: E731
+        return {"w13": w["w13_weight"], "w2": w["w2_weight"],
+                "s13": conv(out[P + "w13_weight_scale"]), "s2": conv(out[P + "w2_weight_scale"]),
+                "type": FLOAT8_E4M3FN, "kind": "e8m0"}
+    raise ValueError(f"no kernel operands for {layout}")
+
+
+def corruptions(p: dict, act: torch.dtype) -> dict:
+    """name -> corrupted operands. Scale tensors are bit-manipulated as raw bytes."""
+    out = {"gate_up_swapped": dict(p, w13=swap_halves(p["w13"]), s13=swap_halves(p["s13"]))}
+
+    def raw(t):
+        return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t
+
+    def back(t, like):
+        return t.view(like.dtype) if like.element_size() == 1 else t
+
+    s13 = p["s13"]
+    G = s13.shape[1]
+    if p["kind"] == "fp8":
+        out["exponent_bias_dropped"] = dict(
+            p, s13=(s13.float() * 2.0 ** (-120 if act == torch.bfloat16 else -8)).to(act))
+        # A 128-column block holds one value, so the in-row permutation alone is invisible.
+        if G > 1:
+            out["k_groups_reversed"] = dict(p, s13=s13.flip(1).contiguous())
+    else:
+        r = raw(s13)
+        out["pair_swap_dropped"] = dict(p, s13=back(pair_swap(r), s13))
+        out["scales_not_permuted"] = dict(p, s13=back(unpermute(pair_swap(r), G > 1), s13))
+    if "g13" in p:
+        out["global_scale_dropped"] = dict(p, g13=torch.ones_like(p["g13"]),
+                                           g2=torch.ones_like(p["g2"]))
+    return out
+
+
+def check_case(root: Path, name: str) -> dict:
+    case = root / name
+    meta = json.loads((case / "case.json").read_text())
+    man = json.loads((case / "out" / "moepack.json").read_text())
+    out = read_safetensors(case / "out" / "model.safetensors")
+    src = read_safetensors(case / "src" / "model.safetensors")
+    L = man["layers"][0]
+    E, H, I, P = L["experts"], L["hidden"], L["inter"], L["param_prefix"]
+    ip = L.get("inter_padded", I)
+    act = torch.bfloat16 if meta["act"] == "bf16" else torch.float16
+    p = layout_params(out, P, meta["layout"], act)
+    pre = L["module"] + ".experts."
+    W = [[source_linear(src, f"{pre}{e}.{proj}.", meta["format"]).cuda()
+          for proj in ("gate_proj", "up_proj", "down_proj")] for e in range(E)]
+    rec = {"case": name, "format": meta["format"], "layout": meta["layout"], "E": E, "H": H,
+           "I": I, "Ip": ip, "act": meta["act"], "runs": []}
+    torch.manual_seed(0)
+    # Pre-activations of a few units, so that silu is far from linear: with small ones
+    # silu(g) * u is nearly symmetric in g and u, and a gate/up swap would hide.
+    w_rms = float(torch.stack([W[e][0].float().pow(2).mean() for e in range(E)]).mean().sqrt())
+    x_std = 3.0 / (w_rms * H ** 0.5 + 1e-30)
+    for M, block in ((16, 8), (256, 64)):
+        topk = 2
+        x = (torch.randn(M, H) * x_std).to(act).cuda()
+        topk_ids = torch.stack([torch.randperm(E)[:topk] for _ in range(M)]).to(torch.int32).cuda()
+        topk_w = torch.softmax(torch.randn(M, topk), -1).float().cuda()
+        xs = x.float()
+        ref = torch.zeros(M, H, device="cuda")
+        for j in range(topk):
+            for e in range(E):
+                rows = (topk_ids[:, j] == e).nonzero().flatten()
+                if rows.numel() == 0:
+                    continue
+                h = xs[rows]
+                y = (F.silu(h @ W[e][0].T) * (h @ W[e][1].T)) @ W[e][2].T
+                ref[rows] += topk_w[rows, j:j + 1] * y
+        t0 = time.time()
+        y = kernel_moe(x, p, topk_ids, topk_w, block, H, ip)
+        torch.cuda.synchronize()
+        err = float((y - ref).norm() / ref.norm())
+        run = {"M": M, "block": block, "err": err, "first_call_s": round(time.time() - t0, 2),
+               "corruptions": {}}
+        for cname, bad in corruptions(p, act).items():
+            yb = kernel_moe(x, bad, topk_ids, topk_w, block, H, ip)
+            run["corruptions"][cname] = float((yb - ref).norm() / ref.norm())
+        rec["runs"].append(run)
+    ok = all(r["err"] < RIGHT_TOL and all(v > WRONG_MIN or v != v for v in r["corruptions"].values())
+             for r in rec["runs"])
+    rec["passed"] = ok
+    return rec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--so", required=True)
+    ap.add_argument("root")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.ops.load_library(args.so)
+    schema = str(torch.ops._moe_C.moe_wna16_marlin_gemm.default._schema)
+    print("schema:", schema)
+    print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)
+    root = Path(args.root)
+    records, failed = [], 0
+    for name in sorted(p.name for p in root.iterdir() if (p / "case.json").exists()):
+        try:
+            rec = check_case(root, name)
+        except Exception as e:  # noqa: BLE001 - reported per case, the run goes on
+            rec = {"case": name, "passed": False, "exception": f"{type(e).__name__}: {e}"}
+        records.append(rec)
+        failed += not rec["passed"]
+        if "exception" in rec:
+            print(f"{name:44s} EXCEPTION {rec['exception'][:300]}", flush=True)
+            continue
+        for r in rec["runs"]:
+            bad = " ".join(f"{k}={v:.3g}" for k, v in r["corruptions"].items())
+            print(f"{name:44s} M={r['M']:<4d} block={r['block']:<3d} err={r['err']:.3e} "
+                  f"[{bad}] first={r['first_call_s']}s {'PASS' if rec['passed'] else 'FAIL'}",
+                  flush=True)
+    print(f"{len(records)} case(s), {failed} failing")
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
