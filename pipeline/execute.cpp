@@ -19,6 +19,7 @@
 #include "core/sha256.h"
 #include "core/threads.h"
 #include "io/atomic_dir.h"
+#include "pipeline/artifact.h"
 #include "pipeline/manifest.h"
 
 namespace moepack {
@@ -444,13 +445,8 @@ void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std:
   // The manifest's bytes first: config.json's quantization_config carries their digest, so a
   // server can tell that the config and the manifest belong together.
   const std::string manifest = manifest_text(build_manifest(plan, ckpt, checksums));
-  json cfg = ckpt.config().raw;
-  for (const auto& [key, value] : plan.config_patch.items()) cfg[key] = value;
+  json cfg = output_config(ckpt.config().raw, plan.config_patch);
   cfg["quantization_config"]["manifest_sha256"] = sha256_hex(manifest.data(), manifest.size());
-  // A multimodal config's text_config may carry the source's block too; it now lives nested in
-  // ours, and no reader may find the stale one.
-  if (cfg.contains("text_config") && cfg["text_config"].is_object())
-    cfg["text_config"].erase("quantization_config");
   for (const auto& [name, text] :
        {std::pair<const char*, std::string>{"config.json", cfg.dump(2) + "\n"},
         {"moepack.json", manifest}}) {

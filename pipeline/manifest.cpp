@@ -10,6 +10,7 @@
 #include "core/version.h"
 #include "io/json_file.h"
 #include "model/checkpoint.h"
+#include "pipeline/artifact.h"
 #include "pipeline/oracle.h"
 #include "pipeline/plan.h"
 
@@ -58,7 +59,6 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
                         const std::map<std::string, std::string>& sha) {
   Manifest m;
   m.tool = {"moepack", moepack_version_string()};
-  m.source.name = fs::path(plan.options.src).filename().string();
   m.source.format = plan.source_format;
   m.source.quant_params = plan.source_quant;
   m.source.quantization_config = ckpt.config().quant_raw;
@@ -98,6 +98,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
         ml.layout_config[k] = std::move(v);
     m.layers.push_back(std::move(ml));
   }
+  m.config = config_digests(output_config(ckpt.config().raw, plan.config_patch));
   for (size_t i = 0; i < plan.shards.shard_names.size(); ++i)
     m.shards.push_back({plan.shards.shard_names[i], plan.shards.shard_file_bytes[i]});
   m.files = plan.copied_files;
@@ -169,12 +170,12 @@ json to_json(const Manifest& m) {
   json j;
   j["manifest_version"] = m.manifest_version;
   j["tool"] = {{"name", m.tool.name}, {"version", m.tool.version}};
-  j["source"] = {{"name", m.source.name},
-                 {"format", m.source.format},
+  j["source"] = {{"format", m.source.format},
                  {"quant_params", quant_params_json(m.source.quant_params)},
                  {"quantization_config", m.source.quantization_config},
                  {"model_type", m.source.model_type},
                  {"tensor_bytes", m.source.tensor_bytes}};
+  if (m.manifest_version < 3) j["source"]["name"] = m.source.name;
   j["target_quant_params"] = quant_params_json(m.target_quant_params);
   if (m.quantize) j["quantize"] = {{"format", m.quantize->format}, {"recipe", m.quantize->recipe}};
   j["backend"] = m.backend;
@@ -200,6 +201,7 @@ json to_json(const Manifest& m) {
                           {"shape", t.shape},   {"bytes", t.bytes},
                           {"sha256", t.sha256}, {"action", t.converted ? "convert" : "copy"},
                           {"codec", t.codec},   {"sources", t.sources}};
+  if (!m.config.is_null()) j["config"] = m.config;
   return j;
 }
 
@@ -420,7 +422,7 @@ void parse_provenance(const JsonField& root, Manifest& m) {
   m.tool.version = tool["version"].str();
 
   const JsonField source = root["source"];
-  m.source.name = source["name"].str();
+  if (m.manifest_version < 3) m.source.name = source["name"].str();  // version 3 dropped it
   const JsonField format = source["format"];
   parse_method_field(format);
   m.source.format = format.str();
@@ -512,6 +514,31 @@ void parse_contents(const JsonField& root, Manifest& m) {
   for (size_t i = 0; i < n; ++i) m.layers.push_back(parse_layer(layers.item(i), m.tensors));
 }
 
+bool is_sha256_hex(const json& v) {
+  if (!v.is_string() || v.get_ref<const std::string&>().size() != 64) return false;
+  for (char c : v.get_ref<const std::string&>())
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// "config" (manifest_version >= 3): config_digests of config.json -- per field a SHA-256, or per
+// member of an object field an object of them; quantization_config among them.
+json parse_config_digests(const JsonField& f) {
+  f.expect_object();
+  for (auto it = f.value().begin(); it != f.value().end(); ++it) {
+    const JsonField d = f.member(it.key());
+    if (is_sha256_hex(d.value())) continue;
+    if (!d.value().is_object())
+      d.fail("expected a SHA-256 (64 lowercase hex digits) or an object of them");
+    for (auto mt = d.value().begin(); mt != d.value().end(); ++mt)
+      if (!is_sha256_hex(mt.value()))
+        d.member(mt.key()).fail("expected a SHA-256 (64 lowercase hex digits)");
+  }
+  if (!f.value().contains("quantization_config") || !f.value()["quantization_config"].is_object())
+    f.fail("no quantization_config: convert always writes one");
+  return f.value();
+}
+
 // Layers and converted tensors describe each other exactly: each converted tensor is a
 // parameter of one layer, led by that layer's expert count; each layer appears once.
 void check_layers_cover_tensors(const JsonField& root, const Manifest& m) {
@@ -560,6 +587,7 @@ Manifest parse_fields(const JsonField& root) {
   parse_contents(root, m);
   check_layers_cover_tensors(root, m);
   if (m.manifest_version >= 2) parse_layer_roles(root, m);
+  if (m.manifest_version >= 3) m.config = parse_config_digests(root["config"]);
   return m;
 }
 

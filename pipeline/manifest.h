@@ -25,9 +25,12 @@ namespace moepack {
 struct Plan;       // pipeline/plan.h: only build_manifest needs it
 class Checkpoint;  // model/checkpoint.h
 
-// 2: adds "serving" and each layer's "param_roles" (what the moepack-vllm plugin reads); version 1
-// manifests (without them) still read, for verify and inspect.
-constexpr int kManifestVersion = 2;
+// 2: adds "serving" and each layer's "param_roles" (what the moepack-vllm plugin reads).
+// 3: binds the artifact (pipeline/artifact.h): "config", a SHA-256 per field of the config.json
+//    convert wrote; drops source.name (the last component of however SRC was spelled: output
+//    bytes depend only on the source's bytes).
+// Versions 1 and 2 still read, for verify and inspect.
+constexpr int kManifestVersion = 3;
 // Far above any real manifest (tens of MB for the largest models); bounds what a hostile
 // moepack.json can make the reader allocate.
 constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
@@ -40,7 +43,7 @@ struct ManifestTool {
 };
 
 struct ManifestSource {
-  std::string name;    // basename of SRC
+  std::string name;    // manifest_version < 3 only: the last component of SRC as spelled
   std::string format;  // quant_method_name of the source
   QuantParams quant_params;
   nlohmann::json quantization_config;  // the source's, as found (null when it had none)
@@ -136,6 +139,8 @@ struct Manifest {
   std::vector<std::string> files_include, files_exclude;
   std::vector<std::string> files_left_out;
   std::map<std::string, ManifestTensor> tensors;
+  // config_digests of the config.json convert wrote (manifest_version >= 3; null before).
+  nlohmann::json config;
 };
 
 // What a conversion following PLAN records; sha256_by_tensor holds every output tensor's.

@@ -16,6 +16,7 @@
 #include "core/threads.h"
 #include "io/atomic_dir.h"
 #include "io/json_file.h"
+#include "pipeline/artifact.h"
 #include "pipeline/manifest.h"
 
 namespace moepack {
@@ -294,10 +295,8 @@ json units_json(const Plan& plan, const std::vector<WorkUnit>& units) {
 std::string plan_digest(const Plan& plan, const Checkpoint& ckpt) {
   std::map<std::string, std::string> no_checksums;
   for (const auto& t : plan.tensors) no_checksums[t.name] = std::string(64, '0');
-  json cfg = ckpt.config().raw;
-  for (const auto& [key, value] : plan.config_patch.items()) cfg[key] = value;
   const json identity = {{"manifest", to_json(build_manifest(plan, ckpt, no_checksums))},
-                         {"config", cfg},
+                         {"config", output_config(ckpt.config().raw, plan.config_patch)},
                          {"source", source_identity(ckpt)}};
   const std::string text = identity.dump();
   return sha256_hex(text.data(), text.size());

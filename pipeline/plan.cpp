@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "core/version.h"
+#include "pipeline/artifact.h"
 #include "pipeline/servability.h"
 
 namespace moepack {
@@ -63,48 +64,6 @@ bool layer_has_act_order(const Checkpoint& ckpt, const MoeLayer& L,
       if (codec->has_act_order(ckpt.quant(), views)) return true;
     }
   return false;
-}
-
-// The quantization_config a --quantize mxfp8 output declares: only the experts were quantised,
-// so every other Linear is listed as ignored.
-json mxfp8_quantization_config(const Checkpoint& ckpt) {
-  json ignore = json::array();
-  for (const auto& n : ckpt.other_tensors()) {
-    const auto v = ckpt.view(n);
-    if (v.shape.size() == 2 && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0)
-      ignore.push_back(n.substr(0, n.size() - 7));
-  }
-  return {{"quant_method", "modelopt"},
-          {"quant_algo", "MXFP8"},
-          {"ignore", ignore},
-          {"producer", {{"name", "moepack"}, {"version", std::string(moepack_version())}}}};
-}
-
-// The quantization_config a converted checkpoint declares. quant_method "moepack" is one no
-// stock engine knows, so stock vLLM stops with "Unknown quantization method" instead of creating
-// checkpoint-format parameters, dropping the kernel-format tensors it does not recognise and
-// repacking uninitialised memory. The moepack-vllm plugin (integrations/vllm) claims exactly
-// this block. The quantization the weights carry (the source's block, or the one --quantize
-// wrote) is nested whole so the plugin can build the source method for the Linears that were
-// copied through. manifest_sha256 is filled in by execute_plan once the manifest's bytes exist.
-json moepack_quantization_config(const Plan& plan, const json& weights_quantization_config) {
-  json source = weights_quantization_config;
-  if (source.is_object() && source.empty()) source = nullptr;  // unquantized source
-  return {{"quant_method", "moepack"},
-          {"moepack_version", std::string(moepack_version())},
-          {"source_format", plan.source_format},
-          {"source_quantization_config", source},
-          {"backend", plan.backend},
-          {"layout", plan.layout_name},
-          {"layout_version", plan.layout_version},
-          {"target_arch", target_arch_name(plan.arch)},
-          {"act_dtype", dtype_name(plan.options.act_dtype)},
-          // The --vllm-target whose names and shapes the layouts wrote; the plugin serves only
-          // artifacts written for its own vLLM line.
-          {"vllm_target", vllm_target_name(plan.vllm_target)},
-          {"tensor_parallel_size", kWrittenTensorParallelSize},
-          {"manifest", "moepack.json"},
-          {"manifest_sha256", nullptr}};
 }
 
 }  // namespace
@@ -380,16 +339,10 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
       deviations.insert(d);
   plan.deviations.assign(deviations.begin(), deviations.end());
 
-  plan.config_patch["quantization_config"] = moepack_quantization_config(
-      plan, plan.quantize_recipe ? mxfp8_quantization_config(ckpt) : ckpt.config().quant_raw);
-  plan.config_patch["moepack"] = {{"version", std::string(moepack_version())},
-                                  {"manifest", "moepack.json"},
-                                  {"backend", plan.backend},
-                                  {"layout", plan.layout_name},
-                                  {"layout_version", plan.layout_version},
-                                  {"target_arch", target_arch_name(plan.arch)},
-                                  {"vllm_target", vllm_target_name(plan.vllm_target)},
-                                  {"act_dtype", dtype_name(plan.options.act_dtype)}};
+  const ConfigPatchInputs facts = config_patch_inputs(plan);
+  plan.config_patch =
+      config_patch(facts, plan.quantize_recipe ? mxfp8_quantization_config(ckpt, facts.version)
+                                               : ckpt.config().quant_raw);
   plan_output_tensors(ckpt, layer_params, plan);
   FileSelection files = select_files(ckpt.other_files(), opts.files);
   plan.copied_files = std::move(files.carried);

@@ -9,7 +9,9 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "io/json_file.h"
 #include "model/checkpoint.h"
+#include "pipeline/artifact.h"
 #include "pipeline/execute.h"
 #include "pipeline/manifest.h"
 #include "pipeline/oracle.h"
@@ -80,6 +82,48 @@ json converted_json(const Manifest& m) {
           {"moe_layers", m.layers.size()},
           {"layers", layers},
           {"deviations_from_vllm", m.deviations_from_vllm}};
+}
+
+// Whether a converted checkpoint is still what convert wrote, as far as reading headers tells:
+// config.json bound to moepack.json (pipeline/artifact.h), every shard of the recorded size, every
+// tensor where and as the manifest lists it. Hashing every tensor is verify's.
+json intact_json(const std::string& dir, const Checkpoint& ckpt, const Manifest& m) {
+  auto verdict = [](const std::string& problem, const std::string& ok) {
+    return json{{"ok", problem.empty()}, {"detail", problem.empty() ? ok : problem}};
+  };
+  std::string problem = config_binding_problem(dir, m, ckpt.config().raw);
+  if (!problem.empty()) return verdict(problem, "");
+  const auto& shards = ckpt.shard_names();
+  for (const auto& s : m.shards) {
+    if (std::find(shards.begin(), shards.end(), s.name) == shards.end())
+      return verdict(s.name + ": missing (the manifest lists it)", "");
+    if (ckpt.shard(s.name).file_size() != s.file_bytes)
+      return verdict(s.name + ": " + std::to_string(ckpt.shard(s.name).file_size()) +
+                         " bytes, the manifest records " + std::to_string(s.file_bytes),
+                     "");
+  }
+  if (shards.size() != m.shards.size())
+    return verdict(std::to_string(shards.size()) + " shards, the manifest lists " +
+                       std::to_string(m.shards.size()),
+                   "");
+  for (const auto& [name, t] : m.tensors) {
+    if (!ckpt.has_tensor(name)) return verdict(name + ": missing (the manifest lists it)", "");
+    const TensorView v = ckpt.view(name);
+    if (ckpt.shard_of(name) != t.shard || v.dtype != t.dtype || v.shape != t.shape)
+      return verdict(name + ": not where or as the manifest records it", "");
+  }
+  if (ckpt.tensor_names().size() != m.tensors.size())
+    return verdict(std::to_string(ckpt.tensor_names().size()) + " tensors, the manifest lists " +
+                       std::to_string(m.tensors.size()),
+                   "");
+  const std::string bound = m.manifest_version >= 3
+                                ? "config.json bound to moepack.json field by field"
+                                : "config.json names moepack.json's digest (manifest_version " +
+                                      std::to_string(m.manifest_version) +
+                                      ": its fields are not bound)";
+  return verdict("", bound + "; " + std::to_string(m.tensors.size()) + " tensors in " +
+                         std::to_string(m.shards.size()) +
+                         " shard(s) as recorded (verify checks their SHA-256)");
 }
 
 // Layers the oracle judges alike: (experts, hidden, inter, gated, family) -> their modules.
@@ -224,6 +268,9 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
               << target_arch_name(m.target_arch) << ", vLLM " << vllm_target_name(m.vllm_target)
               << ", activations " << dtype_name(m.act_dtype) << ", from " << m.source.format
               << "\n";
+    const json& intact = j["moepack"]["intact"];
+    std::cout << "  intact         " << (intact["ok"].get<bool>() ? "yes: " : "NO: ")
+              << intact["detail"].get<std::string>() << "\n";
     // The experts are now backend parameters (w13_*, w2_*): describe them from the manifest.
     std::cout << "  converted MoE layers " << m.layers.size() << "\n";
     for (const auto& l : m.layers)
@@ -261,18 +308,43 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
   }
 }
 
+// Opens DIR as a checkpoint. A converted checkpoint whose config.json was edited may no longer
+// open as one (its quantization_config replaced by the source's makes it a source holding a
+// moepack.json): the refusal then says first that the artifact is not intact, naming the field.
+std::unique_ptr<Checkpoint> open_checkpoint(const std::string& dir) {
+  try {
+    return Checkpoint::open(dir);
+  } catch (const Error& e) {
+    std::string problem;
+    try {
+      if (regular_file_or_missing(manifest_path(dir)) == PathKind::kRegular)
+        problem = config_binding_problem(
+            dir, read_manifest(dir),
+            read_json_file((std::filesystem::path(dir) / "config.json").string()));
+    } catch (const Error&) {
+      // The manifest or the config is unreadable: the original refusal says enough.
+    }
+    if (problem.empty()) throw;
+    throw Error(e.code(), e.file(), e.tensor(),
+                "a converted checkpoint that is not intact (" + problem + "): " + e.message());
+  }
+}
+
 int run_inspect(InspectArgs& a, const Globals& g) {
   // The flags first: a bad value is a usage error whatever the checkpoint.
   const TargetArch arch = parse_target_arch(a.target_arch);
   const VllmTarget target = parse_vllm_target(a.vllm_target);
   const DType act_dtype = parse_act_dtype(a.act_dtype);
   a.dir = resolve_checkpoint_arg(a.dir, g);
-  const auto ckpt = Checkpoint::open(a.dir);
+  const auto ckpt = open_checkpoint(a.dir);
   const HfConfig& cfg = ckpt->config();
   json j = checkpoint_json(a.dir, cfg);
   std::optional<Manifest> manifest;
   if (std::filesystem::exists(manifest_path(a.dir))) manifest = read_manifest(a.dir);
-  if (manifest) j["moepack"] = converted_json(*manifest);
+  if (manifest) {
+    j["moepack"] = converted_json(*manifest);
+    j["moepack"]["intact"] = intact_json(a.dir, *ckpt, *manifest);
+  }
   LayerKinds kinds;
   j["moe"] = moe_layers_json(*ckpt, &kinds);
   j["oracle"] = {{"target_arch", target_arch_name(arch)},

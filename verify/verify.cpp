@@ -21,6 +21,7 @@
 #include "kernels/moepack_cuda.h"
 #include "model/checkpoint.h"
 #include "model/hf_hub.h"
+#include "pipeline/artifact.h"
 #include "pipeline/manifest.h"
 #include "pipeline/plan.h"
 #include "verify/layout_record.h"
@@ -965,6 +966,30 @@ IntegrityCheck check_carried_files(const Manifest& manifest, const std::string& 
   return fc;
 }
 
+// Integrity 0: config.json is the one convert wrote -- bound to moepack.json (artifact.h) and,
+// with the source, exactly what convert writes from it. Every later check reads the router and
+// the quantization from config.json, so nothing else is checked when this fails.
+IntegrityCheck check_config_bound(const Manifest& m, const std::string& dst,
+                                  const Checkpoint* src) {
+  IntegrityCheck c;
+  c.name = "config.json is the one convert wrote" + std::string(src ? " from the source" : "");
+  const json config = read_json_file((fs::path(dst) / "config.json").string());
+  c.detail = config_binding_problem(dst, m, config);
+  if (c.detail.empty() && src && m.manifest_version >= 3) {
+    const json want = expected_output_config(m, *src, manifest_file_sha256(dst));
+    const std::string field = json_first_difference(config, want);
+    if (!field.empty())
+      c.detail = "config.json: " + field + ": differs from what convert writes from the source";
+  }
+  c.passed = c.detail.empty();
+  if (c.passed)
+    c.detail = m.manifest_version >= 3
+                   ? "every field as recorded" + std::string(src ? " and as the source gives" : "")
+                   : "manifest_version " + std::to_string(m.manifest_version) +
+                         ": only the manifest's digest is bound (re-convert to bind every field)";
+  return c;
+}
+
 }  // namespace
 
 VerifyReport run_verify(const VerifyOptions& opts) {
@@ -989,6 +1014,19 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   r.backend = manifest.backend;
   const TargetLayout& layout = manifest_layout(manifest, mpath);
   check_layout_records(manifest, layout, mpath);
+  std::unique_ptr<Checkpoint> src;
+  if (!opts.source.empty()) {
+    src = Checkpoint::open(opts.source);
+    check_manifest_covers_source(manifest, mpath, *src);
+  }
+  r.integrity.push_back(check_config_bound(manifest, opts.dst, src.get()));
+  if (!r.integrity.back().passed) {
+    r.notes.push_back(
+        "config.json is not the one convert wrote: nothing else was checked (the router and the "
+        "quantization are read from it)");
+    r.finalize();
+    return r;
+  }
   const HfConfig cfg = load_hf_config(opts.dst);
   r.model = cfg.architecture.empty() ? cfg.model_type : cfg.architecture;
   const int threads = resolve_threads(opts.threads);
@@ -998,11 +1036,6 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   r.integrity.push_back(check_manifest_tensors(manifest, out, threads));
 
   // 2 + 3 per layer.
-  std::unique_ptr<Checkpoint> src;
-  if (!opts.source.empty()) {
-    src = Checkpoint::open(opts.source);
-    check_manifest_covers_source(manifest, mpath, *src);
-  }
   const bool quantized_from_dense = manifest.quantize.has_value();
   const QuantizeRecipe* recipe =
       quantized_from_dense

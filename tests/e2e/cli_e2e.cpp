@@ -520,7 +520,17 @@ void corrupt(const std::string& dir, const std::string& tensor, const Transform&
     m = json::parse(in);
   }
   m["tensors"][tensor]["sha256"] = sha256_hex(bytes.data(), bytes.size());
-  std::ofstream(dir + "/moepack.json") << m.dump(2);
+  // A forger who knows the format re-binds config.json to the rewritten manifest too: only the
+  // decode, round trip and numerical checks are left to notice.
+  const std::string text = m.dump(2);
+  std::ofstream(dir + "/moepack.json") << text;
+  json cfg;
+  {
+    std::ifstream in(dir + "/config.json");
+    cfg = json::parse(in);
+  }
+  cfg["quantization_config"]["manifest_sha256"] = sha256_hex(text.data(), text.size());
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
 }
 
 // The devices verify runs on here: the CPU, and the GPU when there is one (every corruption the

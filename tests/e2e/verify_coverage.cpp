@@ -32,6 +32,16 @@ void write_json(const std::string& path, const json& j) {
   std::ofstream(path) << j.dump(2) << "\n";
 }
 
+// Writes a forged manifest of DIR and re-binds config.json to it (its manifest_sha256), as a
+// forger who knows the format would: only the tensors' own checks are left to notice.
+void write_manifest_bound(const std::string& dir, const json& m) {
+  const std::string text = m.dump(2) + "\n";
+  std::ofstream(dir + "/moepack.json") << text;
+  json cfg = read_json_file(dir + "/config.json");
+  cfg["quantization_config"]["manifest_sha256"] = sha256_hex(text.data(), text.size());
+  write_json(dir + "/config.json", cfg);
+}
+
 // An act-order GPTQ checkpoint with two MoE layers (1 and 2), converted to Marlin.
 struct Converted {
   TempDir tmp;
@@ -246,7 +256,7 @@ TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
         flip_bit(shard, at.offset + pos, bit);
         json m = good;
         m["tensors"][tensor]["sha256"] = sha_of(shard, at);
-        write_json(c.manifest, m);
+        write_manifest_bound(c.dst, m);
         for (const std::string& device : devices) {
           SCOPED_TRACE("--device " + device);
           std::string out, err;
@@ -272,7 +282,7 @@ TEST(VerifyCoverage, EveryBitFlipInAConvertedTensorFailsNamingTheLayer) {
       }
   }
   EXPECT_GE(flips, 36);
-  write_json(c.manifest, good);
+  write_manifest_bound(c.dst, good);
   // Without the sha256 rewritten, a flip fails the integrity check naming the tensor.
   const Located at = locate(shard, "model.layers.1.mlp.experts.w13_g_idx");
   flip_bit(shard, at.offset + 5, 3);

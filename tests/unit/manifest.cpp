@@ -404,6 +404,14 @@ std::vector<Mutation> mutations(const json& good) {
       {"sources", [](json& m) { m["tensors"][kW13]["sources"] = {nullptr}; },
        t + ".sources[0]: expected a string, got null"},
       {"codec missing", [](json& m) { m["tensors"][kW13].erase("codec"); }, t + ".codec: missing"},
+      {"no config", [](json& m) { m.erase("config"); }, "config: missing"},
+      {"config array", [](json& m) { m["config"] = json::array(); }, "config: expected an object"},
+      {"config digest short", [](json& m) { m["config"]["model_type"] = "abc"; },
+       "config[\"model_type\"]: expected a SHA-256 (64 lowercase hex digits) or an object of them"},
+      {"config member digest", [](json& m) { m["config"]["quantization_config"]["backend"] = 1; },
+       "config[\"quantization_config\"][\"backend\"]: expected a SHA-256"},
+      {"config without quantization_config",
+       [](json& m) { m["config"].erase("quantization_config"); }, "config: no quantization_config"},
       {"non-ASCII value, long",
        [](json& m) { m["layers"][0]["experts"] = std::string(200, 'x') + "\xc3\xa9"; },
        "layers[0].experts: expected an integer, got \"xxxxxxxx"},
@@ -489,12 +497,36 @@ TEST_F(RealManifest, Version1ReadsWithoutServingAndRoles) {
     json m = json::parse(slurp(manifest_path(c->dst)));
     m["manifest_version"] = 1;
     m.erase("serving");
+    m.erase("config");
+    m["source"]["name"] = "src";
     for (auto& l : m["layers"]) l.erase("param_roles");
     const Manifest got = parse_manifest(m, "v1/moepack.json");
     EXPECT_EQ(got.manifest_version, 1);
     EXPECT_FALSE(got.serving.has_value());
+    EXPECT_TRUE(got.config.is_null());
     for (const auto& l : got.layers) EXPECT_TRUE(l.param_roles.empty());
     EXPECT_EQ(to_json(got).dump(2), m.dump(2));
+  }
+}
+
+// A manifest written before version 3 (source.name, no "config") still reads and writes back as
+// it was; it needs source.name, which version 3 dropped (bytes depend only on the source's bytes).
+TEST_F(RealManifest, Version2ReadsWithSourceNameWithoutConfig) {
+  json m = gptq_json();
+  EXPECT_FALSE(m["source"].contains("name"));
+  m["manifest_version"] = 2;
+  m.erase("config");
+  m["source"]["name"] = "Qwen3-30B-A3B-GPTQ";
+  const Manifest got = parse_manifest(m, "v2/moepack.json");
+  EXPECT_EQ(got.source.name, "Qwen3-30B-A3B-GPTQ");
+  EXPECT_TRUE(got.config.is_null());
+  EXPECT_EQ(to_json(got).dump(2), m.dump(2));
+  m["source"].erase("name");
+  try {
+    parse_manifest(m, "v2/moepack.json");
+    ADD_FAILURE() << "a version 2 manifest without source.name was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "source.name: missing") << e.message();
   }
 }
 

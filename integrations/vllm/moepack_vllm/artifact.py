@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 # The vLLM release line whose names and shapes the artifact must have been written for.
 VLLM_TARGETS = ("0.33",)
 # moepack.json versions this plugin reads: 2 is the first that exports "serving" and
-# "param_roles" (a version 1 manifest has neither).
-MANIFEST_VERSIONS = (2,)
+# "param_roles" (a version 1 manifest has neither); 3 adds "config", the digests that bind
+# config.json (moepack verify checks them), and drops source.name -- nothing the plugin reads.
+MANIFEST_VERSIONS = (2, 3)
 
 SERVING_PATHS = ("none", "vllm-method", "kernel-builder")
 
