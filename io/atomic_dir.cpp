@@ -75,6 +75,12 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 0xcbf29ce484222325ULL) {
   return h;
 }
 
+// The longest owner tag (new_owner_tag: 16 + 8 + 10 + 20 + 12 digits and 4 dashes) and the
+// longest marker before it: a sibling's name is stem + marker + tag.
+constexpr size_t kMaxTagChars = 16 + 8 + 10 + 20 + 12 + 4;
+constexpr size_t kMarkerChars = sizeof(".moepack-tmp-") - 1;
+constexpr size_t kNameMax = 255;  // NAME_MAX of Linux file systems
+
 std::string read_small_file(const std::string& path) {
   std::ifstream in(path);
   std::string s;
@@ -154,6 +160,7 @@ struct PendingSlot {
   char temp[PATH_MAX];
   char final_path[PATH_MAX];
   char old[PATH_MAX];
+  char created_parent[PATH_MAX];  // the parent this output created ("" when it existed)
 };
 PendingSlot g_pending[kPendingSlots];
 static_assert(std::atomic<int>::is_always_lock_free, "read from signal handlers");
@@ -164,11 +171,13 @@ bool copy_path(char (&dst)[PATH_MAX], const std::string& src) {
   return true;
 }
 
-int claim_slot(const std::string& temp, const std::string& final_path) {
+int claim_slot(const std::string& temp, const std::string& final_path,
+               const std::string& created_parent) {
   for (int i = 0; i < kPendingSlots; ++i) {
     int expect = kFree;
     if (!g_pending[i].state.compare_exchange_strong(expect, kFilling)) continue;
-    if (!copy_path(g_pending[i].temp, temp) || !copy_path(g_pending[i].final_path, final_path)) {
+    if (!copy_path(g_pending[i].temp, temp) || !copy_path(g_pending[i].final_path, final_path) ||
+        !copy_path(g_pending[i].created_parent, created_parent)) {
       g_pending[i].state.store(kFree);
       return -1;
     }
@@ -238,7 +247,7 @@ void remove_tree_signal_safe(int dirfd, const char* name, int depth) {
 // finished) and moved back to it otherwise (the replace was interrupted between its renames).
 std::vector<std::string> remove_stale_siblings(const fs::path& final_path) {
   std::vector<std::string> done;
-  const std::string base = final_path.filename().string();
+  const std::string base = sibling_stem(final_path.filename().string());
   const std::string tmp_prefix = base + ".moepack-tmp-", old_prefix = base + ".moepack-old-";
   std::error_code ec;
   std::vector<fs::path> olds;
@@ -247,6 +256,10 @@ std::vector<std::string> remove_stale_siblings(const fs::path& final_path) {
     const std::string n = it->path().filename().string();
     const bool is_tmp = n.rfind(tmp_prefix, 0) == 0, is_old = n.rfind(old_prefix, 0) == 0;
     if (!is_tmp && !is_old) continue;
+    // Every sibling moepack makes is a directory (a temporary output, or an output moved aside):
+    // anything else with such a name is someone else's, never removed or moved into place.
+    std::error_code st;
+    if (it->symlink_status(st).type() != fs::file_type::directory) continue;
     const auto owner = parse_owner_tag(n.substr((is_tmp ? tmp_prefix : old_prefix).size()));
     if (!owner || owner_state(*owner) != OwnerState::kGone) continue;
     if (is_old) {
@@ -280,6 +293,13 @@ void fsync_tree(const std::string& root) {
 }
 
 }  // namespace
+
+std::string sibling_stem(const std::string& name) {
+  if (name.size() + kMarkerChars + kMaxTagChars <= kNameMax) return name;
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(name)));
+  return name.substr(0, kNameMax - kMarkerChars - kMaxTagChars - 17) + "~" + hash;
+}
 
 const OutputOwner& this_process_owner() {
   static const OutputOwner owner = make_this_process_owner();
@@ -345,8 +365,38 @@ void abandon_pending_outputs() noexcept {
     if (state == kWriting || state == kOldAside) remove_tree_signal_safe(AT_FDCWD, s.temp, 0);
     if (state == kOldAside) ::rename(s.old, s.final_path);
     if (state == kOldToDrop) remove_tree_signal_safe(AT_FDCWD, s.old, 0);
+    // A parent made for this output (DST.parts/ of a --shard part) goes too when nothing else
+    // is in it; rmdir(2) refuses one that holds another part.
+    if ((state == kWriting || state == kOldAside) && s.created_parent[0] != '\0')
+      ::rmdir(s.created_parent);
   }
   errno = saved_errno;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const fs::path abs = normal_absolute(path);
+  const std::string temp = (abs.parent_path() / (sibling_stem(abs.filename().string()) +
+                                                 ".moepack-tmp-" + new_owner_tag()))
+                               .string();
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error(ErrorCode::kIo, path, "", "cannot create " + temp + ": " + errno_text(errno));
+  int err = 0;
+  for (size_t done = 0; done < text.size() && err == 0;) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      err = n < 0 ? errno : ENOSPC;
+    else
+      done += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(temp.c_str(), abs.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(temp.c_str());
+    throw Error(ErrorCode::kIo, path, "", "write failed: " + errno_text(err));
+  }
 }
 
 void fsync_file(const std::string& path) {
@@ -387,6 +437,7 @@ AtomicOutputDir::AtomicOutputDir(const std::string& final_path, bool force,
   // The parent is resolved but the last component is kept as is, so an output that is a
   // symlink is replaced as a link, never followed into its target.
   std::error_code ec;
+  const bool parent_existed = path_exists(abs.parent_path().string());
   fs::create_directories(abs.parent_path(), ec);
   if (ec)
     throw Error(
@@ -394,6 +445,8 @@ AtomicOutputDir::AtomicOutputDir(const std::string& final_path, bool force,
         "cannot create parent directory " + abs.parent_path().string() + ": " + ec.message());
   parent_ = resolved(abs.parent_path().string()).string();
   final_ = (fs::path(parent_) / abs.filename()).string();
+  if (!parent_existed) created_parent_ = parent_;
+  const std::string stem = (fs::path(parent_) / sibling_stem(abs.filename().string())).string();
 
   // Before the existence check: a stale old output moved back makes the final path exist again.
   stale_removed_ = remove_stale_siblings(final_);
@@ -401,11 +454,11 @@ AtomicOutputDir::AtomicOutputDir(const std::string& final_path, bool force,
     throw Error(ErrorCode::kOutputExists, final_, "", "output exists (use --force to replace it)");
 
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const std::string t = final_ + ".moepack-tmp-" + new_owner_tag();
+    const std::string t = stem + ".moepack-tmp-" + new_owner_tag();
     TerminationSignalsBlocked blocked;  // made and listed for the handlers together
     if (::mkdir(t.c_str(), 0755) == 0) {
       temp_ = t;
-      slot_ = claim_slot(temp_, final_);
+      slot_ = claim_slot(temp_, final_, created_parent_);
       return;
     }
     if (errno != EEXIST)
@@ -419,6 +472,7 @@ AtomicOutputDir::~AtomicOutputDir() {
   if (!committed_ && !temp_.empty()) {
     std::error_code ec;
     fs::remove_all(temp_, ec);
+    if (!created_parent_.empty()) ::rmdir(created_parent_.c_str());  // only when empty
   }
   set_slot(slot_, kFree);
 }
@@ -434,7 +488,8 @@ void AtomicOutputDir::commit() {
       if (!force_)
         throw Error(ErrorCode::kOutputExists, final_, "",
                     "output appeared while converting (use --force to replace it)");
-      old = final_ + ".moepack-old-" + new_owner_tag();
+      old = (fs::path(parent_) / sibling_stem(fs::path(final_).filename().string())).string() +
+            ".moepack-old-" + new_owner_tag();
       if (slot_ >= 0 && !copy_path(g_pending[slot_].old, old))
         throw Error(ErrorCode::kIo, final_, "", "path too long: " + old);
       if (::rename(final_.c_str(), old.c_str()) != 0)

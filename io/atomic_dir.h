@@ -2,7 +2,8 @@
 // which commit() fsyncs and renames into place. A conversion that fails (throws) before commit
 // leaves neither partial output nor the temp dir behind, and an output never aliases an input.
 //
-//   <parent>/<name>.moepack-tmp-<owner tag>/   written by the conversion   (path())
+//   <parent>/<stem>.moepack-tmp-<owner tag>/   written by the conversion   (path())
+//   (stem: <name>, shortened for a name too long to carry the suffix: sibling_stem)
 //        -- commit(): fsync files + dirs --
 //   <parent>/<name>                 (old one, with force: renamed to <name>.moepack-old-<owner
 //                                    tag>, removed after the new one is in place)
@@ -18,7 +19,10 @@
 //   (field 22 of /proc/<pid>/stat, clock ticks since boot), rand = 12 hex digits. The
 //   constructor removes siblings of the same final path whose owner is provably gone (same
 //   machine, and another boot, or no process with that pid and start time), and never touches
-//   one whose owner may be alive or that another machine made.
+//   one whose owner may be alive or that another machine made, or one that is not a directory
+//   (moepack makes only directories there).
+// - A missing parent directory the constructor made (DST.parts/ of a --shard part) is removed
+//   with the temporary when it is left empty (by the destructor and abandon_pending_outputs).
 #pragma once
 
 #include <cstdint>
@@ -55,11 +59,17 @@ class AtomicOutputDir {
 
  private:
   std::string final_, temp_, parent_;
+  std::string created_parent_;  // the parent directory this made ("" when it existed)
   bool force_ = false;
   bool committed_ = false;
   int slot_ = -1;  // in the signal-time table, -1 when it was full
   std::vector<std::string> stale_removed_;
 };
+
+// What a sibling of an output named NAME starts with: NAME itself, or -- where NAME.moepack-tmp-
+// <tag> would exceed NAME_MAX (255 bytes) -- a prefix of NAME, "~" and 16 hex digits of FNV-1a
+// over the whole NAME, so that a temporary name fits for any legal output name.
+std::string sibling_stem(const std::string& name);
 
 // Who made a temporary sibling (see the owner tag above).
 struct OutputOwner {
@@ -87,6 +97,11 @@ OwnerState owner_state(const OutputOwner& owner);
 // one interrupted after them removes the old output. Async-signal-safe (no allocation, no locks:
 // open/getdents64/unlinkat/rename on fixed buffers), for signal handlers; best effort.
 void abandon_pending_outputs() noexcept;
+
+// Writes `text` to `path` whole or not at all: into a temporary sibling (sibling_stem +
+// ".moepack-tmp-" + owner tag), fsynced, then renamed over `path`. A failed write (a full disk,
+// a file-size limit) removes the temporary and leaves `path` as it was. Throws kIo naming `path`.
+void write_file_atomically(const std::string& path, const std::string& text);
 
 // Opens `path` read-only and fsyncs it (works for regular files and directories). Throws kIo.
 void fsync_file(const std::string& path);

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "io/atomic_dir.h"
 #include "tools/cli.h"
 #include "tools/flags.h"
 #include "verify/verify.h"
@@ -76,11 +77,9 @@ Runner add_verify(CLI::App& app, Globals& g) {
     } else {
       std::cout << render_text(r);
     }
-    if (!report->empty()) {  // after the verdict is out: a failure here does not hide it
-      std::ofstream f(*report);
-      f << render_html(r);
-      if (!f) throw Error(ErrorCode::kIo, *report, "", "cannot write the report");
-    }
+    // After the verdict is out (a failure here does not hide it), whole or not at all: a full
+    // disk leaves no empty or cut report behind.
+    if (!report->empty()) write_file_atomically(*report, render_html(r));
     return r.passed ? 0 : static_cast<int>(ExitCode::kVerifyFailed);
   };
 }

@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "io/atomic_dir.h"
@@ -36,8 +38,9 @@ std::vector<std::string> names_except(const std::string& parent, const std::stri
 std::string temp_of(const std::string& dst) {
   const fs::path d(dst);
   const std::string prefix = d.filename().string() + ".moepack-tmp-";
-  for (const auto& e : fs::directory_iterator(d.parent_path()))
-    if (e.path().filename().string().rfind(prefix, 0) == 0) return e.path().string();
+  std::error_code ec;  // the parent may not exist yet (DST.parts/ of a --shard part)
+  for (fs::directory_iterator it(d.parent_path(), ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind(prefix, 0) == 0) return it->path().string();
   return "";
 }
 
@@ -181,6 +184,80 @@ TEST_F(Leftovers, FileSizeLimitLeavesNothing) {
                              nullptr, &err);
   EXPECT_EQ(rc, 128 + SIGXFSZ) << err;
   EXPECT_EQ(names_except(out.path, ""), std::vector<std::string>{});
+}
+
+// SIGTERM of a `convert --shard` task mid-write: no part, no temporary and no empty DST.parts/
+// (issue 28: the empty folder was left, and a later merge reported "no parts").
+TEST_F(Leftovers, SignalMidShardLeavesNoPartsFolder) {
+  TempDir out;
+  const std::string dst = out / "dst";
+  const pid_t pid = spawn_convert(src_, dst, "--shard 0/2");
+  ASSERT_FALSE(stop_mid_write(pid, dst + ".parts/0-of-2").empty())
+      << "convert ended before it could be stopped mid-write";
+  kill(pid, SIGTERM);
+  kill(pid, SIGCONT);
+  EXPECT_TRUE(WIFSIGNALED(wait_status(pid)));
+  EXPECT_EQ(names_except(out.path, ""), std::vector<std::string>{});
+}
+
+// A legal 200-byte output name (and the 250-byte one without --shard, whose DST.parts would not
+// fit NAME_MAX): convert, --shard, merge and verify work, and leave only the outputs.
+TEST_F(Leftovers, LongOutputNamesWork) {
+  TempDir out;
+  const std::string name(200, 'd');
+  const std::string dst = out / name;
+  std::string err;
+  ASSERT_EQ(run_command(moepack_bin() + " convert " + src_ + " " + dst, nullptr, &err), 0) << err;
+  ASSERT_EQ(run_command(moepack_bin() + " convert " + src_ + " " + dst + " --force", nullptr, &err),
+            0)
+      << err;
+  const std::string longest = out / std::string(250, 'e');
+  ASSERT_EQ(run_command(moepack_bin() + " convert " + src_ + " " + longest, nullptr, &err), 0)
+      << err;
+  const std::string sharded = out / std::string(200, 's');
+  for (const char* shard : {"0/2", "1/2"})
+    ASSERT_EQ(run_command(moepack_bin() + " convert " + src_ + " " + sharded + " --shard " + shard,
+                          nullptr, &err),
+              0)
+        << err;
+  ASSERT_EQ(run_command(moepack_bin() + " merge " + sharded + " --remove-parts", nullptr, &err), 0)
+      << err;
+  EXPECT_EQ(run_command(moepack_bin() + " verify " + dst + " --tokens 4"), 0);
+  EXPECT_EQ(run_command("cmp " + dst + "/moepack.json " + sharded + "/moepack.json"), 0);
+  std::vector<std::string> names = names_except(out.path, "");
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{name, std::string(250, 'e'), std::string(200, 's')}));
+}
+
+// `verify --report` on a full disk (here: a file-size limit with SIGXFSZ ignored, so the write
+// fails with EFBIG as on ENOSPC) is an I/O error that leaves no empty or cut report, and an
+// existing report as it was.
+TEST_F(Leftovers, ReportOnAFullDiskLeavesNoReport) {
+  TempDir out;
+  const std::string dst = out / "dst";
+  ASSERT_EQ(run_command(moepack_bin() + " convert " + src_ + " " + dst), 0);
+  const std::string reports = out / "reports";
+  fs::create_directories(reports);
+  std::string err;
+  const std::string limited = "trap '' XFSZ; ulimit -f 1 && ";
+  EXPECT_EQ(run_command(limited + moepack_bin() + " verify " + dst + " --tokens 4 --report " +
+                            reports + "/r.html",
+                        nullptr, &err),
+            5)
+      << err;
+  EXPECT_NE(err.find("r.html"), std::string::npos) << err;
+  EXPECT_EQ(names_except(reports, ""), std::vector<std::string>{});
+  std::ofstream(reports + "/r.html") << "previous report";
+  EXPECT_EQ(run_command(limited + moepack_bin() + " verify " + dst + " --tokens 4 --report " +
+                        reports + "/r.html"),
+            5);
+  EXPECT_EQ(names_except(reports, ""), std::vector<std::string>{"r.html"});
+  std::ifstream in(reports + "/r.html");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "previous report");
+  EXPECT_EQ(
+      run_command(moepack_bin() + " verify " + dst + " --tokens 4 --report " + reports + "/r.html"),
+      0);
+  EXPECT_GT(fs::file_size(reports + "/r.html"), 1000u);
 }
 
 }  // namespace

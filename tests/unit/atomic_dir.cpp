@@ -317,6 +317,88 @@ TEST(AtomicOutputDir, InterruptedReplaceIsRolledBack) {
   EXPECT_EQ(read_text(out + "/f"), "old");
 }
 
+// A stale sibling named like an output moved aside, but a regular file (or a symlink): not
+// something moepack made, so it is neither moved into place nor removed, and the output is made
+// as if it were not there (issue 28: the next convert refused its own output as "exists").
+TEST(AtomicOutputDir, StaleOldSiblingThatIsNoDirectoryIsIgnored) {
+  TempDir tmp;
+  const std::string out = tmp / "model";
+  OutputOwner gone = this_process_owner();
+  gone.pid = dead_pid();
+  const std::string old_file = out + ".moepack-old-" + tag_of(gone);
+  write_text(old_file, "not an output");
+  gone.start += 1;
+  const std::string old_link = out + ".moepack-old-" + tag_of(gone);
+  fs::create_directory_symlink(tmp.path, old_link);
+  {
+    AtomicOutputDir dir(out, false, {});
+    EXPECT_EQ(dir.stale_removed(), std::vector<std::string>{});
+    write_text(dir.path() + "/f", "new");
+    dir.commit();
+  }
+  EXPECT_EQ(read_text(out + "/f"), "new");
+  EXPECT_EQ(read_text(old_file), "not an output");
+  EXPECT_TRUE(fs::is_symlink(old_link));
+  { AtomicOutputDir again(out, true, {}); }  // and again: the output is not "appeared"
+  EXPECT_EQ(read_text(out + "/f"), "new");
+}
+
+// Any legal output name (up to NAME_MAX = 255 bytes) gets a temporary sibling that fits: a long
+// name's siblings start with a shortened stem, which the stale-sibling scan matches too.
+TEST(AtomicOutputDir, LongestLegalNameGetsATemporaryThatFits) {
+  for (size_t len : {size_t{150}, size_t{180}, size_t{200}, size_t{255}}) {
+    SCOPED_TRACE(len);
+    TempDir tmp;
+    const std::string name(len, 'n');
+    const std::string out = tmp / name;
+    {
+      AtomicOutputDir dir(out, false, {});
+      EXPECT_LE(fs::path(dir.path()).filename().string().size(), 255u);
+      EXPECT_EQ(fs::path(dir.path()).filename().string().rfind(sibling_stem(name), 0), 0u);
+      write_text(dir.path() + "/f", "v1");
+      dir.commit();
+    }
+    {
+      AtomicOutputDir dir(out, true, {});  // the replace's old sibling fits too
+      write_text(dir.path() + "/f", "v2");
+      dir.commit();
+    }
+    EXPECT_EQ(read_text(out + "/f"), "v2");
+    EXPECT_EQ(listing(tmp.path), std::vector<std::string>{name});
+    OutputOwner gone = this_process_owner();
+    gone.pid = dead_pid();
+    const std::string stale = tmp / (sibling_stem(name) + ".moepack-tmp-" + tag_of(gone));
+    fs::create_directories(stale);
+    AtomicOutputDir dir(out, true, {});
+    EXPECT_EQ(dir.stale_removed(), std::vector<std::string>{stale});
+  }
+  EXPECT_EQ(sibling_stem("model"), "model");
+  EXPECT_NE(sibling_stem(std::string(200, 'a')), sibling_stem(std::string(199, 'a') + "b"));
+}
+
+// A parent directory the output made (DST.parts/ of a --shard part) does not outlive a failed
+// output when it is empty; one that holds something else stays.
+TEST(AtomicOutputDir, CreatedParentIsRemovedWhenLeftEmpty) {
+  TempDir tmp;
+  { AtomicOutputDir dir(tmp / "dst.parts/0-of-2", false, {}); }
+  EXPECT_EQ(listing(tmp.path), std::vector<std::string>{});
+  {
+    AtomicOutputDir done(tmp / "dst.parts/1-of-2", false, {});
+    done.commit();
+    AtomicOutputDir failed(tmp / "dst.parts/0-of-2", false, {});
+  }
+  EXPECT_EQ(listing(tmp / "dst.parts"), std::vector<std::string>{"1-of-2"});
+  const pid_t pid = fork();  // the signal handler's way, in a child
+  if (pid == 0) {
+    AtomicOutputDir a(tmp / "other.parts/0-of-2", false, {});
+    abandon_pending_outputs();
+    _exit(fs::exists(tmp / "other.parts") ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 // What a signal handler calls: every uncommitted output of the process is removed. Run in a
 // child so that the table of this test process stays untouched.
 TEST(AtomicOutputDir, AbandonPendingOutputsRemovesTemporaries) {
