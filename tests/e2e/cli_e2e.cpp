@@ -689,6 +689,11 @@ TEST(VerifyCatches, HummingRecordThatDisagreesNamesTheField) {
   Converted c("gptq", "sm90");
   const std::string manifest = c.dst + "/moepack.json";
   const json original = read_json_file(manifest);
+  std::string original_bytes;  // restored byte for byte: config.json names the manifest's digest
+  {
+    std::ifstream in(manifest, std::ios::binary);
+    original_bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
   auto layer_config = [&](const char* sub, const char* field, const json& v) {
     return [=](json& m) {
       json lc = json::parse(
@@ -719,7 +724,7 @@ TEST(VerifyCatches, HummingRecordThatDisagreesNamesTheField) {
     EXPECT_NE(moepack_cli("verify " + c.dst + " --source " + c.src, &out, &err), 0) << out;
     EXPECT_NE((out + err).find(want), std::string::npos) << out << err;
   }
-  std::ofstream(manifest) << original.dump(2);
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << original_bytes;
   EXPECT_EQ(moepack_cli("verify " + c.dst + " --source " + c.src), 0);
 }
 
