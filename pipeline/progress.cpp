@@ -2,6 +2,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 
 namespace moepack {
 
@@ -40,6 +44,75 @@ std::string progress_line(const ConvertProgress& p) {
                 human_bytes(p.bytes_done).c_str(), human_bytes(p.bytes_total).c_str(), rate / 1e6,
                 eta.c_str());
   return buf;
+}
+
+ProgressMode parse_progress_mode(std::string_view text) {
+  if (text == "auto") return ProgressMode::kAuto;
+  if (text == "tty") return ProgressMode::kTty;
+  if (text == "plain") return ProgressMode::kPlain;
+  if (text == "json") return ProgressMode::kJson;
+  if (text == "none") return ProgressMode::kNone;
+  throw Error(ErrorCode::kUsage,
+              "unknown --progress \"" + std::string(text) + "\" (" + kProgressModeNames + ")");
+}
+
+ProgressPrinter::ProgressPrinter(ProgressMode mode, bool stderr_terminal, bool json_result,
+                                 std::string command)
+    : command_(std::move(command)) {
+  if (mode == ProgressMode::kAuto)
+    mode = json_result       ? ProgressMode::kNone
+           : stderr_terminal ? ProgressMode::kTty
+                             : ProgressMode::kPlain;
+  if (const char* every = std::getenv("MOEPACK_PROGRESS_SECONDS")) every_ = std::atof(every);
+  next_plain_ = every_;
+  const std::string prefix = "moepack: " + (command_.empty() ? "" : command_ + ": ");
+  switch (mode) {
+    case ProgressMode::kTty:
+      fn_ = [this](const ConvertProgress& p) {
+        std::fprintf(stderr, "\r\033[K%s%s", command_.empty() ? "" : (command_ + ": ").c_str(),
+                     progress_line(p).c_str());
+        std::fflush(stderr);
+        shown_ = true;
+      };
+      break;
+    case ProgressMode::kPlain:
+      fn_ = [this, prefix](const ConvertProgress& p) {
+        if (!due(p)) return;
+        std::fprintf(stderr, "%s%s\n", prefix.c_str(), progress_line(p).c_str());
+        std::fflush(stderr);
+      };
+      break;
+    case ProgressMode::kJson:
+      fn_ = [this](const ConvertProgress& p) {
+        if (!due(p)) return;
+        const nlohmann::json j = {{"progress", command_.empty() ? "convert" : command_},
+                                  {"layers_done", p.layers_done},
+                                  {"layers_total", p.layers_total},
+                                  {"bytes_done", p.bytes_done},
+                                  {"bytes_total", p.bytes_total},
+                                  {"seconds", p.seconds}};
+        std::fprintf(stderr, "%s\n", j.dump().c_str());
+        std::fflush(stderr);
+      };
+      break;
+    default:
+      break;
+  }
+}
+
+bool ProgressPrinter::due(const ConvertProgress& p) {
+  const bool done = p.bytes_total > 0 && p.bytes_done >= p.bytes_total;
+  if (!done && p.seconds < next_plain_) return false;
+  if (done && (done_shown_ || !any_shown_)) return false;  // a short run stays quiet
+  done_shown_ = done;
+  any_shown_ = true;
+  next_plain_ = p.seconds + every_;
+  return true;
+}
+
+void ProgressPrinter::clear() {
+  if (shown_) std::fprintf(stderr, "\r\033[K");
+  shown_ = false;
 }
 
 }  // namespace moepack

@@ -13,7 +13,8 @@
 namespace moepack::cli {
 
 struct Globals {
-  bool json = false;  // --json: machine-readable result on stdout
+  bool json = false;                            // --json: machine-readable result on stdout
+  ProgressMode progress = ProgressMode::kAuto;  // --progress (pipeline/progress.h)
 };
 
 using Runner = std::function<int()>;  // returns the exit code
@@ -35,7 +36,7 @@ CLI::Validator real_at_least(double min);
 // mode) so that the directory read is never a surprise.
 std::string resolve_checkpoint_arg(const std::string& arg, const Globals& g);
 
-// Progress lines go to stderr, and only when stderr is a terminal.
+// Whether stderr is a terminal (--progress auto: an updating line there, plain lines elsewhere).
 bool stderr_is_terminal();
 void print_json(const nlohmann::json& j);
 

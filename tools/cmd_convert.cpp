@@ -130,53 +130,6 @@ void print_dry_run(const Plan& plan, const Checkpoint& ckpt, const std::optional
   std::cout << "dry run: nothing written\n";
 }
 
-// Progress on stderr while converting (layers, bytes, rate, ETA), never with the result as JSON:
-// on a terminal one updating line, cleared before the result or an error message is printed;
-// without one (a Slurm or Kubernetes log) a plain line at most every kPlainEverySeconds
-// ($MOEPACK_PROGRESS_SECONDS overrides it), and the last one when the writing is done (a run
-// shorter than the interval stays quiet).
-class TerminalProgress {
- public:
-  static constexpr double kPlainEverySeconds = 5;
-  TerminalProgress(bool wanted, bool terminal) {
-    if (!wanted) return;
-    if (const char* every = std::getenv("MOEPACK_PROGRESS_SECONDS")) every_ = std::atof(every);
-    next_plain_ = every_;
-    if (terminal)
-      fn_ = [this](const ConvertProgress& p) {
-        std::fprintf(stderr, "\r\033[K%s", progress_line(p).c_str());
-        std::fflush(stderr);
-        shown_ = true;
-      };
-    else
-      fn_ = [this](const ConvertProgress& p) {
-        const bool done = p.bytes_total > 0 && p.bytes_done >= p.bytes_total;
-        if (!done && p.seconds < next_plain_) return;
-        if (done && (done_shown_ || !any_shown_)) return;  // a short run stays quiet
-        done_shown_ = done;
-        any_shown_ = true;
-        next_plain_ = p.seconds + every_;
-        std::fprintf(stderr, "moepack: %s\n", progress_line(p).c_str());
-        std::fflush(stderr);
-      };
-  }
-  TerminalProgress(const TerminalProgress&) = delete;
-  TerminalProgress& operator=(const TerminalProgress&) = delete;
-  ~TerminalProgress() { clear(); }
-  const ProgressFn& fn() const { return fn_; }
-  void clear() {
-    if (shown_) std::fprintf(stderr, "\r\033[K");
-    shown_ = false;
-  }
-
- private:
-  ProgressFn fn_;
-  bool shown_ = false;
-  double every_ = kPlainEverySeconds;
-  double next_plain_ = kPlainEverySeconds;  // the first plain line after one interval of work
-  bool done_shown_ = false, any_shown_ = false;
-};
-
 void print_part_result(const PartResult& p, const ShardSpec& spec, const Globals& g) {
   if (g.json)
     print_json({{"ok", true},
@@ -261,7 +214,7 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   if (!serving.servable && !g.json)
     std::cerr << "moepack: warning: the output will be " << serving.to_text()
               << " (--require-servable refuses it)\n";
-  TerminalProgress progress(!g.json, stderr_is_terminal());
+  ProgressPrinter progress(g.progress, stderr_is_terminal(), g.json, "");
   if (spec) {
     const PartResult p = execute_part(plan, *ckpt, *spec, progress.fn());
     progress.clear();

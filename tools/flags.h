@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -23,5 +24,15 @@ DType parse_half_dtype(const std::string& flag, const std::string& text);
 inline DType parse_act_dtype(const std::string& text) {
   return parse_half_dtype("--act-dtype", text);
 }
+
+// "Did you mean": the candidate closest to `word` (case-insensitive edit distance, a swap of two
+// neighbours counting as one edit), when it is close enough to be a typo of it: at most 1 edit
+// for words of up to 5 characters, 2 for longer ones. "" when none is, or when `word` is one.
+std::string closest_to(const std::string& word, const std::vector<std::string>& candidates);
+
+// The suggestion for a usage message that rejects a choice, in the forms moepack's and CLI11's
+// messages take: `unknown --flag "value" (a|b|c)` or `(supported: a, b, c)`, and
+// `--flag: value not in {a,b,c}`. Returns `did you mean "b"?` or "".
+std::string choice_suggestion(const std::string& message);
 
 }  // namespace moepack::cli

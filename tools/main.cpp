@@ -17,6 +17,7 @@
 #include "model/hf_hub.h"
 #include "moepack_build_info.h"
 #include "tools/cli.h"
+#include "tools/flags.h"
 
 namespace moepack::cli {
 
@@ -143,6 +144,35 @@ void print_json_error(int code, const char* kind, const std::string& message,
   }
 }
 
+// "Did you mean" for a parse error: an unknown subcommand gets the closest subcommand's name, an
+// unknown option the closest option of its subcommand (tools/flags.h closest_to). "" when no
+// word of the command line is a near miss.
+std::string parse_suggestion(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* sub = nullptr;
+  std::vector<std::string> subs;
+  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) {
+    subs.push_back(s->get_name());
+    if (s->parsed()) sub = s;
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string word = argv[i];
+    if (!sub) {
+      if (word.empty() || word[0] == '-') continue;
+      const std::string best = closest_to(word, subs);
+      return best.empty() ? "" : "did you mean \"" + best + "\"?";
+    }
+    if (word.size() < 3 || word.compare(0, 2, "--") != 0) continue;  // long options only
+    word = word.substr(0, word.find('='));
+    if (sub->get_option_no_throw(word) || word == "--help") continue;
+    std::vector<std::string> names;
+    for (const CLI::Option* o : sub->get_options())
+      for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+    const std::string best = closest_to(word, names);
+    if (!best.empty()) return "did you mean " + best + " (not " + word + ")?";
+  }
+  return "";
+}
+
 constexpr const char* kOutOfMemory = "out of memory: lower --threads or --chunk-size";
 
 int run(int argc, char** argv, Globals& g) {
@@ -154,6 +184,11 @@ int run(int argc, char** argv, Globals& g) {
   auto add = [&](const char* name, const char* help, Runner (*fn)(CLI::App&, Globals&)) {
     CLI::App* sub = app.add_subcommand(name, help);
     sub->add_flag("--json", g.json, "Print the result as JSON on stdout");
+    sub->add_option_function<std::string>(
+           "--progress", [&g](const std::string& m) { g.progress = parse_progress_mode(m); },
+           "Progress on stderr: auto (a line on a terminal, plain lines in a log, none with "
+           "--json), tty, plain, json (one object a line) or none")
+        ->check(CLI::IsMember({"auto", "tty", "plain", "json", "none"}));
     runners.emplace_back(sub, fn(*sub, g));
   };
   add("inspect",
@@ -178,9 +213,13 @@ int run(int argc, char** argv, Globals& g) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    std::string hint = parse_suggestion(app, argc, argv);
+    if (hint.empty()) hint = choice_suggestion(e.what());
     if (json_requested(argc, argv))
-      print_json_error(static_cast<int>(ExitCode::kUsage), "usage", e.what());
+      print_json_error(static_cast<int>(ExitCode::kUsage), "usage",
+                       e.what() + (hint.empty() ? "" : "; " + hint));
     app.exit(e);
+    if (!hint.empty()) std::cerr << "moepack: " << hint << "\n";
     return static_cast<int>(ExitCode::kUsage);
   }
   for (auto& [sub, runner] : runners)
@@ -201,9 +240,13 @@ int main(int argc, char** argv) {
     return cli::run(argc, argv, g);
   } catch (const Error& e) {
     const int code = static_cast<int>(e.exit_code());
+    // A rejected choice (--format, --backend, --vllm-target, --target-arch, ...) near a valid one.
+    const std::string hint =
+        e.code() == ErrorCode::kUsage ? cli::choice_suggestion(e.message()) : std::string();
     if (g.json || json)
-      cli::print_json_error(code, error_code_name(e.code()), e.message(), e.file(), e.tensor());
-    std::cerr << "moepack: error: " << e.what() << "\n";
+      cli::print_json_error(code, error_code_name(e.code()),
+                            e.message() + (hint.empty() ? "" : "; " + hint), e.file(), e.tensor());
+    std::cerr << "moepack: error: " << e.what() << (hint.empty() ? "" : "; " + hint) << "\n";
     return code;
   } catch (const std::bad_alloc&) {
     // No allocation here: the message is a constant and stderr is unbuffered.

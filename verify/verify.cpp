@@ -186,7 +186,14 @@ bool same_file_bytes(const std::string& a, const std::string& b, std::string* pr
 // before any tensor is compared.
 void check_manifest_covers_source(const Manifest& m, const std::string& mpath,
                                   const Checkpoint& src) {
-  auto bad = [&](const std::string& what) { throw Error(ErrorCode::kBadConfig, mpath, "", what); };
+  // Every mismatch names the source the artifact records, so a wrong --source is plain to see.
+  const std::string recorded = "; the artifact was converted from \"" + m.source.name + "\" (" +
+                               m.source.format + ", model_type " + m.source.model_type + ", " +
+                               std::to_string(m.source.tensor_bytes) +
+                               " tensor bytes): is --source " + src.dir() + " that checkpoint?";
+  auto bad = [&](const std::string& what) {
+    throw Error(ErrorCode::kBadConfig, mpath, "", what + recorded);
+  };
   auto at = [](size_t i) { return "layers[" + std::to_string(i) + "]"; };
   std::map<std::string, size_t> listed;
   for (size_t i = 0; i < m.layers.size(); ++i) listed[m.layers[i].module] = i;

@@ -71,6 +71,46 @@ TEST(MessagesFlags, ReportIsCheckedBeforeTheWork) {
   EXPECT_TRUE(fs::exists(tmp / "r.html"));
 }
 
+// "Did you mean" for a mistyped subcommand, option and choice, in text and under --json.
+TEST(MessagesFlags, DidYouMean) {
+  std::string out, err;
+  EXPECT_EQ(moepack_cli("conver a b", &out, &err), 2);
+  EXPECT_NE(err.find("did you mean \"convert\"?"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("convert a b --thread 3", &out, &err), 2);
+  EXPECT_NE(err.find("did you mean --threads (not --thread)?"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("convert a b --threads -3", &out, &err), 2);
+  EXPECT_EQ(err.find("did you mean"), std::string::npos) << "a number is no typo: " << err;
+  EXPECT_EQ(moepack_cli("verify a --device cdua", &out, &err), 2);
+  EXPECT_NE(err.find("did you mean \"cuda\"?"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("synth a --format gtpq", &out, &err), 2);
+  EXPECT_NE(err.find("did you mean \"gptq\"?"), std::string::npos) << err;
+  EXPECT_EQ(moepack_cli("synth a --format gtpq --json", &out, &err), 2);
+  EXPECT_NE(json::parse(out)["error"]["message"].get<std::string>().find("did you mean \"gptq\"?"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(moepack_cli("verfiy a --json", &out, &err), 2);
+  EXPECT_NE(json::parse(out)["error"]["message"].get<std::string>().find("\"verify\""),
+            std::string::npos)
+      << out;
+}
+
+// verify --source with another checkpoint than the one converted: the refusal names the source
+// the artifact records.
+TEST(MessagesFlags, WrongSourceNamesTheRecordedOne) {
+  TempDir tmp;
+  const std::string a = tmp / "model-a", b = tmp / "model-b", dst = tmp / "dst";
+  ASSERT_EQ(moepack_cli("synth " + a + " --format gptq" + kSmall), 0);
+  ASSERT_EQ(
+      moepack_cli("synth " + b + " --format gptq --layers 2 --experts 8 --hidden 256 --inter 128"),
+      0);
+  ASSERT_EQ(moepack_cli("convert " + a + " " + dst), 0);
+  std::string out, err;
+  EXPECT_EQ(moepack_cli("verify " + dst + " --source " + b, &out, &err), 3);
+  EXPECT_NE(err.find("the artifact was converted from \"model-a\" (gptq"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("is --source " + b + " that checkpoint?"), std::string::npos) << err;
+}
+
 // Without a terminal (a Slurm or Kubernetes log) convert prints plain progress lines on stderr
 // (every $MOEPACK_PROGRESS_SECONDS, default 5 s; 0 here: every piece) ending with all bytes
 // written, none under --json; the result ends with a summary (sizes, time, rate, peak memory).
@@ -95,6 +135,32 @@ TEST(MessagesFlags, ProgressWithoutATerminalAndASummary) {
   EXPECT_NE(out.find("summary: "), std::string::npos) << out;
   EXPECT_NE(out.find(" source -> "), std::string::npos) << out;
   EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
+}
+
+// --progress json: one JSON object a line on stderr (every piece here), ending with all bytes;
+// --progress none: nothing, even without a terminal; --progress plain beside --json's result.
+TEST(MessagesFlags, ProgressModes) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
+  const std::string convert = "MOEPACK_PROGRESS_SECONDS=0 " + moepack_bin() + " convert " + src;
+  std::string out, err;
+  ASSERT_EQ(
+      run_command(convert + " " + (tmp / "a") + " --progress json 2>&1 >/dev/null | cat", &err), 0);
+  json last;
+  size_t lines = 0;
+  for (size_t at = 0, nl; (nl = err.find('\n', at)) != std::string::npos; at = nl + 1, ++lines)
+    last = json::parse(err.substr(at, nl - at));
+  ASSERT_GE(lines, 2u) << err;
+  EXPECT_EQ(last["progress"], "convert");
+  EXPECT_EQ(last["layers_done"], 1);
+  EXPECT_EQ(last["bytes_done"], last["bytes_total"]);
+  ASSERT_EQ(
+      run_command(convert + " " + (tmp / "b") + " --progress none 2>&1 >/dev/null | cat", &err), 0);
+  EXPECT_EQ(err, "");
+  ASSERT_EQ(run_command(convert + " " + (tmp / "c") + " --json --progress plain", &out, &err), 0);
+  EXPECT_NE(err.find("moepack: layers 1/1"), std::string::npos) << err;
+  EXPECT_EQ(json::parse(out)["ok"], true);
 }
 
 // `ulimit -d` far below what a conversion needs: exit 5 with advice (was: "terminate called

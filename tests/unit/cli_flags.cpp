@@ -54,5 +54,24 @@ TEST(CliFlags, HalfDtypes) {
   }
 }
 
+// "Did you mean": a typo (one edit, a swapped pair, a case change) finds its word; a word too far
+// from every candidate, or one of them, gets no suggestion.
+TEST(CliFlags, DidYouMean) {
+  const std::vector<std::string> subs = {"inspect", "convert", "merge", "verify", "synth"};
+  EXPECT_EQ(closest_to("conver", subs), "convert");
+  EXPECT_EQ(closest_to("verfiy", subs), "verify");
+  EXPECT_EQ(closest_to("SYNTH", subs), "");  // it is one (case-insensitive)
+  EXPECT_EQ(closest_to("serve", subs), "");
+  EXPECT_EQ(closest_to("--thread", {"--threads", "--tokens"}), "--threads");
+  EXPECT_EQ(closest_to("ab", {"cd"}), "");
+  EXPECT_EQ(choice_suggestion("unknown --format \"gtpq\" (supported: bf16, gptq, awq)"),
+            "did you mean \"gptq\"?");
+  EXPECT_EQ(choice_suggestion("unknown --vllm-target \"2026-5\" (0.33|2026-05)"),
+            "did you mean \"2026-05\"?");
+  EXPECT_EQ(choice_suggestion("--device: cdua not in {cpu,cuda}"), "did you mean \"cuda\"?");
+  EXPECT_EQ(choice_suggestion("unknown --format \"zzzzzz\" (supported: bf16, gptq)"), "");
+  EXPECT_EQ(choice_suggestion("a: not a directory"), "");
+}
+
 }  // namespace
 }  // namespace moepack::cli
