@@ -1,6 +1,7 @@
 #include "verify/verify.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -187,10 +188,11 @@ bool same_file_bytes(const std::string& a, const std::string& b, std::string* pr
 void check_manifest_covers_source(const Manifest& m, const std::string& mpath,
                                   const Checkpoint& src) {
   // Every mismatch names the source the artifact records, so a wrong --source is plain to see.
-  const std::string recorded = "; the artifact was converted from \"" + m.source.name + "\" (" +
-                               m.source.format + ", model_type " + m.source.model_type + ", " +
-                               std::to_string(m.source.tensor_bytes) +
-                               " tensor bytes): is --source " + src.dir() + " that checkpoint?";
+  const std::string recorded =
+      "; the artifact was converted from a " + m.source.format + " checkpoint" +
+      (m.source.name.empty() ? "" : " named \"" + m.source.name + "\"") + " (model_type " +
+      m.source.model_type + ", " + std::to_string(m.source.tensor_bytes) +
+      " tensor bytes): is --source " + src.dir() + " that checkpoint?";
   auto bad = [&](const std::string& what) {
     throw Error(ErrorCode::kBadConfig, mpath, "", what + recorded);
   };
@@ -461,6 +463,29 @@ struct LayerRun {
   ref::Activation activation;
   VerifyReport* report;
   bool rounded_note = false;
+  // Progress: each layer's parameter bytes and the bytes of the layers before it.
+  std::vector<uint64_t> layer_bytes = {}, bytes_before = {};
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  // Layer `li` checked up to its expert `experts_done` (li == layers: all done).
+  void progress(size_t li, int64_t experts_done) const {
+    if (!opts->progress) return;
+    const size_t n = layer_bytes.size();
+    ConvertProgress p;
+    p.layers_total = static_cast<int64_t>(n);
+    p.layers_done = static_cast<int64_t>(li);
+    p.bytes_total = n ? bytes_before[n - 1] + layer_bytes[n - 1] : 0;
+    p.bytes_done = p.bytes_total;
+    if (li < n) {
+      const int64_t e = manifest->layers[li].experts;
+      if (experts_done >= e) p.layers_done = static_cast<int64_t>(li) + 1;
+      p.bytes_done = bytes_before[li] + static_cast<uint64_t>(static_cast<double>(layer_bytes[li]) *
+                                                              static_cast<double>(experts_done) /
+                                                              static_cast<double>(e));
+    }
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    opts->progress(p);
+  }
 
   void broken(const ManifestLayer& ml, const std::string& stage, const Error& e) const {
     report_broken_layer(*report, ml.layer, manifest->backend, opts->tokens, router.top_k,
@@ -609,6 +634,8 @@ std::string experts_label(const std::string& stage, int64_t e0, int64_t e1) {
 void verify_layers_cpu(LayerRun& run) {
   VerifyReport& r = *run.report;
   for (const ManifestLayer& ml : run.manifest->layers) {
+    const size_t li = static_cast<size_t>(&ml - run.manifest->layers.data());
+    run.progress(li, 0);
     LayerJob job;
     std::unique_ptr<ref::ChunkedMoeLayerCheck> numeric;
     try {
@@ -645,6 +672,7 @@ void verify_layers_cpu(LayerRun& run) {
         const reader::ProjReader w2 =
             run.layout->make_reader(job.lo, c.params, MoeProj::kW2, host_param);
         numeric->evaluate(e0, e1, weights, ref::reader_matmul(w13, w2, e0));
+        run.progress(li, e1);
       } catch (const Error& e) {
         run.broken(ml, experts_label("evaluation", e0, e1), e);
         ok = false;
@@ -794,6 +822,7 @@ void verify_layers_cuda(LayerRun& run) {
   for (size_t li = 0; li < layers.size(); ++li) {
     const ManifestLayer& ml = layers[li];
     LayerJob& job = jobs[li];
+    run.progress(li, 0);
     // The items of this layer are items[next_item, end_item).
     size_t end_item = next_item;
     while (end_item < items.size() && items[end_item].layer == li) ++end_item;
@@ -834,6 +863,7 @@ void verify_layers_cuda(LayerRun& run) {
       note_rounding(run, c);
       try {
         run_device_chunk(run, rt, job, c);
+        run.progress(li, c.e1);
       } catch (const Error& e) {
         if (device_error(e)) throw;
         // A layout variant the device cannot check (a builder's kUnsupported): exit 4, the
@@ -1056,10 +1086,19 @@ VerifyReport run_verify(const VerifyOptions& opts) {
 
   // 3. Per layer, by chunks of experts: decode, exact round trip, numerical check.
   LayerRun run{&out, src.get(), &layout, recipe, &manifest, threads, &opts, router, activation, &r};
+  for (const ManifestLayer& ml : manifest.layers) {
+    uint64_t bytes = 0;
+    for (const std::string& p : ml.params) bytes += manifest.tensors.at(p).bytes;
+    run.bytes_before.push_back(
+        run.bytes_before.empty() ? 0 : run.bytes_before.back() + run.layer_bytes.back());
+    run.layer_bytes.push_back(bytes);
+  }
+  run.start = std::chrono::steady_clock::now();
   if (opts.device == "cuda")
     verify_layers_cuda(run);
   else
     verify_layers_cpu(run);
+  run.progress(manifest.layers.size(), 0);
   if (quantized_from_dense)
     r.notes.push_back(
         "experts were quantised to MXFP8 by moepack: the reference re-quantises the source with "

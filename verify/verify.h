@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "pipeline/progress.h"
 #include "verify/verify_report.h"
 
 namespace moepack {
@@ -20,6 +21,10 @@ struct VerifyOptions {
   // Experts of a layer checked at once, as canonical bytes: the rule and default of convert's
   // --chunk-size, so verify's memory is bounded like convert's (one chunk, not one layer).
   uint64_t chunk_bytes = 1ull << 30;
+  // Called as the layers are checked (layers done, and the bytes of the layers' parameters
+  // checked so far: by chunks of experts within a layer), from one thread at a time; the last
+  // call has every layer done. Empty: no calls.
+  ProgressFn progress;
 };
 
 // Runs every check and returns the report (report.passed says the verdict). Throws Error for

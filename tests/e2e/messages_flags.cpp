@@ -106,7 +106,8 @@ TEST(MessagesFlags, WrongSourceNamesTheRecordedOne) {
   ASSERT_EQ(moepack_cli("convert " + a + " " + dst), 0);
   std::string out, err;
   EXPECT_EQ(moepack_cli("verify " + dst + " --source " + b, &out, &err), 3);
-  EXPECT_NE(err.find("the artifact was converted from \"model-a\" (gptq"), std::string::npos)
+  EXPECT_NE(err.find("the artifact was converted from a gptq checkpoint (model_type "),
+            std::string::npos)
       << err;
   EXPECT_NE(err.find("is --source " + b + " that checkpoint?"), std::string::npos) << err;
 }
@@ -161,6 +162,33 @@ TEST(MessagesFlags, ProgressModes) {
   ASSERT_EQ(run_command(convert + " " + (tmp / "c") + " --json --progress plain", &out, &err), 0);
   EXPECT_NE(err.find("moepack: layers 1/1"), std::string::npos) << err;
   EXPECT_EQ(json::parse(out)["ok"], true);
+}
+
+// verify shares convert's progress (plain lines "moepack: verify: layers ..." ending with every
+// layer checked, JSON lines under --progress json) and ends with a summary and the verdict.
+TEST(MessagesFlags, VerifyProgressAndSummary) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst), 0);
+  const std::string verify = "MOEPACK_PROGRESS_SECONDS=0 " + moepack_bin() + " verify " + dst +
+                             " --source " + src + " --tokens 8";
+  std::string out, err;
+  ASSERT_EQ(run_command(verify + " 2>&1 >/dev/null | cat", &err), 0);
+  EXPECT_NE(err.find("moepack: verify: layers 0/1"), std::string::npos) << err;
+  EXPECT_NE(err.find("moepack: verify: layers 1/1"), std::string::npos) << err;
+  ASSERT_EQ(run_command(verify + " --progress json 2>&1 >/dev/null | cat", &err), 0);
+  const json last = json::parse(err.substr(err.rfind('{')));
+  EXPECT_EQ(last["progress"], "verify");
+  EXPECT_EQ(last["layers_done"], 1);
+  EXPECT_EQ(last["bytes_done"], last["bytes_total"]);
+  EXPECT_GT(last["bytes_total"].get<uint64_t>(), 0u);
+  ASSERT_EQ(moepack_cli("verify " + dst + " --tokens 8", &out, &err), 0);
+  EXPECT_EQ(err.find("moepack: verify:"), std::string::npos) << "a short run stays quiet: " << err;
+  EXPECT_NE(out.find("summary: "), std::string::npos) << out;
+  EXPECT_NE(out.find("1 MoE layer(s) checked in"), std::string::npos) << out;
+  EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("verdict PASSED"), std::string::npos) << out;
 }
 
 // `ulimit -d` far below what a conversion needs: exit 5 with advice (was: "terminate called
