@@ -136,7 +136,7 @@ struct MoeShape {
 MoeShape moe_shape_of(const MoeExperts& x);
 
 // Target GPU architectures a layout's kernel runs on (a flag, never the GPU present).
-enum class TargetArch : uint8_t { kSm80, kSm89, kSm90, kSm100, kSm120 };
+enum class TargetArch : uint8_t { kSm80, kSm86, kSm89, kSm90, kSm100, kSm120 };
 // The --target-arch flag: a name or its alias ("sm90a"); throws kUsage listing the names.
 TargetArch parse_target_arch(const std::string& s);
 const char* target_arch_name(TargetArch a);
@@ -226,6 +226,11 @@ struct VllmBackendOrder {
   std::vector<TargetArch> archs;      // the target archs it is the order for
   std::vector<VllmBackend> backends;  // first tried first
   const char* source;  // the vLLM file and function it mirrors, or where it is assumed
+  // `auto` writes only what this vLLM would run: the first backend of the order that runs for the
+  // layer, if moepack writes it, else nothing (exit 4 naming that backend and the layouts
+  // `--backend` can still write). false: `auto` takes the first layout moepack writes in the
+  // order, past a backend vLLM would run but moepack does not write.
+  bool auto_writes_only_vllm_pick = false;
 };
 
 struct VllmTargetRow {

@@ -13,6 +13,7 @@
 #include "formats/gptq.h"
 #include "formats/humming.h"
 #include "formats/marlin.h"
+#include "formats/marlin_float.h"
 #include "formats/mxfp8.h"
 #include "formats/triton_int8.h"
 #include "formats/triton_wna16.h"
@@ -322,6 +323,52 @@ const std::vector<TargetLayout>& target_layouts() {
                                    "supports_pre_processed_weights (it always shuffles in "
                                    "process_weights_after_loading)"}}},
       humming_row(every_arch),
+      {.name = "marlin-fp8",
+       .kernel = "vLLM 0.33's fused Marlin MoE kernel (FP8 weights, 16-bit activations)",
+       .layout_version = 1,
+       .schemes = {"fp8-block"},
+       .archs = every_arch,
+       .unsupported_reasons = marlin_fp8_unsupported_reasons,
+       .param_specs = marlin_fp8_param_specs,
+       .pack = pack_marlin_fp8_moe,
+       .unpack = unpack_marlin_fp8_moe,
+       .reader_kind = reader::Kind::kMarlinFloat,
+       .act_quant = marlin_float_act_quant,
+       .make_reader = marlin_fp8_make_reader,
+       .deviations_from_vllm = marlin_fp8_deviations_from_vllm,
+       .padded_inter = marlin_fp8_padded_inter,
+       // Fp8MoEMethod (DeepSeek fp8 with weight_block_size) supports pre-processed weights for
+       // every backend: under weights_already_processed() it only builds MarlinExperts from the
+       // parameters prepare_fp8_moe_layer_for_marlin leaves, once its oracle picks MARLIN
+       // (--moe-backend marlin where vLLM would pick another). compressed-tensors' method does not.
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kFp8Block},
+                         .path = S::kVllmMethod,
+                         .vllm_method = "Fp8MoEMethod",
+                         .vllm_backend = "Fp8MoeBackend.MARLIN"},
+                        {.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kCtFp8Block},
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "marlin-float"}}},
+      {.name = "marlin-mxfp8",
+       .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP8 weights, bf16 activations)",
+       .layout_version = 1,
+       .schemes = {"mxfp8"},
+       .archs = every_arch,
+       .unsupported_reasons = marlin_mxfp8_unsupported_reasons,
+       .param_specs = marlin_mxfp8_param_specs,
+       .pack = pack_marlin_mxfp8_moe,
+       .unpack = unpack_marlin_mxfp8_moe,
+       .reader_kind = reader::Kind::kMarlinFloat,
+       .act_quant = marlin_float_act_quant,
+       .make_reader = marlin_mxfp8_make_reader,
+       .deviations_from_vllm = marlin_mxfp8_deviations_from_vllm,
+       .padded_inter = marlin_mxfp8_padded_inter,
+       // ModelOptMxFp8FusedMoE and CompressedTensorsW8A8Mxfp8MoEMethod do not declare
+       // supports_pre_processed_weights: the plugin builds vLLM's MarlinExperts itself.
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "marlin-float"}}},
   };
   return table;
 }
@@ -473,8 +520,8 @@ struct ArchSets {
   std::vector<TargetArch> every = all_target_archs();
   std::vector<TargetArch> sm90 = {TargetArch::kSm90};
   std::vector<TargetArch> sm100 = {TargetArch::kSm100};  // is_device_capability_family(100)
-  std::vector<TargetArch> not_sm90 = {TargetArch::kSm80, TargetArch::kSm89, TargetArch::kSm100,
-                                      TargetArch::kSm120};
+  std::vector<TargetArch> not_sm90 = {TargetArch::kSm80, TargetArch::kSm86, TargetArch::kSm89,
+                                      TargetArch::kSm100, TargetArch::kSm120};
   std::vector<TargetArch> fp8_archs = {TargetArch::kSm89, TargetArch::kSm90, TargetArch::kSm100,
                                        TargetArch::kSm120};  // supports_fp8()
   std::vector<TargetArch> deep_gemm_archs = {TargetArch::kSm90, TargetArch::kSm100,
@@ -620,7 +667,7 @@ Fp8BlockBackends fp8_block_backends(const ArchSets& a) {
   const VllmBackend marlin = {.name = "MARLIN",
                               .moe_backend = "marlin",
                               .archs = a.every,
-                              .layout = "marlin-fp8-block",
+                              .layout = "marlin-fp8",
                               .reads = "Marlin's FP8 tiles (prepare_fp8_moe_layer_for_marlin)"};
   const VllmBackend humming = {.name = "HUMMING",
                                .moe_backend = "humming",
@@ -667,24 +714,28 @@ VllmTargetRow vllm_033_row(const ArchSets& a) {
                .archs = a.not_sm90,
                .backends = {m.trtllm, m.deep_gemm, m.marlin, m.humming, m.emulation},
                .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS (XPU, "
-                         "AITER_MXFP8, TRITON_MXFP8: Intel / ROCm only)"},
+                         "AITER_MXFP8, TRITON_MXFP8: Intel / ROCm only)",
+               .auto_writes_only_vllm_pick = true},
               {.scheme = "mxfp8",
                .archs = a.sm90,
                .backends = {m.trtllm, m.deep_gemm, m.humming, m.marlin, m.emulation},
                .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS through "
-                         "prioritize_humming in select_mxfp8_moe_backend"},
+                         "prioritize_humming in select_mxfp8_moe_backend",
+               .auto_writes_only_vllm_pick = true},
               {.scheme = "fp8-block",
                .archs = a.not_sm90,
                .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin, f.humming},
                .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends "
                          "(VLLM_CUTLASS: takes no block FP8 and Fp8MoEMethod disallows it; AITER, "
-                         "XPU, CPU, HPC and the batched variants left out)"},
+                         "XPU, CPU, HPC and the batched variants left out)",
+               .auto_writes_only_vllm_pick = true},
               {.scheme = "fp8-block",
                .archs = a.sm90,
                .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.humming, f.marlin},
                .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends: "
                          "prioritize_humming, then TRITON to the front for block FP8 on "
-                         "capability 90 without expert parallelism"}}};
+                         "capability 90 without expert parallelism",
+               .auto_writes_only_vllm_pick = true}}};
 }
 
 VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
@@ -843,11 +894,10 @@ struct TargetArchRow {
   const char* alias;  // also accepted by parse_target_arch
 };
 const std::vector<TargetArchRow>& target_arch_rows() {
-  static const std::vector<TargetArchRow> rows = {{TargetArch::kSm80, "sm80", nullptr},
-                                                  {TargetArch::kSm89, "sm89", nullptr},
-                                                  {TargetArch::kSm90, "sm90", "sm90a"},
-                                                  {TargetArch::kSm100, "sm100", "sm100a"},
-                                                  {TargetArch::kSm120, "sm120", nullptr}};
+  static const std::vector<TargetArchRow> rows = {
+      {TargetArch::kSm80, "sm80", nullptr},    {TargetArch::kSm86, "sm86", nullptr},
+      {TargetArch::kSm89, "sm89", nullptr},    {TargetArch::kSm90, "sm90", "sm90a"},
+      {TargetArch::kSm100, "sm100", "sm100a"}, {TargetArch::kSm120, "sm120", nullptr}};
   return rows;
 }
 }  // namespace

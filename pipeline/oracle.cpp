@@ -102,6 +102,44 @@ std::vector<BackendVerdict> auto_verdicts(const VllmBackendOrder* order,
   return out;
 }
 
+// `auto` for an order that writes only vLLM's pick (VllmBackendOrder::auto_writes_only_vllm_pick):
+// the layouts moepack writes up to the backend vLLM would run, each judged (those before it are
+// why vLLM does not run them); when vLLM's pick is not one moepack writes, `none` saying so and
+// which layouts `--backend` can still write for the layer.
+std::vector<BackendVerdict> vllm_pick_verdicts(const VllmBackendOrder& order,
+                                               const std::vector<VllmOrderVerdict>& judged,
+                                               const std::vector<TargetLayout>& layouts,
+                                               const Judge& judge, const VllmTargetRow& target) {
+  std::vector<BackendVerdict> out;
+  size_t i = 0;
+  for (; i < order.backends.size(); ++i) {
+    if (const TargetLayout* t = written_by(order.backends[i], layouts, judge.scheme))
+      out.push_back(judge(*t));
+    if (judged[i].vllm_runs) break;
+  }
+  if (i < judged.size() && judged[i].moepack_writes) return out;
+  BackendVerdict none;
+  none.backend = "none";
+  const std::string where = std::string(target.follows) + " on " + target_arch_name(judge.q.arch);
+  if (i < judged.size())
+    none.reasons.push_back(
+        where + " runs " + judged[i].backend + " for this layer, which reads " + judged[i].reads +
+        (judged[i].layout.empty() ? " (nothing to convert: serve the checkpoint as it is)"
+                                  : "; moepack writes no " + judged[i].layout + " layout yet"));
+  else
+    none.reasons.push_back(where + " runs none of its " + judge.scheme +
+                           " MoE backends for this layer");
+  for (size_t j = i + 1; j < judged.size(); ++j)
+    if (judged[j].moepack_writes && judged[j].vllm_runs)
+      none.reasons.push_back(
+          "--backend " + judged[j].layout + " writes " + judged[j].backend + "'s layout instead" +
+          (judged[j].moe_backend.empty()
+               ? ""
+               : ", which that vLLM runs with --moe-backend " + judged[j].moe_backend));
+  out.push_back(std::move(none));
+  return out;
+}
+
 // Whether and why the target vLLM runs each backend of its order for this layer: a backend
 // moepack writes is judged by its layout row, the others by their archs and vllm_refusals.
 std::vector<VllmOrderVerdict> judge_vllm_order(const VllmBackendOrder& order,
@@ -151,7 +189,16 @@ std::string vllm_note(const OracleDecision& d, const VllmOrderVerdict* pick,
         s += " (--moe-backend " + pick->moe_backend + ")";
     }
   }
-  if (d.chosen.empty()) return s;
+  if (d.chosen.empty()) {
+    // An order whose `auto` writes only vLLM's pick: what --backend can still write.
+    for (const auto& v : d.vllm_order)
+      if (&v != pick && v.moepack_writes && v.vllm_runs)
+        return s + "; --backend " + v.layout + " writes " + v.backend + "'s layout instead" +
+               (v.moe_backend.empty()
+                    ? ""
+                    : ", which that vLLM runs with --moe-backend " + v.moe_backend);
+    return s;
+  }
   const bool asked = q.requested != "auto";
   if (pick && !pick->moepack_writes && !pick->layout.empty() && !asked)
     s += " and writes " + d.chosen;
@@ -188,15 +235,6 @@ OracleDecision choose_backend(const OracleQuery& q, const std::vector<TargetLayo
                             q.act_order_w13, q.act_order_w2)
             : MoeShape{}};
 
-  d.verdicts = q.requested != "auto"
-                   ? std::vector<BackendVerdict>{judge(*find_layout(layouts, q.requested))}
-                   : auto_verdicts(order, layouts, judge);
-  for (const auto& v : d.verdicts)
-    if (v.supported) {
-      d.chosen = v.backend;
-      break;
-    }
-
   // What the target vLLM would run: the first backend of its order that runs here.
   const VllmOrderVerdict* pick = nullptr;
   if (order) {
@@ -208,6 +246,18 @@ OracleDecision choose_backend(const OracleQuery& q, const std::vector<TargetLayo
         break;
       }
   }
+
+  if (q.requested != "auto")
+    d.verdicts = {judge(*find_layout(layouts, q.requested))};
+  else if (order && order->auto_writes_only_vllm_pick)
+    d.verdicts = vllm_pick_verdicts(*order, d.vllm_order, layouts, judge, target);
+  else
+    d.verdicts = auto_verdicts(order, layouts, judge);
+  for (const auto& v : d.verdicts)
+    if (v.supported) {
+      d.chosen = v.backend;
+      break;
+    }
   if (pick)
     d.vllm_would_pick = pick->moepack_writes         ? pick->layout
                         : !pick->moe_backend.empty() ? pick->moe_backend

@@ -105,6 +105,15 @@ MOEPACK_HD float e4m3_value(uint8_t b) {
   return bits_as_float(sign | ((exp + 120u) << 23) | (mant << 20));
 }
 
+// float4_e2m1fn nibble S EE M (bias 1): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; only the
+// low 4 bits of b are read.
+MOEPACK_HD float e2m1_value(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x8u) << 28;
+  const uint32_t exp = (b >> 1) & 0x3u, mant = b & 0x1u;
+  if (exp == 0) return bits_as_float(sign | (mant ? 0x3f000000u : 0u));  // 0 or 0.5
+  return bits_as_float(sign | ((exp + 126u) << 23) | (mant << 22));
+}
+
 // = formats/fp8.h e8m0_to_float: 2^(c-127), c = 0 the float32 subnormal 2^-127, 255 NaN.
 MOEPACK_HD float e8m0_value(uint8_t c) {
   if (c == 255) return bits_as_float(kQuietNanBits);

@@ -120,6 +120,14 @@ MOEPACK_HD int scale_perm_dst(bool grouped, int i) {
   return grouped ? scale_perm_grouped_dst(i) : scale_perm_single_dst(i);
 }
 
+// The pair swap of vLLM's float Marlin scales (x.view(-1, 4)[:, [0, 2, 1, 3]] on the permuted
+// matrix: "fit the layout of fp8 dequantization", marlin_utils_fp8.py / marlin_utils_fp4.py):
+// position p holds the scale that the permutation alone put at pair_swap_pos(p). An involution.
+MOEPACK_HD int64_t pair_swap_pos(int64_t p) {
+  const int64_t q = p & 3;
+  return (p & ~int64_t{3}) | (q == 1 ? 2 : q == 2 ? 1 : q);
+}
+
 // Field interleave inside one pf-run: int4 (0,2,4,6,1,3,5,7), int8 (0,2,1,3); out[j] = in[P[j]].
 MOEPACK_HD int interleave_src(int bits, int j) {
   const int half = pack_factor(bits) / 2;

@@ -84,7 +84,8 @@ enum class Kind : int32_t {
   kTritonInt8,
   kTrtllmMxfp8,
   kTrtllmFp8Block,
-  kHumming
+  kHumming,
+  kMarlinFloat
 };
 enum class ActQuant : int32_t {
   kNone,
@@ -96,7 +97,15 @@ enum class ActQuant : int32_t {
 };
 
 // Scale element types (scale_type fields below).
-enum ScaleType : int32_t { kScaleF16 = 0, kScaleBf16 = 1, kScaleF32 = 2, kScaleE8m0 = 3 };
+enum ScaleType : int32_t {
+  kScaleF16 = 0,
+  kScaleBf16 = 1,
+  kScaleF32 = 2,
+  kScaleE8m0 = 3,
+  // Marlin NVFP4's "S0E5M3" byte: the high byte of (fp16 value << 1); its value is the fp16
+  // whose bits are byte << 7 (nvfp4_marlin_process_scales, formats/marlin_float.h).
+  kScaleS0e5m3 = 4
+};
 // Canonical code kinds (formats/codec.h CodeKind, same order).
 enum CodeType : int32_t { kCodeUint = 0, kCodeInt = 1, kCodeFp8 = 2 };
 
@@ -193,6 +202,28 @@ struct HummingParams {
   int64_t group_size;        // > 0
   int64_t tiles_n;           // np / 64
   int64_t words_per_expert;  // kp * np * bits / 32
+// kMarlinFloat (formats/marlin_float.h): vLLM 0.33's Marlin tiles of raw float codes (e4m3 bytes,
+// e2m1 nibbles) with their scales in the kernel's formats. Physical sizes kp x np include the
+// intermediate padding. weight = code * (scale * scale_mult) [* (global * global_mult)], which is
+// the canonical dequantisation of what unpack decodes, bit for bit: scale_mult undoes the FP8
+// exponent bias fused into the stored scales (2^-120 bf16, 2^-8 fp16) and the NVFP4 2^7 of the
+// S0E5M3 bytes, global_mult the NVFP4 processed global scale's 2^119 (bf16) / 2^7 (fp16).
+struct MarlinFloatParams {
+  const uint32_t* qweight;    // [E, kp/16, np*16/pf] tiles
+  const void* scales;         // [E, groups, np] of scale_type, permuted (and pair-swapped)
+  const float* global_scale;  // [E] (NVFP4), or null
+  int32_t bits;               // 8: e4m3 codes; 4: e2m1 codes
+  int32_t scale_type;         // kScaleBf16 / kScaleF16 (FP8), kScaleE8m0 (MX), kScaleS0e5m3
+  int32_t grouped_scales;     // 64-permutation (more than one group), else the 32 one
+  int32_t pair_swap;          // every 4 permuted scales stored as (0, 2, 1, 3)
+  int32_t padded_w13;         // as MarlinParams::padded_w13
+  float scale_mult, global_mult;
+  int64_t kp, np;               // physical K and N
+  int64_t groups;               // G
+  int64_t group_size;           // 0 when groups == 1
+  int64_t inter, padded_inter;  // I and the I the parameters carry
+  int64_t tiles_n;              // tiles along N
+  int64_t words_per_expert;     // kp * np / pf
 };
 
 // One projection (w13 or w2) of a chunk of experts. Trivially copyable: kernels take it by value.
@@ -208,6 +239,7 @@ struct ProjReader {
     TrtllmMxfp8Params trtllm_mxfp8;
     TrtllmFp8BlockParams trtllm_fp8_block;
     HummingParams humming;
+    MarlinFloatParams marlin_float;
   };
 };
 static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
@@ -228,6 +260,8 @@ MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
       return f(r.trtllm_fp8_block);
     case Kind::kHumming:
       return f(r.humming);
+    case Kind::kMarlinFloat:
+      return f(r.marlin_float);
     default:
       return f(r.canonical);
   }
@@ -243,6 +277,8 @@ MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
       return hd::bf16_value(static_cast<const uint16_t*>(base)[index]);
     case kScaleF32:
       return static_cast<const float*>(base)[index];
+    case kScaleS0e5m3:
+      return hd::f16_value(static_cast<uint16_t>(static_cast<const uint8_t*>(base)[index] << 7));
     default:
       return hd::e8m0_value(static_cast<const uint8_t*>(base)[index]);
   }
@@ -548,6 +584,66 @@ MOEPACK_HD void kind_weight_row(const HummingParams& p, const ProjReader& r, int
     const int t = static_cast<int>(kk % 16);
     const uint32_t wd = q[((kk / 16) * p.tiles_n + nt) * tile_words + word[t]];
     w[kk] = humming_value(p, (wd >> (p.bits * field[t])) & mask, z, s);
+// ---- kMarlinFloat ------------------------------------------------------------------------------
+
+// The value of one raw code: e4m3 byte or e2m1 nibble.
+MOEPACK_HD float marlin_float_code(const MarlinFloatParams& p, uint32_t code) {
+  return p.bits == 8 ? hd::e4m3_value(static_cast<uint8_t>(code))
+                     : hd::e2m1_value(static_cast<uint8_t>(code));
+}
+
+// Scale (g, n) of the row-major [G, Np] matrix: 64/32-chunk permutation, then the pair swap.
+MOEPACK_HD float marlin_float_scale(const MarlinFloatParams& p, int64_t e, int64_t g, int64_t n) {
+  const int64_t j = g * p.np + n;
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);
+  int64_t pos = (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc));
+  if (p.pair_swap) pos = marlin::pair_swap_pos(pos);
+  const int64_t per_expert = p.groups * p.np;
+  const int32_t t = p.scale_type;
+  const void* base =
+      t == kScaleBf16 || t == kScaleF16
+          ? static_cast<const void*>(static_cast<const uint16_t*>(p.scales) + e * per_expert)
+          : static_cast<const void*>(static_cast<const uint8_t*>(p.scales) + e * per_expert);
+  return scale_at(base, pos, t) * p.scale_mult;
+}
+
+MOEPACK_HD float kind_weight(const MarlinFloatParams& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  const int64_t g = p.group_size > 0 ? kk / p.group_size : 0;
+  int word = 0, field = 0;
+  marlin::word_field_of(p.bits, false, kk, n, &word, &field);
+  const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
+  const uint32_t w =
+      p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
+  const float v = marlin_float_code(p, (w >> (p.bits * field)) & ((1u << p.bits) - 1u)) *
+                  marlin_float_scale(p, e, g, n);
+  return p.global_scale ? v * (p.global_scale[e] * p.global_mult) : v;
+}
+
+// The row with the (word, field) of each tile row and one scale per group hoisted.
+MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  int word[16], field[16];
+  for (int k = 0; k < 16; ++k) marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
+  const uint32_t mask = (1u << p.bits) - 1u;
+  const int64_t tile_words = marlin::words_per_tile(p.bits);
+  const uint32_t* tile = p.qweight + e * p.words_per_expert + (n / 64) * tile_words;
+  const int64_t tile_row_words = p.tiles_n * tile_words;
+  const bool global = p.global_scale != nullptr;
+  const float gs = global ? p.global_scale[e] * p.global_mult : 1.0f;
+  const int64_t group = p.group_size > 0 ? p.group_size : r.k;
+  float s = marlin_float_scale(p, e, 0, n);
+  for (int64_t k0 = 0; k0 < r.k; k0 += 16, tile += tile_row_words) {
+    const int rows = r.k - k0 < 16 ? static_cast<int>(r.k - k0) : 16;
+    for (int t = 0; t < rows; ++t) {
+      const int64_t kk = k0 + t;
+      if (kk > 0 && kk % group == 0) s = marlin_float_scale(p, e, kk / group, n);
+      const float v = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
+      w[kk] = global ? v * gs : v;
+    }
   }
 }
 

@@ -3,12 +3,14 @@
 // have hit, each of which verify must fail (exit 1) naming the layer.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "core/half.h"
 #include "core/sha256.h"
 #include "formats/marlin.h"
 #include "formats/trtllm_mxfp8.h"
@@ -569,11 +571,11 @@ struct Converted {
   TempDir tmp;
   std::string src, dst;
   Converted(const std::string& format, const std::string& arch,
-            const std::string& backend = "auto") {
+            const std::string& backend = "auto", const std::string& synth_extra = "") {
     src = tmp / "src";
     dst = tmp / "dst";
     EXPECT_EQ(moepack_cli("synth " + src + " --format " + format + " --family qwen3" +
-                          std::string(kSmall)),
+                          std::string(kSmall) + synth_extra),
               0);
     EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch " + arch + " --backend " +
                           backend),
@@ -747,6 +749,82 @@ TEST(VerifyCatches, TrtllmGateUpNotSwapped) {
                   out.begin() + (e * rows + r) * cols);
       }
     b = out;
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+// ---- vLLM 0.33's float Marlin layouts (docs/marlin_float.md) ----
+
+// `auto` writes Marlin where vLLM 0.33 runs it (sm80/sm86 for FP8 block and MXFP8, sm89 for
+// MXFP8), nothing where it runs another kernel (exit 4 naming it and the --backend that writes
+// Marlin), and the output verifies on every device, with an intermediate vLLM pads (I = 96).
+TEST(MarlinFloat, AutoFollowsVllmAndTheOutputVerifies) {
+  struct Case {
+    std::string format, inter, arch_auto, layout, arch_none, vllm_runs;
+  };
+  for (const Case& c : {Case{"modelopt-mxfp8", "96", "sm89", "marlin-mxfp8", "sm90", "HUMMING"},
+                        Case{"fp8-block", "128", "sm86", "marlin-fp8", "sm89", "TRITON"},
+                        Case{"ct-fp8-block", "256", "sm80", "marlin-fp8", "sm90", "TRITON"}}) {
+    SCOPED_TRACE(c.format);
+    TempDir tmp;
+    const std::string src = tmp / "src";
+    ASSERT_EQ(moepack_cli("synth " + src + " --format " + c.format +
+                          " --layers 2 --experts 4 --hidden 256 --seed 3 --inter " + c.inter),
+              0);
+    const json conv = run_json("convert " + src + " " + (tmp / "a") + " --target-arch " +
+                                   c.arch_auto,
+                               0);
+    EXPECT_EQ(conv["backend"], c.layout) << conv.dump();
+    for (const std::string& device : verify_devices())
+      EXPECT_EQ(moepack_cli("verify " + (tmp / "a") + " --source " + src + " --device " + device),
+                0)
+          << device;
+    std::string out, err;
+    EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "b") + " --target-arch " + c.arch_none,
+                          &out, &err),
+              4);
+    EXPECT_NE(err.find("runs " + c.vllm_runs), std::string::npos) << err;
+    EXPECT_NE(err.find("--backend " + c.layout), std::string::npos) << err;
+    EXPECT_FALSE(fs::exists(tmp / "b"));
+    EXPECT_EQ(moepack_cli("convert " + src + " " + (tmp / "b") + " --target-arch " + c.arch_none +
+                          " --backend " + c.layout),
+              0);
+    EXPECT_EQ(moepack_cli("verify " + (tmp / "b") + " --source " + src), 0);
+  }
+}
+
+// [E, G, N] scales (or [E, K/16, N*16/pf] tiles): each row's halves exchanged -- gate and up.
+void swap_row_halves(std::vector<uint8_t>& b, const Shape& s) {
+  const size_t row = b.size() / static_cast<size_t>(s[0] * s[1]), half = row / 2;
+  for (size_t r = 0; r < b.size() / row; ++r)
+    std::swap_ranges(b.begin() + r * row, b.begin() + r * row + half, b.begin() + r * row + half);
+}
+
+TEST(VerifyCatches, MarlinMxfp8GateUpSwapped) {
+  Converted c("modelopt-mxfp8", "sm80", "auto", " --inter 96");
+  corrupt(c.dst, kExperts + "w13_weight", swap_row_halves);
+  corrupt(c.dst, kExperts + "w13_weight_scale", swap_row_halves);
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+TEST(VerifyCatches, MarlinMxfp8PairSwapDropped) {
+  Converted c("modelopt-mxfp8", "sm80");
+  corrupt(c.dst, kExperts + "w13_weight_scale", [](std::vector<uint8_t>& b, const Shape&) {
+    for (size_t p = 0; p + 3 < b.size(); p += 4) std::swap(b[p + 1], b[p + 2]);
+  });
+  expect_verify_fails_naming_layer(c.dst, c.src, 1);
+}
+
+TEST(VerifyCatches, MarlinFp8ExponentBiasDropped) {
+  Converted c("fp8-block", "sm80");
+  corrupt(c.dst, kExperts + "w13_weight_scale_inv", [](std::vector<uint8_t>& b, const Shape&) {
+    for (size_t i = 0; i + 1 < b.size(); i += 2) {  // bf16: exponent - 120
+      uint16_t h;
+      std::memcpy(&h, &b[i], 2);
+      const float v = std::ldexp(bf16_to_float(h), -120);
+      h = float_to_bf16(v);
+      std::memcpy(&b[i], &h, 2);
+    }
   });
   expect_verify_fails_naming_layer(c.dst, c.src, 1);
 }

@@ -201,7 +201,7 @@ std::vector<Case> cases() {
        "auto",
        "mxfp8",
        "trtllm-mxfp8",
-       {"trtllm-mxfp8"},
+       {"trtllm-mxfp8", "marlin-mxfp8"},
        {}},
       {"ct mxfp8 sm100 -> trtllm-mxfp8",
        mxfp8(QuantMethod::kCtMxfp8),
@@ -211,7 +211,7 @@ std::vector<Case> cases() {
        "auto",
        "mxfp8",
        "trtllm-mxfp8",
-       {"trtllm-mxfp8"},
+       {"trtllm-mxfp8", "marlin-mxfp8"},
        {}},
       {"mxfp8 sm90 -> refused (SM100)",
        mxfp8(),
@@ -221,8 +221,8 @@ std::vector<Case> cases() {
        "auto",
        "mxfp8",
        "",
-       {"trtllm-mxfp8"},
-       {{"trtllm-mxfp8", "SM100"}}},
+       {"trtllm-mxfp8", "marlin-mxfp8"},
+       {{"trtllm-mxfp8", "SM100"}, {"marlin-mxfp8", "follows vLLM 0.33.0"}}},
       {"mxfp8 I=96 sm100 -> refused (128)",
        mxfp8(),
        256,
@@ -231,7 +231,7 @@ std::vector<Case> cases() {
        "auto",
        "mxfp8",
        "",
-       {"trtllm-mxfp8"},
+       {"trtllm-mxfp8", "marlin-mxfp8"},
        {{"trtllm-mxfp8", "128"}}},
       {"fp8 block sm100 -> trtllm-fp8-block",
        fp8_block(),
@@ -241,7 +241,7 @@ std::vector<Case> cases() {
        "auto",
        "fp8-block",
        "trtllm-fp8-block",
-       {"trtllm-fp8-block"},
+       {"trtllm-fp8-block", "marlin-fp8"},
        {}},
       {"fp8 block sm90 -> refused",
        fp8_block(),
@@ -251,8 +251,8 @@ std::vector<Case> cases() {
        "auto",
        "fp8-block",
        "",
-       {"trtllm-fp8-block"},
-       {{"trtllm-fp8-block", "SM100"}}},
+       {"trtllm-fp8-block", "marlin-fp8"},
+       {{"trtllm-fp8-block", "SM100"}, {"marlin-fp8", "--vllm-target 2026-05"}}},
       {"explicit marlin on mxfp8 -> refused",
        mxfp8(),
        256,
@@ -343,6 +343,96 @@ std::vector<Case> cases() {
        "triton-wna16",
        {"humming", "marlin", "triton-wna16"},
        {{"humming", "MoeWNA16Method"}, {"marlin", "group_size=128"}},
+       VllmTarget::kV0_33},
+      // vLLM 0.33's float Marlin (formats/marlin_float.h): `auto` writes only what vLLM 0.33
+      // runs; Marlin elsewhere on request.
+      {"0.33: mxfp8 sm80 -> marlin-mxfp8",
+       mxfp8(),
+       256,
+       128,
+       TargetArch::kSm80,
+       "auto",
+       "mxfp8",
+       "marlin-mxfp8",
+       {"trtllm-mxfp8", "marlin-mxfp8"},
+       {{"trtllm-mxfp8", "SM100"}},
+       VllmTarget::kV0_33},
+      {"0.33: ct mxfp8 sm86 I=96 -> marlin-mxfp8 (I padded to 128)",
+       mxfp8(QuantMethod::kCtMxfp8),
+       256,
+       96,
+       TargetArch::kSm86,
+       "auto",
+       "mxfp8",
+       "marlin-mxfp8",
+       {"trtllm-mxfp8", "marlin-mxfp8"},
+       {},
+       VllmTarget::kV0_33},
+      {"0.33: mxfp8 sm90 -> nothing: vLLM runs Humming, Marlin on request",
+       mxfp8(),
+       256,
+       128,
+       sm90,
+       "auto",
+       "mxfp8",
+       "",
+       {"trtllm-mxfp8", "none"},
+       {{"none", "runs HUMMING"}, {"none", "--backend marlin-mxfp8"}},
+       VllmTarget::kV0_33},
+      {"0.33: explicit marlin-mxfp8 on sm90 -> marlin-mxfp8",
+       mxfp8(),
+       256,
+       128,
+       sm90,
+       "marlin-mxfp8",
+       "mxfp8",
+       "marlin-mxfp8",
+       {"marlin-mxfp8"},
+       {},
+       VllmTarget::kV0_33},
+      {"0.33: mxfp8 H=192 I=64 sm80 -> refused (no thread config for the down GEMM)",
+       mxfp8(),
+       192,
+       64,
+       TargetArch::kSm80,
+       "marlin-mxfp8",
+       "mxfp8",
+       "",
+       {"marlin-mxfp8"},
+       {{"marlin-mxfp8", "w2 GEMM n=H=192, k=Ip=64"}},
+       VllmTarget::kV0_33},
+      {"0.33: fp8 block sm80 -> marlin-fp8",
+       fp8_block(),
+       256,
+       128,
+       TargetArch::kSm80,
+       "auto",
+       "fp8-block",
+       "marlin-fp8",
+       {"trtllm-fp8-block", "marlin-fp8"},
+       {},
+       VllmTarget::kV0_33},
+      {"0.33: fp8 block sm89 -> nothing: vLLM's Triton reads the checkpoint as loaded",
+       fp8_block(),
+       256,
+       128,
+       TargetArch::kSm89,
+       "auto",
+       "fp8-block",
+       "",
+       {"trtllm-fp8-block", "none"},
+       {{"none", "runs TRITON"}, {"none", "--backend marlin-fp8"}},
+       VllmTarget::kV0_33},
+      {"0.33: fp8 block H=192 -> marlin-fp8 refused (H % 128)",
+       fp8_block(),
+       192,
+       128,
+       TargetArch::kSm80,
+       "marlin-fp8",
+       "fp8-block",
+       "",
+       {"marlin-fp8"},
+       {{"marlin-fp8", "H=192 is not a multiple of 128"}},
        VllmTarget::kV0_33},
       {"unquantized -> refused, suggests --quantize",
        unquantized(),
@@ -494,8 +584,8 @@ TEST(Oracle, VllmOwnChoiceIsShownBesideTheChosenLayout) {
 TEST(Oracle, TargetArchNames) {
   EXPECT_EQ(parse_target_arch("sm90a"), TargetArch::kSm90);
   EXPECT_EQ(parse_target_arch("sm100"), TargetArch::kSm100);
-  for (TargetArch a : {TargetArch::kSm80, TargetArch::kSm89, TargetArch::kSm90, TargetArch::kSm100,
-                       TargetArch::kSm120})
+  for (TargetArch a : {TargetArch::kSm80, TargetArch::kSm86, TargetArch::kSm89, TargetArch::kSm90,
+                       TargetArch::kSm100, TargetArch::kSm120})
     EXPECT_EQ(parse_target_arch(target_arch_name(a)), a);
   try {
     parse_target_arch("sm75");
@@ -555,7 +645,9 @@ TEST(Oracle, ShapesForAQueryFollowTheCodecSpec) {
 // prioritize_humming) and, for 2026-05, ../shared/spec (wna16_marlin.md §7, §9; mxfp8_trtllm.md
 // §2): Humming ahead of Marlin on SM90 only in 0.33; FlashInfer's MxInt4 (TRT-LLM) first on
 // SM100 for compressed-tensors int4 g32; MXFP8 on Marlin (or Humming on SM90) off SM100; block
-// FP8 on Triton on SM89/SM90, Marlin on SM80, DeepGEMM on SM120.
+// FP8 on Triton on SM89/SM90, Marlin on SM80/SM86, DeepGEMM on SM120. For MXFP8 and block FP8
+// `auto` writes only vLLM's pick (VllmBackendOrder::auto_writes_only_vllm_pick): Marlin where
+// vLLM 0.33 runs it, nothing where it runs Humming, Triton or DeepGEMM.
 struct ArchExpectation {
   TargetArch arch;
   std::string chosen, vllm_would_pick;
@@ -573,29 +665,35 @@ std::vector<OrderCase> order_cases() {
   // On SM90 `auto` writes what that vLLM runs there when moepack has its layout (Humming).
   auto wna16 = [](const std::string& on_sm90, const std::string& on_sm100) {
     const std::string chosen_sm90 = on_sm90 == "humming" ? "humming" : "marlin";
-    return std::vector<ArchExpectation>{{A::kSm80, "marlin", "marlin"},
-                                        {A::kSm89, "marlin", "marlin"},
-                                        {A::kSm90, chosen_sm90, on_sm90},
-                                        {A::kSm100, "marlin", on_sm100},
-                                        {A::kSm120, "marlin", "marlin"}};
+    return std::vector<ArchExpectation>{
+        {A::kSm80, "marlin", "marlin"},       {A::kSm86, "marlin", "marlin"},
+        {A::kSm89, "marlin", "marlin"},       {A::kSm90, chosen_sm90, on_sm90},
+        {A::kSm100, "marlin", on_sm100},      {A::kSm120, "marlin", "marlin"}};
   };
-  const std::vector<ArchExpectation> int8 = {{A::kSm80, "triton-int8", "triton-int8"},
-                                             {A::kSm89, "triton-int8", "triton-int8"},
-                                             {A::kSm90, "triton-int8", "triton-int8"},
-                                             {A::kSm100, "triton-int8", "triton-int8"},
-                                             {A::kSm120, "triton-int8", "triton-int8"}};
-  auto mx = [](const std::string& on_sm90) {
-    return std::vector<ArchExpectation>{{A::kSm80, "", "marlin"},
-                                        {A::kSm89, "", "marlin"},
-                                        {A::kSm90, "", on_sm90},
-                                        {A::kSm100, "trtllm-mxfp8", "trtllm-mxfp8"},
-                                        {A::kSm120, "", "marlin"}};
+  const std::vector<ArchExpectation> int8 = {
+      {A::kSm80, "triton-int8", "triton-int8"},  {A::kSm86, "triton-int8", "triton-int8"},
+      {A::kSm89, "triton-int8", "triton-int8"},  {A::kSm90, "triton-int8", "triton-int8"},
+      {A::kSm100, "triton-int8", "triton-int8"}, {A::kSm120, "triton-int8", "triton-int8"}};
+  // 0.33: `auto` writes only vLLM's pick for the float schemes (Marlin where vLLM runs it).
+  const std::vector<ArchExpectation> mx033 = {
+      {A::kSm80, "marlin-mxfp8", "marlin-mxfp8"},  {A::kSm86, "marlin-mxfp8", "marlin-mxfp8"},
+      {A::kSm89, "marlin-mxfp8", "marlin-mxfp8"},  {A::kSm90, "", "humming"},
+      {A::kSm100, "trtllm-mxfp8", "trtllm-mxfp8"}, {A::kSm120, "marlin-mxfp8", "marlin-mxfp8"}};
+  // 2026-05: moepack's float Marlin rows follow vLLM 0.33.0 only, and MARLIN is judged by them.
+  const std::vector<ArchExpectation> mx2605 = {{A::kSm80, "", ""},
+                                               {A::kSm86, "", ""},
+                                               {A::kSm89, "", ""},
+                                               {A::kSm90, "", ""},
+                                               {A::kSm100, "trtllm-mxfp8", "trtllm-mxfp8"},
+                                               {A::kSm120, "", ""}};
+  auto block = [](const std::string& on_sm80) {
+    return std::vector<ArchExpectation>{{A::kSm80, on_sm80, on_sm80},
+                                        {A::kSm86, on_sm80, on_sm80},
+                                        {A::kSm89, "", "triton"},
+                                        {A::kSm90, "", "triton"},
+                                        {A::kSm100, "trtllm-fp8-block", "trtllm-fp8-block"},
+                                        {A::kSm120, "", "deep_gemm"}};
   };
-  const std::vector<ArchExpectation> block = {{A::kSm80, "", "marlin"},
-                                              {A::kSm89, "", "triton"},
-                                              {A::kSm90, "", "triton"},
-                                              {A::kSm100, "trtllm-fp8-block", "trtllm-fp8-block"},
-                                              {A::kSm120, "", "deep_gemm"}};
   return {
       {"gptq int4 g128", gptq(4, 128), v033, wna16("humming", "marlin")},
       {"gptq int4 g128", gptq(4, 128), v2605, wna16("marlin", "marlin")},
@@ -608,10 +706,11 @@ std::vector<OrderCase> order_cases() {
       {"ct w8a16 channel", ct_pack(8, -1), v033, wna16("marlin", "marlin")},
       {"ct w8a8 dynamic", ct_w8a8(true), v033, int8},
       {"ct w8a8 dynamic", ct_w8a8(true), v2605, int8},
-      {"modelopt mxfp8", mxfp8(), v033, mx("humming")},
-      {"ct mxfp8", mxfp8(QuantMethod::kCtMxfp8), v2605, mx("marlin")},
-      {"fp8 block", fp8_block(), v033, block},
-      {"fp8 block", fp8_block(), v2605, block},
+      {"modelopt mxfp8", mxfp8(), v033, mx033},
+      {"ct mxfp8", mxfp8(QuantMethod::kCtMxfp8), v033, mx033},
+      {"ct mxfp8", mxfp8(QuantMethod::kCtMxfp8), v2605, mx2605},
+      {"fp8 block", fp8_block(), v033, block("marlin-fp8")},
+      {"fp8 block", fp8_block(), v2605, block("")},
   };
 }
 

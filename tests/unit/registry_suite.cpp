@@ -445,7 +445,8 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
             std::ostringstream trace;
             trace << row.name << " <- " << codec.name << " {" << describe_params(params)
                   << "} E=" << d.experts << " H=" << d.hidden << " I=" << d.inter
-                  << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act) << seed_note();
+                  << (gated ? " gated" : " non-gated") << " act=" << dtype_name(act)
+                  << " vllm-target=" << vllm_target_name(o.vllm_target) << seed_note();
             SCOPED_TRACE(trace.str());
             ++supported;
             const MoeExperts x = test::random_moe_experts(rng, s, ro);

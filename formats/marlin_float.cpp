@@ -1,0 +1,597 @@
+// vLLM 0.33's Marlin layouts for float experts (formats/marlin_float.h, docs/marlin_float.md): the
+// int Marlin tile map on raw float codes, the family's scale transform, vLLM's intermediate
+// padding. One implementation parameterised by the family; each row's functions pass theirs.
+#include "formats/marlin_float.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/half.h"
+#include "core/threads.h"
+#include "formats/layout/marlin_layout.h"
+#include "formats/marlin.h"
+#include "formats/moe_reader.h"
+#include "formats/wna16_util.h"
+
+namespace moepack {
+namespace {
+
+// The families of bytes, one per row.
+enum class Family { kFp8, kMxfp8 };
+
+struct FamilyInfo {
+  const char* layout;  // the row's name
+  const char* what;    // in messages
+  int bits;            // code width in the tiles
+};
+FamilyInfo info(Family f) {
+  switch (f) {
+    case Family::kFp8:
+      return {"marlin-fp8", "FP8", 8};
+    default:
+      return {"marlin-mxfp8", "MXFP8", 8};
+  }
+}
+
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
+
+const char* proj_name(MoeProj p) {
+  return p == MoeProj::kW13 ? "w13" : "w2";
+}
+
+int64_t round_up(int64_t v, int64_t unit) {
+  return (v + unit - 1) / unit * unit;
+}
+
+constexpr int64_t kFp8Block = 128;  // the only block_k vLLM 0.33's Marlin MoE kernel runs
+constexpr int64_t kMxBlock = 32;
+
+// The source methods each family takes (vLLM's MoE method that runs prepare_*_for_marlin).
+bool family_takes(Family f, QuantMethod m) {
+  if (f == Family::kFp8) return m == QuantMethod::kFp8Block || m == QuantMethod::kCtFp8Block;
+  return m == QuantMethod::kModeloptMxfp8 || m == QuantMethod::kCtMxfp8;
+}
+
+// The scale group along K (0: one group over all of K).
+int64_t scale_group(Family f) {
+  return f == Family::kFp8 ? kFp8Block : kMxBlock;
+}
+int64_t groups_over(Family f, int64_t k) {
+  const int64_t g = scale_group(f);
+  return g > 0 ? k / g : 1;
+}
+
+// The intermediate size the parameters carry (marlin_moe_padded_intermediate in the prepare
+// functions): the next multiple of lcm(64, group).
+int64_t padded_inter_of(Family f, int64_t inter) {
+  return f == Family::kFp8 ? marlin_padded_intermediate(inter, kFp8Block) : round_up(inter, 64);
+}
+
+// vLLM's parameter names (without the prefix).
+std::string weight_name(MoeProj p) {
+  return std::string(proj_name(p)) + "_weight";
+}
+std::string scale_name(Family f, QuantMethod m, MoeProj p) {
+  // Fp8MoEMethod registers block scales as *_weight_scale_inv (weight_scale_name in fp8.py).
+  const bool inv = f == Family::kFp8 && m == QuantMethod::kFp8Block;
+  return std::string(proj_name(p)) + (inv ? "_weight_scale_inv" : "_weight_scale");
+}
+DType scale_dtype(Family f, const LayoutOptions& o) {
+  return f == Family::kFp8 ? o.act_dtype : DType::kF8_E8M0;
+}
+int scale_bytes(Family f) {
+  return f == Family::kFp8 ? 2 : 1;
+}
+
+// fp8_fused_exponent_bias_into_scales: 2^(2^(t-1) - 2^3), t = 8 exponent bits (bf16), 5 (fp16).
+float fp8_bias(DType act) {
+  return act == DType::kBF16 ? std::ldexp(1.0f, 120) : std::ldexp(1.0f, 8);
+}
+
+// ---- reasons ------------------------------------------------------------------------------------
+
+void proj_reasons(Family f, const ProjShape& s, const char* p, std::vector<std::string>* why) {
+  const QuantSpec& q = s.quant;
+  const std::string w = p;
+  if (q.kind != CodeKind::kFp8E4M3 || q.bits != 8)
+    why->push_back(w + ": codes are not float8_e4m3fn");
+  if (!q.symmetric) why->push_back(w + ": zero points (float Marlin is symmetric)");
+  if (s.act_order) why->push_back(w + ": act-order g_idx (float Marlin has none)");
+  if (f == Family::kFp8) {
+    if (q.group_size != kFp8Block)
+      why->push_back(w + ": FP8 block_k=" + num(q.group_size) +
+                     ": vLLM permutes the block scales with that group, but vLLM 0.33's shipped "
+                     "Marlin MoE kernel has FP8 instances for group 128 and channelwise only");
+    if (q.scale_block_n != kFp8Block)
+      why->push_back(w + ": FP8 block_n=" + num(q.scale_block_n) + " (moepack's FP8 codecs: 128)");
+    if (!wna16::is_float_scale_dtype(q.scale_dtype))
+      why->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype));
+  } else {
+    if (q.group_size != kMxBlock || q.scale_block_n != 1 || !is_scale_byte_dtype(q.scale_dtype))
+      why->push_back(w + ": not MXFP8 (E8M0 scales per 32 along K)");
+  }
+}
+
+std::vector<std::string> unsupported_reasons(Family f, const LayoutOptions& o, const MoeShape& x) {
+  std::vector<std::string> why = moe_shape_problems(o, x);
+  const FamilyInfo fi = info(f);
+  if (o.vllm_target != VllmTarget::kV0_33)
+    why.push_back(std::string(fi.layout) + " follows vLLM 0.33.0's prepare_*_for_marlin; --vllm-" +
+                  "target " + vllm_target_name(o.vllm_target) + " is not written");
+  if (!family_takes(f, o.source_method))
+    why.push_back(std::string("source method ") + quant_method_name(o.source_method) +
+                  " has no vLLM " + fi.what + " Marlin MoE path");
+  if (o.act_dtype != DType::kBF16 && o.act_dtype != DType::kF16)
+    why.push_back(std::string("activation dtype ") + dtype_name(o.act_dtype) +
+                  " (Marlin takes F16 or BF16)");
+  if (f == Family::kMxfp8 && o.act_dtype == DType::kF16)
+    why.push_back(
+        "F16 activations: vLLM 0.33 prepares the layer, but its shipped Marlin MoE kernel has no "
+        "fp16 instance with E8M0 scales (MXFP8/MXFP4 run with bf16 activations only)");
+  proj_reasons(f, x.w13, "w13", &why);
+  proj_reasons(f, x.w2, "w2", &why);
+  const int64_t H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, I);
+  const int64_t shards = o.gated ? 2 : 1;
+  if (I <= 0 || H <= 0 || x.experts < 1) return why;
+  if (H % 64 != 0) why.push_back("H=" + num(H) + " is not a multiple of 64 (Marlin tiles)");
+  if (f == Family::kFp8 && H % kFp8Block != 0)
+    why.push_back("H=" + num(H) + " is not a multiple of 128: w13 would hold ceil(H/128) scale " +
+                  "groups and the kernel reads group H/G, which has no FP8 instance");
+  if (f == Family::kFp8 && I % x.w13.quant.scale_block_n != 0)
+    why.push_back("I=" + num(I) + " is not a multiple of block_n=" +
+                  num(x.w13.quant.scale_block_n) + " (validate_fp8_block_shape_moe)");
+  if (f == Family::kMxfp8 && I % kMxBlock != 0)
+    why.push_back("I=" + num(I) + " is not a multiple of 32 (MXFP8 blocks along w2's K)");
+  if (!o.gated && ip != I)
+    why.push_back("non-gated layer with I=" + num(I) + " padded to " + num(ip) +
+                  ": vLLM's float Marlin padding assumes gate and up shards");
+  if (!marlin_float_gemm_runs(shards * ip, H))
+    why.push_back("w13 GEMM n=" + num(shards * ip) + ", k=" + num(H) +
+                  ": no thread configuration of the shipped Marlin MoE kernel takes it");
+  if (!marlin_float_gemm_runs(H, ip))
+    why.push_back("w2 GEMM n=H=" + num(H) + ", k=Ip=" + num(ip) +
+                  ": no thread configuration of the shipped Marlin MoE kernel takes it (n % 128 "
+                  "with k % 64, or n % 64 with k % 128)");
+  return why;
+}
+
+void refuse(Family f, const LayoutOptions& o, const MoeExperts& x) {
+  check_moe_structure(o, x);
+  const std::vector<std::string> why = unsupported_reasons(f, o, moe_shape_of(x));
+  if (why.empty()) return;
+  std::string msg;
+  for (const auto& w : why) msg += (msg.empty() ? "" : "; ") + w;
+  throw Error(ErrorCode::kUnsupported, "", o.prefix + "w13_weight",
+              std::string(info(f).layout) + ": " + msg);
+}
+
+// ---- geometry -----------------------------------------------------------------------------------
+
+// One projection's extents: logical (n, k) and as the parameters carry them (np, kp), with the
+// map from a physical row / column to the logical one (-1: padding).
+struct ProjGeom {
+  int64_t n = 0, k = 0, np = 0, kp = 0;
+  int64_t inter = 0, ip = 0;  // real and padded I
+  bool pad_rows = false;      // w13: each shard of ip rows holds inter real ones
+  int64_t row(int64_t r) const {
+    if (!pad_rows) return r;
+    const int64_t s = r / ip, i = r % ip;
+    return i < inter ? s * inter + i : -1;
+  }
+  int64_t col(int64_t c) const { return c < k ? c : -1; }
+};
+
+ProjGeom geom(MoeProj p, int64_t H, int64_t I, int64_t ip, bool gated) {
+  ProjGeom g;
+  g.inter = I;
+  g.ip = ip;
+  if (p == MoeProj::kW13) {
+    const int64_t shards = gated ? 2 : 1;
+    g.n = shards * I;
+    g.np = shards * ip;
+    g.k = g.kp = H;
+    g.pad_rows = true;
+  } else {
+    g.n = g.np = H;
+    g.k = I;
+    g.kp = ip;
+  }
+  return g;
+}
+
+// ---- pack ---------------------------------------------------------------------------------------
+
+// One expert's codes [n, k] padded to [np, kp] and tiled.
+std::vector<uint32_t> tile_codes(const ProjGeom& g, int bits, const uint8_t* codes) {
+  std::vector<uint8_t> padded(static_cast<size_t>(g.np * g.kp), 0);
+  for (int64_t r = 0; r < g.np; ++r) {
+    const int64_t lr = g.row(r);
+    if (lr >= 0) std::memcpy(&padded[static_cast<size_t>(r * g.kp)], codes + lr * g.k, g.k);
+  }
+  return marlin_repack(padded.data(), g.np, g.kp, bits, nullptr, false);
+}
+
+// vLLM's pair swap over a permuted scale matrix of `count` elements: every 4 stored as
+// (0, 2, 1, 3). Its own inverse.
+void pair_swap(uint8_t* m, int64_t count, int eb) {
+  for (int64_t p = 0; p < count; p += 4) {
+    uint8_t tmp[2];
+    std::memcpy(tmp, m + (p + 1) * eb, static_cast<size_t>(eb));
+    std::memcpy(m + (p + 1) * eb, m + (p + 2) * eb, static_cast<size_t>(eb));
+    std::memcpy(m + (p + 2) * eb, tmp, static_cast<size_t>(eb));
+  }
+}
+
+// Stores the physical [G, np] scale matrix of one expert as the kernel reads it: the 64- (more
+// than one group) or 32-entry chunk permutation (marlin_permute_scales, grouped iff
+// group_size < size_k, i.e. G > 1 for every size_k the prepare functions pass), then for the
+// E8M0 / NVFP4 families the pair swap.
+void permute_scale_matrix(uint8_t* m, int64_t groups, int64_t np, int eb, bool swap) {
+  marlin_permute_scales(m, groups, np, eb, groups > 1);
+  if (swap) pair_swap(m, groups * np, eb);
+}
+void unpermute_scale_matrix(uint8_t* m, int64_t groups, int64_t np, int eb, bool swap) {
+  if (swap) pair_swap(m, groups * np, eb);
+  marlin_unpermute_scales(m, groups, np, eb, groups > 1);
+}
+
+// FP8: one scale in the activation dtype, times the fused exponent bias (2^120 / 2^8); a scale
+// that is not finite, or overflows on either step, is refused (vLLM would serve inf).
+uint16_t fp8_stored_scale(const uint8_t* p, DType from, DType act, const std::string& what) {
+  const float v = scale_to_float(p, from);
+  if (!std::isfinite(v))
+    throw Error(ErrorCode::kBadValue, "", what, "scale " + std::to_string(v) + " is not finite");
+  uint16_t h = 0;
+  convert_scale(p, from, act, reinterpret_cast<uint8_t*>(&h), what);
+  const bool bf16 = act == DType::kBF16;
+  const float biased = (bf16 ? bf16_to_float(h) : f16_to_float(h)) * fp8_bias(act);
+  const uint16_t out = bf16 ? float_to_bf16(biased) : float_to_f16(biased);
+  if (!std::isfinite(bf16 ? bf16_to_float(out) : f16_to_float(out)))
+    throw Error(ErrorCode::kBadValue, "", what,
+                "scale " + std::to_string(v) + " times 2^" + (bf16 ? "120" : "8") +
+                    " (the fp8 exponent bias vLLM fuses into Marlin's scales) overflows " +
+                    dtype_name(act) + ": vLLM would serve inf");
+  return out;
+}
+
+// One expert's scales as the kernel reads them: [G, np] in the family's format, permuted.
+void pack_expert_scales(Family f, const LayoutOptions& o, const QuantTensor& q, const ProjGeom& g,
+                        int64_t e, const std::string& what, uint8_t* out) {
+  const int64_t G = groups_over(f, g.kp), Gq = q.groups(), rows = q.scale_rows();
+  const int eb = scale_bytes(f), qb = q.scale_bytes();
+  std::memset(out, 0, static_cast<size_t>(G * g.np * eb));
+  for (int64_t r = 0; r < g.np; ++r) {
+    const int64_t lr = g.row(r);
+    if (lr < 0) continue;
+    for (int64_t gi = 0; gi < Gq; ++gi) {
+      const uint8_t* src = q.scales.data() + ((e * rows + lr / q.scale_block_n) * Gq + gi) * qb;
+      uint8_t* dst = out + (gi * g.np + r) * eb;
+      if (f == Family::kFp8) {
+        const uint16_t h = fp8_stored_scale(src, q.scale_dtype, o.act_dtype, what);
+        std::memcpy(dst, &h, 2);
+      } else {
+        if (*src == 255)
+          throw Error(ErrorCode::kBadValue, "", what,
+                      "E8M0 code 255 (NaN) at expert " + num(e) + ", row " + num(lr) + ", block " +
+                          num(gi));
+        *dst = *src;
+      }
+    }
+  }
+  permute_scale_matrix(out, G, g.np, eb, f != Family::kFp8);
+}
+
+void pack_projection(Family f, const LayoutOptions& o, const QuantTensor& q, MoeProj p,
+                     const ProjGeom& g, std::vector<Tensor>* out) {
+  const int64_t E = q.experts, G = groups_over(f, g.kp);
+  const int bits = info(f).bits, pf = 32 / bits, eb = scale_bytes(f);
+  Tensor w(o.prefix + weight_name(p), DType::kI32, {E, g.kp / 16, g.np * 16 / pf});
+  Tensor s(o.prefix + scale_name(f, o.source_method, p), scale_dtype(f, o), {E, G, g.np});
+  const int64_t words = g.kp * g.np / pf;
+  parallel_for(E, o.threads, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) {
+      const std::vector<uint32_t> t = tile_codes(g, bits, q.codes.data() + e * g.n * g.k);
+      std::memcpy(w.data.data() + e * words * 4, t.data(), t.size() * 4);
+      pack_expert_scales(f, o, q, g, e, s.name, s.data.data() + e * G * g.np * eb);
+    }
+  });
+  out->push_back(std::move(w));
+  out->push_back(std::move(s));
+}
+
+std::vector<Tensor> pack(Family f, const LayoutOptions& o, const MoeExperts& x) {
+  refuse(f, o, x);
+  const int64_t H = x.w13.k, I = x.w2.k, ip = padded_inter_of(f, I);
+  std::vector<Tensor> ws, out;
+  pack_projection(f, o, x.w13, MoeProj::kW13, geom(MoeProj::kW13, H, I, ip, o.gated), &ws);
+  pack_projection(f, o, x.w2, MoeProj::kW2, geom(MoeProj::kW2, H, I, ip, o.gated), &ws);
+  // vLLM's order: both weights, then both scales.
+  out.push_back(std::move(ws[0]));
+  out.push_back(std::move(ws[2]));
+  out.push_back(std::move(ws[1]));
+  out.push_back(std::move(ws[3]));
+  return out;
+}
+
+std::vector<ParamSpec> param_specs(Family f, const LayoutOptions& o, const MoeShape& x) {
+  const int64_t E = x.experts, H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, I);
+  const int pf = 32 / info(f).bits;
+  const ProjGeom g13 = geom(MoeProj::kW13, H, I, ip, o.gated),
+                 g2 = geom(MoeProj::kW2, H, I, ip, o.gated);
+  const QuantMethod m = o.source_method;
+  return {{o.prefix + weight_name(MoeProj::kW13),
+           DType::kI32,
+           {E, g13.kp / 16, g13.np * 16 / pf},
+           ParamRole::kW13Weight},
+          {o.prefix + weight_name(MoeProj::kW2),
+           DType::kI32,
+           {E, g2.kp / 16, g2.np * 16 / pf},
+           ParamRole::kW2Weight},
+          {o.prefix + scale_name(f, m, MoeProj::kW13),
+           scale_dtype(f, o),
+           {E, groups_over(f, g13.kp), g13.np},
+           ParamRole::kW13Scale},
+          {o.prefix + scale_name(f, m, MoeProj::kW2),
+           scale_dtype(f, o),
+           {E, groups_over(f, g2.kp), g2.np},
+           ParamRole::kW2Scale}};
+}
+
+// ---- read back ----------------------------------------------------------------------------------
+
+struct LayerView {
+  int64_t experts = 0, hidden = 0, inter = 0, ip = 0;
+  const Tensor* weight[2] = {nullptr, nullptr};
+  const Tensor* scales[2] = {nullptr, nullptr};
+  ProjGeom g[2];
+};
+
+// The parameters as the kernel reads them, validated (unpack and the reader share it).
+LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) {
+  const FamilyInfo fi = info(f);
+  if (!family_takes(f, o.source_method))
+    throw Error(ErrorCode::kUnsupported, "", o.prefix + "w13_weight",
+                std::string("no ") + fi.layout + " parameters for source method " +
+                    quant_method_name(o.source_method));
+  LayerView L;
+  for (int i = 0; i < 2; ++i) {
+    const MoeProj p = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
+    L.weight[i] = &require_tensor(params, o.prefix + weight_name(p), fi.layout);
+    L.scales[i] = &require_tensor(params, o.prefix + scale_name(f, o.source_method, p), fi.layout);
+    wna16::expect_dtype(*L.weight[i], L.weight[i]->name, {DType::kI32});
+    if (f == Family::kFp8)
+      wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {o.act_dtype});
+    else
+      wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {DType::kF8_E8M0, DType::kU8});
+    if (L.weight[i]->shape.size() != 3 || L.scales[i]->shape.size() != 3)
+      throw Error(ErrorCode::kBadShape, "", L.weight[i]->name,
+                  "weight " + shape_str(L.weight[i]->shape) + " and scales " +
+                      shape_str(L.scales[i]->shape) + " must be 3-D [E, ...]");
+  }
+  const int pf = 32 / fi.bits;
+  const int64_t E = L.weight[0]->shape[0], H = L.weight[0]->shape[1] * 16,
+                ip = L.weight[1]->shape[1] * 16;
+  if (H % 64 != 0 || ip % 64 != 0 || (f == Family::kFp8 && H % kFp8Block != 0))
+    throw Error(ErrorCode::kBadShape, "", L.weight[0]->name,
+                "H=" + num(H) + ", Ip=" + num(ip) + " are not Marlin " + fi.what + " extents");
+  int64_t I = ip;
+  if (o.inter > 0 && o.inter != ip) {
+    if (o.inter > ip || padded_inter_of(f, o.inter) != ip)
+      throw Error(ErrorCode::kBadShape, "", L.weight[1]->name,
+                  "parameters carry I=" + num(ip) + ", which is not how vLLM 0.33 pads the " +
+                      "layer's I=" + num(o.inter) + " for " + fi.layout);
+    I = o.inter;
+  }
+  L.experts = E;
+  L.hidden = H;
+  L.inter = I;
+  L.ip = ip;
+  for (int i = 0; i < 2; ++i) {
+    const ProjGeom g = geom(i == 0 ? MoeProj::kW13 : MoeProj::kW2, H, I, ip, o.gated);
+    wna16::expect_shape(*L.weight[i], L.weight[i]->name, {E, g.kp / 16, g.np * 16 / pf});
+    wna16::expect_shape(*L.scales[i], L.scales[i]->name, {E, groups_over(f, g.kp), g.np});
+    L.g[i] = g;
+  }
+  return L;
+}
+
+void padding_error(const LayoutOptions& o, const std::string& what, int64_t e) {
+  throw Error(ErrorCode::kBadValue, "", o.prefix + what,
+              "expert " + num(e) +
+                  ": the intermediate padding is not zero (vLLM pads with zero codes and scales)");
+}
+
+// One expert's codes [n, k] from the tiles, the padding checked to be zero.
+void untile_codes(const LayoutOptions& o, const ProjGeom& g, int bits, const uint32_t* words,
+                  int64_t e, const std::string& what, uint8_t* codes) {
+  const std::vector<uint8_t> padded = marlin_unrepack(words, g.np, g.kp, bits, false);
+  for (int64_t r = 0; r < g.np; ++r) {
+    const uint8_t* row = &padded[static_cast<size_t>(r * g.kp)];
+    const int64_t lr = g.row(r);
+    const auto nonzero = [](const uint8_t* b, int64_t n) {
+      return std::any_of(b, b + n, [](uint8_t v) { return v != 0; });
+    };
+    if (lr < 0 ? nonzero(row, g.kp) : nonzero(row + g.k, g.kp - g.k)) padding_error(o, what, e);
+    if (lr >= 0) std::memcpy(codes + lr * g.k, row, static_cast<size_t>(g.k));
+  }
+}
+
+// One expert's scales back to the canonical [rows, G]: FP8 block scales read once per 128-row
+// block (every column of a block must hold the same one), the exponent bias removed exactly.
+void unpack_expert_scales(Family f, const LayoutOptions& o, const LayerView& L, int i, int64_t e,
+                          QuantTensor* q) {
+  const ProjGeom& g = L.g[i];
+  const Tensor& st = *L.scales[i];
+  const int64_t G = groups_over(f, g.kp), Gq = q->groups(), rows = q->scale_rows();
+  const int eb = scale_bytes(f);
+  std::vector<uint8_t> m(st.data.begin() + e * G * g.np * eb,
+                         st.data.begin() + (e + 1) * G * g.np * eb);
+  unpermute_scale_matrix(m.data(), G, g.np, eb, f != Family::kFp8);
+  std::vector<uint8_t> seen(static_cast<size_t>(rows * Gq), 0);
+  for (int64_t r = 0; r < g.np; ++r)
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const uint8_t* v = &m[static_cast<size_t>((gi * g.np + r) * eb)];
+      const int64_t lr = g.row(r);
+      if (lr < 0 || gi >= Gq) {
+        if (std::any_of(v, v + eb, [](uint8_t b) { return b != 0; }))
+          padding_error(o, st.name.substr(o.prefix.size()), e);
+        continue;
+      }
+      uint8_t* dst = q->scales.data() + ((e * rows + lr / q->scale_block_n) * Gq + gi) * eb;
+      uint8_t val[2] = {v[0], eb > 1 ? v[1] : uint8_t{0}};
+      if (f == Family::kFp8) {
+        uint16_t h;
+        std::memcpy(&h, v, 2);
+        const bool bf16 = o.act_dtype == DType::kBF16;
+        const float s = (bf16 ? bf16_to_float(h) : f16_to_float(h)) / fp8_bias(o.act_dtype);
+        h = bf16 ? float_to_bf16(s) : float_to_f16(s);
+        std::memcpy(val, &h, 2);
+      }
+      uint8_t& first = seen[static_cast<size_t>((lr / q->scale_block_n) * Gq + gi)];
+      if (first && std::memcmp(dst, val, static_cast<size_t>(eb)) != 0)
+        throw Error(ErrorCode::kBadValue, "", st.name,
+                    "expert " + num(e) +
+                        ": the columns of one FP8 scale block hold different "
+                        "scales (row " +
+                        num(lr) + ", group " + num(gi) + ")");
+      std::memcpy(dst, val, static_cast<size_t>(eb));
+      first = 1;
+    }
+}
+
+QuantSpec canonical_spec(Family f, const LayoutOptions& o) {
+  QuantSpec s;
+  s.kind = CodeKind::kFp8E4M3;
+  s.bits = 8;
+  s.symmetric = true;
+  if (f == Family::kFp8) {
+    s.group_size = kFp8Block;
+    s.scale_block_n = kFp8Block;
+    s.scale_dtype = o.act_dtype;
+  } else {
+    s.group_size = kMxBlock;
+    s.scale_block_n = 1;
+    s.scale_dtype = DType::kU8;
+  }
+  return s;
+}
+
+MoeExperts unpack(Family f, const LayoutOptions& o, const TensorMap& params) {
+  const LayerView L = read_layer(f, o, params);
+  const int bits = info(f).bits, pf = 32 / bits;
+  MoeExperts x;
+  QuantTensor* qs[2] = {&x.w13, &x.w2};
+  for (int i = 0; i < 2; ++i) {
+    const ProjGeom& g = L.g[i];
+    *qs[i] = QuantTensor(canonical_spec(f, o), L.experts, g.n, g.k);
+    const uint32_t* words = L.weight[i]->as<uint32_t>();
+    parallel_for(L.experts, o.threads, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        untile_codes(o, g, bits, words + e * (g.kp * g.np / pf), e,
+                     i == 0 ? "w13_weight" : "w2_weight", qs[i]->codes.data() + e * g.n * g.k);
+        unpack_expert_scales(f, o, L, i, e, qs[i]);
+      }
+    });
+  }
+  return x;
+}
+
+reader::ProjReader make_reader(Family f, const LayoutOptions& o, const TensorMap& params,
+                               MoeProj proj, const ParamLocator& locate) {
+  const LayerView L = read_layer(f, o, params);
+  const int i = proj == MoeProj::kW13 ? 0 : 1;
+  const ProjGeom& g = L.g[i];
+  reader::ProjReader r = blank_reader(reader::Kind::kMarlinFloat, marlin_float_act_quant(o));
+  r.experts = L.experts;
+  r.n = g.n;
+  r.k = g.k;
+  reader::MarlinFloatParams& m = r.marlin_float;
+  m.qweight = static_cast<const uint32_t*>(locate_param(locate, params, L.weight[i]->name));
+  m.scales = locate_param(locate, params, L.scales[i]->name);
+  m.bits = info(f).bits;
+  m.scale_type = f == Family::kFp8 ? reader_scale_type(o.act_dtype, L.scales[i]->name)
+                                   : static_cast<int32_t>(reader::kScaleE8m0);
+  m.grouped_scales = groups_over(f, g.kp) > 1 ? 1 : 0;
+  m.pair_swap = f == Family::kFp8 ? 0 : 1;
+  m.padded_w13 = proj == MoeProj::kW13 && L.inter != L.ip ? 1 : 0;
+  m.scale_mult = f == Family::kFp8 ? 1.0f / fp8_bias(o.act_dtype) : 1.0f;
+  m.global_mult = 1.0f;
+  m.kp = g.kp;
+  m.np = g.np;
+  m.groups = groups_over(f, g.kp);
+  m.group_size = m.groups > 1 ? scale_group(f) : 0;
+  m.inter = L.inter;
+  m.padded_inter = L.ip;
+  m.tiles_n = g.np / 64;
+  m.words_per_expert = g.kp * g.np / (32 / m.bits);
+  return r;
+}
+
+}  // namespace
+
+bool marlin_float_gemm_runs(int64_t n, int64_t k) {
+  return n > 0 && k > 0 && ((n % 64 == 0 && k % 128 == 0) || (n % 128 == 0 && k % 64 == 0));
+}
+
+reader::ActQuant marlin_float_act_quant(const LayoutOptions& opts) {
+  return act_quant_16bit(opts);
+}
+
+// ---- marlin-fp8 ---------------------------------------------------------------------------------
+
+std::vector<std::string> marlin_fp8_unsupported_reasons(const LayoutOptions& o, const MoeShape& x) {
+  return unsupported_reasons(Family::kFp8, o, x);
+}
+std::vector<ParamSpec> marlin_fp8_param_specs(const LayoutOptions& o, const MoeShape& x) {
+  return param_specs(Family::kFp8, o, x);
+}
+std::vector<Tensor> pack_marlin_fp8_moe(const LayoutOptions& o, const MoeExperts& x) {
+  return pack(Family::kFp8, o, x);
+}
+MoeExperts unpack_marlin_fp8_moe(const LayoutOptions& o, const TensorMap& params) {
+  return unpack(Family::kFp8, o, params);
+}
+reader::ProjReader marlin_fp8_make_reader(const LayoutOptions& o, const TensorMap& params,
+                                          MoeProj proj, const ParamLocator& locate) {
+  return make_reader(Family::kFp8, o, params, proj, locate);
+}
+std::vector<std::string> marlin_fp8_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
+  // Byte-identical to prepare_fp8_moe_layer_for_marlin for every layer the row takes
+  // (tests/golden/marlin_float.cpp, fixtures made by vLLM 0.33.0 on an H100).
+  return {};
+}
+int64_t marlin_fp8_padded_inter(const LayoutOptions&, const MoeShape& x) {
+  return padded_inter_of(Family::kFp8, x.inter());
+}
+
+// ---- marlin-mxfp8 -------------------------------------------------------------------------------
+
+std::vector<std::string> marlin_mxfp8_unsupported_reasons(const LayoutOptions& o,
+                                                          const MoeShape& x) {
+  return unsupported_reasons(Family::kMxfp8, o, x);
+}
+std::vector<ParamSpec> marlin_mxfp8_param_specs(const LayoutOptions& o, const MoeShape& x) {
+  return param_specs(Family::kMxfp8, o, x);
+}
+std::vector<Tensor> pack_marlin_mxfp8_moe(const LayoutOptions& o, const MoeExperts& x) {
+  return pack(Family::kMxfp8, o, x);
+}
+MoeExperts unpack_marlin_mxfp8_moe(const LayoutOptions& o, const TensorMap& params) {
+  return unpack(Family::kMxfp8, o, params);
+}
+reader::ProjReader marlin_mxfp8_make_reader(const LayoutOptions& o, const TensorMap& params,
+                                            MoeProj proj, const ParamLocator& locate) {
+  return make_reader(Family::kMxfp8, o, params, proj, locate);
+}
+std::vector<std::string> marlin_mxfp8_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
+  // Byte-identical to prepare_mxfp8_moe_layer_for_marlin (bf16; fp16 is refused).
+  return {};
+}
+int64_t marlin_mxfp8_padded_inter(const LayoutOptions&, const MoeShape& x) {
+  return padded_inter_of(Family::kMxfp8, x.inter());
+}
+
+}  // namespace moepack
