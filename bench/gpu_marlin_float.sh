@@ -4,19 +4,23 @@
 # against an fp32 MoE from the source, corruptions failing. Two steps:
 #
 #   here (CPU):   bash bench/gpu_marlin_float.sh prepare build/bin/moepack MOE_C_XZ
-#                 -> .devcarry/marlin_float/ (ignored): moe.so.xz (the wheel's
+#                 -> $CARRY (default .fpm/run2/, ignored): moe.so.xz (the wheel's
 #                 _moe_C_stable_libtorch.abi3.so, xz'd: the full 38 MB one or the 12.8 MB one
 #                 pruned to what an sm90 GPU loads), its checksum, and artifacts/<case>/{src,out,
 #                 case.json}: small synth checkpoints converted by moepack
-#   device (GPU): bash bench/gpu_marlin_float.sh run     (run's carry: [".devcarry/marlin_float"])
-#                 -> $OUT/marlin_float.log, $OUT/marlin_float.json, $OUT/env.txt
+#   device (GPU): bash bench/gpu_marlin_float.sh run     (run's carry: [".fpm/run2"])
+#                 -> $OUT/env.txt, marlin_float.{log,json} (moepack's output on the kernel),
+#                 plugin_load.{log,json} (bench/gpu_plugin_load.py: the plugin's start-up cost),
+#                 and, where $CARRY/fpm holds the fpmarlin scripts (run_marlin_float.py,
+#                 vllm_src.py, common.py, vllm/, RECORD), vllm_fixtures.{log,json}: vLLM's own
+#                 prepared parameters (tests/golden/marlin_float) on the same kernel
 # The first kernel call of each kind JIT-compiles the Marlin PTX on an H100 (no sm_90 SASS in the
 # wheel): a few minutes in all, cached under CUDA_CACHE_PATH for the rest of the run.
 set -uo pipefail
 mode=${1:-}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-carry=$repo/.devcarry/marlin_float
+carry=${CARRY:-$repo/.fpm/run2}
 # SHA-256 of the decompressed library: vLLM 0.33.0's _moe_C_stable_libtorch.abi3.so as the wheel
 # ships it (tests/vllm/moe_c.sha256), or that file stripped and its fatbin pruned to SASS sm_90 +
 # all PTX (the 2026-11-25 H100 run's carry).
@@ -79,6 +83,11 @@ PY
     printf '{"format": "%s", "layout": "%s", "act": "%s", "target_arch": "%s"}\n' \
       "$fmt" "$layout" "$act" "$arch" >"$d/case.json"
   done
+  # vLLM's own prepared parameters on the kernel too (the fpmarlin scripts, FPM=/work/main/.fpm)
+  if [ -n "${FPM:-}" ]; then
+    mkdir -p "$carry/fpm"
+    cp -r "$FPM"/{run_marlin_float.py,vllm_src.py,common.py,vllm,RECORD} "$carry/fpm/" || exit 1
+  fi
   du -sh "$carry" "$carry"/artifacts
 }
 
@@ -95,7 +104,14 @@ run() {
   cat "$out/env.txt"
   python3 "$here/gpu_marlin_float.py" --so "$w/moe.so" "$carry/artifacts" \
     --json "$out/marlin_float.json" 2>&1 | tee "$out/marlin_float.log"
-  return "${PIPESTATUS[0]}"
+  local rc=${PIPESTATUS[0]}
+  python3 "$here/gpu_plugin_load.py" --json "$out/plugin_load.json" 2>&1 | tee "$out/plugin_load.log"
+  if [ -f "$carry/fpm/run_marlin_float.py" ]; then
+    VLLM_SRC=$carry/fpm/vllm VLLM_RECORD=$carry/fpm/RECORD timeout "${FIXTURE_TIMEOUT:-240}" \
+      python3 "$carry/fpm/run_marlin_float.py" --so "$w/moe.so" "$repo/tests/golden/marlin_float" \
+      --json "$out/vllm_fixtures.json" 2>&1 | tee "$out/vllm_fixtures.log"
+  fi
+  return "$rc"
 }
 
 case $mode in

@@ -209,120 +209,12 @@ TargetLayout humming_row(const std::vector<TargetArch>& every_arch) {
 
 }  // namespace
 
-// vllm_serving: what vLLM 0.33.0's code does (read in its source, docs/vllm.md "What is served").
-// Path (a) needs a MoE method that declares supports_pre_processed_weights and skips its
-// transforms under weights_already_processed(); Fp8MoEMethod does (every backend),
-// ModelOptMxFp8FusedMoE, CompressedTensorsW8A8Mxfp8MoEMethod, CompressedTensorsW8A8Fp8MoEMethod,
-// the WNA16 and W8A8-int8 MoE methods do not.
-const std::vector<TargetLayout>& target_layouts() {
-  using A = TargetArch;
+namespace {
+// vLLM 0.33's float Marlin rows (formats/marlin_float.h): where vLLM runs FP8 block and MXFP8
+// through prepare_{fp8,mxfp8}_moe_layer_for_marlin and MarlinExperts.
+std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& every_arch) {
   using S = ServingPath;
-  static const std::vector<A> every_arch = all_target_archs();
-  // FlashInfer's TRT-LLM-Gen MoE kernels run only on the SM100 family (Blackwell).
-  static const std::vector<A> sm100 = {A::kSm100};
-  // Named fields (designated initialisers, in TargetLayout's declaration order): an optional
-  // hook left out is nullptr.
-  static const std::vector<TargetLayout> table = {
-      {.name = "marlin",
-       .kernel = "vLLM's fused Marlin MoE kernel",
-       .layout_version = 2,
-       .schemes = {"wna16"},
-       .archs = every_arch,
-       .unsupported_reasons = marlin_unsupported_reasons,
-       .param_specs = marlin_param_specs,
-       .pack = pack_marlin_moe,
-       .unpack = unpack_marlin_moe,
-       .reader_kind = reader::Kind::kMarlin,
-       .act_quant = marlin_act_quant,
-       .make_reader = marlin_make_reader,
-       .deviations_from_vllm = marlin_deviations_from_vllm,
-       .option_deviations = marlin_option_deviations,
-       .padded_inter = marlin_padded_inter,
-       // vLLM 0.33's WNA16 MoE methods repack in process_weights_after_loading and have no
-       // pre-processed path; the plugin builds MarlinExperts' modular kernel itself (its oracle
-       // would put Humming first on sm90, which reads another layout).
-       .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .path = S::kKernelBuilder,
-                         .kernel_builder = "wna16-marlin"}}},
-      {.name = "triton-wna16",
-       .kernel = "vLLM's Triton fused_moe kernel (moe_wna16)",
-       .layout_version = 2,
-       .schemes = {"wna16"},
-       .archs = every_arch,
-       .unsupported_reasons = triton_wna16_unsupported_reasons,
-       .param_specs = triton_wna16_param_specs,
-       .pack = pack_triton_wna16_moe,
-       .unpack = unpack_triton_wna16_moe,
-       .reader_kind = reader::Kind::kTritonWna16,
-       .act_quant = triton_wna16_act_quant,
-       .make_reader = triton_wna16_make_reader,
-       .deviations_from_vllm = triton_wna16_deviations_from_vllm,
-       .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .reason = "vLLM 0.33's MoeWNA16 method reads the checkpoint-format "
-                                   "qweight/scales and repacks them itself; its Triton kernel has "
-                                   "no pre-packed entry point this plugin can feed"}}},
-      {.name = "triton-int8",
-       .kernel = "vLLM's Triton fused_moe kernel (W8A8 int8)",
-       .layout_version = 1,
-       .schemes = {"w8a8-int8"},
-       .archs = every_arch,
-       .unsupported_reasons = triton_int8_unsupported_reasons,
-       .param_specs = triton_int8_param_specs,
-       .pack = pack_triton_int8_moe,
-       .unpack = unpack_triton_int8_moe,
-       .reader_kind = reader::Kind::kTritonInt8,
-       .act_quant = triton_int8_act_quant,
-       .make_reader = triton_int8_make_reader,
-       .deviations_from_vllm = triton_int8_deviations_from_vllm,
-       .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .reason = "vLLM 0.33's W8A8 int8 MoE methods quantise per load and have "
-                                   "no pre-processed weight path this plugin can feed"}}},
-      {.name = "trtllm-mxfp8",
-       .kernel = "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
-       .layout_version = 1,
-       .schemes = {"mxfp8"},
-       .archs = sm100,
-       .unsupported_reasons = trtllm_mxfp8_unsupported_reasons,
-       .param_specs = trtllm_mxfp8_param_specs,
-       .pack = pack_trtllm_mxfp8_moe,
-       .unpack = unpack_trtllm_mxfp8_moe,
-       .reader_kind = reader::Kind::kTrtllmMxfp8,
-       .act_quant = trtllm_mxfp8_act_quant,
-       .make_reader = trtllm_mxfp8_make_reader,
-       .deviations_from_vllm = trtllm_mxfp8_deviations_from_vllm,
-       .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .reason = "vLLM 0.33's MXFP8 MoE methods (ModelOptMxFp8FusedMoE, "
-                                   "CompressedTensorsW8A8Mxfp8MoEMethod) do not declare "
-                                   "supports_pre_processed_weights (they always shuffle in "
-                                   "process_weights_after_loading), and this plugin has no kernel "
-                                   "builder for the TRT-LLM MXFP8 experts yet"}}},
-      {.name = "trtllm-fp8-block",
-       .kernel = "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
-       .layout_version = 1,
-       .schemes = {"fp8-block"},
-       .archs = sm100,
-       .unsupported_reasons = trtllm_fp8_block_unsupported_reasons,
-       .param_specs = trtllm_fp8_block_param_specs,
-       .pack = pack_trtllm_fp8_block_moe,
-       .unpack = unpack_trtllm_fp8_block_moe,
-       .reader_kind = reader::Kind::kTrtllmFp8Block,
-       .act_quant = trtllm_fp8_block_act_quant,
-       .make_reader = trtllm_fp8_block_make_reader,
-       .deviations_from_vllm = trtllm_fp8_block_deviations_from_vllm,
-       // Fp8Config's Fp8MoEMethod on Blackwell picks FLASHINFER_TRTLLM for 128x128 blocks; under
-       // weights_already_processed() it only builds TrtLlmFp8Experts from these parameters (the
-       // names, dtypes and shapes prepare_fp8_moe_layer_for_fi leaves).
-       .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .sources = {QuantMethod::kFp8Block},
-                         .path = S::kVllmMethod,
-                         .vllm_method = "Fp8MoEMethod",
-                         .vllm_backend = "Fp8MoeBackend.FLASHINFER_TRTLLM"},
-                        {.target = VllmTarget::kV0_33,
-                         .sources = {QuantMethod::kCtFp8Block},
-                         .reason = "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
-                                   "supports_pre_processed_weights (it always shuffles in "
-                                   "process_weights_after_loading)"}}},
-      humming_row(every_arch),
+  return {
       {.name = "marlin-fp8",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (FP8 weights, 16-bit activations)",
        .layout_version = 1,
@@ -370,6 +262,131 @@ const std::vector<TargetLayout>& target_layouts() {
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}}},
   };
+}
+}  // namespace
+
+// vllm_serving: what vLLM 0.33.0's code does (read in its source, docs/vllm.md "What is served").
+// Path (a) needs a MoE method that declares supports_pre_processed_weights and skips its
+// transforms under weights_already_processed(); Fp8MoEMethod does (every backend),
+// ModelOptMxFp8FusedMoE, CompressedTensorsW8A8Mxfp8MoEMethod, CompressedTensorsW8A8Fp8MoEMethod,
+// the WNA16 and W8A8-int8 MoE methods do not.
+const std::vector<TargetLayout>& target_layouts() {
+  using A = TargetArch;
+  using S = ServingPath;
+  static const std::vector<A> every_arch = all_target_archs();
+  // FlashInfer's TRT-LLM-Gen MoE kernels run only on the SM100 family (Blackwell).
+  static const std::vector<A> sm100 = {A::kSm100};
+  // Named fields (designated initialisers, in TargetLayout's declaration order): an optional
+  // hook left out is nullptr.
+  static const std::vector<TargetLayout> table = [] {
+    std::vector<TargetLayout> t = {
+        {.name = "marlin",
+         .kernel = "vLLM's fused Marlin MoE kernel",
+         .layout_version = 2,
+         .schemes = {"wna16"},
+         .archs = every_arch,
+         .unsupported_reasons = marlin_unsupported_reasons,
+         .param_specs = marlin_param_specs,
+         .pack = pack_marlin_moe,
+         .unpack = unpack_marlin_moe,
+         .reader_kind = reader::Kind::kMarlin,
+         .act_quant = marlin_act_quant,
+         .make_reader = marlin_make_reader,
+         .deviations_from_vllm = marlin_deviations_from_vllm,
+         .option_deviations = marlin_option_deviations,
+         .padded_inter = marlin_padded_inter,
+         // vLLM 0.33's WNA16 MoE methods repack in process_weights_after_loading and have no
+         // pre-processed path; the plugin builds MarlinExperts' modular kernel itself (its oracle
+         // would put Humming first on sm90, which reads another layout).
+         .vllm_serving = {{.target = VllmTarget::kV0_33,
+                           .path = S::kKernelBuilder,
+                           .kernel_builder = "wna16-marlin"}}},
+        {.name = "triton-wna16",
+         .kernel = "vLLM's Triton fused_moe kernel (moe_wna16)",
+         .layout_version = 2,
+         .schemes = {"wna16"},
+         .archs = every_arch,
+         .unsupported_reasons = triton_wna16_unsupported_reasons,
+         .param_specs = triton_wna16_param_specs,
+         .pack = pack_triton_wna16_moe,
+         .unpack = unpack_triton_wna16_moe,
+         .reader_kind = reader::Kind::kTritonWna16,
+         .act_quant = triton_wna16_act_quant,
+         .make_reader = triton_wna16_make_reader,
+         .deviations_from_vllm = triton_wna16_deviations_from_vllm,
+         .vllm_serving = {{.target = VllmTarget::kV0_33,
+                           .reason =
+                               "vLLM 0.33's MoeWNA16 method reads the checkpoint-format "
+                               "qweight/scales and repacks them itself; its Triton kernel has "
+                               "no pre-packed entry point this plugin can feed"}}},
+        {.name = "triton-int8",
+         .kernel = "vLLM's Triton fused_moe kernel (W8A8 int8)",
+         .layout_version = 1,
+         .schemes = {"w8a8-int8"},
+         .archs = every_arch,
+         .unsupported_reasons = triton_int8_unsupported_reasons,
+         .param_specs = triton_int8_param_specs,
+         .pack = pack_triton_int8_moe,
+         .unpack = unpack_triton_int8_moe,
+         .reader_kind = reader::Kind::kTritonInt8,
+         .act_quant = triton_int8_act_quant,
+         .make_reader = triton_int8_make_reader,
+         .deviations_from_vllm = triton_int8_deviations_from_vllm,
+         .vllm_serving = {{.target = VllmTarget::kV0_33,
+                           .reason = "vLLM 0.33's W8A8 int8 MoE methods quantise per load and have "
+                                     "no pre-processed weight path this plugin can feed"}}},
+        {.name = "trtllm-mxfp8",
+         .kernel = "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
+         .layout_version = 1,
+         .schemes = {"mxfp8"},
+         .archs = sm100,
+         .unsupported_reasons = trtllm_mxfp8_unsupported_reasons,
+         .param_specs = trtllm_mxfp8_param_specs,
+         .pack = pack_trtllm_mxfp8_moe,
+         .unpack = unpack_trtllm_mxfp8_moe,
+         .reader_kind = reader::Kind::kTrtllmMxfp8,
+         .act_quant = trtllm_mxfp8_act_quant,
+         .make_reader = trtllm_mxfp8_make_reader,
+         .deviations_from_vllm = trtllm_mxfp8_deviations_from_vllm,
+         .vllm_serving = {{.target = VllmTarget::kV0_33,
+                           .reason =
+                               "vLLM 0.33's MXFP8 MoE methods (ModelOptMxFp8FusedMoE, "
+                               "CompressedTensorsW8A8Mxfp8MoEMethod) do not declare "
+                               "supports_pre_processed_weights (they always shuffle in "
+                               "process_weights_after_loading), and this plugin has no kernel "
+                               "builder for the TRT-LLM MXFP8 experts yet"}}},
+        {.name = "trtllm-fp8-block",
+         .kernel = "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
+         .layout_version = 1,
+         .schemes = {"fp8-block"},
+         .archs = sm100,
+         .unsupported_reasons = trtllm_fp8_block_unsupported_reasons,
+         .param_specs = trtllm_fp8_block_param_specs,
+         .pack = pack_trtllm_fp8_block_moe,
+         .unpack = unpack_trtllm_fp8_block_moe,
+         .reader_kind = reader::Kind::kTrtllmFp8Block,
+         .act_quant = trtllm_fp8_block_act_quant,
+         .make_reader = trtllm_fp8_block_make_reader,
+         .deviations_from_vllm = trtllm_fp8_block_deviations_from_vllm,
+         // Fp8Config's Fp8MoEMethod on Blackwell picks FLASHINFER_TRTLLM for 128x128 blocks; under
+         // weights_already_processed() it only builds TrtLlmFp8Experts from these parameters (the
+         // names, dtypes and shapes prepare_fp8_moe_layer_for_fi leaves).
+         .vllm_serving = {{.target = VllmTarget::kV0_33,
+                           .sources = {QuantMethod::kFp8Block},
+                           .path = S::kVllmMethod,
+                           .vllm_method = "Fp8MoEMethod",
+                           .vllm_backend = "Fp8MoeBackend.FLASHINFER_TRTLLM"},
+                          {.target = VllmTarget::kV0_33,
+                           .sources = {QuantMethod::kCtFp8Block},
+                           .reason =
+                               "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
+                               "supports_pre_processed_weights (it always shuffles in "
+                               "process_weights_after_loading)"}}},
+        humming_row(every_arch),
+    };
+    for (TargetLayout& r : marlin_float_layouts(every_arch)) t.push_back(std::move(r));
+    return t;
+  }();
   return table;
 }
 

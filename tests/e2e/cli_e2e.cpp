@@ -771,9 +771,8 @@ TEST(MarlinFloat, AutoFollowsVllmAndTheOutputVerifies) {
     ASSERT_EQ(moepack_cli("synth " + src + " --format " + c.format +
                           " --layers 2 --experts 4 --hidden 256 --seed 3 --inter " + c.inter),
               0);
-    const json conv = run_json("convert " + src + " " + (tmp / "a") + " --target-arch " +
-                                   c.arch_auto,
-                               0);
+    const json conv =
+        run_json("convert " + src + " " + (tmp / "a") + " --target-arch " + c.arch_auto, 0);
     EXPECT_EQ(conv["backend"], c.layout) << conv.dump();
     for (const std::string& device : verify_devices())
       EXPECT_EQ(moepack_cli("verify " + (tmp / "a") + " --source " + src + " --device " + device),

@@ -31,9 +31,9 @@ class Artifacts:
         if key not in self.cache:
             name = f"{len(self.cache)}-{fmt}-{family}"
             src, dst = self.root / f"{name}-src", self.root / f"{name}-out"
-            args = ["synth", str(src), "--format", fmt, "--family", family, "--layers", "2",
-                    "--experts", "4", "--hidden", "256", "--inter", "128", "--vocab", "256"]
-            for k, v in synth.items():
+            args = ["synth", str(src), "--format", fmt, "--family", family, "--layers", "2"]
+            opts = {"experts": 4, "hidden": 256, "inter": 128, "vocab": 256, **synth}
+            for k, v in opts.items():
                 args += [f"--{k.replace('_', '-')}", str(v)]
             moepack(*args)
             moepack("convert", str(src), str(dst), *convert_flags)

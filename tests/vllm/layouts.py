@@ -129,3 +129,45 @@ def source_linear(t: dict, name: str, fmt: str, bits: int) -> torch.Tensor:
     return ((Q - (1 << (bits - 1))).float() * s[:, g]).t()
 
 
+
+
+# ---- vLLM 0.33's float Marlin layouts as the kernel reads them (docs/marlin_float.md) ----
+
+def pair_unswap(s: torch.Tensor) -> torch.Tensor:
+    """Undoes the float scales' pair swap (every 4 stored values are (0, 2, 1, 3)); an
+    involution, so it also applies it."""
+    G, N = s.shape
+    return s.reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(G, N)
+
+
+def marlin_float_weight(qw, scales, bits, K, N, act_dtype) -> torch.Tensor:
+    """W [K, N] in fp32 as vLLM's Marlin kernel computes it for float codes: the int tile map
+    on the raw e4m3 bytes (bits 8); FP8 scales in the activation dtype carrying the fused
+    exponent bias 2^120 (bf16) / 2^8 (fp16); E8M0 scales pair-swapped after the permutation."""
+    assert bits == 8, "e2m1 codes are decoded by the FP4 layouts"
+    Q = marlin_codes(qw, bits, K, N).to(torch.uint8)
+    vals = Q.view(torch.float8_e4m3fn).float()
+    if scales.dtype == torch.float8_e8m0fnu:
+        codes = pair_unswap(scales.view(torch.uint8))
+        s = torch.exp2(unpermute_scales(codes.float()) - 127.0)
+    else:
+        bias = 2.0 ** (120 if act_dtype == torch.bfloat16 else 8)
+        s = unpermute_scales(scales.float()) / bias
+    G = s.shape[0]
+    g = torch.arange(K) // (K // G)
+    return vals * s[g]
+
+
+def source_float_linear(t: dict, name: str, fmt: str) -> torch.Tensor:
+    """Dequantised W [K, N] of one float source Linear (weight e4m3 [N, K])."""
+    w = t[name + ".weight"].view(torch.float8_e4m3fn).float()
+    n, k = w.shape
+    if fmt in ("fp8-block", "ct-fp8-block"):
+        s = t[name + (".weight_scale_inv" if fmt == "fp8-block" else ".weight_scale")].float()
+        s = s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    elif fmt in ("modelopt-mxfp8", "ct-mxfp8"):
+        s = torch.exp2(t[name + ".weight_scale"].view(torch.uint8).float() - 127.0)
+        s = s.repeat_interleave(32, 1)
+    else:
+        raise ValueError(f"no float source decoder for {fmt}")
+    return (w * s).t()

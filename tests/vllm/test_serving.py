@@ -33,6 +33,16 @@ def test_stock_vllm_refuses(artifacts, fmt, family):
         h.engine_config(str(dst))
 
 
+@pytest.mark.parametrize("fmt,arch", [("fp8-block", "sm80"), ("ct-fp8-block", "sm86"),
+                                      ("modelopt-mxfp8", "sm89")])
+def test_stock_vllm_refuses_float_marlin(artifacts, fmt, arch):
+    """vLLM 0.33's float Marlin layouts (marlin-fp8, marlin-mxfp8): stock vLLM refuses them too."""
+    _, dst = artifacts.get(fmt, "qwen3", "--target-arch", arch)
+    assert json.loads((dst / "moepack.json").read_text())["backend"].startswith("marlin-")
+    with pytest.raises(Exception, match="Unknown quantization method: moepack"):
+        h.engine_config(str(dst))
+
+
 def test_stock_vllm_refuses_forced_quantization(artifacts):
     _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     with pytest.raises(Exception, match=r"\(moepack\) does not match"):
@@ -201,7 +211,7 @@ def test_refuses_unknown_kernel_builder(plugin, artifacts):
     edit_manifest(d, lambda m: m["serving"].update(kernel_builder="wna16-future"))
     with pytest.raises(Exception, match=r"serving\.kernel_builder 'wna16-future': this "
                                         r"moepack-vllm has the kernel builders "
-                                        r"\['wna16-humming', 'wna16-marlin'\]"):
+                                        r"\['marlin-float', 'wna16-humming', 'wna16-marlin'\]"):
         h.engine_config(str(d))
 
 

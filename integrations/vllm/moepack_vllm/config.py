@@ -20,6 +20,20 @@ from vllm.model_executor.layers.quantization.base_config import (
 from .artifact import ArtifactError, Block, Manifest, check_capability, read_manifest
 
 
+def _vllm_method_for(method: str, src: dict) -> str:
+    """The vLLM config class vLLM itself picks for a source block: ModelOpt checkpoints all say
+    `quant_method: modelopt`, and vLLM's ModelConfig picks modelopt / modelopt_fp4 /
+    modelopt_mxfp8 / modelopt_mixed by their override_quantization_method (on quant_algo)."""
+    if method != "modelopt":
+        return method
+    for name in ("modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed"):
+        if name in QUANTIZATION_METHODS:
+            picked = get_quantization_config(name).override_quantization_method(src, None)
+            if picked is not None:
+                return picked
+    return method
+
+
 @register_quantization_config("moepack")
 class MoepackConfig(QuantizationConfig):
     """A moepack artifact: experts in kernel layout, every other Linear as the source wrote it."""
@@ -97,7 +111,7 @@ class MoepackConfig(QuantizationConfig):
                 raise ArtifactError(
                     "config.json: quantization_config.source_quantization_config.quant_method "
                     f"{method!r} is not a vLLM quantization method")
-            self._source = get_quantization_config(method).from_config(src)
+            self._source = get_quantization_config(_vllm_method_for(method, src)).from_config(src)
         return self._source
 
     def manifest(self) -> Manifest:

@@ -29,7 +29,7 @@ from .humming_builder import Wna16HummingBuilder
 
 _DTYPES = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16,
            "F32": torch.float32, "U8": torch.uint8, "I8": torch.int8, "I64": torch.int64,
-           "F8_E4M3": torch.float8_e4m3fn}
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu}
 
 
 # ---- path (b): kernel builders, one per layout vLLM's methods cannot take pre-processed ----
@@ -118,8 +118,67 @@ class Wna16MarlinBuilder:
             routing_tables=layer._expert_routing_tables())
 
 
+class MarlinFloatBuilder:
+    """vLLM 0.33's Marlin MoE kernel for float weights with 16-bit activations (MarlinExperts
+    through the FP8 oracle's make_fp8_moe_kernel, backend MARLIN), as the MXFP8 methods and
+    compressed-tensors' FP8 method build it after prepare_{fp8,mxfp8}_moe_layer_for_marlin
+    (docs/marlin_float.md): FP8 block scales in the activation dtype (block [128, 128]), MXFP8
+    E8M0 scales (block [1, 32]). The parameters carry vLLM's padded intermediate; the kernel
+    reads it from w2's shape (marlin_moe_intermediate_size)."""
+
+    name = "marlin-float"
+
+    def __init__(self, method: "MoepackMoEMethod") -> None:
+        from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+        from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
+
+        self.method = method
+        self.experts_cls = MarlinExperts
+        self.backend = Fp8MoeBackend.MARLIN
+
+    def block_shape(self) -> list[int]:
+        art = self.method.art
+        dtype = art.params[art.roles["w13_scale"]][0]
+        return [1, 32] if dtype == "F8_E8M0" else [128, 128]
+
+    def check(self, where: str) -> None:
+        art, m = self.method.art, self.method.manifest
+        for role in ("w13_weight", "w2_weight", "w13_scale", "w2_scale"):
+            if role not in art.roles:
+                raise ArtifactError(f"{where}: param_roles has no {role} (needed by {self.name})")
+        extra = sorted(set(art.roles) - {"w13_weight", "w2_weight", "w13_scale", "w2_scale"})
+        if extra:
+            raise ArtifactError(f"{where}: param_roles {extra}: {self.name} serves FP8 and MXFP8 "
+                                "Marlin layouts (weights and scales only)")
+        dtypes = {art.params[art.roles[r]][0] for r in ("w13_scale", "w2_scale")}
+        if dtypes not in ({"F8_E8M0"}, {m.act_dtype}):
+            raise ArtifactError(f"{where}: scale dtypes {sorted(dtypes)}: {self.name} reads E8M0 "
+                                f"(MXFP8) or {m.act_dtype} (FP8 block) scales")
+
+    def quant_config(self, layer: RoutedExperts):
+        from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_quant_config
+
+        p = self.method.param
+        return make_fp8_moe_quant_config(
+            fp8_backend=self.backend, w1_scale=p(layer, "w13_scale"),
+            w2_scale=p(layer, "w2_scale"), a1_scale=None, a2_scale=None,
+            block_shape=self.block_shape())
+
+    def build(self, layer: RoutedExperts):
+        from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_kernel
+
+        layer.w13_weight = self.method.param(layer, "w13_weight")
+        layer.w2_weight = self.method.param(layer, "w2_weight")
+        quant_config = self.quant_config(layer)
+        return quant_config, make_fp8_moe_kernel(
+            moe_quant_config=quant_config, moe_config=self.method.moe,
+            experts_cls=self.experts_cls, fp8_backend=self.backend,
+            routing_tables=layer._expert_routing_tables())
+
+
 # The kernel-builder names a manifest may give (serving.kernel_builder).
-KERNEL_BUILDERS = {b.name: b for b in (Wna16MarlinBuilder, Wna16HummingBuilder)}
+KERNEL_BUILDERS = {b.name: b for b in (Wna16MarlinBuilder, Wna16HummingBuilder,
+                                               MarlinFloatBuilder)}
 
 
 def _oracle_choice(method, enum_class: str):

@@ -1,0 +1,256 @@
+"""vLLM 0.33's float Marlin layouts (docs/marlin_float.md) served by the plugin in the real vLLM
+0.33.0, on the CPU: FP8 block (`marlin-fp8`) and MXFP8 (`marlin-mxfp8`).
+
+Serving paths (docs/vllm.md): DeepSeek-style FP8 block goes through vLLM's own Fp8MoEMethod under
+weights_already_processed() (path a; its oracle must pick MARLIN), compressed-tensors FP8 block
+and MXFP8 through the plugin's `marlin-float` kernel builder (path b; their vLLM methods do not
+take pre-processed weights); stock vLLM refusing them is in test_serving.py (it runs before the
+plugin is registered). Each artifact loads byte for byte, and vLLM's whole MoE block runs on
+it (router, runner, modular kernel, MarlinExperts, fused_marlin_moe) with CPU stand-ins for the
+CUDA-only ops that compute from the parameters as the Marlin kernel reads them -- decoded in
+tests/vllm/layouts.py from docs/marlin_float.md, independently of moepack's C++ -- against an fp32
+MoE from the *source* checkpoint. A corrupted artifact (gate/up halves swapped, the pair swap of
+the E8M0 scales dropped) lands far off.
+
+Stubbed for path (a), because this machine has no CUDA device (`pretend_ampere`), nothing else:
+MarlinExperts._supports_current_device -> True (real: CUDA with capability >= 7.5), and vLLM's
+CPU FP8 experts report no support (a GPU host has none). The oracle itself is vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import vllm_harness as h
+from conftest import assert_byte_identical
+from layouts import marlin_float_weight, source_float_linear
+from test_serving_forward import RIGHT_TOL, WRONG_MIN, StandIns
+
+
+class FloatStandIns(StandIns):
+    """StandIns whose moe_wna16_marlin_gemm reads float Marlin layouts."""
+
+    def gemm(self, a, c, b_qweight, b_bias, b_scales, a_scales, global_scale, b_qzeros,
+             workspace, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_weights,
+             moe_block_size, top_k, mul_topk_weights, b_q_type, size_m, size_n, size_k,
+             *rest, **kw):
+        assert b_bias is None and a_scales is None and global_scale is None and b_qzeros is None
+        assert b_q_type.size_bits == 8 and b_q_type.is_floating_point(), b_q_type
+        self.topk_weights = topk_weights.clone()
+        out = torch.zeros(size_m * top_k, size_n)
+        n_ids = int(num_tokens_post_padded[0])
+        for blk in range(n_ids // moe_block_size):
+            e = int(expert_ids[blk])
+            ids = sorted_token_ids[blk * moe_block_size:(blk + 1) * moe_block_size].long()
+            ids = ids[ids < size_m * top_k]
+            key = (b_qweight.data_ptr(), e)
+            if key not in self.cache:
+                self.cache[key] = marlin_float_weight(b_qweight[e], b_scales[e], 8, size_k,
+                                                      size_n, a.dtype)
+            y = a[ids // top_k].float() @ self.cache[key]
+            if mul_topk_weights:
+                y = y * topk_weights.flatten()[ids].unsqueeze(1)
+            out[ids] = y
+        if c is None:
+            c = torch.empty(size_m * top_k, size_n, dtype=a.dtype)
+        c.view(size_m * top_k, size_n).copy_(out.to(c.dtype))
+        return c
+
+
+@pytest.fixture
+def pretend_ampere(monkeypatch):
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend, backend_to_kernel_cls
+
+    monkeypatch.setattr(MarlinExperts, "_supports_current_device", staticmethod(lambda: True))
+    for backend in (Fp8MoeBackend.CPU, Fp8MoeBackend.CPU_W8A8):
+        for cls in backend_to_kernel_cls(backend):
+            monkeypatch.setattr(cls, "_supports_current_device", staticmethod(lambda: False))
+
+
+# synth format -> (convert flags, layout, serving path, builder or vLLM method, synth extras)
+CASES = {
+    "fp8-block": (("--target-arch", "sm80"), "marlin-fp8", "vllm-method", "Fp8MoEMethod", {}),
+    "ct-fp8-block": (("--target-arch", "sm86"), "marlin-fp8", "kernel-builder", "marlin-float",
+                     {}),
+    "modelopt-mxfp8": (("--target-arch", "sm89"), "marlin-mxfp8", "kernel-builder",
+                       "marlin-float", {"inter": 96}),
+}
+
+
+def ignore_bf16_linears_in(d, nested: bool, field: str) -> None:
+    """ignore_bf16_linears for any source block: the BF16 Linears synth writes (dense MLPs,
+    attention, router) and vLLM's fused names for them are added to the block's list `field`
+    (`ignored_layers` for fp8, `ignore` for compressed-tensors and ModelOpt)."""
+    mods = []
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                sl = st.get_slice(k)
+                if k.endswith(".weight") and sl.get_dtype() in ("BF16", "F16") and \
+                        len(sl.get_shape()) == 2:
+                    mods.append(k[:-len(".weight")])
+    mods += [re.sub(r"\.(q|k|v)_proj$", ".qkv_proj", m) for m in mods]
+    mods += [re.sub(r"\.(gate|up)_proj$", ".gate_up_proj", m) for m in mods]
+    p = d / "config.json"
+    cfg = json.loads(p.read_text())
+    q = cfg["quantization_config"]
+    block = q["source_quantization_config"] if nested else q
+    block[field] = sorted(set(block.get(field, []) + mods))
+    p.write_text(json.dumps(cfg, indent=2))
+
+
+def artifact(artifacts, fmt):
+    flags, *_, synth = CASES[fmt]
+    src, dst = artifacts.get(fmt, "qwen3", *flags, **synth)
+    # vLLM's source configs would quantise the BF16 Linears synth writes (dense MLPs, attention,
+    # router; synth's ignore lists are partial); config.json only, the tensors stay as converted.
+    field = "ignored_layers" if fmt == "fp8-block" else "ignore"
+    s, d = artifacts.edited_copy(src, f"mf-{fmt}-src"), artifacts.edited_copy(dst, f"mf-{fmt}-art")
+    ignore_bf16_linears_in(s, False, field)
+    ignore_bf16_linears_in(d, True, field)
+    return s, d
+
+
+def moepack_layers(model):
+    from moepack_vllm.moe import MoepackMoEMethod
+
+    return {n: m for n, m in model.named_modules()
+            if isinstance(getattr(m, "quant_method", None), MoepackMoEMethod)}
+
+
+@pytest.mark.parametrize("fmt", list(CASES))
+def test_float_marlin_exports_its_serving_path(artifacts, fmt):
+    _, layout, path, who, _ = CASES[fmt]
+    _, dst = artifact(artifacts, fmt)
+    m = json.loads((dst / "moepack.json").read_text())
+    assert m["backend"] == layout and m["serving"]["path"] == path
+    if path == "vllm-method":
+        assert (m["serving"]["vllm_method"], m["serving"]["vllm_backend"]) == \
+            (who, "Fp8MoeBackend.MARLIN")
+    else:
+        assert m["serving"]["kernel_builder"] == who
+    for L in m["layers"]:
+        roles = sorted(L["param_roles"][n] for n in L["params"])
+        assert roles == ["w13_scale", "w13_weight", "w2_scale", "w2_weight"]
+
+
+def run_block(plugin, monkeypatch, src, dst):
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    stand = FloatStandIns(monkeypatch)
+    model, cfg = h.load_model(str(dst))
+    manifest = json.loads((dst / "moepack.json").read_text())
+    L = manifest["layers"][0]
+    block = model.get_submodule(L["module"])
+    torch.manual_seed(0)
+    x = torch.randn(16, L["hidden"]).to(torch.bfloat16)
+    with set_current_vllm_config(cfg), set_forward_context(None, cfg, num_tokens=x.shape[0]):
+        y = block(x).float()
+    return model, manifest, y, x, stand, L["module"] + ".experts"
+
+
+def reference(src, prefix, fmt, x, topk_ids, topk_weights):
+    t = {}
+    for f in sorted(src.glob("*.safetensors")):
+        t.update(load_file(str(f)))
+    out = torch.zeros(x.shape[0], x.shape[1])
+    for i in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            p = f"{prefix}.{int(topk_ids[i, j])}."
+            xi = x[i].float()
+            hmid = F.silu(xi @ source_float_linear(t, p + "gate_proj", fmt)) * (
+                xi @ source_float_linear(t, p + "up_proj", fmt))
+            out[i] += float(topk_weights[i, j]) * (hmid @ source_float_linear(
+                t, p + "down_proj", fmt))
+    return out
+
+
+def forward_error(plugin, monkeypatch, src, dst, fmt):
+    model, manifest, y, x, stand, prefix = run_block(plugin, monkeypatch, src, dst)
+    ref = reference(src, prefix, fmt, x, stand.topk_ids, stand.topk_weights)
+    return model, manifest, float((y - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("fmt", list(CASES))
+def test_float_marlin_serves_and_forward_matches_source(plugin, artifacts, monkeypatch,
+                                                        pretend_ampere, fmt):
+    from vllm.model_executor.layers.quantization import fp8 as vllm_fp8
+
+    def no_transform(*a, **kw):
+        raise AssertionError("vLLM transformed pre-processed weights")
+
+    monkeypatch.setattr(vllm_fp8, "convert_to_fp8_moe_kernel_format", no_transform)
+    _, layout, path, who, _ = CASES[fmt]
+    src, dst = artifact(artifacts, fmt)
+    model, manifest, err = forward_error(plugin, monkeypatch, src, dst, fmt)
+    print(f"{fmt} -> {layout}: normalized error {err:.3e}")
+    assert err < RIGHT_TOL, f"{fmt}: |y - ref| / |ref| = {err:.3e}"
+    assert assert_byte_identical(model, dst) == 4 * len(manifest["layers"])
+    layers = moepack_layers(model)
+    assert len(layers) == len(manifest["layers"])
+    for mod in layers.values():
+        q = mod.quant_method
+        assert type(q.moe_kernel.fused_experts).__name__ == "MarlinExperts"
+        if path == "vllm-method":
+            assert type(q.inner).__name__ == who and q.inner.fp8_backend.name == "MARLIN"
+        else:
+            assert q.inner is None and q.builder.name == who
+            want = [1, 32] if layout == "marlin-mxfp8" else [128, 128]
+            assert q.builder.block_shape() == want
+            assert q.moe_quant_config.w1_scale is q.param(mod, "w13_scale")
+
+
+def rewrite(d, fn):
+    p = d / "model.safetensors"
+    tensors = load_file(str(p))
+    fn(tensors)
+    save_file(tensors, str(p), metadata={"format": "pt"})
+
+
+def swap_gate_up(t, name):
+    """[E, K/16 or G, 2N'] w13 tensor: the halves of its last dimension exchanged."""
+    half = t[name].shape[-1] // 2
+    t[name] = torch.cat([t[name][..., half:], t[name][..., :half]], -1).contiguous()
+
+
+@pytest.mark.parametrize("fmt,what", [("modelopt-mxfp8", "gate-up"),
+                                      ("modelopt-mxfp8", "pair-swap"),
+                                      ("ct-fp8-block", "gate-up")])
+def test_float_marlin_forward_catches_corruption(plugin, artifacts, monkeypatch, fmt, what):
+    src, dst = artifact(artifacts, fmt)
+    d = artifacts.edited_copy(dst, f"mf-bad-{fmt}-{what}")
+    manifest = json.loads((d / "moepack.json").read_text())
+    names = [n for L in manifest["layers"] for n in L["params"]
+             if L["param_roles"][n] in (("w13_weight", "w13_scale") if what == "gate-up"
+                                        else ("w13_scale",))]
+
+    def corrupt(t):
+        for n in names:
+            if what == "gate-up":
+                swap_gate_up(t, n)
+            else:
+                b = t[n].view(torch.uint8).reshape(-1, 4)[:, [0, 2, 1, 3]]
+                t[n] = b.contiguous().view(torch.float8_e8m0fnu).reshape(t[n].shape)
+
+    rewrite(d, corrupt)
+    _, _, err = forward_error(plugin, monkeypatch, src, d, fmt)
+    print(f"{fmt} with {what} corrupted: normalized error {err:.3e}")
+    assert err > WRONG_MIN, f"a wrong layout passed: {err:.3e}"
+
+
+def test_path_a_refused_where_vllms_oracle_picks_another_backend(plugin, artifacts):
+    """No device stub: vLLM's real FP8 oracle on this CPU machine does not pick MARLIN, so the
+    marlin-fp8 artifact is refused by name before anything is loaded."""
+    _, dst = artifact(artifacts, "fp8-block")
+    with pytest.raises(Exception, match=r"written for Fp8MoeBackend\.MARLIN, but vLLM's oracle "
+                                        r"picked"):
+        h.load_model(str(dst))
