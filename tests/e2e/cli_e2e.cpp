@@ -570,12 +570,13 @@ void expect_verify_fails_naming_layer(const std::string& dst, const std::string&
 struct Converted {
   TempDir tmp;
   std::string src, dst;
-  Converted(const std::string& format, const std::string& arch,
-            const std::string& backend = "auto", const std::string& synth_extra = "") {
+  // `small` replaces kSmall's synth shape (e.g. another --inter).
+  Converted(const std::string& format, const std::string& arch, const std::string& backend = "auto",
+            const char* small = kSmall) {
     src = tmp / "src";
     dst = tmp / "dst";
     EXPECT_EQ(moepack_cli("synth " + src + " --format " + format + " --family qwen3" +
-                          std::string(kSmall) + synth_extra),
+                          std::string(small)),
               0);
     EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch " + arch + " --backend " +
                           backend),
@@ -800,7 +801,8 @@ void swap_row_halves(std::vector<uint8_t>& b, const Shape& s) {
 }
 
 TEST(VerifyCatches, MarlinMxfp8GateUpSwapped) {
-  Converted c("modelopt-mxfp8", "sm80", "auto", " --inter 96");
+  Converted c("modelopt-mxfp8", "sm80", "auto",
+              " --layers 2 --experts 4 --hidden 256 --inter 96 --seed 7");
   corrupt(c.dst, kExperts + "w13_weight", swap_row_halves);
   corrupt(c.dst, kExperts + "w13_weight_scale", swap_row_halves);
   expect_verify_fails_naming_layer(c.dst, c.src, 1);

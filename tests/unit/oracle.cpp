@@ -666,9 +666,9 @@ std::vector<OrderCase> order_cases() {
   auto wna16 = [](const std::string& on_sm90, const std::string& on_sm100) {
     const std::string chosen_sm90 = on_sm90 == "humming" ? "humming" : "marlin";
     return std::vector<ArchExpectation>{
-        {A::kSm80, "marlin", "marlin"},       {A::kSm86, "marlin", "marlin"},
-        {A::kSm89, "marlin", "marlin"},       {A::kSm90, chosen_sm90, on_sm90},
-        {A::kSm100, "marlin", on_sm100},      {A::kSm120, "marlin", "marlin"}};
+        {A::kSm80, "marlin", "marlin"},  {A::kSm86, "marlin", "marlin"},
+        {A::kSm89, "marlin", "marlin"},  {A::kSm90, chosen_sm90, on_sm90},
+        {A::kSm100, "marlin", on_sm100}, {A::kSm120, "marlin", "marlin"}};
   };
   const std::vector<ArchExpectation> int8 = {
       {A::kSm80, "triton-int8", "triton-int8"},  {A::kSm86, "triton-int8", "triton-int8"},
