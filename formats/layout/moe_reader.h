@@ -202,611 +202,596 @@ struct HummingParams {
   int64_t group_size;        // > 0
   int64_t tiles_n;           // np / 64
   int64_t words_per_expert;  // kp * np * bits / 32
-  // kMarlinFloat (formats/marlin_float.h): vLLM 0.33's Marlin tiles of raw float codes (e4m3 bytes,
-  // e2m1 nibbles) with their scales in the kernel's formats. Physical sizes kp x np include the
-  // intermediate padding. weight = code * (scale * scale_mult) [* (global * global_mult)], which is
-  // the canonical dequantisation of what unpack decodes, bit for bit: scale_mult undoes the FP8
-  // exponent bias fused into the stored scales (2^-120 bf16, 2^-8 fp16) and the NVFP4 2^7 of the
-  // S0E5M3 bytes, global_mult the NVFP4 processed global scale's 2^119 (bf16) / 2^7 (fp16).
-  struct MarlinFloatParams {
-    const uint32_t* qweight;    // [E, kp/16, np*16/pf] tiles
-    const void* scales;         // [E, groups, np] of scale_type, permuted (and pair-swapped)
-    const float* global_scale;  // [E] (NVFP4), or null
-    int32_t bits;               // 8: e4m3 codes; 4: e2m1 codes
-    int32_t scale_type;         // kScaleBf16 / kScaleF16 (FP8), kScaleE8m0 (MX), kScaleS0e5m3
-    int32_t grouped_scales;     // 64-permutation (more than one group), else the 32 one
-    int32_t pair_swap;          // every 4 permuted scales stored as (0, 2, 1, 3)
-    int32_t padded_w13;         // as MarlinParams::padded_w13
-    float scale_mult, global_mult;
-    int64_t kp, np;               // physical K and N
-    int64_t groups;               // G
-    int64_t group_size;           // 0 when groups == 1
-    int64_t inter, padded_inter;  // I and the I the parameters carry
-    int64_t tiles_n;              // tiles along N
-    int64_t words_per_expert;     // kp * np / pf
+};
+
+// kMarlinFloat (formats/marlin_float.h): vLLM 0.33's Marlin tiles of raw float codes (e4m3 bytes,
+// e2m1 nibbles) with their scales in the kernel's formats. Physical sizes kp x np include the
+// intermediate padding. weight = code * (scale * scale_mult) [* (global * global_mult)], which is
+// the canonical dequantisation of what unpack decodes, bit for bit: scale_mult undoes the FP8
+// exponent bias fused into the stored scales (2^-120 bf16, 2^-8 fp16) and the NVFP4 2^7 of the
+// S0E5M3 bytes, global_mult the NVFP4 processed global scale's 2^119 (bf16) / 2^7 (fp16).
+struct MarlinFloatParams {
+  const uint32_t* qweight;    // [E, kp/16, np*16/pf] tiles
+  const void* scales;         // [E, groups, np] of scale_type, permuted (and pair-swapped)
+  const float* global_scale;  // [E] (NVFP4), or null
+  int32_t bits;               // 8: e4m3 codes; 4: e2m1 codes
+  int32_t scale_type;         // kScaleBf16 / kScaleF16 (FP8), kScaleE8m0 (MX), kScaleS0e5m3
+  int32_t grouped_scales;     // 64-permutation (more than one group), else the 32 one
+  int32_t pair_swap;          // every 4 permuted scales stored as (0, 2, 1, 3)
+  int32_t padded_w13;         // as MarlinParams::padded_w13
+  float scale_mult, global_mult;
+  int64_t kp, np;               // physical K and N
+  int64_t groups;               // G
+  int64_t group_size;           // 0 when groups == 1
+  int64_t inter, padded_inter;  // I and the I the parameters carry
+  int64_t tiles_n;              // tiles along N
+  int64_t words_per_expert;     // kp * np / pf
+};
+
+// One projection (w13 or w2) of a chunk of experts. Trivially copyable: kernels take it by value.
+struct ProjReader {
+  Kind kind;
+  ActQuant act;
+  int64_t experts, n, k;  // LOGICAL sizes (padding hidden inside)
+  union {                 // the member `kind` names
+    CanonicalParams canonical;
+    MarlinParams marlin;
+    TritonWna16Params triton_wna16;
+    TritonInt8Params triton_int8;
+    TrtllmMxfp8Params trtllm_mxfp8;
+    TrtllmFp8BlockParams trtllm_fp8_block;
+    HummingParams humming;
+    MarlinFloatParams marlin_float;
   };
+};
+static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
 
-  // One projection (w13 or w2) of a chunk of experts. Trivially copyable: kernels take it by value.
-  struct ProjReader {
-    Kind kind;
-    ActQuant act;
-    int64_t experts, n, k;  // LOGICAL sizes (padding hidden inside)
-    union {                 // the member `kind` names
-      CanonicalParams canonical;
-      MarlinParams marlin;
-      TritonWna16Params triton_wna16;
-      TritonInt8Params triton_int8;
-      TrtllmMxfp8Params trtllm_mxfp8;
-      TrtllmFp8BlockParams trtllm_fp8_block;
-      HummingParams humming;
-      MarlinFloatParams marlin_float;
-    };
-  };
-  static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
-
-  // The one dispatch over Kind: f applied to the parameters of r's kind.
-  template <class F>
-  MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
-    switch (r.kind) {
-      case Kind::kMarlin:
-        return f(r.marlin);
-      case Kind::kTritonWna16:
-        return f(r.triton_wna16);
-      case Kind::kTritonInt8:
-        return f(r.triton_int8);
-      case Kind::kTrtllmMxfp8:
-        return f(r.trtllm_mxfp8);
-      case Kind::kTrtllmFp8Block:
-        return f(r.trtllm_fp8_block);
-      case Kind::kHumming:
-        return f(r.humming);
-      case Kind::kMarlinFloat:
-        return f(r.marlin_float);
-      default:
-        return f(r.canonical);
-    }
+// The one dispatch over Kind: f applied to the parameters of r's kind.
+template <class F>
+MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
+  switch (r.kind) {
+    case Kind::kMarlin:
+      return f(r.marlin);
+    case Kind::kTritonWna16:
+      return f(r.triton_wna16);
+    case Kind::kTritonInt8:
+      return f(r.triton_int8);
+    case Kind::kTrtllmMxfp8:
+      return f(r.trtllm_mxfp8);
+    case Kind::kTrtllmFp8Block:
+      return f(r.trtllm_fp8_block);
+    case Kind::kHumming:
+      return f(r.humming);
+    case Kind::kMarlinFloat:
+      return f(r.marlin_float);
+    default:
+      return f(r.canonical);
   }
+}
 
-  // ---- scalar helpers
-  // ----------------------------------------------------------------------------
+// ---- scalar helpers ----------------------------------------------------------------------------
 
-  MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
-    switch (type) {
-      case kScaleF16:
-        return hd::f16_value(static_cast<const uint16_t*>(base)[index]);
-      case kScaleBf16:
-        return hd::bf16_value(static_cast<const uint16_t*>(base)[index]);
-      case kScaleF32:
-        return static_cast<const float*>(base)[index];
-      case kScaleS0e5m3:
-        return hd::f16_value(static_cast<uint16_t>(static_cast<const uint8_t*>(base)[index] << 7));
-      default:
-        return hd::e8m0_value(static_cast<const uint8_t*>(base)[index]);
-    }
+MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
+  switch (type) {
+    case kScaleF16:
+      return hd::f16_value(static_cast<const uint16_t*>(base)[index]);
+    case kScaleBf16:
+      return hd::bf16_value(static_cast<const uint16_t*>(base)[index]);
+    case kScaleF32:
+      return static_cast<const float*>(base)[index];
+    case kScaleS0e5m3:
+      return hd::f16_value(static_cast<uint16_t>(static_cast<const uint8_t*>(base)[index] << 7));
+    default:
+      return hd::e8m0_value(static_cast<const uint8_t*>(base)[index]);
   }
+}
 
-  // ---- kCanonical
-  // --------------------------------------------------------------------------------
+// ---- kCanonical --------------------------------------------------------------------------------
 
-  // = formats/codec.cpp dequantize_expert, element (n, kk).
-  MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int64_t e, int64_t n,
-                               int64_t kk) {
-    const int64_t K = r.k, G = p.groups;
-    const int64_t g = p.g_idx ? p.g_idx[e * K + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
-    const float s =
-        scale_at(p.scales, (e * p.scale_rows + n / p.scale_block_n) * G + g, p.scale_type);
-    const uint8_t c = p.codes[(e * r.n + n) * K + kk];
-    switch (p.code_type) {
-      case kCodeUint: {
-        const float zf = p.zeros ? static_cast<float>(p.zeros[(e * r.n + n) * G + g])
-                                 : static_cast<float>(1 << (p.bits - 1));
-        return (static_cast<float>(c) - zf) * s;
-      }
-      case kCodeInt:
-        return static_cast<float>(static_cast<int8_t>(c)) * s;
-      default:
-        return hd::e4m3_value(c) * s;
+// = formats/codec.cpp dequantize_expert, element (n, kk).
+MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t K = r.k, G = p.groups;
+  const int64_t g = p.g_idx ? p.g_idx[e * K + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
+  const float s =
+      scale_at(p.scales, (e * p.scale_rows + n / p.scale_block_n) * G + g, p.scale_type);
+  const uint8_t c = p.codes[(e * r.n + n) * K + kk];
+  switch (p.code_type) {
+    case kCodeUint: {
+      const float zf = p.zeros ? static_cast<float>(p.zeros[(e * r.n + n) * G + g])
+                               : static_cast<float>(1 << (p.bits - 1));
+      return (static_cast<float>(c) - zf) * s;
     }
+    case kCodeInt:
+      return static_cast<float>(static_cast<int8_t>(c)) * s;
+    default:
+      return hd::e4m3_value(c) * s;
   }
+}
 
-  // ---- kMarlin
-  // -----------------------------------------------------------------------------------
+// ---- kMarlin -----------------------------------------------------------------------------------
 
-  // The Marlin MoE kernel's reading of (n, kk): tiles through marlin::word_field_of, scales and
-  // zero points through the inverse chunk permutations, the group of sorted row kk from the stored
-  // (sorted) g_idx under act-order.
-  MOEPACK_HD float kind_weight(const MarlinParams& p, const ProjReader&, int64_t e, int64_t n,
-                               int64_t kk) {
-    const int bits = p.bits;
-    const bool a8 = p.a8 != 0;
-    const int64_t Np = p.np;
-    if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
-    const int64_t g = p.g_idx ? p.g_idx[e * p.kp + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
-    int word = 0, field = 0;
-    marlin::word_field_of(bits, a8, kk, n, &word, &field);
-    const int64_t tau = (kk / marlin::tile_k(a8)) * p.tiles_n + n / marlin::tile_n(a8);
-    const uint32_t mask = (1u << bits) - 1u;
-    const uint32_t w =
-        p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(bits) + word];
-    const float code = static_cast<float>((w >> (bits * field)) & mask);
-    // Scale (g, n) and zero point (g, n) of the row-major [G, Np] matrices, as stored permuted.
+// The Marlin MoE kernel's reading of (n, kk): tiles through marlin::word_field_of, scales and
+// zero points through the inverse chunk permutations, the group of sorted row kk from the stored
+// (sorted) g_idx under act-order.
+MOEPACK_HD float kind_weight(const MarlinParams& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int bits = p.bits;
+  const bool a8 = p.a8 != 0;
+  const int64_t Np = p.np;
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  const int64_t g = p.g_idx ? p.g_idx[e * p.kp + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
+  int word = 0, field = 0;
+  marlin::word_field_of(bits, a8, kk, n, &word, &field);
+  const int64_t tau = (kk / marlin::tile_k(a8)) * p.tiles_n + n / marlin::tile_n(a8);
+  const uint32_t mask = (1u << bits) - 1u;
+  const uint32_t w = p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(bits) + word];
+  const float code = static_cast<float>((w >> (bits * field)) & mask);
+  // Scale (g, n) and zero point (g, n) of the row-major [G, Np] matrices, as stored permuted.
+  const int64_t j = g * Np + n;
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);
+  const int64_t spos = (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc));
+  const float s = scale_at(p.scales + e * p.groups * Np, spos, p.scale_type);
+  float z = static_cast<float>(1 << (bits - 1));
+  if (p.qzeros) {
+    const int pf = marlin::pack_factor(bits);
+    const int64_t zpos = (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
+    const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
+    z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
+  }
+  return (code - z) * s;
+}
+
+// w[kk] = kind_weight(p, r, e, n, kk) for kk in [0, r.k), with what is fixed along a row hoisted:
+// the physical row, the (word, field) of each row of a tile (word_field_of depends on kk only
+// modulo the tile height), the tile walk, and the scale and zero point per group (no division
+// per element). Same formula, same floats.
+MOEPACK_HD void kind_weight_row(const MarlinParams& p, const ProjReader& r, int64_t e, int64_t n,
+                                float* w) {
+  const int bits = p.bits;
+  const bool a8 = p.a8 != 0;
+  const int64_t Np = p.np;
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  const int tk = marlin::tile_k(a8);
+  int word[32], field[32];
+  for (int k = 0; k < tk; ++k) marlin::word_field_of(bits, a8, k, n, &word[k], &field[k]);
+  const uint32_t mask = (1u << bits) - 1u;
+  const int64_t tile_words = marlin::words_per_tile(bits);
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);
+  const uint16_t* scales = p.scales + e * p.groups * Np;
+  const int pf = marlin::pack_factor(bits);
+  float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
+  const auto load_group = [&](int64_t g) {
     const int64_t j = g * Np + n;
-    const bool grouped = p.grouped_scales != 0;
-    const int64_t sc = marlin::scale_chunk(grouped);
-    const int64_t spos = (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc));
-    const float s = scale_at(p.scales + e * p.groups * Np, spos, p.scale_type);
-    float z = static_cast<float>(1 << (bits - 1));
+    s = scale_at(scales, (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc)),
+                 p.scale_type);
     if (p.qzeros) {
-      const int pf = marlin::pack_factor(bits);
       const int64_t zpos =
           (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
       const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
       z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
     }
-    return (code - z) * s;
-  }
-
-  // w[kk] = kind_weight(p, r, e, n, kk) for kk in [0, r.k), with what is fixed along a row hoisted:
-  // the physical row, the (word, field) of each row of a tile (word_field_of depends on kk only
-  // modulo the tile height), the tile walk, and the scale and zero point per group (no division
-  // per element). Same formula, same floats.
-  MOEPACK_HD void kind_weight_row(const MarlinParams& p, const ProjReader& r, int64_t e, int64_t n,
-                                  float* w) {
-    const int bits = p.bits;
-    const bool a8 = p.a8 != 0;
-    const int64_t Np = p.np;
-    if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
-    const int tk = marlin::tile_k(a8);
-    int word[32], field[32];
-    for (int k = 0; k < tk; ++k) marlin::word_field_of(bits, a8, k, n, &word[k], &field[k]);
-    const uint32_t mask = (1u << bits) - 1u;
-    const int64_t tile_words = marlin::words_per_tile(bits);
-    const bool grouped = p.grouped_scales != 0;
-    const int64_t sc = marlin::scale_chunk(grouped);
-    const uint16_t* scales = p.scales + e * p.groups * Np;
-    const int pf = marlin::pack_factor(bits);
-    float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
-    const auto load_group = [&](int64_t g) {
-      const int64_t j = g * Np + n;
-      s = scale_at(scales,
-                   (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc)),
-                   p.scale_type);
-      if (p.qzeros) {
-        const int64_t zpos =
-            (j / 64) * 64 + marlin::zero_point_dst(bits, a8, static_cast<int>(j % 64));
-        const uint32_t zword = p.qzeros[e * p.groups * (Np / pf) + zpos / pf];
-        z = static_cast<float>((zword >> (bits * (zpos % pf))) & mask);
+  };
+  const int32_t* gs = p.g_idx ? p.g_idx + e * p.kp : nullptr;
+  // Without g_idx, group g covers columns [g * group_size, (g + 1) * group_size).
+  int64_t g = gs ? gs[0] : 0, next_group = p.group_size > 0 ? p.group_size : r.k;
+  load_group(g);
+  const uint32_t* tile = p.qweight + e * p.words_per_expert + (n / marlin::tile_n(a8)) * tile_words;
+  const int64_t tile_row_words = p.tiles_n * tile_words;  // one row of tiles along N
+  for (int64_t k0 = 0; k0 < r.k; k0 += tk, tile += tile_row_words) {
+    const int rows = r.k - k0 < tk ? static_cast<int>(r.k - k0) : tk;
+    for (int t = 0; t < rows; ++t) {
+      const int64_t kk = k0 + t;
+      if (gs) {
+        if (gs[kk] != g) load_group(g = gs[kk]);
+      } else if (kk == next_group) {
+        load_group(++g);
+        next_group += p.group_size;
       }
-    };
-    const int32_t* gs = p.g_idx ? p.g_idx + e * p.kp : nullptr;
-    // Without g_idx, group g covers columns [g * group_size, (g + 1) * group_size).
-    int64_t g = gs ? gs[0] : 0, next_group = p.group_size > 0 ? p.group_size : r.k;
-    load_group(g);
-    const uint32_t* tile =
-        p.qweight + e * p.words_per_expert + (n / marlin::tile_n(a8)) * tile_words;
-    const int64_t tile_row_words = p.tiles_n * tile_words;  // one row of tiles along N
-    for (int64_t k0 = 0; k0 < r.k; k0 += tk, tile += tile_row_words) {
-      const int rows = r.k - k0 < tk ? static_cast<int>(r.k - k0) : tk;
-      for (int t = 0; t < rows; ++t) {
-        const int64_t kk = k0 + t;
-        if (gs) {
-          if (gs[kk] != g) load_group(g = gs[kk]);
-        } else if (kk == next_group) {
-          load_group(++g);
-          next_group += p.group_size;
-        }
-        const uint32_t wd = tile[word[t]];
-        w[kk] = (static_cast<float>((wd >> (bits * field[t])) & mask) - z) * s;
-      }
+      const uint32_t wd = tile[word[t]];
+      w[kk] = (static_cast<float>((wd >> (bits * field[t])) & mask) - z) * s;
     }
   }
+}
 
-  // Act-order: the kernel permutes the activation columns (permute_cols_kernel over the sort
-  // indices).
-  MOEPACK_HD int64_t kind_act_col(const MarlinParams& p, const ProjReader&, int64_t e, int64_t kk) {
-    return p.sort_indices ? p.sort_indices[e * p.kp + kk] : kk;
-  }
+// Act-order: the kernel permutes the activation columns (permute_cols_kernel over the sort
+// indices).
+MOEPACK_HD int64_t kind_act_col(const MarlinParams& p, const ProjReader&, int64_t e, int64_t kk) {
+  return p.sort_indices ? p.sort_indices[e * p.kp + kk] : kk;
+}
 
-  // ---- kTritonWna16
-  // ------------------------------------------------------------------------------
+// ---- kTritonWna16 ------------------------------------------------------------------------------
 
-  // fused_moe_kernel_gptq_awq's dequantisation.
-  MOEPACK_HD float kind_weight(const TritonWna16Params& p, const ProjReader& r, int64_t e,
-                               int64_t n, int64_t kk) {
-    const int64_t row = e * r.n + n, Gp = p.scale_cols;
-    const int64_t grp = kk / p.group_size;
-    const uint8_t* b = p.qweight + row * p.row_bytes;
-    const bool int4 = p.bits == 4;
-    const float code =
-        int4 ? static_cast<float>((b[kk >> 1] >> (4 * (kk & 1))) & 15) : static_cast<float>(b[kk]);
-    const float zp = p.qzeros
-                         ? static_cast<float>(
-                               (p.qzeros[(e * (r.n / 2) + n / 2) * Gp + grp] >> (4 * (n & 1))) & 15)
-                         : (int4 ? 8.0f : 128.0f);
-    return (code - zp) * scale_at(p.scales, row * Gp + grp, p.scale_type);
-  }
+// fused_moe_kernel_gptq_awq's dequantisation.
+MOEPACK_HD float kind_weight(const TritonWna16Params& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t row = e * r.n + n, Gp = p.scale_cols;
+  const int64_t grp = kk / p.group_size;
+  const uint8_t* b = p.qweight + row * p.row_bytes;
+  const bool int4 = p.bits == 4;
+  const float code =
+      int4 ? static_cast<float>((b[kk >> 1] >> (4 * (kk & 1))) & 15) : static_cast<float>(b[kk]);
+  const float zp =
+      p.qzeros
+          ? static_cast<float>((p.qzeros[(e * (r.n / 2) + n / 2) * Gp + grp] >> (4 * (n & 1))) & 15)
+          : (int4 ? 8.0f : 128.0f);
+  return (code - zp) * scale_at(p.scales, row * Gp + grp, p.scale_type);
+}
 
-  // The row without a division per element: the group advances every group_size columns.
-  MOEPACK_HD void kind_weight_row(const TritonWna16Params& p, const ProjReader& r, int64_t e,
-                                  int64_t n, float* w) {
-    const int64_t row = e * r.n + n, Gp = p.scale_cols;
-    const uint8_t* b = p.qweight + row * p.row_bytes;
-    const bool int4 = p.bits == 4;
-    const uint8_t* zrow = p.qzeros ? p.qzeros + (e * (r.n / 2) + n / 2) * Gp : nullptr;
-    const int zshift = 4 * static_cast<int>(n & 1);
-    const int64_t gsz = p.group_size > 0 ? p.group_size : r.k;  // builders give > 0
-    for (int64_t k0 = 0, grp = 0; k0 < r.k; k0 += gsz, ++grp) {
-      const float zp =
-          zrow ? static_cast<float>((zrow[grp] >> zshift) & 15) : (int4 ? 8.0f : 128.0f);
-      const float s = scale_at(p.scales, row * Gp + grp, p.scale_type);
-      const int64_t k1 = r.k - k0 < gsz ? r.k : k0 + gsz;
-      for (int64_t kk = k0; kk < k1; ++kk) {
-        const float code = int4 ? static_cast<float>((b[kk >> 1] >> (4 * (kk & 1))) & 15)
-                                : static_cast<float>(b[kk]);
-        w[kk] = (code - zp) * s;
-      }
+// The row without a division per element: the group advances every group_size columns.
+MOEPACK_HD void kind_weight_row(const TritonWna16Params& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  const int64_t row = e * r.n + n, Gp = p.scale_cols;
+  const uint8_t* b = p.qweight + row * p.row_bytes;
+  const bool int4 = p.bits == 4;
+  const uint8_t* zrow = p.qzeros ? p.qzeros + (e * (r.n / 2) + n / 2) * Gp : nullptr;
+  const int zshift = 4 * static_cast<int>(n & 1);
+  const int64_t gsz = p.group_size > 0 ? p.group_size : r.k;  // builders give > 0
+  for (int64_t k0 = 0, grp = 0; k0 < r.k; k0 += gsz, ++grp) {
+    const float zp = zrow ? static_cast<float>((zrow[grp] >> zshift) & 15) : (int4 ? 8.0f : 128.0f);
+    const float s = scale_at(p.scales, row * Gp + grp, p.scale_type);
+    const int64_t k1 = r.k - k0 < gsz ? r.k : k0 + gsz;
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const float code = int4 ? static_cast<float>((b[kk >> 1] >> (4 * (kk & 1))) & 15)
+                              : static_cast<float>(b[kk]);
+      w[kk] = (code - zp) * s;
     }
   }
+}
 
-  // ---- kTritonInt8
-  // -------------------------------------------------------------------------------
+// ---- kTritonInt8 -------------------------------------------------------------------------------
 
-  MOEPACK_HD float kind_weight(const TritonInt8Params& p, const ProjReader& r, int64_t e, int64_t n,
-                               int64_t kk) {
-    const int64_t row = e * r.n + n;
-    return static_cast<float>(p.weight[row * r.k + kk]) * p.weight_scale[row];
+MOEPACK_HD float kind_weight(const TritonInt8Params& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t row = e * r.n + n;
+  return static_cast<float>(p.weight[row * r.k + kk]) * p.weight_scale[row];
+}
+
+// ---- kTrtllmMxfp8 ------------------------------------------------------------------------------
+
+// Physical row of logical row n: the inverse of trtllm_w13_rows / trtllm_w2_rows
+// (formats/trtllm_mxfp8.cpp), i.e. of shuffle(reorder(swap)) or of the shuffle alone.
+MOEPACK_HD int64_t mxfp8_physical_row(int64_t n, int64_t rows, bool w31_gated) {
+  if (w31_gated) {
+    const int64_t half = rows / 2;
+    const int64_t a = n >= half ? n - half : n + half;  // swap_w13_to_w31 (an involution)
+    n = a < half ? 2 * a : 2 * (a - half) + 1;          // reorder_rows_for_gated_act_gemm
   }
+  return trtllm::shuffle_a_dst_row(n, 32);  // shuffle_matrix_a, epilogue tile 128
+}
 
-  // ---- kTrtllmMxfp8
-  // ------------------------------------------------------------------------------
+MOEPACK_HD float kind_weight(const TrtllmMxfp8Params& p, const ProjReader& r, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t rows = r.n, K = r.k, cols = p.scale_cols;
+  const int64_t pr = mxfp8_physical_row(n, rows, p.w31_gated != 0);
+  const uint8_t* sq = p.weight_scale + e * rows * cols;
+  const float s = hd::e8m0_value(sq[trtllm::scale_128x4_offset(pr, kk >> 5, cols)]);
+  return hd::e4m3_value(p.weight[(e * rows + pr) * K + kk]) * s;
+}
 
-  // Physical row of logical row n: the inverse of trtllm_w13_rows / trtllm_w2_rows
-  // (formats/trtllm_mxfp8.cpp), i.e. of shuffle(reorder(swap)) or of the shuffle alone.
-  MOEPACK_HD int64_t mxfp8_physical_row(int64_t n, int64_t rows, bool w31_gated) {
-    if (w31_gated) {
-      const int64_t half = rows / 2;
-      const int64_t a = n >= half ? n - half : n + half;  // swap_w13_to_w31 (an involution)
-      n = a < half ? 2 * a : 2 * (a - half) + 1;          // reorder_rows_for_gated_act_gemm
+// The row with its physical row found once and one scale per block of 32.
+MOEPACK_HD void kind_weight_row(const TrtllmMxfp8Params& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  const int64_t rows = r.n, K = r.k, cols = p.scale_cols;
+  const int64_t pr = mxfp8_physical_row(n, rows, p.w31_gated != 0);
+  const uint8_t* sq = p.weight_scale + e * rows * cols;
+  const uint8_t* wrow = p.weight + (e * rows + pr) * K;
+  for (int64_t b = 0; b * 32 < K; ++b) {
+    const float s = hd::e8m0_value(sq[trtllm::scale_128x4_offset(pr, b, cols)]);
+    const int64_t k1 = K - b * 32 < 32 ? K : b * 32 + 32;
+    for (int64_t kk = b * 32; kk < k1; ++kk) w[kk] = hd::e4m3_value(wrow[kk]) * s;
+  }
+}
+
+// ---- kTrtllmFp8Block ---------------------------------------------------------------------------
+
+MOEPACK_HD float kind_weight(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
+                             int64_t n, int64_t kk) {
+  const int64_t rows = r.n, kblocks = p.k_blocks;
+  int64_t w31 = n;  // row of the W31-ordered matrix (and of the stored scales' 128-row blocks)
+  if (p.w31) {
+    const int64_t half = rows / 2;
+    w31 = n >= half ? n - half : n + half;
+  }
+  const int64_t pr = trtllm::shuffle_a_dst_row(w31, 16);  // shuffle_matrix_a, epilogue tile 64
+  const int64_t kb = kk >> 7;
+  const uint8_t* wq = p.weight + e * rows * r.k;
+  const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks;
+  return hd::e4m3_value(wq[(kb * rows + pr) * 128 + (kk & 127)]) * sq[(w31 >> 7) * kblocks + kb];
+}
+
+// The row with its W31 and physical rows found once and one scale per 128-block.
+MOEPACK_HD void kind_weight_row(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  const int64_t rows = r.n, kblocks = p.k_blocks;
+  int64_t w31 = n;
+  if (p.w31) {
+    const int64_t half = rows / 2;
+    w31 = n >= half ? n - half : n + half;
+  }
+  const int64_t pr = trtllm::shuffle_a_dst_row(w31, 16);
+  const uint8_t* wq = p.weight + e * rows * r.k;
+  const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks + (w31 >> 7) * kblocks;
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    const float s = sq[kb];
+    const uint8_t* blk = wq + (kb * rows + pr) * 128;  // BlockMajorK [kb][row][j]
+    const int64_t len = r.k - kb * 128 < 128 ? r.k - kb * 128 : 128;
+    for (int64_t j = 0; j < len; ++j) w[kb * 128 + j] = hd::e4m3_value(blk[j]) * s;
+  }
+}
+
+// ---- kHumming ----------------------------------------------------------------------------------
+
+// The dequantised weight of stored code `c` with zero code z (offset binary) and scale s.
+MOEPACK_HD float humming_value(const HummingParams& p, uint32_t c, uint32_t z, float s) {
+  const uint32_t half = 1u << (p.bits - 1), max = (1u << p.bits) - 1u;
+  switch (p.code_map) {
+    case kHummingSignMagnitude: {
+      const float mag = static_cast<float>(c & (half - 1u));
+      return ((c & half) ? -mag : mag) * s;
     }
-    return trtllm::shuffle_a_dst_row(n, 32);  // shuffle_matrix_a, epilogue tile 128
+    case kHummingInt2fp:
+      c = c <= max - z ? c + z : max - c;
+      return (static_cast<float>(c) - static_cast<float>(z)) * s;
+    default:
+      return (static_cast<float>(c) - static_cast<float>(z)) * s;
   }
+}
 
-  MOEPACK_HD float kind_weight(const TrtllmMxfp8Params& p, const ProjReader& r, int64_t e,
-                               int64_t n, int64_t kk) {
-    const int64_t rows = r.n, K = r.k, cols = p.scale_cols;
-    const int64_t pr = mxfp8_physical_row(n, rows, p.w31_gated != 0);
-    const uint8_t* sq = p.weight_scale + e * rows * cols;
-    const float s = hd::e8m0_value(sq[trtllm::scale_128x4_offset(pr, kk >> 5, cols)]);
-    return hd::e4m3_value(p.weight[(e * rows + pr) * K + kk]) * s;
+// The scale of (group g, physical column n) and its zero code: position (j / 64) * 64 +
+// 8x8-transpose(j % 64) of the row-major [groups_p, np] matrix (transform_humming_weight_scale),
+// zero codes packed in order after the same permutation (transform_humming_zero_point).
+MOEPACK_HD void humming_scale_zero(const HummingParams& p, int64_t e, int64_t g, int64_t n,
+                                   float* s, uint32_t* z) {
+  const int64_t j = g * p.np + n;
+  const int64_t pos = (j / 64) * 64 + marlin::scale_perm_grouped_dst(static_cast<int>(j % 64));
+  *s = scale_at(p.scales + e * p.groups_p * p.np, pos, p.scale_type);
+  *z = 1u << (p.bits - 1);
+  if (p.zeros) {
+    const int pf = 32 / p.bits;
+    const uint32_t w = p.zeros[e * p.groups_p * (p.np / pf) + pos / pf];
+    *z = (w >> (p.bits * (pos % pf))) & ((1u << p.bits) - 1u);
   }
+}
 
-  // The row with its physical row found once and one scale per block of 32.
-  MOEPACK_HD void kind_weight_row(const TrtllmMxfp8Params& p, const ProjReader& r, int64_t e,
-                                  int64_t n, float* w) {
-    const int64_t rows = r.n, K = r.k, cols = p.scale_cols;
-    const int64_t pr = mxfp8_physical_row(n, rows, p.w31_gated != 0);
-    const uint8_t* sq = p.weight_scale + e * rows * cols;
-    const uint8_t* wrow = p.weight + (e * rows + pr) * K;
-    for (int64_t b = 0; b * 32 < K; ++b) {
-      const float s = hd::e8m0_value(sq[trtllm::scale_128x4_offset(pr, b, cols)]);
-      const int64_t k1 = K - b * 32 < 32 ? K : b * 32 + 32;
-      for (int64_t kk = b * 32; kk < k1; ++kk) w[kk] = hd::e4m3_value(wrow[kk]) * s;
+// Humming's reading of (n, kk): Marlin's 16x64 tile map over the padded [np, kp] (logical row n
+// is physical row n: the padding sits at the end), then the code map.
+MOEPACK_HD float kind_weight(const HummingParams& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  int word = 0, field = 0;
+  marlin::word_field_of(p.bits, false, kk, n, &word, &field);
+  const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
+  const uint32_t w = p.weight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
+  const uint32_t c = (w >> (p.bits * field)) & ((1u << p.bits) - 1u);
+  float s = 0.0f;
+  uint32_t z = 0;
+  humming_scale_zero(p, e, kk / p.group_size, n, &s, &z);
+  return humming_value(p, c, z, s);
+}
+
+// The row at once: (word, field) of the 16 rows of a tile, scale and zero per group hoisted.
+MOEPACK_HD void kind_weight_row(const HummingParams& p, const ProjReader& r, int64_t e, int64_t n,
+                                float* w) {
+  int word[16], field[16];
+  for (int k = 0; k < 16; ++k) marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
+  const uint32_t* q = p.weight + e * p.words_per_expert;
+  const int64_t tile_words = marlin::words_per_tile(p.bits), nt = n / 64;
+  const uint32_t mask = (1u << p.bits) - 1u;
+  float s = 0.0f;
+  uint32_t z = 0;
+  for (int64_t kk = 0; kk < r.k; ++kk) {
+    if (kk % p.group_size == 0) humming_scale_zero(p, e, kk / p.group_size, n, &s, &z);
+    const int t = static_cast<int>(kk % 16);
+    const uint32_t wd = q[((kk / 16) * p.tiles_n + nt) * tile_words + word[t]];
+    w[kk] = humming_value(p, (wd >> (p.bits * field[t])) & mask, z, s);
+  }
+}
+
+// ---- kMarlinFloat ------------------------------------------------------------------------------
+
+// The value of one raw code: e4m3 byte or e2m1 nibble.
+MOEPACK_HD float marlin_float_code(const MarlinFloatParams& p, uint32_t code) {
+  return p.bits == 8 ? hd::e4m3_value(static_cast<uint8_t>(code))
+                     : hd::e2m1_value(static_cast<uint8_t>(code));
+}
+
+// Scale (g, n) of the row-major [G, Np] matrix: 64/32-chunk permutation, then the pair swap.
+MOEPACK_HD float marlin_float_scale(const MarlinFloatParams& p, int64_t e, int64_t g, int64_t n) {
+  const int64_t j = g * p.np + n;
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);
+  int64_t pos = (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc));
+  if (p.pair_swap) pos = marlin::pair_swap_pos(pos);
+  const int64_t per_expert = p.groups * p.np;
+  const int32_t t = p.scale_type;
+  const void* base =
+      t == kScaleBf16 || t == kScaleF16
+          ? static_cast<const void*>(static_cast<const uint16_t*>(p.scales) + e * per_expert)
+          : static_cast<const void*>(static_cast<const uint8_t*>(p.scales) + e * per_expert);
+  return scale_at(base, pos, t) * p.scale_mult;
+}
+
+MOEPACK_HD float kind_weight(const MarlinFloatParams& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  const int64_t g = p.group_size > 0 ? kk / p.group_size : 0;
+  int word = 0, field = 0;
+  marlin::word_field_of(p.bits, false, kk, n, &word, &field);
+  const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
+  const uint32_t w =
+      p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
+  const float v = marlin_float_code(p, (w >> (p.bits * field)) & ((1u << p.bits) - 1u)) *
+                  marlin_float_scale(p, e, g, n);
+  return p.global_scale ? v * (p.global_scale[e] * p.global_mult) : v;
+}
+
+// The row with the (word, field) of each tile row and one scale per group hoisted.
+MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r, int64_t e,
+                                int64_t n, float* w) {
+  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  int word[16], field[16];
+  for (int k = 0; k < 16; ++k) marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
+  const uint32_t mask = (1u << p.bits) - 1u;
+  const int64_t tile_words = marlin::words_per_tile(p.bits);
+  const uint32_t* tile = p.qweight + e * p.words_per_expert + (n / 64) * tile_words;
+  const int64_t tile_row_words = p.tiles_n * tile_words;
+  const bool global = p.global_scale != nullptr;
+  const float gs = global ? p.global_scale[e] * p.global_mult : 1.0f;
+  const int64_t group = p.group_size > 0 ? p.group_size : r.k;
+  float s = marlin_float_scale(p, e, 0, n);
+  for (int64_t k0 = 0; k0 < r.k; k0 += 16, tile += tile_row_words) {
+    const int rows = r.k - k0 < 16 ? static_cast<int>(r.k - k0) : 16;
+    for (int t = 0; t < rows; ++t) {
+      const int64_t kk = k0 + t;
+      if (kk > 0 && kk % group == 0) s = marlin_float_scale(p, e, kk / group, n);
+      const float v = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
+      w[kk] = global ? v * gs : v;
     }
   }
+}
 
-  // ---- kTrtllmFp8Block
-  // ---------------------------------------------------------------------------
+// ---- the contract ------------------------------------------------------------------------------
 
-  MOEPACK_HD float kind_weight(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
-                               int64_t n, int64_t kk) {
-    const int64_t rows = r.n, kblocks = p.k_blocks;
-    int64_t w31 = n;  // row of the W31-ordered matrix (and of the stored scales' 128-row blocks)
-    if (p.w31) {
-      const int64_t half = rows / 2;
-      w31 = n >= half ? n - half : n + half;
-    }
-    const int64_t pr = trtllm::shuffle_a_dst_row(w31, 16);  // shuffle_matrix_a, epilogue tile 64
-    const int64_t kb = kk >> 7;
-    const uint8_t* wq = p.weight + e * rows * r.k;
-    const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks;
-    return hd::e4m3_value(wq[(kb * rows + pr) * 128 + (kk & 127)]) * sq[(w31 >> 7) * kblocks + kb];
+// Every kind but Marlin act-order multiplies column kk by activation column kk.
+template <class P>
+MOEPACK_HD int64_t kind_act_col(const P&, const ProjReader&, int64_t, int64_t kk) {
+  return kk;
+}
+
+MOEPACK_HD float weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
+  return visit(r, [&](const auto& p) { return kind_weight(p, r, e, n, kk); });
+}
+
+MOEPACK_HD int64_t act_col(const ProjReader& r, int64_t e, int64_t kk) {
+  return visit(r, [&](const auto& p) { return kind_act_col(p, r, e, kk); });
+}
+
+// A kind without a row decoder of its own reads its row element by element.
+template <class P>
+MOEPACK_HD void kind_weight_row(const P& p, const ProjReader& r, int64_t e, int64_t n, float* w) {
+  for (int64_t kk = 0; kk < r.k; ++kk) w[kk] = kind_weight(p, r, e, n, kk);
+}
+
+// w[kk] = weight(r, e, n, kk) for kk in [0, r.k): a whole row with one dispatch (bit for bit the
+// same values: tests/test_util.cpp expect_reader_matches).
+MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) {
+  visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
+}
+
+// col[kk] = act_col(r, e, kk) for kk in [0, r.k).
+MOEPACK_HD void act_cols(const ProjReader& r, int64_t e, int64_t* col) {
+  visit(r, [&](const auto& p) {
+    for (int64_t kk = 0; kk < r.k; ++kk) col[kk] = kind_act_col(p, r, e, kk);
+  });
+}
+
+// ---- activation quantisation -------------------------------------------------------------------
+
+// Writes NaN over out[0, count): the policy for a unit holding a NaN or Inf (see the top).
+MOEPACK_HD void fill_nan(float* out, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) out[i] = hd::bits_as_float(hd::kQuietNanBits);
+}
+
+// max |x| over x[0, count) and whether all are finite.
+MOEPACK_HD float abs_max(const float* x, int64_t count, bool* finite) {
+  float m = 0.0f;
+  bool ok = true;
+  for (int64_t i = 0; i < count; ++i) {
+    const float a = hd::bits_as_float(hd::float_as_bits(x[i]) & 0x7fffffffu);
+    ok = ok && hd::is_finite_bits(x[i]);
+    m = a > m ? a : m;
   }
+  *finite = ok;
+  return m;
+}
 
-  // The row with its W31 and physical rows found once and one scale per 128-block.
-  MOEPACK_HD void kind_weight_row(const TrtllmFp8BlockParams& p, const ProjReader& r, int64_t e,
-                                  int64_t n, float* w) {
-    const int64_t rows = r.n, kblocks = p.k_blocks;
-    int64_t w31 = n;
-    if (p.w31) {
-      const int64_t half = rows / 2;
-      w31 = n >= half ? n - half : n + half;
-    }
-    const int64_t pr = trtllm::shuffle_a_dst_row(w31, 16);
-    const uint8_t* wq = p.weight + e * rows * r.k;
-    const float* sq = p.weight_scale_inv + e * (rows / 128) * kblocks + (w31 >> 7) * kblocks;
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const float s = sq[kb];
-      const uint8_t* blk = wq + (kb * rows + pr) * 128;  // BlockMajorK [kb][row][j]
-      const int64_t len = r.k - kb * 128 < 128 ? r.k - kb * 128 : 128;
-      for (int64_t j = 0; j < len; ++j) w[kb * 128 + j] = hd::e4m3_value(blk[j]) * s;
-    }
+// libdevice round() (nearest, half away from zero) stored as int8: |v| <= 127.x here, so the
+// integer part and the remainder are exact; the int8 has no -0.
+MOEPACK_HD int32_t round_half_away_to_int(float v) {
+  const float a = hd::bits_as_float(hd::float_as_bits(v) & 0x7fffffffu);
+  int32_t t = static_cast<int32_t>(a);  // truncation
+  if (a - static_cast<float>(t) >= 0.5f) ++t;
+  return v < 0.0f ? -t : t;
+}
+
+MOEPACK_HD void quantize_int8_per_token(const float* x, int64_t k, float* out) {
+  bool finite = true;
+  float absmax = abs_max(x, k, &finite);
+  if (!finite) return fill_nan(out, k);
+  absmax = absmax > 1e-10f ? absmax : 1e-10f;
+  const float scale = absmax / 127.0f, inv = 127.0f / absmax;
+  for (int64_t i = 0; i < k; ++i) {
+    int32_t q = round_half_away_to_int(x[i] * inv);
+    q = q > 127 ? 127 : (q < -128 ? -128 : q);  // the int8 store
+    out[i] = static_cast<float>(q) * scale;
   }
+}
 
-  // ---- kHumming
-  // ----------------------------------------------------------------------------------
-
-  // The dequantised weight of stored code `c` with zero code z (offset binary) and scale s.
-  MOEPACK_HD float humming_value(const HummingParams& p, uint32_t c, uint32_t z, float s) {
-    const uint32_t half = 1u << (p.bits - 1), max = (1u << p.bits) - 1u;
-    switch (p.code_map) {
-      case kHummingSignMagnitude: {
-        const float mag = static_cast<float>(c & (half - 1u));
-        return ((c & half) ? -mag : mag) * s;
-      }
-      case kHummingInt2fp:
-        c = c <= max - z ? c + z : max - c;
-        return (static_cast<float>(c) - static_cast<float>(z)) * s;
-      default:
-        return (static_cast<float>(c) - static_cast<float>(z)) * s;
+MOEPACK_HD void quantize_fp8_group128(const float* x, int64_t k, float* out) {
+  for (int64_t g0 = 0; g0 < k; g0 += 128) {
+    const int64_t len = k - g0 < 128 ? k - g0 : 128;
+    bool finite = true;
+    float absmax = abs_max(x + g0, len, &finite);
+    if (!finite) {
+      fill_nan(out + g0, len);
+      continue;
     }
-  }
-
-  // The scale of (group g, physical column n) and its zero code: position (j / 64) * 64 +
-  // 8x8-transpose(j % 64) of the row-major [groups_p, np] matrix (transform_humming_weight_scale),
-  // zero codes packed in order after the same permutation (transform_humming_zero_point).
-  MOEPACK_HD void humming_scale_zero(const HummingParams& p, int64_t e, int64_t g, int64_t n,
-                                     float* s, uint32_t* z) {
-    const int64_t j = g * p.np + n;
-    const int64_t pos = (j / 64) * 64 + marlin::scale_perm_grouped_dst(static_cast<int>(j % 64));
-    *s = scale_at(p.scales + e * p.groups_p * p.np, pos, p.scale_type);
-    *z = 1u << (p.bits - 1);
-    if (p.zeros) {
-      const int pf = 32 / p.bits;
-      const uint32_t w = p.zeros[e * p.groups_p * (p.np / pf) + pos / pf];
-      *z = (w >> (p.bits * (pos % pf))) & ((1u << p.bits) - 1u);
+    absmax = absmax > 1e-10f ? absmax : 1e-10f;
+    const float s = absmax / 448.0f;
+    for (int64_t i = 0; i < len; ++i) {
+      float v = x[g0 + i] / s;
+      v = v < -448.0f ? -448.0f : (v > 448.0f ? 448.0f : v);
+      out[g0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(v)) * s;
     }
   }
+}
 
-  // Humming's reading of (n, kk): Marlin's 16x64 tile map over the padded [np, kp] (logical row n
-  // is physical row n: the padding sits at the end), then the code map.
-  MOEPACK_HD float kind_weight(const HummingParams& p, const ProjReader&, int64_t e, int64_t n,
-                               int64_t kk) {
-    int word = 0, field = 0;
-    marlin::word_field_of(p.bits, false, kk, n, &word, &field);
-    const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
-    const uint32_t w =
-        p.weight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
-    const uint32_t c = (w >> (p.bits * field)) & ((1u << p.bits) - 1u);
-    float s = 0.0f;
-    uint32_t z = 0;
-    humming_scale_zero(p, e, kk / p.group_size, n, &s, &z);
-    return humming_value(p, c, z, s);
+MOEPACK_HD void quantize_mxfp8_block32(const float* x, int64_t k, float* out) {
+  for (int64_t b0 = 0; b0 < k; b0 += 32) {
+    const int64_t len = k - b0 < 32 ? k - b0 : 32;
+    bool finite = true;
+    const float amax = abs_max(x + b0, len, &finite);
+    if (!finite) {
+      fill_nan(out + b0, len);
+      continue;
+    }
+    const uint8_t c = hd::e8m0_ceil(amax / 448.0f);
+    if (c == 0) {  // FlashInfer multiplies by a zero reciprocal scale: signed zeros
+      for (int64_t i = 0; i < len; ++i)
+        out[b0 + i] = hd::bits_as_float(hd::float_as_bits(x[b0 + i]) & 0x80000000u);
+      continue;
+    }
+    // 2^(127-c) and 2^(c-127) are exact float32 values for c in [1, 254].
+    const float inv =
+        hd::bits_as_float(c == 254 ? 0x00400000u : static_cast<uint32_t>(254 - c) << 23);
+    const float s = hd::e8m0_value(c);
+    for (int64_t i = 0; i < len; ++i)
+      out[b0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(x[b0 + i] * inv)) * s;
   }
+}
 
-  // The row at once: (word, field) of the 16 rows of a tile, scale and zero per group hoisted.
-  MOEPACK_HD void kind_weight_row(const HummingParams& p, const ProjReader& r, int64_t e, int64_t n,
-                                  float* w) {
-    int word[16], field[16];
-    for (int k = 0; k < 16; ++k) marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
-    const uint32_t* q = p.weight + e * p.words_per_expert;
-    const int64_t tile_words = marlin::words_per_tile(p.bits), nt = n / 64;
-    const uint32_t mask = (1u << p.bits) - 1u;
-    float s = 0.0f;
-    uint32_t z = 0;
-    for (int64_t kk = 0; kk < r.k; ++kk) {
-      if (kk % p.group_size == 0) humming_scale_zero(p, e, kk / p.group_size, n, &s, &z);
-      const int t = static_cast<int>(kk % 16);
-      const uint32_t wd = q[((kk / 16) * p.tiles_n + nt) * tile_words + word[t]];
-      w[kk] = humming_value(p, (wd >> (p.bits * field[t])) & mask, z, s);
-      // ---- kMarlinFloat
-      // ------------------------------------------------------------------------------
+// k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
+MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
+  const int64_t k = r.k;
+  switch (r.act) {
+    case ActQuant::kNone:
+      for (int64_t i = 0; i < k; ++i) out[i] = x[i];
+      return;
+    case ActQuant::kBf16:
+      for (int64_t i = 0; i < k; ++i) out[i] = hd::bf16_value(hd::bf16_round(x[i]));
+      return;
+    case ActQuant::kFp16:
+      for (int64_t i = 0; i < k; ++i) out[i] = hd::f16_value(hd::f16_round(x[i]));
+      return;
+    case ActQuant::kInt8PerToken:
+      return quantize_int8_per_token(x, k, out);
+    case ActQuant::kFp8PerTokenGroup128:
+      return quantize_fp8_group128(x, k, out);
+    default:
+      return quantize_mxfp8_block32(x, k, out);
+  }
+}
 
-      // The value of one raw code: e4m3 byte or e2m1 nibble.
-      MOEPACK_HD float marlin_float_code(const MarlinFloatParams& p, uint32_t code) {
-        return p.bits == 8 ? hd::e4m3_value(static_cast<uint8_t>(code))
-                           : hd::e2m1_value(static_cast<uint8_t>(code));
-      }
-
-      // Scale (g, n) of the row-major [G, Np] matrix: 64/32-chunk permutation, then the pair swap.
-      MOEPACK_HD float marlin_float_scale(const MarlinFloatParams& p, int64_t e, int64_t g,
-                                          int64_t n) {
-        const int64_t j = g * p.np + n;
-        const bool grouped = p.grouped_scales != 0;
-        const int64_t sc = marlin::scale_chunk(grouped);
-        int64_t pos = (j / sc) * sc + marlin::scale_perm_dst(grouped, static_cast<int>(j % sc));
-        if (p.pair_swap) pos = marlin::pair_swap_pos(pos);
-        const int64_t per_expert = p.groups * p.np;
-        const int32_t t = p.scale_type;
-        const void* base =
-            t == kScaleBf16 || t == kScaleF16
-                ? static_cast<const void*>(static_cast<const uint16_t*>(p.scales) + e * per_expert)
-                : static_cast<const void*>(static_cast<const uint8_t*>(p.scales) + e * per_expert);
-        return scale_at(base, pos, t) * p.scale_mult;
-      }
-
-      MOEPACK_HD float kind_weight(const MarlinFloatParams& p, const ProjReader&, int64_t e,
-                                   int64_t n, int64_t kk) {
-        if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
-        const int64_t g = p.group_size > 0 ? kk / p.group_size : 0;
-        int word = 0, field = 0;
-        marlin::word_field_of(p.bits, false, kk, n, &word, &field);
-        const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
-        const uint32_t w =
-            p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
-        const float v = marlin_float_code(p, (w >> (p.bits * field)) & ((1u << p.bits) - 1u)) *
-                        marlin_float_scale(p, e, g, n);
-        return p.global_scale ? v * (p.global_scale[e] * p.global_mult) : v;
-      }
-
-      // The row with the (word, field) of each tile row and one scale per group hoisted.
-      MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r, int64_t e,
-                                      int64_t n, float* w) {
-        if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
-        int word[16], field[16];
-        for (int k = 0; k < 16; ++k)
-          marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
-        const uint32_t mask = (1u << p.bits) - 1u;
-        const int64_t tile_words = marlin::words_per_tile(p.bits);
-        const uint32_t* tile = p.qweight + e * p.words_per_expert + (n / 64) * tile_words;
-        const int64_t tile_row_words = p.tiles_n * tile_words;
-        const bool global = p.global_scale != nullptr;
-        const float gs = global ? p.global_scale[e] * p.global_mult : 1.0f;
-        const int64_t group = p.group_size > 0 ? p.group_size : r.k;
-        float s = marlin_float_scale(p, e, 0, n);
-        for (int64_t k0 = 0; k0 < r.k; k0 += 16, tile += tile_row_words) {
-          const int rows = r.k - k0 < 16 ? static_cast<int>(r.k - k0) : 16;
-          for (int t = 0; t < rows; ++t) {
-            const int64_t kk = k0 + t;
-            if (kk > 0 && kk % group == 0) s = marlin_float_scale(p, e, kk / group, n);
-            const float v = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
-            w[kk] = global ? v * gs : v;
-          }
-        }
-      }
-
-      // ---- the contract
-      // ------------------------------------------------------------------------------
-
-      // Every kind but Marlin act-order multiplies column kk by activation column kk.
-      template <class P>
-      MOEPACK_HD int64_t kind_act_col(const P&, const ProjReader&, int64_t, int64_t kk) {
-        return kk;
-      }
-
-      MOEPACK_HD float weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-        return visit(r, [&](const auto& p) { return kind_weight(p, r, e, n, kk); });
-      }
-
-      MOEPACK_HD int64_t act_col(const ProjReader& r, int64_t e, int64_t kk) {
-        return visit(r, [&](const auto& p) { return kind_act_col(p, r, e, kk); });
-      }
-
-      // A kind without a row decoder of its own reads its row element by element.
-      template <class P>
-      MOEPACK_HD void kind_weight_row(const P& p, const ProjReader& r, int64_t e, int64_t n,
-                                      float* w) {
-        for (int64_t kk = 0; kk < r.k; ++kk) w[kk] = kind_weight(p, r, e, n, kk);
-      }
-
-      // w[kk] = weight(r, e, n, kk) for kk in [0, r.k): a whole row with one dispatch (bit for bit
-      // the same values: tests/test_util.cpp expect_reader_matches).
-      MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) {
-        visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
-      }
-
-      // col[kk] = act_col(r, e, kk) for kk in [0, r.k).
-      MOEPACK_HD void act_cols(const ProjReader& r, int64_t e, int64_t* col) {
-        visit(r, [&](const auto& p) {
-          for (int64_t kk = 0; kk < r.k; ++kk) col[kk] = kind_act_col(p, r, e, kk);
-        });
-      }
-
-      // ---- activation quantisation
-      // -------------------------------------------------------------------
-
-      // Writes NaN over out[0, count): the policy for a unit holding a NaN or Inf (see the top).
-      MOEPACK_HD void fill_nan(float* out, int64_t count) {
-        for (int64_t i = 0; i < count; ++i) out[i] = hd::bits_as_float(hd::kQuietNanBits);
-      }
-
-      // max |x| over x[0, count) and whether all are finite.
-      MOEPACK_HD float abs_max(const float* x, int64_t count, bool* finite) {
-        float m = 0.0f;
-        bool ok = true;
-        for (int64_t i = 0; i < count; ++i) {
-          const float a = hd::bits_as_float(hd::float_as_bits(x[i]) & 0x7fffffffu);
-          ok = ok && hd::is_finite_bits(x[i]);
-          m = a > m ? a : m;
-        }
-        *finite = ok;
-        return m;
-      }
-
-      // libdevice round() (nearest, half away from zero) stored as int8: |v| <= 127.x here, so the
-      // integer part and the remainder are exact; the int8 has no -0.
-      MOEPACK_HD int32_t round_half_away_to_int(float v) {
-        const float a = hd::bits_as_float(hd::float_as_bits(v) & 0x7fffffffu);
-        int32_t t = static_cast<int32_t>(a);  // truncation
-        if (a - static_cast<float>(t) >= 0.5f) ++t;
-        return v < 0.0f ? -t : t;
-      }
-
-      MOEPACK_HD void quantize_int8_per_token(const float* x, int64_t k, float* out) {
-        bool finite = true;
-        float absmax = abs_max(x, k, &finite);
-        if (!finite) return fill_nan(out, k);
-        absmax = absmax > 1e-10f ? absmax : 1e-10f;
-        const float scale = absmax / 127.0f, inv = 127.0f / absmax;
-        for (int64_t i = 0; i < k; ++i) {
-          int32_t q = round_half_away_to_int(x[i] * inv);
-          q = q > 127 ? 127 : (q < -128 ? -128 : q);  // the int8 store
-          out[i] = static_cast<float>(q) * scale;
-        }
-      }
-
-      MOEPACK_HD void quantize_fp8_group128(const float* x, int64_t k, float* out) {
-        for (int64_t g0 = 0; g0 < k; g0 += 128) {
-          const int64_t len = k - g0 < 128 ? k - g0 : 128;
-          bool finite = true;
-          float absmax = abs_max(x + g0, len, &finite);
-          if (!finite) {
-            fill_nan(out + g0, len);
-            continue;
-          }
-          absmax = absmax > 1e-10f ? absmax : 1e-10f;
-          const float s = absmax / 448.0f;
-          for (int64_t i = 0; i < len; ++i) {
-            float v = x[g0 + i] / s;
-            v = v < -448.0f ? -448.0f : (v > 448.0f ? 448.0f : v);
-            out[g0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(v)) * s;
-          }
-        }
-      }
-
-      MOEPACK_HD void quantize_mxfp8_block32(const float* x, int64_t k, float* out) {
-        for (int64_t b0 = 0; b0 < k; b0 += 32) {
-          const int64_t len = k - b0 < 32 ? k - b0 : 32;
-          bool finite = true;
-          const float amax = abs_max(x + b0, len, &finite);
-          if (!finite) {
-            fill_nan(out + b0, len);
-            continue;
-          }
-          const uint8_t c = hd::e8m0_ceil(amax / 448.0f);
-          if (c == 0) {  // FlashInfer multiplies by a zero reciprocal scale: signed zeros
-            for (int64_t i = 0; i < len; ++i)
-              out[b0 + i] = hd::bits_as_float(hd::float_as_bits(x[b0 + i]) & 0x80000000u);
-            continue;
-          }
-          // 2^(127-c) and 2^(c-127) are exact float32 values for c in [1, 254].
-          const float inv =
-              hd::bits_as_float(c == 254 ? 0x00400000u : static_cast<uint32_t>(254 - c) << 23);
-          const float s = hd::e8m0_value(c);
-          for (int64_t i = 0; i < len; ++i)
-            out[b0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(x[b0 + i] * inv)) * s;
-        }
-      }
-
-      // k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
-      MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
-        const int64_t k = r.k;
-        switch (r.act) {
-          case ActQuant::kNone:
-            for (int64_t i = 0; i < k; ++i) out[i] = x[i];
-            return;
-          case ActQuant::kBf16:
-            for (int64_t i = 0; i < k; ++i) out[i] = hd::bf16_value(hd::bf16_round(x[i]));
-            return;
-          case ActQuant::kFp16:
-            for (int64_t i = 0; i < k; ++i) out[i] = hd::f16_value(hd::f16_round(x[i]));
-            return;
-          case ActQuant::kInt8PerToken:
-            return quantize_int8_per_token(x, k, out);
-          case ActQuant::kFp8PerTokenGroup128:
-            return quantize_fp8_group128(x, k, out);
-          default:
-            return quantize_mxfp8_block32(x, k, out);
-        }
-      }
-
-    }  // namespace moepack::reader
+}  // namespace moepack::reader
