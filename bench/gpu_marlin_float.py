@@ -102,8 +102,11 @@ def pair_swap(s: torch.Tensor) -> torch.Tensor:
 
 
 def swap_halves(t: torch.Tensor) -> torch.Tensor:
-    half = t.shape[-1] // 2
-    return torch.cat([t[..., half:], t[..., :half]], -1).contiguous()
+    # torch.cat has no CUDA kernel for float8_e8m0fnu: one-byte dtypes move as raw bytes.
+    r = t.contiguous().view(torch.uint8) if t.element_size() == 1 else t
+    half = r.shape[-1] // 2
+    out = torch.cat([r[..., half:], r[..., :half]], -1).contiguous()
+    return out.view(t.dtype) if t.element_size() == 1 else out
 
 
 # ---- the fused MoE on the kernel --------------------------------------------------------------

@@ -254,3 +254,32 @@ def test_path_a_refused_where_vllms_oracle_picks_another_backend(plugin, artifac
     with pytest.raises(Exception, match=r"written for Fp8MoeBackend\.MARLIN, but vLLM's oracle "
                                         r"picked"):
         h.load_model(str(dst))
+
+
+@pytest.mark.parametrize("fmt,cc,served", [
+    ("modelopt-mxfp8", 90, False),  # prioritize_humming: stock runs Humming on Hopper
+    ("modelopt-mxfp8", 89, True),   # Ada: Marlin is stock's pick for MXFP8
+    ("ct-fp8-block", 90, False),    # Hopper: Triton's FP8 W8A8 first
+    ("ct-fp8-block", 89, False),    # Ada has FP8 MMA: Triton before Marlin
+    ("ct-fp8-block", 86, True),     # no FP8 MMA: Marlin is stock's pick
+])
+def test_float_marlin_where_stock_runs_a_faster_kernel_is_refused(
+        plugin, artifacts, monkeypatch, pretend_ampere, fmt, cc, served):
+    """The humming helper's rule for the marlin-float builder: on a GPU where vLLM 0.33's own
+    oracle runs another kernel for the source (Humming for MXFP8 on sm90, Triton FP8 for FP8
+    block from sm89), the plugin refuses the Marlin artifact unless MOEPACK_VLLM_ALLOW_SLOWER_KERNEL
+    is 1; where Marlin is stock's pick it serves it."""
+    from moepack_vllm import humming_builder
+    from moepack_vllm.moe import ALLOW_SLOWER_ENV
+
+    _, dst = artifact(artifacts, fmt)
+    monkeypatch.setattr(humming_builder, "device_sm", lambda: cc)
+    monkeypatch.delenv(ALLOW_SLOWER_ENV, raising=False)
+    if not served:
+        layout = CASES[fmt][1]
+        with pytest.raises(Exception, match=rf"layout '{layout}': on this GPU \(sm{cc}\) vLLM "
+                                            r"0\.33 runs .* not Marlin"):
+            h.load_model(str(dst))
+        monkeypatch.setenv(ALLOW_SLOWER_ENV, "1")
+    model, _ = h.load_model(str(dst))
+    assert assert_byte_identical(model, dst) == 4 * len(moepack_layers(model))

@@ -67,6 +67,37 @@ def refuse_slower_than_stock(manifest: Manifest, where: str) -> None:
         f"(humming), or set {ALLOW_SLOWER_ENV}=1 to serve Marlin anyway")
 
 
+def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> None:
+    """The same rule for the float Marlin layouts, from the layout the row wrote: on a GPU where
+    vLLM 0.33's own oracle runs another kernel for the source, the plugin refuses the Marlin
+    artifact unless ALLOW_SLOWER_ENV=1. MXFP8 (oracle/mxfp8.py): prioritize_humming puts Humming
+    ahead of Marlin at compute capability 9.0 where humming is installed. FP8 block
+    (oracle/fp8.py): Triton's FP8 W8A8 kernel (FP8 tensor cores) comes before Marlin wherever
+    supports_fp8() (capability 8.9 and up; on 9.0 the oracle moves it to the front); Marlin, a
+    16-bit-activation kernel, is vLLM's pick only on 8.0/8.6."""
+    import os
+
+    from vllm.model_executor.layers.quantization.utils.humming.priority import prefers_humming
+    from vllm.utils.import_utils import has_humming
+
+    from . import humming_builder
+
+    cc = humming_builder.device_sm()
+    if cc is None or os.environ.get(ALLOW_SLOWER_ENV) == "1":
+        return
+    if manifest.layout == "marlin-mxfp8" and prefers_humming(cc) and has_humming():
+        stock = "Humming (prioritize_humming)"
+    elif manifest.layout == "marlin-fp8" and 89 <= cc < 100:
+        stock = "Triton's FP8 W8A8 kernel on FP8 tensor cores"
+    else:
+        return
+    raise ArtifactError(
+        f"{where}: layout {manifest.layout!r}: on this GPU (sm{cc}) vLLM {manifest.vllm_target} "
+        f"runs {stock} for the same checkpoint, not Marlin's 16-bit-activation kernel; serve the "
+        f"source checkpoint with stock vLLM there, or set {ALLOW_SLOWER_ENV}=1 to serve Marlin "
+        "anyway")
+
+
 class Wna16MarlinBuilder:
     """vLLM 0.33's Marlin WNA16 MoE kernel (MarlinExperts through make_wna16_moe_kernel), forced:
     its WNA16 oracle would put Humming first on SM90, which reads another layout."""
@@ -143,6 +174,7 @@ class MarlinFloatBuilder:
 
     def check(self, where: str) -> None:
         art, m = self.method.art, self.method.manifest
+        refuse_float_marlin_slower_than_stock(m, where)
         for role in ("w13_weight", "w2_weight", "w13_scale", "w2_scale"):
             if role not in art.roles:
                 raise ArtifactError(f"{where}: param_roles has no {role} (needed by {self.name})")
