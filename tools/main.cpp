@@ -202,7 +202,10 @@ int run(int argc, char** argv, Globals& g) {
   add("verify",
       "Prove a converted checkpoint right: integrity, exact round-trip, fused MoE vs reference",
       add_verify);
-  add("synth", "Write a realistic random MoE checkpoint in any supported source format", add_synth);
+  add("synth",
+      "Write a realistic random MoE checkpoint in a source format (--format: every one but "
+      "compressed-tensors MXFP8)",
+      add_synth);
 
   try {
     app.parse(argc, argv);
