@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .artifact import ArtifactError, Block, read_manifest
 
@@ -58,7 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--enable-expert-parallel", action="store_true")
     c.add_argument("--dtype", choices=sorted(_DTYPES.values()),
                    help="the engine's dtype (default: the artifact's act_dtype)")
+    t = sub.add_parser("seed-tuning", help="store humming's tuning tables for a named GPU in a "
+                                           "moepack `humming` artifact (computed on the CPU)")
+    t.add_argument("dir", help="the converted checkpoint (a `humming` artifact)")
+    t.add_argument("--gpu", default=None, help="h100-sxm (default: the artifact's target arch's)")
     a = p.parse_args(argv)
+    if a.command == "seed-tuning":  # imports humming (not vLLM): humming_tuning.py
+        from . import humming_tuning
+
+        humming_tuning.seed(Path(a.dir), a.gpu)
+        return 0
     try:
         print(check(a.dir, a.tensor_parallel_size, a.enable_expert_parallel, a.dtype))
     except ArtifactError as e:

@@ -19,7 +19,9 @@ points, dtype) or with itself (a string humming does not reproduce).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from . import humming_tuning
 from .artifact import ArtifactError
 
 # LayerConfig fields of the 16-bit-activation WNA16 layout moepack writes, and the value each
@@ -257,7 +259,12 @@ class Wna16HummingBuilder:
             for sub, lc in configs.items()}
         layer.input_schemas = {sub: HummingInputSchema() for sub in configs}
         quant_config = self.quant_config(layer)
-        return quant_config, make_wna16_moe_kernel(
-            moe_quant_config=quant_config, moe_config=self.method.moe,
-            experts_cls=self.experts_cls, backend=self.backend,
-            routing_tables=layer._expert_routing_tables())
+        # vLLM's experts compute humming's tuning tables in their constructor; tables that
+        # `moepack-vllm seed-tuning` stored in the artifact for this GPU stand in for them.
+        m = self.method.manifest
+        where = f"{m.path}: layers[{self.method.art.index}]"
+        with humming_tuning.seeded(Path(m.path).parent, where):
+            return quant_config, make_wna16_moe_kernel(
+                moe_quant_config=quant_config, moe_config=self.method.moe,
+                experts_cls=self.experts_cls, backend=self.backend,
+                routing_tables=layer._expert_routing_tables())
