@@ -41,8 +41,9 @@ struct MoeRouterSpec {
 
 struct MoeLayerSpec {
   int64_t experts = 0, hidden = 0, inter = 0;
-  bool gated = true;   // w13 rows [gate; up]: silu(gate) * up; else relu2(w13 . x)
-  bool relu2 = false;  // the non-gated activation
+  bool gated = true;   // w13 rows [gate; up]: glu(gate, up); else act(w13 . x)
+  bool relu2 = false;  // the non-gated activation is relu2 (same as activation = kActRelu2)
+  int activation = 0;  // formats/layout/activation.h code (kActSilu, kActGeluTanh, ...)
 };
 
 // Routing of T tokens as ref::Routing holds it: [T, top_k] best first.
@@ -71,6 +72,10 @@ class MoeRuntime {
   MoeDeviceRouting begin_layer(const MoeLayerSpec& layer, const MoeRouterSpec& router,
                                const float* x, int64_t tokens, const float* router_weight,
                                const float* router_bias, const float* correction_bias);
+  // begin_layer with a routing computed on the host (verify's route_layer, for routers the
+  // device's kernels do not compute): x [T, H] is the experts' input; ids in [0, experts).
+  MoeDeviceRouting begin_layer_routed(const MoeLayerSpec& layer, int64_t experts,
+                                      const MoeDeviceRouting& routing, const float* x);
   void begin_chunk();
   // A device copy of host[0, bytes), valid until the chunk after the next one begins.
   const void* upload(const void* host, size_t bytes);

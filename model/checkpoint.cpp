@@ -293,6 +293,28 @@ struct ExpertTensors {
   std::set<std::string> names;                                         // every expert tensor
 };
 
+// Granite's fused experts: true when `name` is one ("<module>.input_linear.<tensor>" or
+// output_linear, module ending in block_sparse_moe), recorded as a fused 3-D layer.
+template <class CheckFamily>
+bool add_granite_expert(const std::string& name, const CheckFamily& check_family,
+                        ExpertTensors* out) {
+  static const std::string kBlock = ".block_sparse_moe.";
+  const size_t pos = name.find(kBlock);
+  if (pos == std::string::npos) return false;
+  const std::string module = name.substr(0, pos + kBlock.size() - 1);
+  const std::string rest = name.substr(pos + kBlock.size());
+  const bool in = rest.rfind("input_linear.", 0) == 0, outp = rest.rfind("output_linear.", 0) == 0;
+  if (!in && !outp) return false;
+  std::string suffix = rest.substr(rest.find('.') + 1);
+  if (suffix == "weight") suffix = "";
+  check_family(module, MoeFamily::kFused3d, name);
+  MoeLayer& L = out->by_module[module];
+  (in ? L.fused_gate_up : L.fused_down)[suffix] = name;
+  L.source_tensors.push_back(name);
+  out->names.insert(name);
+  return true;
+}
+
 ExpertTensors group_expert_tensors(const Checkpoint& ckpt) {
   ExpertTensors out;
   std::map<std::string, std::string> first_of_module;  // module -> its first expert tensor
@@ -315,7 +337,11 @@ ExpertTensors group_expert_tensors(const Checkpoint& ckpt) {
                       moe_family_name(L.family));
     }
   };
+  const bool granite = ckpt.config().model_type.rfind("granitemoe", 0) == 0;
   for (const auto& name : ckpt.tensor_names()) {
+    // Granite MoE: <module>.input_linear.weight [E, 2I, H] and output_linear.weight [E, H, I]
+    // (module "...block_sparse_moe"), transformers' fused experts under their own names.
+    if (granite && add_granite_expert(name, check_family, &out)) continue;
     const auto pos = name.find(".experts.");
     if (pos == std::string::npos) continue;
     const std::string module = name.substr(0, pos);
@@ -384,15 +410,37 @@ void size_fused_layer(const Checkpoint& ckpt, MoeLayer& L) {
     throw Error(
         ErrorCode::kBadShape, shard_file, gu.name,
         "fused experts must be 3-D, got " + shape_str(gu.shape) + " and " + shape_str(dn.shape));
-  L.num_experts = gu.shape[0];
-  L.hidden = gu.shape[1];
-  L.inter = gu.shape[2] / 2;
-  L.gated = true;
-  if (gu.shape[2] % 2 || dn.shape[0] != L.num_experts || dn.shape[1] != L.inter ||
-      dn.shape[2] != L.hidden)
+  // [E, H, 2I] + [E, I, H], or transformers' in-memory [E, 2I, H] + [E, H, I]: the shapes decide
+  // (both at once would need I = 0). gpt-oss keeps its own [E, H, 2I] interleaved form.
+  const bool in_out = gu.shape[2] % 2 == 0 && dn.shape[0] == gu.shape[0] &&
+                      dn.shape[1] == gu.shape[2] / 2 && dn.shape[2] == gu.shape[1];
+  const bool out_in = L.family == MoeFamily::kFused3d && gu.shape[1] % 2 == 0 &&
+                      dn.shape[0] == gu.shape[0] && dn.shape[1] == gu.shape[2] &&
+                      dn.shape[2] == gu.shape[1] / 2;
+  // Same experts and the model's hidden size in each, in another arrangement: a layout moepack
+  // does not read (exit 4), not a corrupt checkpoint.
+  const int64_t Hc = config.hidden_size;
+  const int64_t g_other = gu.shape[1] == Hc ? gu.shape[2] : gu.shape[1];  // 2I
+  const int64_t d_other = dn.shape[1] == Hc ? dn.shape[2] : dn.shape[1];  // I
+  const bool other_layout = !in_out && !out_in && Hc > 0 && dn.shape[0] == gu.shape[0] &&
+                            (gu.shape[1] == Hc || gu.shape[2] == Hc) &&
+                            (dn.shape[1] == Hc || dn.shape[2] == Hc) && g_other == 2 * d_other;
+  if (other_layout)
+    throw Error(ErrorCode::kUnsupported, shard_file, gu.name,
+                "fused experts gate_up_proj " + shape_str(gu.shape) + " with down_proj " +
+                    shape_str(dn.shape) + " (hidden_size " + std::to_string(Hc) +
+                    "): this arrangement is not supported (supported: [E, H, 2I] with [E, I, H], "
+                    "and transformers' [E, 2I, H] with [E, H, I])");
+  if (!in_out && !out_in)
     throw Error(ErrorCode::kBadShape, shard_file, dn.name,
                 "down_proj " + shape_str(dn.shape) + " does not match gate_up_proj " +
-                    shape_str(gu.shape) + " ([E, H, 2I] and [E, I, H])");
+                    shape_str(gu.shape) +
+                    " ([E, H, 2I] and [E, I, H], or [E, 2I, H] and [E, H, I])");
+  L.fused_out_in = out_in;
+  L.num_experts = gu.shape[0];
+  L.hidden = out_in ? gu.shape[2] : gu.shape[1];
+  L.inter = out_in ? gu.shape[1] / 2 : gu.shape[2] / 2;
+  L.gated = true;
   if (config.num_experts_key.size() && config.num_experts != L.num_experts)
     throw Error(ErrorCode::kBadConfig, (fs::path(ckpt.dir()) / "config.json").string(), gu.name,
                 config.num_experts_key + " is " + std::to_string(config.num_experts) + " but " +
@@ -614,17 +662,19 @@ void Checkpoint::discover_moe() {
 namespace {
 
 // One router tensor: of the shape the experts need, float, every value finite (verify computes
-// the router's logits from it; a NaN would route nowhere).
+// the router's logits from it; a NaN would route nowhere). A vector [n] may also be stored [1, n]
+// (ERNIE-4.5's moe_statics).
 void check_router_tensor(const Checkpoint& ckpt, const std::string& name, const Shape& want,
                          const std::string& what, const MoeLayer& L) {
   const std::string file = (fs::path(ckpt.dir()) / ckpt.shard_of(name)).string();
   const TensorView v = ckpt.view(name);
-  if (v.shape != want)
+  const bool row_vector = want.size() == 1 && v.shape == Shape{1, want[0]};
+  if (v.shape != want && !row_vector)
     throw Error(ErrorCode::kBadShape, file, name,
                 what + " is " + shape_str(v.shape) + ", expected " +
                     (want.size() == 2
                          ? "[E=" + std::to_string(want[0]) + ", H=" + std::to_string(want[1]) + "]"
-                         : "[E=" + std::to_string(want[0]) + "]") +
+                         : "[" + std::to_string(want[0]) + "]") +
                     " for the experts of " + L.module);
   if (v.dtype != DType::kBF16 && v.dtype != DType::kF16 && v.dtype != DType::kF32)
     throw Error(ErrorCode::kBadDtype, file, name,
@@ -637,67 +687,86 @@ void check_router_tensor(const Checkpoint& ckpt, const std::string& name, const 
 }
 
 // The router is read by vLLM's MoE block as a plain float weight and by verify to route tokens:
-// a quantized one would be copied through as bytes nothing can load. Refused by name (exit 4).
+// a quantized one would be copied through as bytes nothing can load. Refused under every name a
+// router goes by in any family (router_tensor_prefixes: gate., router., router.layer.,
+// router.proj.), exit 4.
 void refuse_quantized_router(const Checkpoint& ckpt, const MoeLayer& L) {
-  for (const char* child : {".gate.", ".router."})
-    for (const char* suffix : {"qweight", "qzeros", "scales", "g_idx", "weight_packed",
-                               "weight_scale", "weight_zero_point", "weight_scale_inv", "weight"}) {
-      const std::string name = L.module + child + suffix;
+  static const char* kQuantSuffixes[] = {"qweight",
+                                         "qzeros",
+                                         "scales",
+                                         "g_idx",
+                                         "weight_packed",
+                                         "weight_scale",
+                                         "weight_zero_point",
+                                         "weight_scale_inv",
+                                         "weight_shape",
+                                         "weight_global_scale",
+                                         "input_scale",
+                                         "weight_scale_2",
+                                         "biases",
+                                         "weight"};
+  for (const std::string& prefix : router_tensor_prefixes(L.module))
+    for (const char* suffix : kQuantSuffixes) {
+      const std::string name = prefix + suffix;
       if (!ckpt.has_tensor(name)) continue;
       const DType d = ckpt.view(name).dtype;
       if (std::string(suffix) == "weight" &&
           (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32))
         continue;
       throw Error(ErrorCode::kUnsupported, file_of(ckpt, name), name,
-                  "the MoE router " + L.module + std::string(child, std::strlen(child) - 1) +
-                      " is quantized (" + suffix + " " + dtype_name(d) +
+                  "the MoE router " + prefix.substr(0, prefix.size() - 1) + " is quantized (" +
+                      suffix + " " + dtype_name(d) +
                       "); vLLM's MoE block and moepack verify read an unquantized router weight. "
                       "Leave the router out of quantization (ignore / dynamic \"-:\")");
     }
 }
 
 // The tensors that route L's experts, as verify reads them and vLLM loads them
-// (router_tensor_names): the weight always, the bias and the correction bias exactly when the
-// config's router uses them, each [E, H] / [E], float and finite.
+// (router_tensor_names, by the family's row): the weight always, the bias, the correction bias
+// and Gemma-4's scales exactly when the config's router uses them, each float and finite; one the
+// router does not use is refused (vLLM would not load it).
 void check_router(const Checkpoint& ckpt, const MoeLayer& L, const RouterConfig& router,
                   const std::string& config_path) {
-  refuse_quantized_router(ckpt, L);
   const auto exists = [&](const std::string& n) { return ckpt.has_tensor(n); };
-  const RouterTensorNames names = router_tensor_names(L.module, router, exists);
+  std::vector<std::string> unused;
+  const RouterTensorNames names = router_tensor_names(L.module, router, exists, &unused);
   const std::string first_file =
       (fs::path(ckpt.dir()) / ckpt.shard_of(L.source_tensors.front())).string();
-  if (names.weight.empty())
-    throw Error(ErrorCode::kMissingTensor, first_file, L.module + ".gate.weight",
-                "the router of " + L.module + " is missing: expected " + L.module +
-                    ".gate.weight (or " + L.module + ".router.weight) [E=" +
-                    std::to_string(L.num_experts) + ", H=" + std::to_string(L.hidden) + "]");
-  check_router_tensor(ckpt, names.weight, {L.num_experts, L.hidden}, "router weight", L);
-  for (const char* router_child : {".gate.", ".router."})
-    for (const char* bias : {"bias", "e_score_correction_bias"}) {
-      const std::string b = L.module + router_child + bias;
-      if (ckpt.has_tensor(b)) check_router_tensor(ckpt, b, {L.num_experts}, "router bias", L);
-    }
-  const std::string prefix = names.weight.substr(0, names.weight.size() - 6);  // "...gate."
-  const std::string model_type = router.family.empty() ? "this model_type" : router.family;
-  struct Optional {
-    std::string name, wanted, what, why;
-  };
-  for (const Optional& o : {Optional{prefix + "bias", names.bias, "router bias",
-                                     "the router of " + model_type + " has no bias"},
-                            Optional{prefix + "e_score_correction_bias", names.correction_bias,
-                                     "correction bias", "topk_method is not noaux_tc"}}) {
-    if (!o.wanted.empty()) {
-      if (!ckpt.has_tensor(o.wanted))
-        throw Error(ErrorCode::kMissingTensor, first_file, o.wanted,
-                    o.what + " missing: " + config_path + " makes the router of " + L.module +
-                        " use " + o.wanted + " [E=" + std::to_string(L.num_experts) + "]");
-    } else if (ckpt.has_tensor(o.name)) {
-      throw Error(ErrorCode::kBadConfig, (fs::path(ckpt.dir()) / ckpt.shard_of(o.name)).string(),
-                  o.name,
-                  "is not used by the router " + config_path + " describes (" + o.why +
-                      "): vLLM would not load it");
-    }
+  if (names.weight.empty()) {
+    const RouterTensorNames any =
+        router_tensor_names(L.module, router, [](const std::string&) { return true; });
+    throw Error(ErrorCode::kMissingTensor, first_file, any.weight,
+                "the router of " + L.module + " is missing: expected " + any.weight + " [E=" +
+                    std::to_string(L.num_experts) + ", H=" + std::to_string(L.hidden) + "] (" +
+                    (router.family.empty() ? std::string("this model_type") : router.family) + ")");
   }
+  check_router_tensor(ckpt, names.weight, {L.num_experts, L.hidden}, "router weight", L);
+  const std::string model_type = router.family.empty() ? "this model_type" : router.family;
+  struct Used {
+    std::string name, what;
+    int64_t size;
+  };
+  for (const std::string& u : unused)
+    check_router_tensor(ckpt, u, {L.num_experts}, "router bias", L);
+  for (const Used& u : {Used{names.bias, "router bias", L.num_experts},
+                        Used{names.correction_bias, "correction bias", L.num_experts},
+                        Used{names.per_expert_scale, "per-expert scale", L.num_experts},
+                        Used{names.input_scale, "router input scale", L.hidden}}) {
+    if (u.name.empty()) continue;
+    if (!ckpt.has_tensor(u.name))
+      throw Error(ErrorCode::kMissingTensor, first_file, u.name,
+                  u.what + " missing: " + config_path + " makes the router of " + L.module + " (" +
+                      model_type + ") use " + u.name + " [" + std::to_string(u.size) + "]");
+    check_router_tensor(ckpt, u.name, {u.size},
+                        u.what == "correction bias" ? "router bias" : u.what, L);
+  }
+  if (!unused.empty())
+    throw Error(ErrorCode::kBadConfig, (fs::path(ckpt.dir()) / ckpt.shard_of(unused[0])).string(),
+                unused[0],
+                "is not used by the router " + config_path + " describes (" + model_type +
+                    (router.has_router_bias ? "" : ": its router has no bias") +
+                    (router.has_correction_bias ? "" : "; topk_method is not noaux_tc") +
+                    "): vLLM would not load it");
 }
 
 // The config makes every layer holding experts an MoE layer, and every other decoder layer below
@@ -766,6 +835,10 @@ void Checkpoint::check_routing() {
   if (layers_.empty()) return;
   const std::string config_path = (fs::path(dir_) / "config.json").string();
   for (const MoeLayer& L : layers_) check_router_rows(*this, L);
+  for (const MoeLayer& L : layers_) refuse_quantized_router(*this, L);
+  // A model type without a row converts (convert does not route); verify refuses to compute its
+  // MoE unless told --skip-numerical (model/routing.h, verify/verify.cpp).
+  if (!has_moe_family(config_.raw)) return;
   router_ = router_config_from_hf(config_.raw, config_path);
   for (const MoeLayer& L : layers_)
     if (L.num_experts != router_.num_experts)
@@ -1026,6 +1099,15 @@ DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer,
     refuse_extra(layer.fused_down);
     const TensorView gu = ckpt.view(layer.fused_gate_up.at(""));
     const TensorView dn = ckpt.view(layer.fused_down.at(""));
+    if (layer.fused_out_in) {  // [E, 2I, H] rows [gate; up] and [E, H, I]: the canonical form
+      check(gu, {E_all, 2 * I, H});
+      check(dn, {E_all, H, I});
+      for (int64_t i = 0; i < E * 2 * I * H; ++i)
+        d.w13[static_cast<size_t>(i)] = read_float(gu, e0 * 2 * I * H + i);
+      for (int64_t i = 0; i < E * H * I; ++i)
+        d.w2[static_cast<size_t>(i)] = read_float(dn, e0 * H * I + i);
+      return d;
+    }
     check(gu, {E_all, H, 2 * I});
     check(dn, {E_all, I, H});
     const bool interleaved = layer.family == MoeFamily::kGptOss;  // even = gate, odd = up

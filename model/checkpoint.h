@@ -19,7 +19,9 @@ namespace moepack {
 enum class MoeFamily : uint8_t {
   kMixtral,    // block_sparse_moe.experts.N.{w1,w3,w2}
   kPerExpert,  // mlp.experts.N.{gate_proj,up_proj,down_proj} (Qwen2/3-MoE, DeepSeek-V2/V3)
-  kFused3d,    // mlp.experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H] (Qwen3-VL/3.5-MoE)
+  kFused3d,    // mlp.experts.gate_up_proj [E, H, 2I] / down_proj [E, I, H] (Qwen3-VL/3.5-MoE,
+               // Llama-4), or transformers' in-memory [E, 2I, H] / [E, H, I] (Gemma-4, Mistral-4;
+               // Granite's block_sparse_moe.input_linear / output_linear): MoeLayer::fused_out_in
   kGptOss,     // mlp.experts.gate_up_proj{,_blocks,_scales,_bias}, rows interleaved gate/up
 };
 const char* moe_family_name(MoeFamily f);
@@ -40,6 +42,9 @@ struct MoeLayer {
   std::vector<std::array<std::map<std::string, std::string>, 3>> experts;
   // Fused families: suffix -> full name for gate_up and down ("" suffix for the plain tensor).
   std::map<std::string, std::string> fused_gate_up, fused_down;
+  // Fused families: gate_up [E, 2I, H] and down [E, H, I] (out, in: transformers' nn.Parameter
+  // orientation) instead of [E, H, 2I] / [E, I, H]; decided from the shapes (size_fused_layer).
+  bool fused_out_in = false;
   std::vector<std::string> source_tensors;  // every checkpoint tensor of these experts
 };
 

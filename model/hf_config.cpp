@@ -655,9 +655,10 @@ HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const 
   if (c.moe_intermediate_size == 0 && !per_layer_inter)
     c.moe_intermediate_size =
         get_dim(c.text, "intermediate_size", path, where, &c.moe_intermediate_size_key);
-  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"})
+  for (const char* key :
+       {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"})
     if (c.num_experts == 0) c.num_experts = get_dim(c.text, key, path, where, &c.num_experts_key);
-  for (const char* key : {"num_experts_per_tok", "experts_per_token"})
+  for (const char* key : {"num_experts_per_tok", "experts_per_token", "moe_k", "top_k_experts"})
     if (c.top_k_key.empty()) c.top_k = get_dim(c.text, key, path, where, &c.top_k_key);
   c.hidden_act = get_str(c.text, "hidden_act", get_str(c.text, "hidden_activation", "silu"));
   c.gated = !(c.hidden_act == "relu2" || c.hidden_act == "relu_squared");

@@ -117,10 +117,42 @@ Plan plan_options(const Checkpoint& ckpt, const ConvertOptions& opts) {
   return plan;
 }
 
+// Per-expert gpt-oss experts (gate_proj / up_proj / down_proj): the producers disagree on what
+// gate_proj and up_proj hold. llm-compressor (compressed-tensors) and auto-round de-interleave
+// gpt-oss' gate_up_proj ([..., ::2] gate, [..., 1::2] up) into the true gate and up; GPTQModel 7
+// stores the first and second HALVES of the interleaved tensor under those names (its gate_proj
+// is neither the gate nor the up). Read only from the producers known to de-interleave; refused
+// otherwise (exit 4), naming the producer, until the halves can be re-interleaved exactly.
+void refuse_ambiguous_gpt_oss(const Checkpoint& ckpt, const MoeLayer& L) {
+  if (ckpt.config().model_type != "gpt_oss" ||
+      (L.family != MoeFamily::kPerExpert && L.family != MoeFamily::kMixtral))
+    return;
+  const nlohmann::json& q = ckpt.config().quant_raw;
+  std::string quantizer;
+  if (q.is_object() && q.contains("meta") && q["meta"].is_object() &&
+      q["meta"].contains("quantizer"))
+    quantizer = q["meta"]["quantizer"].dump();
+  const std::string method = q.is_object() ? q.value("quant_method", std::string()) : "";
+  if (quantizer.find("gptqmodel") != std::string::npos)
+    throw Error(ErrorCode::kUnsupported, ckpt.config().quant_file, L.param_prefix + "0.gate_proj",
+                "gpt-oss experts written by GPTQModel (" + quantizer +
+                    "): its gate_proj / up_proj are the first and second halves of gpt-oss' "
+                    "interleaved gate_up_proj, not the gate and the up; moepack cannot read them "
+                    "as either");
+  const bool deinterleaved = method == "compressed-tensors" || q.contains("autoround_version");
+  if (!deinterleaved)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix + "0.gate_proj",
+                "per-expert gpt-oss experts from an unknown producer (quant_method \"" + method +
+                    "\"): whether gate_proj / up_proj are gpt-oss' de-interleaved gate and up "
+                    "(llm-compressor, auto-round) or halves of the interleaved gate_up_proj "
+                    "(GPTQModel) cannot be told from the tensors");
+}
+
 // Experts no layout converts: quantized fused 3-D and gpt-oss experts, and unquantized expert
 // tensors other than plain weights (load_dense_experts reads only those). Refused here, so that
 // --dry-run says so too.
 void refuse_unconvertible_experts(const Checkpoint& ckpt, const Plan& plan, const MoeLayer& L) {
+  refuse_ambiguous_gpt_oss(ckpt, L);
   if (plan.target_quant.method != QuantMethod::kNone &&
       plan.source_quant.method != QuantMethod::kNone &&
       (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss))

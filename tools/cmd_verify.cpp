@@ -1,5 +1,6 @@
 // moepack verify DST [--source SRC] [--tokens 64] [--seed 0] [--tolerance 1e-3]
-//                [--device cpu|cuda] [--chunk-size 1GiB] [--report FILE.html] [--json]
+//                [--device cpu|cuda] [--chunk-size 1GiB] [--skip-numerical]
+//                [--report FILE.html] [--json]
 #include <unistd.h>
 
 #include <chrono>
@@ -79,6 +80,9 @@ Runner add_verify(CLI::App& app, Globals& g) {
                  "memory for very large layers; the verdict does not depend on it)")
       ->capture_default_str();
   app.add_option("--report", *report, "Write a self-contained HTML report");
+  app.add_flag("--skip-numerical", o->skip_numerical,
+               "Check integrity and the exact round trip only: no router, activation or MoE "
+               "output (for a model whose router or activation moepack cannot compute)");
   return [o, report, chunk, &g] {
     o->chunk_bytes = parse_size("--chunk-size", *chunk);
     o->dst = resolve_checkpoint_arg(o->dst, g);

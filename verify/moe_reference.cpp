@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "formats/layout/activation.h"
 #include "formats/moe_reader.h"
 
 namespace moepack::ref {
@@ -42,30 +43,18 @@ void matmul_double_weight(const MatD& x, const std::vector<float>& w, int64_t n,
   }
 }
 
-template <typename T>
-T activate(Activation a, T v) {
-  switch (a) {
-    case Activation::kSilu:
-      return v / (T(1) + std::exp(-v));
-    case Activation::kRelu2: {
-      const T r = v > T(0) ? v : T(0);
-      return r * r;
-    }
-  }
-  return v;
-}
-
 // a[m, I] from h[m, w13_rows] (row-major, leading dimension w13_rows).
 template <typename T>
 void apply_activation(const MoeSpec& spec, const T* h, int64_t m, T* a) {
   const int64_t I = spec.intermediate, N = spec.w13_rows();
+  const int act = static_cast<int>(spec.activation);
   for (int64_t r = 0; r < m; ++r) {
     const T* hr = h + r * N;
     T* ar = a + r * I;
     if (spec.gated) {
-      for (int64_t i = 0; i < I; ++i) ar[i] = activate(spec.activation, hr[i]) * hr[I + i];
+      for (int64_t i = 0; i < I; ++i) ar[i] = expert_glu(act, hr[i], hr[I + i]);
     } else {
-      for (int64_t i = 0; i < I; ++i) ar[i] = activate(spec.activation, hr[i]);
+      for (int64_t i = 0; i < I; ++i) ar[i] = expert_activation(act, hr[i]);
     }
   }
 }
@@ -124,14 +113,7 @@ void check_weight(const std::vector<float>& w, int64_t n, int64_t k, int64_t exp
 }  // namespace
 
 Activation activation_from_hf(const std::string& hidden_act) {
-  if (hidden_act == "silu" || hidden_act == "swish") return Activation::kSilu;
-  if (hidden_act == "relu2") return Activation::kRelu2;
-  throw Error(ErrorCode::kUnsupported, "config.json", "hidden_act",
-              "activation '" + hidden_act + "' is not supported (silu, relu2)");
-}
-
-const char* activation_name(Activation a) {
-  return a == Activation::kSilu ? "silu" : "relu2";
+  return activation_from_name(hidden_act);
 }
 
 void MoeSpec::validate() const {
@@ -139,6 +121,9 @@ void MoeSpec::validate() const {
     throw Error(ErrorCode::kBadShape, "", "experts",
                 "MoE shape E=" + std::to_string(experts) + " H=" + std::to_string(hidden) +
                     " I=" + std::to_string(intermediate) + " must be positive");
+  if (activation == Activation::kSwigluOai && !gated)
+    throw Error(ErrorCode::kUnsupported, "", "experts",
+                "the clamped SwiGLU (swigluoai) needs gated experts (w13 = [gate; up])");
 }
 
 std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,
@@ -244,6 +229,35 @@ void check_router_shapes(const MoeSpec& spec, const RouterConfig& router,
                     std::to_string(spec.experts));
 }
 
+LayerRouting route_layer(const RouterConfig& cfg, const float* x, int64_t tokens, int64_t hidden,
+                         const RouterTensors& t) {
+  if (static_cast<int64_t>(t.weight.size()) != cfg.num_experts * hidden)
+    throw Error(ErrorCode::kBadShape, "", "router.weight",
+                "router weight holds " + std::to_string(t.weight.size()) + " values, want [" +
+                    std::to_string(cfg.num_experts) + ", " + std::to_string(hidden) + "]");
+  if (!t.bias.empty() && static_cast<int64_t>(t.bias.size()) != cfg.num_experts)
+    throw Error(ErrorCode::kBadShape, "", "router.bias",
+                "router bias holds " + std::to_string(t.bias.size()) + " values, want " +
+                    std::to_string(cfg.num_experts));
+  const std::vector<float> in = router_input(cfg, x, tokens, hidden, t.input_scale);
+  const std::vector<float> logits =
+      router_logits(in.data(), tokens, hidden, t.weight.data(), cfg.num_experts,
+                    t.bias.empty() ? nullptr : t.bias.data());
+  LayerRouting lr;
+  lr.routing = route(logits, t.correction_bias, cfg, t.per_expert_scale);
+  lr.expert_input.assign(x, x + static_cast<size_t>(tokens * hidden));
+  if (cfg.weights_on_input) {
+    // top_k 1 (RouterConfig::validate): expert(x * w) with weight 1 is the block's output.
+    for (int64_t tok = 0; tok < tokens; ++tok) {
+      const double w = lr.routing.weight(tok, 0);
+      float* row = lr.expert_input.data() + tok * hidden;
+      for (int64_t h = 0; h < hidden; ++h) row[h] = static_cast<float>(row[h] * w);
+      lr.routing.weights[static_cast<size_t>(tok)] = 1.0;
+    }
+  }
+  return lr;
+}
+
 MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float* x,
                         const ExpertWeightsFn& weights) {
   spec.validate();
@@ -338,7 +352,17 @@ ChunkedMoeLayerCheck::ChunkedMoeLayerCheck(const MoeSpec& spec, const RouterConf
   const std::vector<float> logits =
       router_logits(x, tokens, spec_.hidden, router_weight.data(), spec_.experts,
                     router_bias.empty() ? nullptr : router_bias.data());
-  routing_ = route(logits, correction_bias, router);
+  start(route(logits, correction_bias, router));
+}
+
+ChunkedMoeLayerCheck::ChunkedMoeLayerCheck(const MoeSpec& spec, Routing routing, const float* x)
+    : spec_(spec), x_(x) {
+  spec_.validate();
+  start(std::move(routing));
+}
+
+void ChunkedMoeLayerCheck::start(Routing routing) {
+  routing_ = std::move(routing);
   slots_ = slots_per_expert(routing_, spec_.experts);
   ref_ = make_output(spec_, routing_);
   got_ = make_output(spec_, routing_);

@@ -23,14 +23,13 @@
 
 namespace moepack::ref {
 
-enum class Activation : uint8_t {
-  kSilu,   // x * sigmoid(x)   ("silu", "swish")
-  kRelu2,  // relu(x)^2        ("relu2", Nemotron-H / Arctic-style non-gated experts)
-};
+// What the experts compute between their projections: the model tier's (model/routing.h,
+// computed by formats/layout/activation.h).
+using moepack::Activation;
+using moepack::activation_name;
 
-// Parses a config.json hidden_act; throws kUnsupported for anything else.
+// Parses a config.json hidden_act; throws kUnsupported for anything else (activation_from_name).
 Activation activation_from_hf(const std::string& hidden_act);
-const char* activation_name(Activation a);  // "silu" / "relu2"
 
 // The shape and activation of one MoE layer's routed experts.
 struct MoeSpec {
@@ -67,6 +66,16 @@ ExpertMatmulFn reader_matmul(const reader::ProjReader& w13, const reader::ProjRe
 std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,
                                  const float* router_weight, int64_t experts,
                                  const float* router_bias);
+
+// A layer's routing of x [T, H] and what its experts read: x, or for a router weighting the
+// expert input (Llama-4, top_k 1) x * w with combine weights 1, which is the same MoE. kBadShape
+// naming the router tensor that does not fit.
+struct LayerRouting {
+  Routing routing;
+  std::vector<float> expert_input;  // [T, H]
+};
+LayerRouting route_layer(const RouterConfig& cfg, const float* x, int64_t tokens, int64_t hidden,
+                         const RouterTensors& t);
 
 // The output of one MoE evaluation.
 struct MoeOutput {
@@ -133,12 +142,16 @@ class ChunkedMoeLayerCheck {
                        int64_t tokens, const std::vector<float>& router_weight,
                        const std::vector<float>& router_bias,
                        const std::vector<float>& correction_bias);
+  // A routing computed already (route_layer) of the experts' input x [T, H] (kept by pointer).
+  ChunkedMoeLayerCheck(const MoeSpec& spec, Routing routing, const float* x);
   // Experts [first, last): the callbacks receive layer-wide expert ids.
   void evaluate(int64_t first, int64_t last, const ExpertWeightsFn& weights,
                 const ExpertMatmulFn& matmul);
   MoeLayerCheck finish();  // once
 
  private:
+  void start(Routing routing);
+
   MoeSpec spec_;
   const float* x_;
   Routing routing_;

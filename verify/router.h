@@ -16,6 +16,16 @@
 //                iff norm_topk_prob, x routed_scaling_factor (Kimi-K2, GLM-4.5 share it)
 //   gpt-oss      models/gpt_oss/modeling_gpt_oss.py  top-k of the logits (router has a bias),
 //                softmax over those k logits == softmax over all, top-k, renormalised
+//   PhiMoE       models/phimoe PhimoeTopKRouter, sparsemixer (eval): expert 1 = argmax logit,
+//                weight = softmax over the logits l with (max - l) / max(|l|, max) <= 2 eps;
+//                expert 2 the same over the logits without expert 1 (eps = router_jitter_noise)
+//   Llama-4      models/llama4 Llama4Router: top-k logits, sigmoid, the weight scales the expert's
+//                INPUT (route_layer: expert input x * w, combine weight 1; top_k 1)
+//   Gemma-4      models/gemma4 Gemma4TextRouter: softmax of proj(rms_norm(x) * scale * H^-0.5),
+//                top-k renormalised, x per_expert_scale[e]
+//   The others are rows of the above (model/routing.cpp: OLMoE = Qwen, Granite = Mixtral,
+//   GLM-4.7-Flash / DeepSeek-V3.2 = DeepSeek-V3, MiniMax-M2 and ERNIE-4.5 = a correction bias on
+//   sigmoid / softmax scores, Mistral-4 = softmax with sum-of-top-2 groups).
 //
 // One deliberate choice where transformers and vLLM differ: experts of groups that were not
 // kept are EXCLUDED (vLLM grouped_topk masks them with -inf); transformers masks them with 0.0,
@@ -39,6 +49,8 @@ using moepack::GroupScore;
 using moepack::router_config_from_hf;
 using moepack::router_scoring_name;
 using moepack::RouterConfig;
+using moepack::RouterInput;
+using moepack::RouterKind;
 using moepack::RouterScoring;
 
 // The routing of T tokens: row t holds the top_k selections of token t, best first.
@@ -58,8 +70,29 @@ struct Routing {
 // bias). correction_bias [E] or empty (required non-empty when cfg.has_correction_bias).
 // Scores are computed in double. Equal selection scores go to the lower expert id (and the lower
 // group id), so the result never depends on the platform's sort. Non-finite logits: kBadValue.
+// per_expert_scale [E] (required non-empty when cfg.has_per_expert_scale) multiplies each
+// selected expert's final weight.
 Routing route(const std::vector<float>& logits, const std::vector<float>& correction_bias,
-              const RouterConfig& cfg);
+              const RouterConfig& cfg, const std::vector<float>& per_expert_scale = {});
+
+// One layer's router tensors as floats; empty where the router has none.
+struct RouterTensors {
+  std::vector<float> weight;            // [E, H]
+  std::vector<float> bias;              // [E] (gpt-oss)
+  std::vector<float> correction_bias;   // [E]
+  std::vector<float> per_expert_scale;  // [E] (Gemma-4)
+  std::vector<float> input_scale;       // [H] (Gemma-4 router.scale)
+};
+
+// The router's input from the hidden states x [T, H]: x itself, or Gemma-4's
+// rms_norm(x, eps) * scale * H^-0.5 (double, rounded to float).
+std::vector<float> router_input(const RouterConfig& cfg, const float* x, int64_t tokens,
+                                int64_t hidden, const std::vector<float>& input_scale);
+
+// Whether the CUDA runtime's routing kernels compute this router from the hidden states (top-k
+// selection of the plain input, no per-expert scale, weights on the output). The others are routed
+// by route_layer on the host and their routing uploaded.
+bool device_routable(const RouterConfig& c);
 
 // The router as the CUDA runtime's routing kernels take it (kernels/moe_runtime.h).
 MoeRouterSpec runtime_router_spec(const RouterConfig& c);

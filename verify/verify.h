@@ -25,6 +25,9 @@ struct VerifyOptions {
   // checked so far: by chunks of experts within a layer), from one thread at a time; the last
   // call has every layer done. Empty: no calls.
   ProgressFn progress;
+  // Integrity and the exact round trip only: no router, no activation, no MoE output (for a
+  // model whose router or activation moepack cannot compute). The report says so.
+  bool skip_numerical = false;
 };
 
 // Runs every check and returns the report (report.passed says the verdict). Throws Error for

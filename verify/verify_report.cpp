@@ -292,6 +292,8 @@ std::string render_text(const VerifyReport& r) {
   if (!r.destination.empty()) s << "  destination: " << r.destination << "\n";
   if (!r.backend.empty()) s << "  backend:     " << r.backend << "\n";
   if (!r.model.empty()) s << "  model:       " << r.model << "\n";
+  if (!r.router.empty())
+    s << "  router:      " << r.router << ", experts' activation " << r.activation << "\n";
 
   const int64_t ip = count_if(r.integrity, [](const auto& c) { return c.passed; });
   s << "integrity: " << ip << "/" << r.integrity.size() << " passed\n";
@@ -308,8 +310,12 @@ std::string render_text(const VerifyReport& r) {
   }
 
   const int64_t lp = count_if(r.layers, [](const auto& c) { return c.passed; });
-  s << "numerical: " << lp << "/" << r.layers.size() << " layers passed (" << r.tokens
-    << " tokens, seed " << r.seed << ", tolerance " << sci(r.tolerance) << ")\n";
+  if (r.numerical_skipped)
+    s << "numerical: SKIPPED (--skip-numerical): no MoE output was computed"
+      << (r.skipped_because.empty() ? "" : "; " + r.skipped_because) << "\n";
+  else
+    s << "numerical: " << lp << "/" << r.layers.size() << " layers passed (" << r.tokens
+      << " tokens, seed " << r.seed << ", tolerance " << sci(r.tolerance) << ")\n";
   if (!r.layers.empty()) {
     char line[160];
     std::snprintf(line, sizeof(line), "  %6s  %-16s %12s %12s %14s  %s\n", "layer", "backend",
@@ -382,6 +388,10 @@ nlohmann::json to_json(const VerifyReport& r) {
   }
   j["layers"] = layers;
   j["notes"] = r.notes;
+  j["numerical_skipped"] = r.numerical_skipped;
+  j["router"] = r.router;
+  j["activation"] = r.activation;
+  if (r.numerical_skipped) j["numerical_skipped_because"] = r.skipped_because;
   j["summary"] = {
       {"integrity_passed", count_if(r.integrity, [](const auto& c) { return c.passed; })},
       {"integrity_total", static_cast<int64_t>(r.integrity.size())},
@@ -467,7 +477,12 @@ std::string render_html(const VerifyReport& r) {
   }
 
   const int64_t lp = count_if(r.layers, [](const auto& c) { return c.passed; });
-  s << "<h2>Numerical: " << lp << "/" << r.layers.size() << " layers passed</h2>\n";
+  if (r.numerical_skipped)
+    s << "<h2>Numerical: SKIPPED</h2>\n<p class=\"note\">--skip-numerical: no MoE output was "
+         "computed"
+      << esc(r.skipped_because.empty() ? "" : "; " + r.skipped_because) << ".</p>\n";
+  else
+    s << "<h2>Numerical: " << lp << "/" << r.layers.size() << " layers passed</h2>\n";
   if (!r.layers.empty()) {
     s << "<p class=\"note\">Each MoE layer is evaluated on the same random hidden states with the "
          "model's router: reference = dequantised source weights in double; backend = the "

@@ -80,6 +80,9 @@ struct VerifyReport {
   std::string destination;  // DST path
   std::string backend;      // target layout name
   std::string model;        // architecture / model_type, for the title
+  // What the numerical check computed, by the model type (model/routing.h): "olmoe: softmax top-4"
+  // and "silu"; empty with --skip-numerical.
+  std::string router, activation;
   uint64_t seed = kDefaultVerifySeed;
   int64_t tokens = kDefaultVerifyTokens;
   double tolerance = kDefaultVerifyTolerance;
@@ -87,7 +90,11 @@ struct VerifyReport {
   std::vector<RoundTripCheck> round_trip;
   std::vector<LayerResult> layers;
   std::vector<std::string> notes;  // e.g. "layers 0-2 are dense: no MoE check"
-  bool passed = false;             // set by finalize()
+  // verify --skip-numerical: no layer's MoE was computed (layers is empty); `skipped_because`
+  // says what moepack could not have computed (an unknown router or activation), or "".
+  bool numerical_skipped = false;
+  std::string skipped_because;
+  bool passed = false;  // set by finalize()
 
   // passed = every integrity, round-trip and layer check passed and at least one check ran.
   void finalize();

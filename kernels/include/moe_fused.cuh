@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "formats/layout/activation.h"
 #include "formats/layout/moe_reader.h"
 
 namespace moepack::kernels {
@@ -39,15 +40,6 @@ struct ReaderWeights {
 constexpr int kThreads = 128;
 constexpr int kRowTile = 8;
 constexpr int kKTile = 128;
-
-template <class Acc>
-__device__ inline Acc moe_activate(int relu2, Acc v) {
-  if (relu2) {
-    const Acc r = v > Acc(0) ? v : Acc(0);
-    return r * r;
-  }
-  return v / (Acc(1) + exp(-v));
-}
 
 // Stages rows [r0, r0 + rows) x columns [k0, k0 + kn) of the gathered activations; zero beyond.
 // Row r of the tile reads act row row_of[r0 + r] (null: r0 + r).
@@ -71,7 +63,7 @@ __device__ inline void stage_rows(const W& w, int64_t le, const In* act, int64_t
 template <class W, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm1_act_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* row_token,
-                     const float* xq, int64_t hidden, int64_t inter, int gated, int relu2,
+                     const float* xq, int64_t hidden, int64_t inter, int gated, int act,
                      Acc* a_out) {
   __shared__ Acc xs[kRowTile][kKTile];
   const int64_t le = blockIdx.y;
@@ -103,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
     if (active)
       for (int r = 0; r < rows; ++r)
         a_out[(r0 + r) * inter + i] =
-            gated ? moe_activate<Acc>(0, g[r]) * u[r] : moe_activate<Acc>(relu2, g[r]);
+            gated ? expert_glu<Acc>(act, g[r], u[r]) : expert_activation<Acc>(act, g[r]);
   }
 }
 

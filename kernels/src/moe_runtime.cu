@@ -103,6 +103,9 @@ struct MoeRuntime::Impl {
     if (copy) cudaStreamDestroy(copy);
   }
 
+  void prepare_layer(const MoeLayerSpec& spec, int64_t T, int k, const float* x);
+  MoeDeviceRouting sort_layer();
+
   // Routing of `tokens` rows of logits already in this->logits into expert_ids / weights.
   void run_route(int64_t rows, const MoeRouterSpec& s, const float* correction_bias_device) {
     const int64_t E = s.experts;
@@ -177,7 +180,8 @@ struct MoeRuntime::Impl {
     }
     const dim3 g1(blocks_for(I, kernels::kThreads), static_cast<unsigned>(last - first));
     kernels::gemm1_act_kernel<kernels::ReaderWeights, Acc><<<g1, kernels::kThreads, 0, compute>>>(
-        W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated, layer.relu2, inter_buf);
+        W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated,
+        layer.relu2 ? kActRelu2 : layer.activation, inter_buf);
     check_launch("gemm1_act_kernel");
     const int64_t p0 = host_offsets[static_cast<size_t>(first)];
     const int64_t p1 = host_offsets[static_cast<size_t>(last)];
@@ -223,6 +227,67 @@ MoeRuntime::MoeRuntime() : impl_(std::make_unique<Impl>()) {
 
 MoeRuntime::~MoeRuntime() = default;
 
+// The layer's buffers (the previous layer is finished, so they may grow) and x [T, H] uploaded.
+void MoeRuntime::Impl::prepare_layer(const MoeLayerSpec& spec, int64_t T, int k, const float* x) {
+  check_cuda(cudaStreamSynchronize(compute), "previous layer");
+  check_cuda(cudaStreamSynchronize(copy), "previous layer");
+  layer = spec;
+  tokens = T;
+  top_k = k;
+  const int64_t E = spec.experts, H = spec.hidden, I = spec.inter;
+  const int64_t P = T * k;
+  this->x.reserve(static_cast<size_t>(T * H), "hidden states");
+  router_w.reserve(static_cast<size_t>(E * H), "router weight");
+  router_b.reserve(static_cast<size_t>(E), "router bias");
+  corr.reserve(static_cast<size_t>(E), "correction bias");
+  logits.reserve(static_cast<size_t>(T * E), "router logits");
+  xq_got.reserve(static_cast<size_t>(T * H), "activations");
+  xq_ref.reserve(static_cast<size_t>(T * H), "activations");
+  const size_t scratch = static_cast<size_t>(std::max(T * H, P * I));
+  scratch_in.reserve(scratch, "scratch");
+  scratch_out.reserve(scratch, "scratch");
+  got_inter.reserve(static_cast<size_t>(P * I), "intermediate");
+  ref_inter.reserve(static_cast<size_t>(P * I), "intermediate");
+  got_slots.reserve(static_cast<size_t>(P * H), "slot outputs");
+  ref_slots.reserve(static_cast<size_t>(P * H), "slot outputs");
+  got_out.reserve(static_cast<size_t>(T * H), "outputs");
+  ref_out.reserve(static_cast<size_t>(T * H), "outputs");
+  counts.reserve(static_cast<size_t>(E), "counts");
+  offsets.reserve(static_cast<size_t>(E + 1), "offsets");
+  sorted.reserve(static_cast<size_t>(P), "sorted slots");
+  row_token.reserve(static_cast<size_t>(P), "row tokens");
+  check_cuda(cudaMemcpyAsync(this->x.ptr, x, static_cast<size_t>(T * H) * sizeof(float),
+                             cudaMemcpyHostToDevice, compute),
+             "hidden states");
+}
+
+// After expert_ids / weights hold the routing: the token -> expert sort, zeroed slot outputs,
+// the routing back on the host.
+MoeDeviceRouting MoeRuntime::Impl::sort_layer() {
+  const int64_t E = layer.experts, H = layer.hidden, T = tokens, P = T * top_k;
+  kernels::count_slots_kernel<<<blocks_for(E, 128), 128, 0, compute>>>(expert_ids.ptr, P, E,
+                                                                       counts.ptr);
+  check_launch("count_slots_kernel");
+  kernels::exclusive_scan_kernel<<<1, 1, 0, compute>>>(counts.ptr, E, offsets.ptr);
+  check_launch("exclusive_scan_kernel");
+  kernels::fill_sorted_kernel<<<blocks_for(E, 128), 128, 0, compute>>>(
+      expert_ids.ptr, P, E, top_k, offsets.ptr, sorted.ptr, row_token.ptr);
+  check_launch("fill_sorted_kernel");
+  check_cuda(cudaMemsetAsync(got_slots.ptr, 0, static_cast<size_t>(P * H) * sizeof(float), compute),
+             "slot outputs");
+  check_cuda(
+      cudaMemsetAsync(ref_slots.ptr, 0, static_cast<size_t>(P * H) * sizeof(double), compute),
+      "slot outputs");
+  check_cuda(cudaStreamSynchronize(compute), "sort");
+  host_offsets.resize(static_cast<size_t>(E + 1));
+  check_cuda(cudaMemcpyAsync(host_offsets.data(), offsets.ptr, host_offsets.size() * 4,
+                             cudaMemcpyDeviceToHost, compute),
+             "offsets");
+  MoeDeviceRouting r = download_routing(T, top_k);
+  host_weights = r.weights;
+  return r;
+}
+
 MoeDeviceRouting MoeRuntime::begin_layer(const MoeLayerSpec& layer, const MoeRouterSpec& router,
                                          const float* x, int64_t tokens, const float* router_weight,
                                          const float* router_bias, const float* correction_bias) {
@@ -234,40 +299,13 @@ MoeDeviceRouting MoeRuntime::begin_layer(const MoeLayerSpec& layer, const MoeRou
                     std::to_string(router.experts) + ") H=" + std::to_string(layer.hidden) +
                     " I=" + std::to_string(layer.inter) + " T=" + std::to_string(tokens) +
                     " top_k=" + std::to_string(router.top_k));
-  // The previous layer is finished (finish_layer synchronised), so buffers may grow.
-  check_cuda(cudaStreamSynchronize(m.compute), "previous layer");
-  check_cuda(cudaStreamSynchronize(m.copy), "previous layer");
-  m.layer = layer;
-  m.tokens = tokens;
-  m.top_k = router.top_k;
-  const int64_t E = layer.experts, H = layer.hidden, I = layer.inter, T = tokens;
-  const int64_t P = T * router.top_k;
-  m.x.reserve(static_cast<size_t>(T * H), "hidden states");
-  m.router_w.reserve(static_cast<size_t>(E * H), "router weight");
-  m.router_b.reserve(static_cast<size_t>(E), "router bias");
-  m.corr.reserve(static_cast<size_t>(E), "correction bias");
-  m.logits.reserve(static_cast<size_t>(T * E), "router logits");
-  m.xq_got.reserve(static_cast<size_t>(T * H), "activations");
-  m.xq_ref.reserve(static_cast<size_t>(T * H), "activations");
-  const size_t scratch = static_cast<size_t>(std::max(T * H, P * I));
-  m.scratch_in.reserve(scratch, "scratch");
-  m.scratch_out.reserve(scratch, "scratch");
-  m.got_inter.reserve(static_cast<size_t>(P * I), "intermediate");
-  m.ref_inter.reserve(static_cast<size_t>(P * I), "intermediate");
-  m.got_slots.reserve(static_cast<size_t>(P * H), "slot outputs");
-  m.ref_slots.reserve(static_cast<size_t>(P * H), "slot outputs");
-  m.got_out.reserve(static_cast<size_t>(T * H), "outputs");
-  m.ref_out.reserve(static_cast<size_t>(T * H), "outputs");
-  m.counts.reserve(static_cast<size_t>(E), "counts");
-  m.offsets.reserve(static_cast<size_t>(E + 1), "offsets");
-  m.sorted.reserve(static_cast<size_t>(P), "sorted slots");
-  m.row_token.reserve(static_cast<size_t>(P), "row tokens");
+  m.prepare_layer(layer, tokens, router.top_k, x);
+  const int64_t E = layer.experts, H = layer.hidden, T = tokens;
   auto up = [&m](float* dst, const float* src, int64_t n, const char* what) {
     check_cuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
                                cudaMemcpyHostToDevice, m.compute),
                what);
   };
-  up(m.x.ptr, x, T * H, "hidden states");
   up(m.router_w.ptr, router_weight, E * H, "router weight");
   if (router_bias) up(m.router_b.ptr, router_bias, E, "router bias");
   if (correction_bias) up(m.corr.ptr, correction_bias, E, "correction bias");
@@ -278,28 +316,35 @@ MoeDeviceRouting MoeRuntime::begin_layer(const MoeLayerSpec& layer, const MoeRou
       m.x.ptr, T, H, m.router_w.ptr, E, router_bias ? m.router_b.ptr : nullptr, m.logits.ptr);
   check_launch("router_logits_kernel");
   m.run_route(T, router, correction_bias ? m.corr.ptr : nullptr);
-  kernels::count_slots_kernel<<<blocks_for(E, 128), 128, 0, m.compute>>>(m.expert_ids.ptr, P, E,
-                                                                         m.counts.ptr);
-  check_launch("count_slots_kernel");
-  kernels::exclusive_scan_kernel<<<1, 1, 0, m.compute>>>(m.counts.ptr, E, m.offsets.ptr);
-  check_launch("exclusive_scan_kernel");
-  kernels::fill_sorted_kernel<<<blocks_for(E, 128), 128, 0, m.compute>>>(
-      m.expert_ids.ptr, P, E, router.top_k, m.offsets.ptr, m.sorted.ptr, m.row_token.ptr);
-  check_launch("fill_sorted_kernel");
-  check_cuda(
-      cudaMemsetAsync(m.got_slots.ptr, 0, static_cast<size_t>(P * H) * sizeof(float), m.compute),
-      "slot outputs");
-  check_cuda(
-      cudaMemsetAsync(m.ref_slots.ptr, 0, static_cast<size_t>(P * H) * sizeof(double), m.compute),
-      "slot outputs");
-  check_cuda(cudaStreamSynchronize(m.compute), "sort");
-  m.host_offsets.resize(static_cast<size_t>(E + 1));
-  check_cuda(cudaMemcpyAsync(m.host_offsets.data(), m.offsets.ptr, m.host_offsets.size() * 4,
-                             cudaMemcpyDeviceToHost, m.compute),
-             "offsets");
-  MoeDeviceRouting r = m.download_routing(T, router.top_k);
-  m.host_weights = r.weights;
-  return r;
+  return m.sort_layer();
+}
+
+MoeDeviceRouting MoeRuntime::begin_layer_routed(const MoeLayerSpec& layer, int64_t experts,
+                                                const MoeDeviceRouting& routing, const float* x) {
+  Impl& m = *impl_;
+  const int64_t T = routing.tokens, k = routing.top_k;
+  const size_t P = static_cast<size_t>(T * k);
+  if (layer.experts != experts || layer.experts <= 0 || layer.hidden <= 0 || layer.inter <= 0 ||
+      T <= 0 || k <= 0 || routing.expert_ids.size() != P || routing.weights.size() != P)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                "begin_layer_routed: E=" + std::to_string(layer.experts) +
+                    " T=" + std::to_string(T) + " top_k=" + std::to_string(k) + " with " +
+                    std::to_string(routing.expert_ids.size()) + " ids");
+  for (int32_t e : routing.expert_ids)
+    if (e < 0 || e >= experts)
+      throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                  "begin_layer_routed: expert id " + std::to_string(e) + " outside [0, " +
+                      std::to_string(experts) + ")");
+  m.prepare_layer(layer, T, static_cast<int>(k), x);
+  m.expert_ids.reserve(P, "expert ids");
+  m.weights.reserve(P, "routing weights");
+  check_cuda(cudaMemcpyAsync(m.expert_ids.ptr, routing.expert_ids.data(), P * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, m.compute),
+             "routing");
+  check_cuda(cudaMemcpyAsync(m.weights.ptr, routing.weights.data(), P * sizeof(double),
+                             cudaMemcpyHostToDevice, m.compute),
+             "routing");
+  return m.sort_layer();
 }
 
 void MoeRuntime::begin_chunk() {

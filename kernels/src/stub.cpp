@@ -25,6 +25,10 @@ MoeDeviceRouting MoeRuntime::begin_layer(const MoeLayerSpec&, const MoeRouterSpe
                                          int64_t, const float*, const float*, const float*) {
   no_cuda();
 }
+MoeDeviceRouting MoeRuntime::begin_layer_routed(const MoeLayerSpec&, int64_t,
+                                                const MoeDeviceRouting&, const float*) {
+  no_cuda();
+}
 void MoeRuntime::begin_chunk() {
   no_cuda();
 }

@@ -867,7 +867,9 @@ TEST(MoeDiscoveryErrors, FusedDownProjShapeMismatch) {
   b.config = fused_config();
   const std::string P = "model.language_model.layers.0.mlp.experts.";
   b.add(bf16(P + "gate_up_proj", {kE, kH, 2 * kI}));
-  b.add(bf16(P + "down_proj", {kE, kH, kI}));  // [E, H, I] instead of [E, I, H]
+  // [E, H, I + 1]: no I fits both. ([E, H, I] is no longer a mismatch here: with H = 2I the pair
+  // is transformers' in-memory [E, 2I, H] + [E, H, I], read since issue 30.)
+  b.add(bf16(P + "down_proj", {kE, kH, kI + 1}));
   b.write(dir.path);
   const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kBadShape);
   EXPECT_EQ(e.tensor(), P + "down_proj") << e.what();

@@ -302,8 +302,10 @@ TEST(MoeReference, BadWeightSizeIsReported) {
 TEST(Activation, FromHfConfig) {
   EXPECT_EQ(activation_from_hf("silu"), Activation::kSilu);
   EXPECT_EQ(activation_from_hf("relu2"), Activation::kRelu2);
+  EXPECT_EQ(activation_from_hf("gelu_pytorch_tanh"), Activation::kGeluTanh);  // Gemma-4
+  // The erf GELU is another function: refused, never approximated.
   try {
-    activation_from_hf("gelu_pytorch_tanh");
+    activation_from_hf("gelu");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

@@ -101,10 +101,10 @@ TEST(VerifyReport, FinalizeRequiresEveryCheckAndAtLeastOne) {
 TEST(VerifyReport, JsonHasStableKeys) {
   const VerifyReport r = sample_report();
   const nlohmann::json j = to_json(r);
-  EXPECT_EQ(keys_of(j),
-            (std::set<std::string>{"passed", "tool_version", "source", "destination", "backend",
-                                   "model", "seed", "tokens", "tolerance", "integrity",
-                                   "round_trip", "layers", "notes", "summary"}));
+  EXPECT_EQ(keys_of(j), (std::set<std::string>{
+                            "passed", "tool_version", "source", "destination", "backend", "model",
+                            "router", "activation", "numerical_skipped", "seed", "tokens",
+                            "tolerance", "integrity", "round_trip", "layers", "notes", "summary"}));
   EXPECT_FALSE(j["passed"].get<bool>());
   EXPECT_EQ(j["source"], r.source);
   EXPECT_EQ(keys_of(j["integrity"][0]), (std::set<std::string>{"name", "passed", "detail"}));
