@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "kernels/moepack_cuda.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -282,6 +283,26 @@ TEST_P(FamilyConvertVerify, WithItsRouterAndActivation) {
   EXPECT_EQ(v["activation"], f.activation);
   ASSERT_EQ(v["layers"].size(), 1u);
   EXPECT_EQ(v["layers"][0]["passed"], true);
+}
+
+// The same on the GPU: the routers the device's kernels compute, the others routed on the host
+// and uploaded (begin_layer_routed), the activation in the device's gemm1 (gelu_tanh for
+// Gemma-4); the device's outputs against the CPU path's router choices.
+TEST_P(FamilyConvertVerify, OnTheDevice) {
+  if (!cuda_device_info().available) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  const Family f = families()[GetParam()];
+  TempDir tmp;
+  const Base b = make_base(tmp / "base");
+  const std::string src = tmp / f.name, dst = tmp / "out";
+  write_family(b, src, f.tensors(b), family_config(b, f.fields));
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100 --quantize mxfp8"), 0);
+  const json cpu = run_json("verify " + dst + " --source " + src + " --tokens 32", 0);
+  const json gpu = run_json("verify " + dst + " --source " + src + " --tokens 32 --device cuda", 0);
+  EXPECT_EQ(gpu["passed"], true) << gpu.dump(1);
+  EXPECT_EQ(gpu["activation"], f.activation);
+  ASSERT_EQ(gpu["layers"].size(), 1u);
+  // The same routing on both devices: the same tokens per expert.
+  EXPECT_EQ(gpu["layers"][0]["expert_tokens"], cpu["layers"][0]["expert_tokens"]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Issue30, FamilyConvertVerify,

@@ -57,6 +57,34 @@ def make_tokenizer(path):
                             eos_token="</s>", pad_token="<pad>").save_pretrained(path)
 
 
+# The families of issue 30, each a tiny config of its own model type (4 experts, top-2 unless
+# the family routes otherwise). Absent from a transformers version: skipped with a message.
+def family_config(family, common):
+    import transformers as tf
+
+    e4 = dict(intermediate_size=128)
+    table = {
+        "olmoe": lambda: tf.OlmoeConfig(num_experts=4, **e4, **common),
+        "phimoe": lambda: tf.PhimoeConfig(num_local_experts=4, **e4, **common),
+        "granitemoe": lambda: tf.GraniteMoeConfig(num_local_experts=4, **e4, **common),
+        "minimax_m2": lambda: tf.MiniMaxM2Config(num_local_experts=4, **e4, **common),
+        "ernie4_5_moe": lambda: tf.Ernie4_5_MoeConfig(
+            moe_num_experts=4, moe_intermediate_size=128, moe_layer_start_index=0, **e4,
+            **{k: v for k, v in common.items() if k != "num_experts_per_tok"}, moe_k=2),
+        "glm4_moe_lite": lambda: tf.Glm4MoeLiteConfig(
+            n_routed_experts=4, moe_intermediate_size=128, mlp_layer_types=["sparse"], **e4,
+            **common),
+        "mistral4": lambda: tf.Mistral4Config(n_routed_experts=4, moe_intermediate_size=128,
+                                              **e4, **common),
+        "deepseek_v32": lambda: tf.DeepseekV32Config(
+            n_routed_experts=4, moe_intermediate_size=128, first_k_dense_replace=0, n_group=1,
+            topk_group=1, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
+            qk_rope_head_dim=16, v_head_dim=32, index_head_dim=32, index_n_heads=2, **e4,
+            **common),
+    }
+    return table[family]()
+
+
 def base_model(family, work):
     """A tiny random model saved to work/base-FAMILY; returns its path."""
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
@@ -64,15 +92,17 @@ def base_model(family, work):
     path = os.path.join(work, "base-" + family)
     if os.path.exists(path):
         return path
-    torch.manual_seed({"qwen3": 1, "mixtral": 2}[family])
+    torch.manual_seed({"qwen3": 1, "mixtral": 2}.get(family, sum(map(ord, family))))
     common = dict(vocab_size=128, hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=64, num_experts_per_tok=2,
                   max_position_embeddings=64, tie_word_embeddings=False)
     if family == "qwen3":
         cfg = Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=128, num_experts=4,
                              norm_topk_prob=True, **common)
-    else:
+    elif family == "mixtral":
         cfg = MixtralConfig(intermediate_size=128, num_local_experts=4, **common)
+    else:
+        cfg = family_config(family, common)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(path)
     make_tokenizer(path)
@@ -238,10 +268,14 @@ def ct_scheme(bits, group_size, symmetric, targets, strategy="group"):
                                  group_size=group_size if strategy == "group" else None))
 
 
-def ct_modifier(config_groups=None, scheme=None):
+# Routers by every name the families give them (block_sparse_moe.gate, router, router.layer, ...).
+ROUTER_IGNORE = ["lm_head", r"re:.*\.gate$", r"re:.*\.router(\.layer|\.proj)?$"]
+
+
+def ct_modifier(config_groups=None, scheme=None, ignore=None):
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
-    ignore = ["lm_head", "re:.*mlp.gate$"]
+    ignore = ignore or ["lm_head", "re:.*mlp.gate$"]
     if scheme is not None:
         return QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)
     return QuantizationModifier(config_groups=config_groups, ignore=ignore)
@@ -329,6 +363,16 @@ def fixtures():
             "qwen3", ct_modifier({"group_0": ct_scheme(4, 32, True, ["Linear"])}), w, n),
         {"method": "compressed-tensors-pack-quantized",
          "convert": sm90("marlin", "triton-wna16")})
+    # The families of issue 30: the same W4A16 g32 scheme, routers left unquantized.
+    for fam in ("olmoe", "phimoe", "granitemoe", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite",
+                "mistral4", "deepseek_v32"):
+        f["ct-w4a16-g32-" + fam] = (
+            CT, fam, "W4A16 symmetric, group 32",
+            (lambda fam: lambda w, n: llmcompressor_fixture(
+                fam, ct_modifier({"group_0": ct_scheme(4, 32, True, ["Linear"])},
+                                 ignore=ROUTER_IGNORE), w, n))(fam),
+            {"method": "compressed-tensors-pack-quantized",
+             "convert": sm90("marlin", "triton-wna16")})
     f["ct-w8a16-channel-mixtral"] = (
         CT, "mixtral", "W8A16 symmetric, channel",
         lambda w, n: llmcompressor_fixture(
