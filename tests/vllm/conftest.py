@@ -76,7 +76,9 @@ def edit_manifest(d: Path, fn) -> None:
 @pytest.fixture(scope="session")
 def plugin():
     """Registers moepack-vllm in this process, as vLLM's plugin loader would (VLLM_PLUGINS=none
-    keeps vLLM from loading it by itself, so the stock tests that run first see stock vLLM)."""
+    keeps vLLM from loading it by itself, so the stock tests that run first see stock vLLM).
+    Registration lasts for the whole pytest process: a test file using this fixture (or importing
+    moepack_vllm.moe/config) must sort after test_serving.py, whose stock-vLLM refusals run first."""
     import moepack_vllm
 
     moepack_vllm.register()
