@@ -77,9 +77,12 @@ void check_layer(const Manifest& m, const TargetLayout& layout, size_t i, const 
       refuse(file, at + "layout_config." + key + ": missing (expected \"" + text + "\")");
     compare_text(file, at + "layout_config." + key, it->second, text);
   }
-  for (const auto& [key, text] : ml.layout_config)
+  for (const auto& recorded : ml.layout_config) {
+    const std::string& key = recorded.first;
+    // A named copy: C++17 lambdas cannot capture a structured binding (clang rejects it).
     if (std::none_of(want.begin(), want.end(), [&](const auto& w) { return w.first == key; }))
       refuse(file, at + "layout_config." + key + ": not a key layout " + layout.name + " records");
+  }
 }
 
 }  // namespace
