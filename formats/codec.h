@@ -336,6 +336,64 @@ std::optional<ParamRole> parse_param_role(const std::string& name);
 // The role of projection `proj`'s parameter of kind `w13_role` (a kW13* value).
 ParamRole param_role_of(MoeProj proj, ParamRole w13_role);
 
+// How vLLM 0.33 spreads one MoE layer over the GPUs that serve it (FusedMoEParallelConfig.make,
+// layers/fused_moe/config.py): tensor parallel, each of `tensor` ranks holding I / tensor
+// intermediate channels of every expert (RoutedExperts._load_w13 / _load_w2 narrow the checkpoint
+// by tp_rank, then the rank post-processes its slice), or expert parallel, each of `expert` ranks
+// holding whole experts, a subset placed by `placement` (determine_expert_map,
+// layers/fused_moe/expert_map_manager.py). Never both: with expert parallelism vLLM's MoE tp_size
+// is 1. The default (1, 1) is whole experts on one rank.
+enum class ExpertPlacement : uint8_t {
+  kLinear,      // rank r holds a contiguous run; the first E % ep ranks one expert more
+  kRoundRobin,  // rank r holds experts r, r + ep, r + 2 ep, ...
+};
+const char* expert_placement_name(ExpertPlacement p);  // "linear", "round_robin" (vLLM's names)
+std::optional<ExpertPlacement> expert_placement_from_name(const std::string& name);
+
+struct Parallelism {
+  int tensor = 1;  // MoE tensor-parallel size (vLLM's moe tp_size)
+  int expert = 1;  // expert-parallel size (vLLM's moe ep_size)
+  ExpertPlacement placement = ExpertPlacement::kLinear;  // expert parallel only
+
+  bool whole() const { return tensor == 1 && expert == 1; }
+  int ranks() const { return tensor > expert ? tensor : expert; }
+  // The intermediate size each rank holds (vLLM's intermediate_size_per_partition).
+  int64_t rank_inter(int64_t inter) const { return inter / tensor; }
+  // The experts rank r holds, as global ids in local order (what vLLM's expert_map maps to
+  // 0, 1, ...): all of them without expert parallelism.
+  std::vector<int64_t> rank_experts(int64_t experts, int rank) const;
+  int64_t local_experts(int64_t experts, int rank) const;
+  // The rank holding global expert g and g's local index there (rank 0, g without EP).
+  std::pair<int, int64_t> expert_owner(int64_t experts, int64_t g) const;
+  // "tensor parallel 8", "expert parallel 8 (linear)", "whole experts": for messages.
+  std::string describe() const;
+  bool operator==(const Parallelism& o) const {
+    return tensor == o.tensor && expert == o.expert && (expert == 1 || placement == o.placement);
+  }
+  bool operator!=(const Parallelism& o) const { return !(*this == o); }
+};
+
+// How a layout's experts split over tensor-parallel ranks: what one rank's RoutedExperts holds
+// after vLLM 0.33's loader narrowed the checkpoint by tp_rank and before it post-processes that
+// slice (then the layout's own pack, with the rank's options and shape, is that post-processing).
+// A row states it (TargetLayout::tensor_parallel); a row without one cannot be written for a
+// tensor-parallel size above 1, and the registry suite fails for it. Every layout so far takes
+// the canonical split (formats/parallel.h): gate and up rows [r I/tp, (r+1) I/tp) each, w2's K
+// columns and scale groups the same (a single w2 group, channelwise, stays whole on every rank).
+struct TensorParallelSplit {
+  // Why experts of this whole-layer shape cannot be split over `tp` ranks for this layout (what
+  // vLLM 0.33 refuses, or would load wrong without an error), one sentence with the numbers each;
+  // the layout's unsupported_reasons on one rank's shape are added by the caller
+  // (parallel_reasons).
+  std::vector<std::string> (*reasons)(const LayoutOptions& whole, const MoeShape& whole_shape,
+                                      int tp) = nullptr;
+  // Rank `rank`'s experts, canonical, of the whole layer's (any chunk of its experts).
+  MoeExperts (*split)(const MoeExperts& whole, bool gated, int tp, int rank) = nullptr;
+  // A row not written for tensor or expert parallelism at all says why here (reasons and split
+  // then stay null): parallel_reasons refuses with it.
+  const char* unsupported = nullptr;
+};
+
 // One output parameter as a layout writes it.
 struct ParamSpec {
   std::string name;  // with LayoutOptions::prefix
@@ -445,6 +503,10 @@ struct TargetLayout {
   // the key (and the field, where both texts are JSON objects).
   std::vector<std::pair<std::string, std::string>> (*layer_config)(const LayoutOptions&,
                                                                    const MoeShape&) = nullptr;
+  // How vLLM 0.33 splits the layer's experts over tensor-parallel ranks (see
+  // TensorParallelSplit): required for --tensor-parallel-size above 1; the registry suite fails
+  // for a row without it.
+  TensorParallelSplit tensor_parallel = {};
 };
 
 // `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.

@@ -15,6 +15,7 @@
 #include "formats/marlin.h"
 #include "formats/marlin_float.h"
 #include "formats/mxfp8.h"
+#include "formats/parallel.h"
 #include "formats/triton_int8.h"
 #include "formats/triton_wna16.h"
 #include "formats/trtllm_fp8_block.h"
@@ -184,27 +185,34 @@ namespace {
 // SM, and moepack writes it for SM90 only (humming_unsupported_reasons).
 TargetLayout humming_row(const std::vector<TargetArch>& every_arch) {
   using S = ServingPath;
-  return {.name = "humming",
-          .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
-          .layout_version = 1,
-          .schemes = {"wna16"},
-          .archs = every_arch,
-          .unsupported_reasons = humming_unsupported_reasons,
-          .param_specs = humming_param_specs,
-          .pack = pack_humming_moe,
-          .unpack = unpack_humming_moe,
-          .reader_kind = reader::Kind::kHumming,
-          .act_quant = humming_act_quant,
-          .make_reader = humming_make_reader,
-          .deviations_from_vllm = humming_deviations_from_vllm,
-          // vLLM 0.33's WNA16 MoE methods run convert_to_humming_moe_kernel_format in
-          // process_weights_after_loading and have no pre-processed path; the plugin builds vLLM's
-          // Humming experts itself from the parameters and the recorded LayerConfigs.
-          .vllm_serving = {{.target = VllmTarget::kV0_33,
-                            .path = S::kKernelBuilder,
-                            .kernel_builder = "wna16-humming"}},
-          .decide_layer = humming_decide_layer,
-          .layer_config = humming_layer_config};
+  return {
+      .name = "humming",
+      .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
+      .layout_version = 1,
+      .schemes = {"wna16"},
+      .archs = every_arch,
+      .unsupported_reasons = humming_unsupported_reasons,
+      .param_specs = humming_param_specs,
+      .pack = pack_humming_moe,
+      .unpack = unpack_humming_moe,
+      .reader_kind = reader::Kind::kHumming,
+      .act_quant = humming_act_quant,
+      .make_reader = humming_make_reader,
+      .deviations_from_vllm = humming_deviations_from_vllm,
+      // vLLM 0.33's WNA16 MoE methods run convert_to_humming_moe_kernel_format in
+      // process_weights_after_loading and have no pre-processed path; the plugin builds vLLM's
+      // Humming experts itself from the parameters and the recorded LayerConfigs.
+      .vllm_serving = {{.target = VllmTarget::kV0_33,
+                        .path = S::kKernelBuilder,
+                        .kernel_builder = "wna16-humming"}},
+      .decide_layer = humming_decide_layer,
+      .layer_config = humming_layer_config,
+      // decide_layer judges the whole layer's codes; under vLLM 0.33's tensor or expert
+      // parallelism each rank converts its own slice and decides on it, which is not modelled.
+      .tensor_parallel = {.unsupported = "Humming's per-layer decisions (decide_layer) are made "
+                                         "on the whole layer's codes; a rank of vLLM 0.33 "
+                                         "decides on its own slice, which moepack does not "
+                                         "model"}};
 }
 
 }  // namespace
@@ -276,6 +284,10 @@ const std::vector<TargetLayout>& target_layouts() {
   static const std::vector<A> every_arch = all_target_archs();
   // FlashInfer's TRT-LLM-Gen MoE kernels run only on the SM100 family (Blackwell).
   static const std::vector<A> sm100 = {A::kSm100};
+  // vLLM 0.33 narrows each rank's slice of the checkpoint and post-processes it as a layer of
+  // intermediate size I / tp for every layout below (formats/parallel.h).
+  static const TensorParallelSplit canonical_tp = {.reasons = tp_canonical_reasons,
+                                            .split = tp_canonical_split};
   // Named fields (designated initialisers, in TargetLayout's declaration order): an optional
   // hook left out is nullptr.
   static const std::vector<TargetLayout> table = [] {
@@ -300,7 +312,8 @@ const std::vector<TargetLayout>& target_layouts() {
          // would put Humming first on sm90, which reads another layout).
          .vllm_serving = {{.target = VllmTarget::kV0_33,
                            .path = S::kKernelBuilder,
-                           .kernel_builder = "wna16-marlin"}}},
+                           .kernel_builder = "wna16-marlin"}},
+         .tensor_parallel = canonical_tp},
         {.name = "triton-wna16",
          .kernel = "vLLM's Triton fused_moe kernel (moe_wna16)",
          .layout_version = 2,
@@ -318,7 +331,8 @@ const std::vector<TargetLayout>& target_layouts() {
                            .reason =
                                "vLLM 0.33's MoeWNA16 method reads the checkpoint-format "
                                "qweight/scales and repacks them itself; its Triton kernel has "
-                               "no pre-packed entry point this plugin can feed"}}},
+                               "no pre-packed entry point this plugin can feed"}},
+         .tensor_parallel = canonical_tp},
         {.name = "triton-int8",
          .kernel = "vLLM's Triton fused_moe kernel (W8A8 int8)",
          .layout_version = 1,
@@ -334,7 +348,8 @@ const std::vector<TargetLayout>& target_layouts() {
          .deviations_from_vllm = triton_int8_deviations_from_vllm,
          .vllm_serving = {{.target = VllmTarget::kV0_33,
                            .reason = "vLLM 0.33's W8A8 int8 MoE methods quantise per load and have "
-                                     "no pre-processed weight path this plugin can feed"}}},
+                                     "no pre-processed weight path this plugin can feed"}},
+         .tensor_parallel = canonical_tp},
         {.name = "trtllm-mxfp8",
          .kernel = "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
          .layout_version = 1,
@@ -354,7 +369,8 @@ const std::vector<TargetLayout>& target_layouts() {
                                "CompressedTensorsW8A8Mxfp8MoEMethod) do not declare "
                                "supports_pre_processed_weights (they always shuffle in "
                                "process_weights_after_loading), and this plugin has no kernel "
-                               "builder for the TRT-LLM MXFP8 experts yet"}}},
+                               "builder for the TRT-LLM MXFP8 experts yet"}},
+         .tensor_parallel = canonical_tp},
         {.name = "trtllm-fp8-block",
          .kernel = "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
          .layout_version = 1,
@@ -381,7 +397,8 @@ const std::vector<TargetLayout>& target_layouts() {
                            .reason =
                                "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
                                "supports_pre_processed_weights (it always shuffles in "
-                               "process_weights_after_loading)"}}},
+                               "process_weights_after_loading)"}},
+         .tensor_parallel = canonical_tp},
         humming_row(every_arch),
     };
     for (TargetLayout& r : marlin_float_layouts(every_arch)) t.push_back(std::move(r));

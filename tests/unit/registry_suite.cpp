@@ -28,6 +28,7 @@
 #include "core/half.h"
 #include "formats/codec.h"
 #include "formats/moe_reader.h"
+#include "formats/parallel.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -533,6 +534,185 @@ TEST_P(TargetLayoutRows, ServingBackendIsTheOrdersBackendForThisLayout) {
         EXPECT_EQ(reading, std::vector<std::string>{member});
       }
   }
+}
+
+// ---- tensor and expert parallel ------------------------------------------------------------
+
+// Every row says how its experts split over tensor-parallel ranks (how vLLM 0.33's RoutedExperts
+// narrows the checkpoint per rank before this layout's post-processing runs on the slice). A
+// layout added without it cannot be written for --tensor-parallel-size above 1: this fails until
+// the row fills TargetLayout::tensor_parallel (formats/parallel.h has the canonical split; a row
+// whose vLLM method narrows or post-processes otherwise writes its own).
+TEST_P(TargetLayoutRows, DeclaresATensorParallelSplit) {
+  const TargetLayout& row = GetParam();
+  if (row.tensor_parallel.unsupported) {
+    EXPECT_EQ(row.tensor_parallel.split, nullptr) << row.name;
+    GTEST_SKIP() << row.name << " is not written for tensor or expert parallelism: "
+                 << row.tensor_parallel.unsupported;
+  }
+  EXPECT_NE(row.tensor_parallel.reasons, nullptr)
+      << row.name << " has no TargetLayout::tensor_parallel.reasons: say what vLLM 0.33 refuses "
+      << "when it splits this layout's experts over tensor-parallel ranks";
+  EXPECT_NE(row.tensor_parallel.split, nullptr)
+      << row.name << " has no TargetLayout::tensor_parallel.split: say which canonical experts "
+      << "one tensor-parallel rank of vLLM 0.33 holds before post-processing";
+}
+
+// y = x . W_e^T through the row's reader of `params`.
+std::vector<float> reader_out(const TargetLayout& row, const LayoutOptions& o,
+                              const TensorMap& params, MoeProj proj, int64_t e,
+                              const std::vector<float>& x, int64_t m, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(m * n));
+  reader_expert_matmul(row.make_reader(o, params, proj, host_param), e, x.data(), m, y.data());
+  return y;
+}
+
+// One layer at tensor-parallel size tp: each rank's parameters are the row's pack of the rank's
+// split (param_specs of the rank's shape describe them, unpack gives the split back), and the
+// ranks' outputs assemble the whole layer's: w13 rows [gate_r; up_r] are the whole w13's rows bit
+// for bit, and the sum over ranks of w2's partial outputs (what vLLM's all-reduce adds) is the
+// whole w2's output up to float summation order.
+void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutOptions& o,
+                                const MoeShape& s, const MoeExperts& x, int tp) {
+  Parallelism p;
+  p.tensor = tp;
+  const std::vector<Tensor> whole = row.pack(o, x);
+  const TensorMap whole_params = by_name(whole);
+  const LayoutOptions ro = rank_layout_options(o, p);
+  const int64_t I = s.inter(), ip = I / tp, H = s.hidden(), m = 2;
+  const int64_t shards = o.gated ? 2 : 1;
+  const int64_t e = std::uniform_int_distribution<int64_t>(0, s.experts - 1)(rng);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> xh(static_cast<size_t>(m * H)), xi(static_cast<size_t>(m * I));
+  for (auto& v : xh) v = u(rng);
+  for (auto& v : xi) v = u(rng);
+  const std::vector<float> h_whole =
+      reader_out(row, o, whole_params, MoeProj::kW13, e, xh, m, shards * I);
+  const std::vector<float> y_whole = reader_out(row, o, whole_params, MoeProj::kW2, e, xi, m, H);
+  std::vector<double> y_sum(static_cast<size_t>(m * H), 0.0);
+  for (int r = 0; r < tp; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(tp));
+    const MoeExperts xr = row.tensor_parallel.split(x, o.gated, tp, r);
+    const std::vector<Tensor> packed = row.pack(ro, xr);
+    EXPECT_EQ(row.param_specs(ro, rank_shape(s, p, r)), specs_of(packed))
+        << "param_specs of the rank's shape";
+    const TensorMap params = by_name(packed);
+    const MoeExperts back = row.unpack(ro, params);
+    expect_same_quant(back.w13, xr.w13, "unpack(rank).w13");
+    expect_same_quant(back.w2, xr.w2, "unpack(rank).w2");
+    const std::vector<float> h = reader_out(row, ro, params, MoeProj::kW13, e, xh, m, shards * ip);
+    for (int64_t t = 0; t < m; ++t)
+      for (int64_t sh = 0; sh < shards; ++sh)
+        for (int64_t c = 0; c < ip; ++c) {
+          const float got = h[static_cast<size_t>(t * shards * ip + sh * ip + c)];
+          const float want = h_whole[static_cast<size_t>(t * shards * I + sh * I + r * ip + c)];
+          ASSERT_EQ(std::memcmp(&got, &want, 4), 0)
+              << "w13 output row " << sh * I + r * ip + c << " token " << t << ": " << got
+              << " vs the whole layer's " << want;
+        }
+    std::vector<float> xr_in(static_cast<size_t>(m * ip));
+    for (int64_t t = 0; t < m; ++t)
+      std::copy(xi.begin() + t * I + r * ip, xi.begin() + t * I + (r + 1) * ip,
+                xr_in.begin() + t * ip);
+    const std::vector<float> y = reader_out(row, ro, params, MoeProj::kW2, e, xr_in, m, H);
+    for (size_t i = 0; i < y.size(); ++i) y_sum[i] += y[i];
+  }
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < y_sum.size(); ++i) {
+    diff += (y_sum[i] - y_whole[i]) * (y_sum[i] - y_whole[i]);
+    norm += static_cast<double>(y_whole[i]) * y_whole[i];
+  }
+  EXPECT_LE(std::sqrt(diff / std::max(norm, 1e-30)), kMatmulTolerance)
+      << "sum of the ranks' w2 outputs vs the whole layer's";
+}
+
+// Expert parallel: each rank's parameters are the whole layer's rows of its experts, in the order
+// of vLLM's expert map, for both placements (ranks pack their experts alone).
+void check_expert_parallel_case(const TargetLayout& row, const LayoutOptions& o,
+                                const MoeExperts& x, int ep, ExpertPlacement placement) {
+  Parallelism p;
+  p.expert = ep;
+  p.placement = placement;
+  const std::vector<Tensor> whole = row.pack(o, x);
+  const int64_t E = x.w13.experts;
+  for (int r = 0; r < ep; ++r) {
+    const std::vector<int64_t> ids = p.rank_experts(E, r);
+    MoeExperts xr;
+    xr.w13 = select_experts(x.w13, ids);
+    xr.w2 = select_experts(x.w2, ids);
+    const std::vector<Tensor> packed = row.pack(o, xr);
+    ASSERT_EQ(packed.size(), whole.size());
+    for (size_t i = 0; i < packed.size(); ++i) {
+      const size_t per = whole[i].data.size() / static_cast<size_t>(E);
+      std::vector<uint8_t> want;
+      for (int64_t g : ids)
+        want.insert(want.end(), whole[i].data.begin() + static_cast<std::ptrdiff_t>(g * per),
+                    whole[i].data.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+      EXPECT_TRUE(bytes_equal(packed[i].data, want, 16,
+                              "rank " + std::to_string(r) + " of " + std::to_string(ep) + " " +
+                                  expert_placement_name(placement) + ": " + packed[i].name));
+    }
+  }
+}
+
+TEST_P(TargetLayoutRows, TensorAndExpertParallelRanksAssembleTheWholeLayer) {
+  const TargetLayout& row = GetParam();
+  if (row.tensor_parallel.unsupported)
+    GTEST_SKIP() << row.name << ": " << row.tensor_parallel.unsupported;
+  ASSERT_NE(row.tensor_parallel.split, nullptr) << row.name << ": see DeclaresATensorParallelSplit";
+  Rng rng(seed_of(std::string(row.name) + "/parallel"));
+  int tp_cases = 0, ep_cases = 0, refused = 0;
+  for (const SourceCodec& codec : source_codecs()) {
+    if (!takes_scheme(row, codec.scheme)) continue;
+    for (const QuantParams& params : codec.param_space()) {
+      if (params.act_order) continue;  // refused by every split (tp_canonical_reasons)
+      RandomTensorOptions ro;
+      ro.scales = ScaleValues::kModerate;
+      std::tie(ro.zero_lo, ro.zero_hi) = test::codec_zero_range(params);
+      if (params.method == QuantMethod::kGptq) {
+        ro.zero_lo = std::max(ro.zero_lo, 1);
+        ro.zero_hi = std::min(ro.zero_hi, (1 << params.bits) - 1);
+      }
+      for (bool gated : {true, false}) {
+        const int64_t E = 3, H = 128 * std::uniform_int_distribution<int64_t>(1, 2)(rng);
+        const int64_t I = 128 * std::uniform_int_distribution<int64_t>(2, 4)(rng);
+        const MoeShape s = moe_shape_for(params, E, H, I, gated);
+        LayoutOptions o;
+        o.gated = gated;
+        o.source_method = params.method;
+        o.vllm_target = VllmTarget::kV0_33;
+        o.inter = I;
+        o.prefix = "model.layers.0.mlp.experts.routed_experts.";
+        if (!row.unsupported_reasons(o, s).empty()) continue;
+        std::ostringstream trace;
+        trace << row.name << " <- " << codec.name << " {" << describe_params(params) << "} E=" << E
+              << " H=" << H << " I=" << I << (gated ? " gated" : " non-gated") << seed_note();
+        SCOPED_TRACE(trace.str());
+        const MoeExperts x = test::random_moe_experts(rng, s, ro);
+        for (int tp : {2, 4}) {
+          Parallelism p;
+          p.tensor = tp;
+          if (!parallel_reasons(row, o, s, p).empty()) {
+            ++refused;
+            continue;
+          }
+          ++tp_cases;
+          try {
+            check_tensor_parallel_case(rng, row, o, s, x, tp);
+          } catch (const std::exception& e) {
+            ADD_FAILURE() << "tp " << tp << " threw " << what_threw(e);
+          }
+        }
+        for (ExpertPlacement pl : {ExpertPlacement::kLinear, ExpertPlacement::kRoundRobin}) {
+          ++ep_cases;
+          check_expert_parallel_case(row, o, x, 2, pl);
+        }
+      }
+    }
+  }
+  EXPECT_GE(tp_cases, 2) << row.name << ": only " << tp_cases << " tensor-parallel cases ("
+                         << refused << " refused)";
+  EXPECT_GE(ep_cases, 2);
 }
 
 TEST(ParamRoles, NamesRoundTripAndPairW13WithW2) {
