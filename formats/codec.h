@@ -365,6 +365,9 @@ struct Parallelism {
   int64_t local_experts(int64_t experts, int rank) const;
   // The rank holding global expert g and g's local index there (rank 0, g without EP).
   std::pair<int, int64_t> expert_owner(int64_t experts, int64_t g) const;
+  // How many of rank r's experts have a global id below g (where experts [g, ...) start in the
+  // rank's tensors when the layer is converted in chunks of global ids).
+  int64_t local_before(int64_t experts, int rank, int64_t g) const;
   // "tensor parallel 8", "expert parallel 8 (linear)", "whole experts": for messages.
   std::string describe() const;
   bool operator==(const Parallelism& o) const {

@@ -1,7 +1,6 @@
 #include "formats/parallel.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -64,6 +63,13 @@ std::pair<int, int64_t> Parallelism::expert_owner(int64_t experts, int64_t g) co
   return {static_cast<int>(rem + rest / base), rest % base};
 }
 
+int64_t Parallelism::local_before(int64_t experts, int rank, int64_t g) const {
+  if (expert <= 1) return std::min(g, experts);
+  int64_t n = 0;
+  for (int64_t id : rank_experts(experts, rank)) n += id < g;
+  return n;
+}
+
 std::string Parallelism::describe() const {
   if (tensor > 1) return "tensor parallel " + std::to_string(tensor);
   if (expert > 1)
@@ -78,27 +84,25 @@ std::vector<std::string> tp_canonical_reasons(const LayoutOptions&, const MoeSha
   if (tp < 2) return why;
   if (I % tp != 0) {
     why.push_back("intermediate size I=" + num(I) +
-                  " is not a multiple of the tensor-parallel "
-                  "size " +
-                  num(tp) +
-                  " (vLLM 0.33's FusedMoEConfig asserts intermediate_size % "
-                  "tp_size == 0)");
+                  " is not a multiple of the tensor-parallel size " + num(tp) +
+                  " (vLLM 0.33's FusedMoEConfig asserts intermediate_size % tp_size == 0)");
     return why;
   }
   const int64_t ip = I / tp;
   const std::string per_rank = "I / tp = " + num(I) + " / " + num(tp) + " = " + num(ip);
   const QuantSpec& q2 = x.w2.quant;
   if (q2.group_size > 0 && ip % q2.group_size != 0)
-    why.push_back("w2: a scale group of group_size " + num(q2.group_size) +
-                  " would straddle two ranks (" + per_rank +
-                  " is not a multiple of it; vLLM's "
-                  "loader narrows w2's groups by (I / group_size) // tp per rank)");
+    why.push_back(
+        "w2: a scale group of group_size " + num(q2.group_size) + " would straddle two ranks (" +
+        per_rank +
+        " is not a multiple of it; vLLM 0.33's Marlin MoE and compressed-tensors WNA16 refuse it; "
+        "for FP8 blocks it pads or refines the blocks, which moepack does not write)");
   const QuantSpec& q13 = x.w13.quant;
   if (q13.scale_block_n > 1 && ip % q13.scale_block_n != 0)
     why.push_back("w13: a block of " + num(q13.scale_block_n) +
                   " rows sharing a scale would straddle two ranks (" + per_rank +
-                  " is not a multiple of it; vLLM 0.33 then refines the block grid, which "
-                  "moepack does not write)");
+                  " is not a multiple of it; vLLM 0.33 then pads the rank's shard to whole "
+                  "blocks or refines the block grid, which moepack does not write)");
   for (const QuantSpec* q : {&q13, &q2})
     if (q->kind == CodeKind::kUint && q->bits > 0 && q->bits < 32 && ip % (32 / q->bits) != 0) {
       why.push_back(per_rank + " is not a multiple of the " + num(32 / q->bits) +
@@ -151,6 +155,50 @@ MoeExperts tp_canonical_split(const MoeExperts& whole, bool gated, int tp, int r
       copy_items(w2.zeros, row * G2 + g0, out.w2.zeros, row * G2p, G2p, 1);
   out.w13.check_consistent("w13 of rank " + num(rank));
   out.w2.check_consistent("w2 of rank " + num(rank));
+  return out;
+}
+
+MoeExperts tp_canonical_merge(const std::vector<MoeExperts>& ranks, bool gated) {
+  const int tp = static_cast<int>(ranks.size());
+  if (tp < 1) throw Error(ErrorCode::kInternal, "", "w13", "merge of no ranks");
+  const QuantTensor &r13 = ranks[0].w13, &r2 = ranks[0].w2;
+  const int64_t E = r13.experts, H = r13.k, ip = r2.k, I = ip * tp, shards = gated ? 2 : 1;
+  const int64_t sbn = r13.scale_block_n;
+  MoeExperts out;
+  out.w13 = QuantTensor(r13.spec(), E, shards * I, H);
+  out.w13.g_idx = r13.g_idx;
+  out.w2 = QuantTensor(r2.spec(), E, r2.n, I);
+  const int64_t G13 = r13.groups(), sb13 = r13.scale_bytes();
+  const int64_t rows13 = out.w13.scale_rows(), rows13p = r13.scale_rows();
+  const int64_t G2 = out.w2.groups(), G2p = r2.groups(), sb2 = r2.scale_bytes();
+  for (int r = 0; r < tp; ++r) {
+    const QuantTensor &w13 = ranks[static_cast<size_t>(r)].w13,
+                      &w2 = ranks[static_cast<size_t>(r)].w2;
+    if (w13.experts != E || w13.n != shards * ip || w13.k != H || w2.k != ip || w2.n != r2.n)
+      throw Error(ErrorCode::kBadShape, "", "w13",
+                  "rank " + num(r) + "'s experts do not match rank 0's shape");
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t s = 0; s < shards; ++s) {
+        const int64_t to = e * shards * I + s * I + r * ip, from = e * shards * ip + s * ip;
+        copy_items(w13.codes, from, out.w13.codes, to, ip, H);
+        if (!w13.symmetric) copy_items(w13.zeros, from, out.w13.zeros, to, ip, G13);
+        copy_items(w13.scales, e * rows13p + s * ip / sbn, out.w13.scales,
+                   e * rows13 + (s * I + r * ip) / sbn, ip / sbn, G13 * sb13);
+      }
+    const int64_t g0 = G2 == 1 ? 0 : r * G2p;
+    if (G2 == 1 && r > 0) continue;  // codes below; scales and zeros whole on rank 0
+    for (int64_t row = 0; row < E * w2.scale_rows(); ++row)
+      copy_items(w2.scales, row * G2p, out.w2.scales, row * G2 + g0, G2p, sb2);
+    if (!w2.symmetric)
+      for (int64_t row = 0; row < E * w2.n; ++row)
+        copy_items(w2.zeros, row * G2p, out.w2.zeros, row * G2 + g0, G2p, 1);
+  }
+  for (int r = 0; r < tp; ++r)
+    for (int64_t row = 0; row < E * r2.n; ++row)
+      copy_items(ranks[static_cast<size_t>(r)].w2.codes, row * ip, out.w2.codes, row * I + r * ip,
+                 ip, 1);
+  out.w13.check_consistent("merged w13");
+  out.w2.check_consistent("merged w2");
   return out;
 }
 
@@ -224,6 +272,30 @@ std::vector<std::string> parallel_reasons(const TargetLayout& row, const LayoutO
   return why;
 }
 
+QuantTensor concat_experts(const std::vector<QuantTensor>& parts) {
+  if (parts.empty()) return QuantTensor();
+  QuantTensor out = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const QuantTensor& q = parts[i];
+    if (q.n != out.n || q.k != out.k ||
+        q.scales.size() * static_cast<size_t>(parts[0].experts) !=
+            parts[0].scales.size() * static_cast<size_t>(q.experts))
+      throw Error(ErrorCode::kBadShape, "", "experts", "experts of different shapes");
+    out.experts += q.experts;
+    out.codes.insert(out.codes.end(), q.codes.begin(), q.codes.end());
+    out.scales.insert(out.scales.end(), q.scales.begin(), q.scales.end());
+    out.zeros.insert(out.zeros.end(), q.zeros.begin(), q.zeros.end());
+    out.g_idx.insert(out.g_idx.end(), q.g_idx.begin(), q.g_idx.end());
+  }
+  out.check_consistent("concatenated experts");
+  return out;
+}
+
+int64_t chunk_experts(const Parallelism& p, int64_t experts, int rank, int64_t e0, int64_t e1) {
+  if (p.expert <= 1 || rank < 0) return e1 - e0;
+  return p.local_before(experts, rank, e1) - p.local_before(experts, rank, e0);
+}
+
 QuantTensor select_experts(const QuantTensor& q, const std::vector<int64_t>& ids) {
   QuantTensor out = q;
   out.experts = static_cast<int64_t>(ids.size());
@@ -245,15 +317,31 @@ QuantTensor select_experts(const QuantTensor& q, const std::vector<int64_t>& ids
 }
 
 std::string rank_dir_name(int rank, int ranks) {
-  int width = 2;
+  size_t width = 2;
   for (int n = ranks; n >= 100; n /= 10) ++width;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "rank%0*d-of-%0*d", width, rank, width, ranks);
-  return buf;
+  const auto padded = [width](int v) {
+    std::string t = std::to_string(v);
+    return std::string(t.size() < width ? width - t.size() : 0, '0') + t;
+  };
+  return "rank" + padded(rank) + "-of-" + padded(ranks);
 }
 
 std::string rank_tensor_key(int rank, int ranks, const std::string& name) {
   return rank_dir_name(rank, ranks) + "/" + name;
+}
+
+int rank_of_tensor_key(const std::string& key, int ranks) {
+  const size_t slash = key.find('/');
+  if (slash == std::string::npos || ranks < 1) return -1;
+  for (int r = 0; r < ranks; ++r)  // the names are short; ranks <= kMaxParallelRanks
+    if (key.compare(0, slash, rank_dir_name(r, ranks)) == 0) return r;
+  return -1;
+}
+
+std::string rank_tensor_name(const std::string& key) {
+  const size_t slash = key.find('/');
+  if (slash == std::string::npos || key.rfind("rank", 0) != 0) return key;
+  return key.substr(slash + 1);
 }
 
 }  // namespace moepack

@@ -25,6 +25,9 @@
 
 namespace moepack {
 
+// The most ranks a parallel output is written for (--tensor-parallel-size, --expert-parallel).
+constexpr int kMaxParallelRanks = 1024;
+
 // The canonical tensor-parallel split (TensorParallelSplit::reasons / split for every layout that
 // post-processes a narrowed checkpoint slice as a smaller layer): what vLLM 0.33 refuses (I not a
 // multiple of tp: FusedMoEConfig asserts it) and what its loader would cut wrong without an error
@@ -33,6 +36,10 @@ namespace moepack {
 std::vector<std::string> tp_canonical_reasons(const LayoutOptions& whole, const MoeShape& shape,
                                               int tp);
 MoeExperts tp_canonical_split(const MoeExperts& whole, bool gated, int tp, int rank);
+
+// The inverse of tp_canonical_split: the whole layer's experts from every rank's (in rank order).
+// A single w2 group (channelwise), which every rank holds whole, is taken from rank 0.
+MoeExperts tp_canonical_merge(const std::vector<MoeExperts>& ranks, bool gated);
 
 // One rank's shape and layout options: I / tp for tensor parallel, the rank's expert count for
 // expert parallel (LayoutOptions::inter is the rank's real I: the layouts pad and permute for it).
@@ -46,6 +53,13 @@ LayoutOptions rank_layout_options(const LayoutOptions& whole, const Parallelism&
 std::vector<std::string> parallel_reasons(const TargetLayout& row, const LayoutOptions& whole,
                                           const MoeShape& shape, const Parallelism& p);
 
+// The experts of `parts` one after the other (same spec and n, k each).
+QuantTensor concat_experts(const std::vector<QuantTensor>& parts);
+
+// How many experts of `rank`'s tensors come from global experts [e0, e1): all of them without
+// expert parallelism or for rank -1 (a tensor every rank reads).
+int64_t chunk_experts(const Parallelism& p, int64_t experts, int rank, int64_t e0, int64_t e1);
+
 // Experts `ids` (indices into q's experts, in that order) of q.
 QuantTensor select_experts(const QuantTensor& q, const std::vector<int64_t>& ids);
 
@@ -53,5 +67,9 @@ QuantTensor select_experts(const QuantTensor& q, const std::vector<int64_t>& ids
 // its tensors in moepack.json and in a part ("rank03-of-08/model.layers.1.mlp.experts...").
 std::string rank_dir_name(int rank, int ranks);
 std::string rank_tensor_key(int rank, int ranks, const std::string& name);
+// The rank of a key rank_tensor_key(rank, ranks, ...) made, or -1 for any other name; the name
+// without its rank directory (the name itself when it has none).
+int rank_of_tensor_key(const std::string& key, int ranks);
+std::string rank_tensor_name(const std::string& key);
 
 }  // namespace moepack

@@ -9,7 +9,8 @@
 
 namespace moepack {
 
-ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max_shard_bytes) {
+ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max_shard_bytes,
+                      const std::string& stem) {
   ShardPlan p;
   std::vector<std::vector<SafetensorsEntry>> groups(1);
   uint64_t current = 0;
@@ -28,10 +29,10 @@ ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max
   for (size_t i = 0; i < n; ++i) {
     char name[64];
     if (n == 1)
-      std::snprintf(name, sizeof(name), "model.safetensors");
+      std::snprintf(name, sizeof(name), ".safetensors");
     else
-      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, n);
-    p.shard_names.push_back(name);
+      std::snprintf(name, sizeof(name), "-%05zu-of-%05zu.safetensors", i + 1, n);
+    p.shard_names.push_back(stem + name);
     std::vector<SafetensorsEntry> laid;
     const auto header = build_safetensors_header(groups[i], {}, &laid);
     uint64_t size = header.size();
@@ -43,6 +44,24 @@ ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max
     p.shards.push_back(std::move(laid));
   }
   return p;
+}
+
+void append_shards(ShardPlan& into, const ShardPlan& more) {
+  if (more.empty()) return;
+  if (into.empty()) {
+    into = more;
+    return;
+  }
+  const size_t base = into.shard_names.size();
+  for (size_t i = 0; i < more.shard_names.size(); ++i) {
+    if (into.shard_of.count(more.shards[i].empty() ? "" : more.shards[i].front().name))
+      throw Error(ErrorCode::kInternal, "", more.shard_names[i], "tensor in two shard groups");
+    into.shard_names.push_back(more.shard_names[i]);
+    into.shards.push_back(more.shards[i]);
+    into.shard_file_bytes.push_back(more.shard_file_bytes[i]);
+  }
+  for (const auto& [name, i] : more.shard_of) into.shard_of[name] = base + i;
+  into.total_tensor_bytes += more.total_tensor_bytes;
 }
 
 ShardedWriter::ShardedWriter(const std::string& dir, ShardPlan plan)

@@ -23,11 +23,19 @@ struct ShardPlan {
   std::vector<uint64_t> shard_file_bytes;             // exact file sizes (header included)
   uint64_t total_tensor_bytes = 0;
   bool indexed() const { return shard_names.size() > 1; }
+  // Whether no shard holds a tensor (an empty group: planned as one empty file, dropped by
+  // append_shards).
+  bool empty() const { return shard_of.empty(); }
 };
 
 // Greedy in the given order: a new shard starts when the next tensor would push the current
 // one's tensor bytes past max_shard_bytes (a single larger tensor gets a shard of its own).
-ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max_shard_bytes);
+// Files are named `stem`.safetensors (one) or `stem`-0000i-of-0000n.safetensors.
+ShardPlan plan_shards(const std::vector<SafetensorsEntry>& tensors, uint64_t max_shard_bytes,
+                      const std::string& stem = "model");
+// Appends `more`'s shards (file names distinct from `into`'s) to `into`: one plan over several
+// groups of files (a parallel output's shared tensors and each rank's).
+void append_shards(ShardPlan& into, const ShardPlan& more);
 
 class ShardedWriter {
  public:

@@ -24,6 +24,7 @@ ConfigPatchInputs config_patch_inputs(const Plan& plan) {
   in.arch = plan.arch;
   in.act_dtype = plan.options.act_dtype;
   in.vllm_target = plan.vllm_target;
+  in.parallel = plan.options.parallel;
   return in;
 }
 
@@ -37,6 +38,7 @@ ConfigPatchInputs config_patch_inputs(const Manifest& m) {
   in.arch = m.target_arch;
   in.act_dtype = m.act_dtype;
   in.vllm_target = m.vllm_target;
+  if (m.parallel) in.parallel = m.parallel->parallel;
   return in;
 }
 
@@ -62,9 +64,15 @@ json config_patch(const ConfigPatchInputs& in, const json& weights_quantization_
                                   // The --vllm-target whose names and shapes the layouts wrote; the
                                   // plugin serves only artifacts written for its own vLLM line.
                                   {"vllm_target", vllm_target_name(in.vllm_target)},
-                                  {"tensor_parallel_size", kWrittenTensorParallelSize},
+                                  {"tensor_parallel_size", in.parallel.tensor},
                                   {"manifest", "moepack.json"},
                                   {"manifest_sha256", nullptr}};
+  // Expert parallelism: the EP size and vLLM's placement the rank files follow (absent for a
+  // tensor-parallel or whole output, whose config.json is as before).
+  if (in.parallel.expert > 1) {
+    patch["quantization_config"]["expert_parallel_size"] = in.parallel.expert;
+    patch["quantization_config"]["expert_placement"] = expert_placement_name(in.parallel.placement);
+  }
   patch["moepack"] = {{"version", in.version},
                       {"manifest", "moepack.json"},
                       {"backend", in.backend},

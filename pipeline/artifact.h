@@ -34,12 +34,17 @@ struct ConfigPatchInputs {
   TargetArch arch = TargetArch::kSm90;
   DType act_dtype = DType::kBF16;
   VllmTarget vllm_target = VllmTarget::kV0_33;
+  // --tensor-parallel-size / --expert-parallel (formats/parallel.h): the deployment the experts
+  // were sharded for, which the plugin checks the engine against. Whole experts by default.
+  Parallelism parallel;
 };
 ConfigPatchInputs config_patch_inputs(const Plan& plan);
 ConfigPatchInputs config_patch_inputs(const Manifest& manifest);
 
 // The top-level keys config.json gets over the source's: the quant_method "moepack" block (the
-// quantization the weights carry nested whole) and the "moepack" block. manifest_sha256 is null:
+// quantization the weights carry nested whole; tensor_parallel_size, and for expert parallelism
+// expert_parallel_size and expert_placement, the deployment the experts were written for) and
+// the "moepack" block. manifest_sha256 is null:
 // the writer fills it once the manifest's bytes exist.
 nlohmann::json config_patch(const ConfigPatchInputs& in,
                             const nlohmann::json& weights_quantization_config);

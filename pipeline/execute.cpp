@@ -18,6 +18,7 @@
 #include "core/memory.h"
 #include "core/sha256.h"
 #include "core/threads.h"
+#include "formats/parallel.h"
 #include "io/atomic_dir.h"
 #include "pipeline/artifact.h"
 #include "pipeline/manifest.h"
@@ -57,7 +58,7 @@ DirectSource direct_source(const Checkpoint& ckpt, const PlannedLayer& pl, int64
 
 namespace {
 
-void check_chunk_params(const std::vector<Tensor>& params,
+void check_chunk_params(const Plan& plan, const std::vector<Tensor>& params,
                         const std::vector<const PlannedTensor*>& planned, const MoeLayer& L,
                         int64_t e0, int64_t e1);
 
@@ -77,7 +78,7 @@ std::vector<Tensor> convert_chunk(const Plan& plan, const Checkpoint& ckpt, cons
   // A chunk the direct path declines goes the canonical way, which gives the reference bytes or
   // the reference error.
   if (!params) params = convert_chunk_canonical(plan, ckpt, pl, e0, e1, lap);
-  check_chunk_params(*params, planned, L, e0, e1);
+  check_chunk_params(plan, *params, planned, L, e0, e1);
   return std::move(*params);
 }
 
@@ -86,18 +87,57 @@ std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& 
                                             const std::function<void(const char*)>& lap) {
   MoeExperts experts = load_planned_experts(plan, ckpt, pl, e0, e1);
   if (lap) lap("load");
-  std::vector<Tensor> params = plan.layout->pack(pl.layout_options, experts);
+  std::vector<Tensor> params = plan.options.parallel.whole()
+                                   ? plan.layout->pack(pl.layout_options, experts)
+                                   : pack_ranks(plan, pl, experts, e0, e1);
   experts = MoeExperts();  // release the canonical form before writing
   if (lap) lap("pack");
   return params;
 }
 
+std::vector<Tensor> pack_ranks(const Plan& plan, const PlannedLayer& pl, const MoeExperts& experts,
+                               int64_t e0, int64_t e1) {
+  const Parallelism& par = plan.options.parallel;
+  const TargetLayout& row = *plan.layout;
+  const int ranks = par.ranks();
+  const int64_t E = pl.shape.experts;
+  const LayoutOptions lo = rank_layout_options(pl.layout_options, par);
+  std::vector<Tensor> out;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<Tensor> packed;
+    if (par.tensor > 1) {
+      packed =
+          row.pack(lo, row.tensor_parallel.split(experts, pl.layout_options.gated, par.tensor, r));
+    } else {
+      // The rank's experts among [e0, e1), in global order (= its local order, both placements).
+      std::vector<int64_t> ids;
+      for (int64_t g : par.rank_experts(E, r))
+        if (g >= e0 && g < e1) ids.push_back(g - e0);
+      if (ids.empty()) continue;
+      MoeExperts mine;
+      mine.w13 = select_experts(experts.w13, ids);
+      mine.w2 = select_experts(experts.w2, ids);
+      packed = row.pack(lo, mine);
+    }
+    for (Tensor& t : packed) {
+      t.name = rank_tensor_key(r, ranks, t.name);
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
 namespace {
 
-void check_chunk_params(const std::vector<Tensor>& params,
+void check_chunk_params(const Plan& plan, const std::vector<Tensor>& params,
                         const std::vector<const PlannedTensor*>& planned, const MoeLayer& L,
                         int64_t e0, int64_t e1) {
-  if (params.size() != planned.size())
+  // An expert-parallel rank without experts in [e0, e1) has no parameters of this chunk.
+  const Parallelism& par = plan.options.parallel;
+  size_t expected = 0;
+  for (const PlannedTensor* p : planned)
+    expected += chunk_experts(par, L.num_experts, p->rank, e0, e1) > 0;
+  if (params.size() != expected)
     throw Error(ErrorCode::kInternal, "", L.param_prefix,
                 "layout produced a different parameter set than planned");
   for (const Tensor& t : params) {
@@ -105,7 +145,8 @@ void check_chunk_params(const std::vector<Tensor>& params,
     for (const PlannedTensor* p : planned)
       if (p->name == t.name) want = p;
     Shape chunk_shape = want ? want->shape : Shape{};
-    if (!chunk_shape.empty()) chunk_shape[0] = e1 - e0;
+    if (!chunk_shape.empty())
+      chunk_shape[0] = chunk_experts(par, L.num_experts, want->rank, e0, e1);
     if (!want || want->dtype != t.dtype || chunk_shape != t.shape)
       throw Error(ErrorCode::kInternal, "", t.name,
                   "layout output differs from the plan (" + shape_str(t.shape) + ")");
@@ -237,6 +278,9 @@ void prefetch_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64
 // wanted MoE layer in the order the writer needs them (a tensor's parts arrive in order).
 struct PlannedWork {
   std::vector<const PlannedTensor*> copies;
+  // The converted tensors wanted, when they are not all of their layers' (a part of a parallel
+  // output may hold some ranks of a layer); empty: all.
+  std::set<std::string> wanted;
   std::vector<ChunkRef> chunks;
   uint64_t bytes = 0;
   int64_t layers = 0;
@@ -249,11 +293,16 @@ PlannedWork planned_work(const Plan& plan, const Checkpoint& ckpt,
   for (size_t i : tensors) {
     const PlannedTensor& t = plan.tensors.at(i);
     w.bytes += t.bytes;
-    if (t.converted)
+    if (t.converted) {
       layers_wanted.insert(t.layer);
-    else
+      w.wanted.insert(t.name);
+    } else {
       w.copies.push_back(&t);
+    }
   }
+  size_t converted_in_layers = 0;
+  for (const PlannedTensor& t : plan.tensors) converted_in_layers += layers_wanted.count(t.layer);
+  if (converted_in_layers == w.wanted.size()) w.wanted.clear();
   w.layers = static_cast<int64_t>(layers_wanted.size());
   for (const PlannedLayer& pl : plan.layers) {
     if (!layers_wanted.count(pl.index)) continue;
@@ -370,11 +419,19 @@ class ChunkPipeline {
       const std::vector<const PlannedTensor*> planned = planned_params(plan_, pl);
       ConvertedChunk c;
       c.params = convert_chunk(plan_, ckpt_, pl, ref.e0, ref.e1, std::ref(lap));
+      // A part writes only its tensors (a unit may hold some ranks of a layer).
+      if (!work_.wanted.empty())
+        c.params.erase(std::remove_if(c.params.begin(), c.params.end(),
+                                      [&](const Tensor& t) { return !work_.wanted.count(t.name); }),
+                       c.params.end());
+      const Parallelism& par = plan_.options.parallel;
       for (const Tensor& t : c.params) {
         const PlannedTensor* want = nullptr;
         for (const PlannedTensor* p : planned)
           if (p->name == t.name) want = p;
-        c.offsets.push_back(want->bytes / static_cast<uint64_t>(E) * static_cast<uint64_t>(ref.e0));
+        const uint64_t local = static_cast<uint64_t>(chunk_experts(par, E, want->rank, 0, E));
+        const uint64_t before = static_cast<uint64_t>(chunk_experts(par, E, want->rank, 0, ref.e0));
+        c.offsets.push_back(want->bytes / local * before);
       }
       c.ends_layer = ref.ends_layer;
       const bool taken = queue_.push(std::move(c));

@@ -52,6 +52,13 @@ std::vector<Tensor> convert_chunk_canonical(const Plan& plan, const Checkpoint& 
                                             const PlannedLayer& pl, int64_t e0, int64_t e1,
                                             const std::function<void(const char*)>& lap = {});
 
+// A parallel plan's chunk (experts [e0, e1) of the layer, canonical): each rank's parameters, the
+// layout's pack of the rank's share (TargetLayout::tensor_parallel's split, or its experts for
+// expert parallel) with the rank's options, named rank_tensor_key(rank, ranks, name). An
+// expert-parallel rank without experts in [e0, e1) has none.
+std::vector<Tensor> pack_ranks(const Plan& plan, const PlannedLayer& pl, const MoeExperts& experts,
+                               int64_t e0, int64_t e1);
+
 // Runs convert_chunk over every chunk of every planned layer and discards the bytes: refuses
 // (throws the same Error) exactly what execute_plan would refuse while reading the source.
 // `inspect` validates with it.

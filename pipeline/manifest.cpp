@@ -7,7 +7,9 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "core/version.h"
+#include "formats/parallel.h"
 #include "io/json_file.h"
 #include "model/checkpoint.h"
 #include "pipeline/artifact.h"
@@ -53,6 +55,32 @@ ManifestServing serving_of(const Plan& plan) {
   return m;
 }
 
+// The "parallel" block of a manifest whose tensors are in: per rank its shard files, bytes,
+// digest and (expert parallel) experts.
+ManifestParallel manifest_parallel(const Plan& plan, const Checkpoint& ckpt, const Manifest& m) {
+  ManifestParallel mp;
+  mp.parallel = plan.options.parallel;
+  const int ranks = mp.parallel.ranks();
+  mp.ranks.resize(static_cast<size_t>(ranks));
+  std::vector<std::map<std::string, std::string>> sha(static_cast<size_t>(ranks));
+  std::vector<std::set<std::string>> shards(static_cast<size_t>(ranks));
+  for (const auto& t : plan.tensors) {
+    if (t.rank < 0) continue;
+    const auto r = static_cast<size_t>(t.rank);
+    sha[r][t.name] = m.tensors.at(t.name).sha256;
+    shards[r].insert(m.tensors.at(t.name).shard);
+    mp.ranks[r].tensor_bytes += t.bytes;
+  }
+  const int64_t E = ckpt.moe_layers().front().num_experts;
+  for (int r = 0; r < ranks; ++r) {
+    ManifestRank& mr = mp.ranks[static_cast<size_t>(r)];
+    mr.sha256 = rank_digest(sha[static_cast<size_t>(r)]);
+    mr.shards.assign(shards[static_cast<size_t>(r)].begin(), shards[static_cast<size_t>(r)].end());
+    if (mp.parallel.expert > 1) mr.experts = mp.parallel.rank_experts(E, r);
+  }
+  return mp;
+}
+
 }  // namespace
 
 Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
@@ -89,8 +117,13 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     ml.gated = L.gated;
     for (const auto& t : plan.tensors)
       if (t.layer == pl.index) ml.params.push_back(t.name);
-    for (const ParamSpec& spec : plan.layout->param_specs(pl.layout_options, pl.shape))
-      ml.param_roles[spec.name] = spec.role;
+    for (const ParamSpec& spec : plan.layout->param_specs(pl.layout_options, pl.shape)) {
+      if (plan.options.parallel.whole()) ml.param_roles[spec.name] = spec.role;
+      // Every rank's parameter takes its name's role (the same names on every rank).
+      for (const auto& name : ml.params)
+        if (rank_tensor_name(name) == spec.name && name != spec.name)
+          ml.param_roles[name] = spec.role;
+    }
     ml.deviations_from_vllm = pl.deviations;
     ml.layout_decisions = pl.layout_options.layer_decisions;
     if (plan.layout->layer_config)
@@ -119,6 +152,7 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     mt.sources = t.sources;
     m.tensors[t.name] = std::move(mt);
   }
+  if (!plan.options.parallel.whole()) m.parallel = manifest_parallel(plan, ckpt, m);
   return m;
 }
 
@@ -130,6 +164,18 @@ LayoutOptions layout_options_of(const Manifest& m, const ManifestLayer& ml, int 
   lo.hidden = ml.hidden;
   lo.layer_decisions = ml.layout_decisions;
   return lo;
+}
+
+std::string rank_digest(const std::map<std::string, std::string>& sha) {
+  std::string text;
+  for (const auto& [name, digest] : sha) text += name + " " + digest + "\n";
+  return sha256_hex(text.data(), text.size());
+}
+
+int64_t Manifest::param_experts(const ManifestLayer& l, const std::string& param) const {
+  if (!parallel) return l.experts;
+  const int r = rank_of_tensor_key(param, parallel->parallel.ranks());
+  return r < 0 ? l.experts : parallel->parallel.local_experts(l.experts, r);
 }
 
 json to_json(const ManifestLayer& l) {
@@ -195,6 +241,22 @@ json to_json(const Manifest& m) {
   if (!m.files_include.empty() || !m.files_exclude.empty())
     j["files_rule"] = {{"include", m.files_include}, {"exclude", m.files_exclude}};
   if (!m.files_left_out.empty()) j["files_left_out"] = m.files_left_out;
+  if (m.parallel) {
+    const Parallelism& p = m.parallel->parallel;
+    json par = {{"tensor_parallel_size", p.tensor}, {"expert_parallel_size", p.expert}};
+    if (p.expert > 1) par["expert_placement"] = expert_placement_name(p.placement);
+    par["ranks"] = json::array();
+    for (size_t r = 0; r < m.parallel->ranks.size(); ++r) {
+      const ManifestRank& mr = m.parallel->ranks[r];
+      json jr = {{"rank", r},
+                 {"shards", mr.shards},
+                 {"tensor_bytes", mr.tensor_bytes},
+                 {"sha256", mr.sha256}};
+      if (p.expert > 1) jr["experts"] = mr.experts;
+      par["ranks"].push_back(jr);
+    }
+    j["parallel"] = par;
+  }
   j["tensors"] = json::object();
   for (const auto& [name, t] : m.tensors)
     j["tensors"][name] = {{"shard", t.shard},   {"dtype", dtype_name(t.dtype)},
@@ -539,6 +601,54 @@ json parse_config_digests(const JsonField& f) {
   return f.value();
 }
 
+// "parallel": sizes in range, one placement, one entry per rank whose shards are listed, and every
+// converted tensor a parameter of one rank ("rankRR-of-NN/..."), each rank's digest well formed.
+ManifestParallel parse_parallel(const JsonField& f, const Manifest& m) {
+  f.expect_object();
+  ManifestParallel mp;
+  Parallelism& p = mp.parallel;
+  p.tensor = static_cast<int>(f["tensor_parallel_size"].integer(1, kMaxParallelRanks));
+  p.expert = static_cast<int>(f["expert_parallel_size"].integer(1, kMaxParallelRanks));
+  if (p.whole() || (p.tensor > 1 && p.expert > 1))
+    f.fail("expected exactly one of tensor_parallel_size and expert_parallel_size above 1");
+  if (p.expert > 1) {
+    const JsonField pl = f["expert_placement"];
+    const auto placement = expert_placement_from_name(pl.str());
+    if (!placement)
+      pl.fail("expected \"linear\" or \"round_robin\", got " + json_excerpt(pl.value()));
+    p.placement = *placement;
+  }
+  const JsonField ranks = f["ranks"];
+  if (ranks.array_size() != static_cast<size_t>(p.ranks()))
+    ranks.fail("expected " + std::to_string(p.ranks()) + " ranks, got " +
+               std::to_string(ranks.array_size()));
+  std::set<std::string> shards;
+  for (const auto& s : m.shards) shards.insert(s.name);
+  for (size_t r = 0; r < ranks.array_size(); ++r) {
+    const JsonField jr = ranks.item(r);
+    if (jr["rank"].integer(0, kMaxParallelRanks) != static_cast<int64_t>(r))
+      jr["rank"].fail("expected " + std::to_string(r));
+    ManifestRank mr;
+    mr.shards = jr["shards"].strings();
+    for (size_t k = 0; k < mr.shards.size(); ++k)
+      if (!shards.count(mr.shards[k]))
+        jr["shards"].item(k).fail(json_quoted(mr.shards[k]) + " is not listed in shards");
+    mr.tensor_bytes = jr["tensor_bytes"].size();
+    mr.sha256 = jr["sha256"].str();
+    if (!is_hex_digest(mr.sha256)) jr["sha256"].fail("expected 64 lowercase hex digits");
+    if (p.expert > 1) {
+      const JsonField ex = jr["experts"];
+      for (size_t k = 0; k < ex.array_size(); ++k)
+        mr.experts.push_back(ex.item(k).integer(0, INT64_MAX));
+    }
+    mp.ranks.push_back(std::move(mr));
+  }
+  for (const auto& [name, t] : m.tensors)
+    if (t.converted && rank_of_tensor_key(name, p.ranks()) < 0)
+      f.fail("converted tensor " + json_quoted(name) + " belongs to no rank");
+  return mp;
+}
+
 // Layers and converted tensors describe each other exactly: each converted tensor is a
 // parameter of one layer, led by that layer's expert count; each layer appears once.
 void check_layers_cover_tensors(const JsonField& root, const Manifest& m) {
@@ -560,10 +670,12 @@ void check_layers_cover_tensors(const JsonField& root, const Manifest& m) {
       if (!layer_of_param.emplace(l.params[k], i).second)
         param.fail(json_quoted(l.params[k]) + " is also a parameter of layers[" +
                    std::to_string(layer_of_param[l.params[k]]) + "]");
-      if (t.shape.empty() || t.shape[0] != l.experts)
+      const int64_t experts = m.param_experts(l, l.params[k]);
+      if (t.shape.empty() || t.shape[0] != experts)
         tensors.member(l.params[k])["shape"].fail(shape_str(t.shape) + " does not lead with the " +
-                                                  std::to_string(l.experts) +
-                                                  " experts of layers[" + std::to_string(i) + "]");
+                                                  std::to_string(experts) + " experts of layers[" +
+                                                  std::to_string(i) + "]" +
+                                                  (experts != l.experts ? " on its rank" : ""));
     }
   }
   for (const auto& [name, t] : m.tensors)
@@ -585,6 +697,7 @@ Manifest parse_fields(const JsonField& root) {
   parse_provenance(root, m);
   parse_target(root, m);
   parse_contents(root, m);
+  if (root.has("parallel")) m.parallel = parse_parallel(root["parallel"], m);
   check_layers_cover_tensors(root, m);
   if (m.manifest_version >= 2) parse_layer_roles(root, m);
   if (m.manifest_version >= 3) m.config = parse_config_digests(root["config"]);

@@ -113,6 +113,20 @@ struct ManifestTensor {
   std::vector<std::string> sources;  // source tensor names (brace patterns for expert sets)
 };
 
+// A parallel output (convert --tensor-parallel-size / --expert-parallel; formats/parallel.h): each
+// rank's parameters are tensors "rankRR-of-NN/<name>" in shard files of its own.
+struct ManifestRank {
+  std::vector<std::string> shards;  // the rank's own shard files (it also reads the shared ones)
+  uint64_t tensor_bytes = 0;        // its parameters' bytes
+  // SHA-256 over "<name> <sha256>\n" of its parameters in name order (rank_digest).
+  std::string sha256;
+  std::vector<int64_t> experts;  // global expert ids in local order (expert parallel)
+};
+struct ManifestParallel {
+  Parallelism parallel;
+  std::vector<ManifestRank> ranks;  // parallel.ranks() entries
+};
+
 struct Manifest {
   int manifest_version = kManifestVersion;
   ManifestTool tool;
@@ -141,7 +155,13 @@ struct Manifest {
   std::map<std::string, ManifestTensor> tensors;
   // config_digests of the config.json convert wrote (manifest_version >= 3; null before).
   nlohmann::json config;
+  std::optional<ManifestParallel> parallel;  // "parallel": absent for whole experts
+  // The experts a parameter of layer `l` leads with: the rank's for a parallel output.
+  int64_t param_experts(const ManifestLayer& l, const std::string& param) const;
 };
+
+// A rank's digest: SHA-256 over "<name> <sha256>\n" of `tensors` (name order).
+std::string rank_digest(const std::map<std::string, std::string>& sha256_by_tensor);
 
 // What a conversion following PLAN records; sha256_by_tensor holds every output tensor's.
 Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,

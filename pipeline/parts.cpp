@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/sha256.h"
 #include "core/threads.h"
+#include "formats/parallel.h"
 #include "io/atomic_dir.h"
 #include "io/json_file.h"
 #include "pipeline/artifact.h"
@@ -222,16 +223,17 @@ std::vector<WorkUnit> split_plan(const Plan& plan, int64_t count) {
     int64_t layer = -1;  // index into plan.layers for a MoE layer item
   };
   std::vector<Item> items;
-  std::map<int64_t, size_t> item_of_layer;  // PlannedTensor::layer -> items index
+  // (PlannedTensor::layer, rank) -> items index: a parallel output fans out per rank.
+  std::map<std::pair<int64_t, int>, size_t> item_of_layer;
   std::map<int64_t, size_t> planned_layer;  // PlannedTensor::layer -> plan.layers index
   for (size_t li = 0; li < plan.layers.size(); ++li) planned_layer[plan.layers[li].index] = li;
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const PlannedTensor& t = plan.tensors[i];
     size_t k;
     if (t.converted) {
-      auto it = item_of_layer.find(t.layer);
+      auto it = item_of_layer.find({t.layer, t.rank});
       if (it == item_of_layer.end()) {
-        it = item_of_layer.emplace(t.layer, items.size()).first;
+        it = item_of_layer.emplace(std::make_pair(t.layer, t.rank), items.size()).first;
         items.emplace_back();
         items.back().first = i;
         items.back().layer = static_cast<int64_t>(planned_layer.at(t.layer));
@@ -270,6 +272,7 @@ std::vector<WorkUnit> split_plan(const Plan& plan, int64_t count) {
   for (auto& w : units) {
     std::sort(w.tensors.begin(), w.tensors.end());
     std::sort(w.layers.begin(), w.layers.end());
+    w.layers.erase(std::unique(w.layers.begin(), w.layers.end()), w.layers.end());
     for (size_t li : w.layers) w.modules.push_back(plan.layers[li].module);
   }
   return units;
@@ -311,6 +314,11 @@ json part_options_json(const ConvertOptions& o) {
             {"vllm_w13_scale_size_k", o.vllm_w13_scale_size_k},
             {"vllm_target", vllm_target_name(o.vllm_target)},
             {"max_shard_bytes", o.max_shard_bytes}};
+  if (!o.parallel.whole()) {  // parts of whole experts read the same as before parallel outputs
+    j["tensor_parallel_size"] = o.parallel.tensor;
+    j["expert_parallel_size"] = o.parallel.expert;
+    j["expert_placement"] = expert_placement_name(o.parallel.placement);
+  }
   // Only when given, as moepack.json's files_rule (parts written before them read the same).
   if (!o.files.is_default())
     j["files"] = {{"include", o.files.include}, {"exclude", o.files.exclude}};
@@ -344,6 +352,19 @@ ConvertOptions part_options_from_json(const json& j, const std::string& file) {
     o.files.include = options["files"]["include"].strings();
     o.files.exclude = options["files"]["exclude"].strings();
   }
+  // Parts of a moepack without parallel outputs lack the three: whole experts.
+  if (!options.has("tensor_parallel_size")) return o;
+  o.parallel.tensor =
+      static_cast<int>(options["tensor_parallel_size"].integer(1, kMaxParallelRanks));
+  o.parallel.expert =
+      static_cast<int>(options["expert_parallel_size"].integer(1, kMaxParallelRanks));
+  const JsonField placement = options["expert_placement"];
+  const std::optional<ExpertPlacement> known_placement =
+      expert_placement_from_name(placement.str());
+  if (!known_placement)
+    placement.fail("expected \"linear\" or \"round_robin\", got " +
+                   json_excerpt(placement.value()));
+  o.parallel.placement = *known_placement;
   return o;
 }
 

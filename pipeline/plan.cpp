@@ -11,6 +11,7 @@
 #include "core/threads.h"
 #include "core/version.h"
 #include "pipeline/artifact.h"
+#include "formats/parallel.h"
 #include "pipeline/servability.h"
 
 namespace moepack {
@@ -114,6 +115,14 @@ Plan plan_options(const Checkpoint& ckpt, const ConvertOptions& opts) {
   if (ckpt.moe_layers().empty())
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
                 "no MoE expert layers found in the checkpoint");
+  const Parallelism& par = opts.parallel;
+  if (par.tensor < 1 || par.expert < 1 || par.tensor > kMaxParallelRanks ||
+      par.expert > kMaxParallelRanks)
+    throw Error(ErrorCode::kUsage, "--tensor-parallel-size and --expert-parallel take 1.." +
+                                       std::to_string(kMaxParallelRanks));
+  if (!par.whole() && plan.vllm_target != VllmTarget::kV0_33)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), "",
+                par.describe() + " outputs follow vLLM 0.33's sharding; pass --vllm-target 0.33");
   return plan;
 }
 
@@ -214,6 +223,9 @@ void choose_layer_backend(const Checkpoint& ckpt, const MoeLayer& L, Plan& plan,
 void choose_conversion_path(const Plan& plan, PlannedLayer& pl) {
   if (plan.quantize_recipe) {
     pl.canonical_why = "--quantize: the experts are quantised here";
+  } else if (!plan.options.parallel.whole()) {
+    pl.canonical_why = plan.options.parallel.describe() +
+                       ": each rank's share of the canonical experts is packed on its own";
   } else if (plan.options.no_fast_path) {
     pl.canonical_why = "--no-fast-path";
   } else {
@@ -253,8 +265,23 @@ PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
                            pl.act_order_w13 ? 1 : 0, pl.act_order_w2 ? 1 : 0);
   pl.inter_padded =
       plan.layout->padded_inter ? plan.layout->padded_inter(lo, pl.shape) : pl.shape.inter();
+  if (!opts.parallel.whole()) {
+    const std::vector<std::string> why =
+        parallel_reasons(*plan.layout, lo, pl.shape, opts.parallel);
+    if (!why.empty()) {
+      std::string text = plan.layout_name + " cannot be written for " + opts.parallel.describe() +
+                         " as vLLM 0.33 shards it:";
+      for (const auto& w : why) text += "\n  - " + w;
+      throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix, text);
+    }
+  }
   choose_conversion_path(plan, pl);
-  pl.deviations = plan.layout->deviations_from_vllm(lo, pl.shape);
+  // Where vLLM's loader differs, on the shape a rank post-processes (I / tp under tensor
+  // parallelism: e.g. Marlin's w13 scale permutation for group >= I / tp).
+  const bool tp = opts.parallel.tensor > 1;
+  pl.deviations =
+      plan.layout->deviations_from_vllm(tp ? rank_layout_options(lo, opts.parallel) : lo,
+                                        tp ? rank_shape(pl.shape, opts.parallel, 0) : pl.shape);
   // Experts per chunk: canonical bytes (one code per byte), or a float per weight when
   // quantising.
   pl.experts_per_chunk = experts_per_chunk(
@@ -285,18 +312,26 @@ std::vector<PlannedTensor> layer_param_tensors(const Checkpoint& ckpt, const Pla
                                           opts.quantize + "(" + opts.mx_recipe + ")"
                                     : plan.source_codec->name;
   std::vector<PlannedTensor> out;
-  for (const ParamSpec& t : plan.layout->param_specs(pl.layout_options, pl.shape)) {
-    PlannedTensor pt;
-    pt.name = t.name;
-    pt.dtype = t.dtype;
-    pt.shape = t.shape;
-    pt.bytes = *dtype_bytes(pt.dtype, static_cast<uint64_t>(numel(pt.shape)));
-    pt.converted = true;
-    pt.layer = pl.index;
-    pt.codec = src_codec + "->" + plan.backend;
-    const std::string local = t.name.substr(pl.layout_options.prefix.size());
-    pt.sources = source_patterns(L, local.rfind("w2_", 0) != 0);
-    out.push_back(pt);
+  const Parallelism& par = opts.parallel;
+  const int ranks = par.whole() ? 1 : par.ranks();
+  for (int r = 0; r < ranks; ++r) {
+    const LayoutOptions lo =
+        par.whole() ? pl.layout_options : rank_layout_options(pl.layout_options, par);
+    const MoeShape shape = par.whole() ? pl.shape : rank_shape(pl.shape, par, r);
+    for (const ParamSpec& t : plan.layout->param_specs(lo, shape)) {
+      PlannedTensor pt;
+      pt.name = par.whole() ? t.name : rank_tensor_key(r, ranks, t.name);
+      pt.rank = par.whole() ? -1 : r;
+      pt.dtype = t.dtype;
+      pt.shape = t.shape;
+      pt.bytes = *dtype_bytes(pt.dtype, static_cast<uint64_t>(numel(pt.shape)));
+      pt.converted = true;
+      pt.layer = pl.index;
+      pt.codec = src_codec + "->" + plan.backend;
+      const std::string local = t.name.substr(pl.layout_options.prefix.size());
+      pt.sources = source_patterns(L, local.rfind("w2_", 0) != 0);
+      out.push_back(pt);
+    }
   }
   return out;
 }
@@ -328,14 +363,23 @@ void plan_output_tensors(const Checkpoint& ckpt,
     pt.sources = {name};
     plan.tensors.push_back(pt);
   }
-  std::vector<SafetensorsEntry> entries;
-  for (const auto& t : plan.tensors) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
   std::set<std::string> names;
   for (const auto& t : plan.tensors)
     if (!names.insert(t.name).second)
       throw Error(ErrorCode::kUnsupported, ckpt.dir(), t.name,
                   "an output parameter would collide with a copied tensor of the same name");
-  plan.shards = plan_shards(entries, plan.options.max_shard_bytes);
+  // The tensors every rank reads, then each rank's in shard files of its own
+  // (model-rankRR-of-NN*.safetensors): a rank opens its files and the shared ones, nothing else.
+  const Parallelism& par = plan.options.parallel;
+  const int ranks = par.whole() ? 0 : par.ranks();
+  std::vector<std::vector<SafetensorsEntry>> groups(static_cast<size_t>(ranks) + 1);
+  for (const auto& t : plan.tensors)
+    groups[static_cast<size_t>(t.rank + 1)].push_back({t.name, t.dtype, t.shape, 0, 0});
+  plan.shards = plan_shards(groups[0], plan.options.max_shard_bytes);
+  for (int r = 0; r < ranks; ++r)
+    append_shards(plan.shards,
+                  plan_shards(groups[static_cast<size_t>(r) + 1], plan.options.max_shard_bytes,
+                              "model-" + rank_dir_name(r, ranks)));
 }
 
 }  // namespace

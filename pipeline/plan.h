@@ -59,6 +59,11 @@ struct ConvertOptions {
   // --include / --exclude: which of the source's non-weight files are carried (model/hf_hub.h;
   // by default every one but other weight formats). Recorded in moepack.json and part.json.
   FileRule files;
+  // --tensor-parallel-size / --expert-parallel (formats/parallel.h): every MoE layer written as
+  // the parameters each rank of that vLLM 0.33 deployment holds after post-processing, each
+  // rank's into its own shard files (model-rankRR-of-NN*.safetensors). Whole experts by default;
+  // such an output is byte for byte what it was before parallel outputs existed.
+  Parallelism parallel;
 };
 
 struct PlannedTensor {
@@ -70,6 +75,9 @@ struct PlannedTensor {
   int64_t layer = -1;                // index into Checkpoint::moe_layers() when converted
   std::string codec;                 // "gptq->marlin", "copy"
   std::vector<std::string> sources;  // source tensor names (brace patterns for expert sets)
+  // A parallel output's per-rank parameter: the rank holding it (-1: every rank reads it, or the
+  // output is not parallel). Its name is rank_tensor_key(rank, ranks, the layout's name).
+  int rank = -1;
 };
 
 struct PlannedLayer {

@@ -27,6 +27,7 @@ struct ConvertArgs {
   std::string chunk = "1GiB";
   bool dry_run = false;
   bool require_servable = false;
+  std::string placement = "linear";  // --expert-placement
   std::string shard;  // "I/N": convert only unit I of N into DST.parts/I-of-N (pipeline/parts.h)
 };
 
@@ -86,6 +87,18 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
                  "--include); repeatable")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--tensor-parallel-size", a.o.parallel.tensor,
+                 "Write each MoE layer as the N ranks of vLLM 0.33's tensor parallelism hold it "
+                 "(I split per rank, then each rank's post-processing), each rank in its own "
+                 "shard files (docs/vllm.md)")
+      ->capture_default_str();
+  app.add_option("--expert-parallel", a.o.parallel.expert,
+                 "Write each MoE layer as the N ranks of vLLM 0.33's expert parallelism hold it "
+                 "(whole experts per rank, placed by --expert-placement)")
+      ->capture_default_str();
+  app.add_option("--expert-placement", a.placement,
+                 "vLLM 0.33's expert placement for --expert-parallel: linear|round_robin")
+      ->capture_default_str();
   app.add_flag("--force", a.o.force, "Replace an existing output directory");
   app.add_flag("--dry-run", a.dry_run, "Print the plan and write nothing");
   app.add_flag(
@@ -198,6 +211,11 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   a.o.act_dtype = parse_act_dtype(a.act_dtype);
   a.o.max_shard_bytes = parse_size("--max-shard-size", a.max_shard);
   a.o.chunk_bytes = parse_size("--chunk-size", a.chunk);
+  const std::optional<ExpertPlacement> placement = expert_placement_from_name(a.placement);
+  if (!placement)
+    throw Error(ErrorCode::kUsage,
+                "--expert-placement must be linear or round_robin, got '" + a.placement + "'");
+  a.o.parallel.placement = *placement;
   std::optional<ShardSpec> spec;
   if (!a.shard.empty()) spec = parse_shard_spec(a.shard);
   a.o.src = resolve_checkpoint_arg(a.o.src, g);

@@ -17,6 +17,7 @@
 #include "core/threads.h"
 #include "formats/moe_reader.h"
 #include "formats/mxfp8.h"
+#include "formats/parallel.h"
 #include "io/json_file.h"
 #include "kernels/moe_runtime.h"
 #include "kernels/moepack_cuda.h"
@@ -501,6 +502,11 @@ struct LayerJob {
   const MoeLayer* src_layer = nullptr;
   ref::MoeSpec spec;
   std::vector<TensorView> views;
+  // A parallel output (Manifest::parallel): each rank's parameter views (views stays empty) and
+  // the options its layout was packed with.
+  const Parallelism* par = nullptr;
+  std::vector<std::vector<TensorView>> rank_views;
+  LayoutOptions rank_lo;
   int64_t chunk = 1;
   // The router and the hidden states; the experts' input where the router changes it
   // (route_layer: Llama-4 scales it by the weight), else empty.
@@ -533,13 +539,22 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
       run.opts->chunk_bytes, ml.experts,
       canonical_expert_bytes(job.spec.w13_rows(), ml.hidden, ml.inter, run.recipe != nullptr));
   job.chunk = run.src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
+  if (manifest.parallel) {
+    job.par = &manifest.parallel->parallel;
+    job.rank_lo = rank_layout_options(job.lo, *job.par);
+    job.rank_views.resize(static_cast<size_t>(job.par->ranks()));
+  }
   for (const auto& p : ml.params) {
     const TensorView v = run.out->view(p);
-    if (v.shape.empty() || v.shape[0] != ml.experts)
+    const int64_t experts = manifest.param_experts(ml, p);
+    if (v.shape.empty() || v.shape[0] != experts)
       throw Error(ErrorCode::kBadShape, "", p,
-                  "shape " + shape_str(v.shape) + " does not lead with the layer's " +
-                      std::to_string(ml.experts) + " experts");
-    job.views.push_back(v);
+                  "shape " + shape_str(v.shape) + " does not lead with the " +
+                      std::to_string(experts) + " experts it holds of the layer");
+    if (job.par)
+      job.rank_views[static_cast<size_t>(rank_of_tensor_key(p, job.par->ranks()))].push_back(v);
+    else
+      job.views.push_back(v);
   }
   return job;
 }
@@ -571,6 +586,10 @@ void load_layer_inputs(const LayerRun& run, LayerJob* job) {
 struct PreparedChunk {
   int64_t e0 = 0, e1 = 0;
   TensorMap params;
+  // A parallel output: each rank's parameters of the chunk (its experts among [e0, e1), by the
+  // layout's names) and their decoding; `decoded` is then the ranks' reassembled.
+  std::vector<TensorMap> rank_params;
+  std::vector<MoeExperts> rank_decoded;
   MoeExperts decoded, source;
   bool has_source = false;
   std::vector<std::vector<RoundTripCheck>> checks;
@@ -579,6 +598,64 @@ struct PreparedChunk {
   const MoeExperts& reference() const { return has_source ? source : decoded; }
 };
 
+// Rank r's parameters of the chunk [c.e0, c.e1) (its experts among them, renamed to the layout's
+// names), decoded with the rank's options; c.decoded is the ranks' reassembled chunk (tensor
+// parallel: tp_canonical_merge; expert parallel: each expert from its owner).
+void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk& c) {
+  const Parallelism& par = *job.par;
+  const int64_t E = job.ml->experts;
+  const int ranks = par.ranks();
+  c.rank_params.resize(static_cast<size_t>(ranks));
+  c.rank_decoded.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t local = par.local_experts(E, r);
+    const int64_t b = par.local_before(E, r, c.e0), e = par.local_before(E, r, c.e1);
+    if (e == b) continue;  // expert parallel: none of this rank's experts in the chunk
+    TensorMap named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.threads);
+    TensorMap& mine = c.rank_params[static_cast<size_t>(r)];
+    for (auto& [key, t] : named) {
+      t.name = rank_tensor_name(key);
+      mine.emplace(t.name, std::move(t));
+    }
+    c.rank_decoded[static_cast<size_t>(r)] = run.layout->unpack(job.rank_lo, mine);
+  }
+  if (par.tensor > 1) {
+    c.decoded = tp_canonical_merge(c.rank_decoded, job.lo.gated);
+    return;
+  }
+  // Expert parallel: global expert g of the chunk from its owner's decoding.
+  std::vector<QuantTensor*> outs = {&c.decoded.w13, &c.decoded.w2};
+  for (int proj = 0; proj < 2; ++proj) {
+    std::vector<std::pair<size_t, int64_t>> where;  // (part, index) per global expert
+    for (int64_t g = c.e0; g < c.e1; ++g) {
+      const auto [owner, local] = par.expert_owner(E, g);
+      where.push_back({static_cast<size_t>(owner), local - par.local_before(E, owner, c.e0)});
+    }
+    std::vector<QuantTensor> singles;
+    for (const auto& [owner, index] : where) {
+      const MoeExperts& d = c.rank_decoded[owner];
+      singles.push_back(select_experts(proj == 0 ? d.w13 : d.w2, {index}));
+    }
+    *outs[static_cast<size_t>(proj)] = concat_experts(singles);
+  }
+}
+
+// Rank r's share of a chunk of whole-layer experts (the source's): what its parameters must
+// decode to.
+MoeExperts rank_share(const LayerRun& run, const LayerJob& job, const MoeExperts& whole, int r,
+                      int64_t e0, int64_t e1) {
+  const Parallelism& par = *job.par;
+  if (par.tensor > 1) return run.layout->tensor_parallel.split(whole, job.lo.gated, par.tensor, r);
+  std::vector<int64_t> ids;
+  for (int64_t g : par.rank_experts(job.ml->experts, r))
+    if (g >= e0 && g < e1) ids.push_back(g - e0);
+  MoeExperts out;
+  if (ids.empty()) return out;
+  out.w13 = select_experts(whole.w13, ids);
+  out.w2 = select_experts(whole.w2, ids);
+  return out;
+}
+
 // Errors reading the source propagate (input errors); a layout that does not decode is
 // `failure`.
 PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0, int64_t e1) {
@@ -586,9 +663,13 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
   c.e0 = e0;
   c.e1 = e1;
   const int64_t E = job.ml->experts, layer_no = job.ml->layer;
-  c.params = param_chunk(job.views, E, e0, e1, run.threads);
   try {
-    c.decoded = run.layout->unpack(job.lo, c.params);
+    if (job.par) {
+      decode_rank_chunks(run, job, c);
+    } else {
+      c.params = param_chunk(job.views, E, e0, e1, run.threads);
+      c.decoded = run.layout->unpack(job.lo, c.params);
+    }
   } catch (const Error& e) {
     c.failure = e;
     return c;
@@ -606,8 +687,21 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     c.source = load_moe_experts(*run.src, *job.src_layer, run.threads, range);
   }
   c.has_source = true;
-  c.checks.push_back(compare_quant(layer_no, "w13", c.decoded.w13, c.source.w13, e0));
-  c.checks.push_back(compare_quant(layer_no, "w2", c.decoded.w2, c.source.w2, e0));
+  if (job.par) {
+    // Every rank's bytes exactly: its decoding against its share of the source (vLLM 0.33's
+    // split of the source chunk for tensor parallel, its experts for expert parallel).
+    for (size_t r = 0; r < c.rank_decoded.size(); ++r) {
+      const MoeExperts want = rank_share(run, job, c.source, static_cast<int>(r), e0, e1);
+      const std::string rank = rank_dir_name(static_cast<int>(r), job.par->ranks()) + " ";
+      c.checks.push_back(compare_quant(layer_no, rank + "w13", c.rank_decoded[r].w13, want.w13,
+                                       job.par->tensor > 1 ? e0 : 0));
+      c.checks.push_back(compare_quant(layer_no, rank + "w2", c.rank_decoded[r].w2, want.w2,
+                                       job.par->tensor > 1 ? e0 : 0));
+    }
+  } else {
+    c.checks.push_back(compare_quant(layer_no, "w13", c.decoded.w13, c.source.w13, e0));
+    c.checks.push_back(compare_quant(layer_no, "w2", c.decoded.w2, c.source.w2, e0));
+  }
   // The served model computes with scales in the layout's dtype (vLLM's loader rounds an
   // fp16 checkpoint's scales to bf16 for bf16 serving); the reference does the same, so
   // the tolerance measures layout faithfulness, not that rounding.
@@ -634,6 +728,53 @@ void note_rounding(LayerRun& run, const PreparedChunk& c) {
 
 std::string experts_label(const std::string& stage, int64_t e0, int64_t e1) {
   return stage + " (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")";
+}
+
+// A parallel output's MoE as its ranks compute it, through each rank's readers of the chunk:
+// tensor parallel, w13's output is every rank's [gate_r; up_r] put back in place and w2's is the
+// sum over ranks of each rank's partial output on its I / tp columns (what vLLM's all-reduce
+// adds, in rank order); expert parallel, each expert on the rank that owns it.
+ref::ExpertMatmulFn rank_matmul(const LayerRun& run, const LayerJob& job, const PreparedChunk& c) {
+  const Parallelism par = *job.par;
+  const int64_t E = job.ml->experts, e0 = c.e0, I = job.ml->inter;
+  const int64_t shards = job.lo.gated ? 2 : 1, H = job.ml->hidden;
+  std::vector<std::pair<reader::ProjReader, reader::ProjReader>> readers(c.rank_params.size());
+  std::vector<int64_t> first(c.rank_params.size(), 0);
+  for (size_t r = 0; r < c.rank_params.size(); ++r) {
+    if (c.rank_params[r].empty()) continue;
+    readers[r] = {run.layout->make_reader(job.rank_lo, c.rank_params[r], MoeProj::kW13, host_param),
+                  run.layout->make_reader(job.rank_lo, c.rank_params[r], MoeProj::kW2, host_param)};
+    first[r] = par.local_before(E, static_cast<int>(r), e0);
+  }
+  return [=](int e, MoeProj p, const float* x, int64_t m, float* y) {
+    if (par.tensor == 1) {
+      const auto [owner, local] = par.expert_owner(E, e);
+      const auto& rd = readers[static_cast<size_t>(owner)];
+      reader_expert_matmul(p == MoeProj::kW13 ? rd.first : rd.second,
+                           local - first[static_cast<size_t>(owner)], x, m, y);
+      return;
+    }
+    const int64_t ip = I / par.tensor;
+    if (p == MoeProj::kW13) {
+      std::vector<float> part(static_cast<size_t>(m * shards * ip));
+      for (int r = 0; r < par.tensor; ++r) {
+        reader_expert_matmul(readers[static_cast<size_t>(r)].first, e - e0, x, m, part.data());
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t s = 0; s < shards; ++s)
+            std::copy_n(part.data() + t * shards * ip + s * ip, ip,
+                        y + t * shards * I + s * I + r * ip);
+      }
+      return;
+    }
+    std::fill(y, y + m * H, 0.0f);
+    std::vector<float> xr(static_cast<size_t>(m * ip)), part(static_cast<size_t>(m * H));
+    for (int r = 0; r < par.tensor; ++r) {
+      for (int64_t t = 0; t < m; ++t) std::copy_n(x + t * I + r * ip, ip, xr.data() + t * ip);
+      reader_expert_matmul(readers[static_cast<size_t>(r)].second, e - e0, xr.data(), m,
+                           part.data());
+      for (int64_t i = 0; i < m * H; ++i) y[i] += part[static_cast<size_t>(i)];
+    }
+  };
 }
 
 // The CPU path: each chunk decoded, compared and evaluated in turn (verify/moe_reference).
@@ -677,6 +818,10 @@ void verify_layers_cpu(LayerRun& run) {
       };
       try {
         // The layout's readers over this chunk, built once (each validates the whole chunk).
+        if (job.par) {
+          numeric->evaluate(e0, e1, weights, rank_matmul(run, job, c));
+          continue;
+        }
         const reader::ProjReader w13 =
             run.layout->make_reader(job.lo, c.params, MoeProj::kW13, host_param);
         const reader::ProjReader w2 =
@@ -1002,6 +1147,39 @@ IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& ou
   return all;
 }
 
+// Integrity 1b (a parallel output): each rank's digest over its parameters' checksums (those
+// integrity 1 checked against the bytes), and each rank's shard files holding its parameters
+// only: a rank that reads its files reads nothing of another's.
+IntegrityCheck check_rank_digests(const Manifest& manifest) {
+  IntegrityCheck c;
+  c.name = "per-rank checksums and files";
+  const ManifestParallel& mp = *manifest.parallel;
+  const int ranks = mp.parallel.ranks();
+  std::vector<std::map<std::string, std::string>> sha(static_cast<size_t>(ranks));
+  std::map<std::string, int> rank_of_shard;
+  for (int r = 0; r < ranks; ++r)
+    for (const auto& f : mp.ranks[static_cast<size_t>(r)].shards) rank_of_shard[f] = r;
+  for (const auto& [name, t] : manifest.tensors) {
+    const int r = rank_of_tensor_key(name, ranks);
+    const auto it = rank_of_shard.find(t.shard);
+    const int file_rank = it == rank_of_shard.end() ? -1 : it->second;
+    if (r != file_rank) {
+      c.detail = name + " is in " + t.shard +
+                 (file_rank < 0 ? ", a shared file" : ", another rank's file");
+      return c;
+    }
+    if (r >= 0) sha[static_cast<size_t>(r)][name] = t.sha256;
+  }
+  for (int r = 0; r < ranks; ++r)
+    if (rank_digest(sha[static_cast<size_t>(r)]) != mp.ranks[static_cast<size_t>(r)].sha256) {
+      c.detail = rank_dir_name(r, ranks) + ": digest differs from the manifest's";
+      return c;
+    }
+  c.passed = true;
+  c.detail = std::to_string(ranks) + " ranks";
+  return c;
+}
+
 // Integrity 2 (with a source): copy-through tensors are the source's bytes.
 IntegrityCheck check_copied_tensors(const Manifest& manifest, const Output& out,
                                     const Checkpoint& src) {
@@ -1139,6 +1317,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   // 1. Integrity.
   Output out = open_output(opts.dst, manifest, r);
   r.integrity.push_back(check_manifest_tensors(manifest, out, threads));
+  if (manifest.parallel) r.integrity.push_back(check_rank_digests(manifest));
 
   // 2 + 3 per layer.
   const bool quantized_from_dense = manifest.quantize.has_value();
@@ -1181,9 +1360,20 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     run.layer_bytes.push_back(bytes);
   }
   run.start = std::chrono::steady_clock::now();
+  if (manifest.parallel && !opts.skip_numerical)
+    // Every rank's parameters through its layout's readers, the ranks combined as vLLM combines
+    // them (rank_matmul): on the CPU whatever --device says.
+    r.notes.push_back(manifest.parallel->parallel.describe() + ": " +
+                      std::to_string(manifest.parallel->parallel.ranks()) +
+                      " ranks checked, each rank's bytes against its share of the source, the "
+                      "MoE through every rank's readers (partial w2 outputs summed / experts "
+                      "routed to their owners)" +
+                      (opts.device == "cuda" ? "; on the CPU (the device path reads whole "
+                                               "layers only)"
+                                             : ""));
   if (opts.skip_numerical)
     verify_layers_round_trip(run);
-  else if (opts.device == "cuda")
+  else if (opts.device == "cuda" && !manifest.parallel)
     verify_layers_cuda(run);
   else
     verify_layers_cpu(run);

@@ -142,8 +142,28 @@ def test_refuses_other_tensor_parallel_size(plugin, artifacts):
 
 def test_refuses_expert_parallel(plugin, artifacts):
     _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
-    with pytest.raises(Exception, match="expert parallelism is not supported"):
+    with pytest.raises(Exception, match="moepack artifact was written for tensor_parallel_size=1, "
+                                        "the engine runs expert parallelism over 1 ranks"):
         h.load_model(str(dst), enable_expert_parallel=True)
+
+
+def test_refuses_tensor_parallel_artifact_at_another_degree(plugin, artifacts):
+    """A real `convert --tensor-parallel-size 2` artifact in an engine of tensor_parallel_size 1:
+    refused naming both degrees."""
+    _, dst = artifacts.get("gptq", "qwen3", "--vllm-target", "0.33", "--tensor-parallel-size", "2")
+    with pytest.raises(Exception, match=r"quantization_config\.tensor_parallel_size: moepack "
+                                        "artifact was written for tensor_parallel_size=2, the "
+                                        "engine runs 1"):
+        h.load_model(str(dst))
+
+
+def test_refuses_expert_parallel_artifact_without_expert_parallelism(plugin, artifacts):
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN, "--vllm-target", "0.33",
+                           "--expert-parallel", "2")
+    with pytest.raises(Exception, match=r"written for expert parallelism over 2 ranks "
+                                        r"\(--enable-expert-parallel\), the engine runs "
+                                        "tensor_parallel_size=1 without expert parallelism"):
+        h.load_model(str(dst))
 
 
 def test_refuses_manifest_digest_mismatch(plugin, artifacts):

@@ -54,6 +54,7 @@ class Block:
     manifest_sha256: str
     source_format: str
     source_quantization_config: dict | None
+    expert_parallel_size: int = 1
     raw: dict = field(repr=False, default_factory=dict)
 
     @classmethod
@@ -70,6 +71,8 @@ class Block:
             # the only ones such a moepack wrote before --vllm-target existed.
             vllm_target=block.get("vllm_target", "0.33"),
             tensor_parallel_size=_field(block, "tensor_parallel_size", file, int),
+            # convert --expert-parallel N writes it (absent: whole experts on every rank).
+            expert_parallel_size=block.get("expert_parallel_size", 1),
             manifest=_field(block, "manifest", file, str),
             manifest_sha256=_field(block, "manifest_sha256", file, str),
             source_format=_field(block, "source_format", file, str),
@@ -98,17 +101,30 @@ class Block:
     def check_deployment(self, tensor_parallel_size: int, expert_parallel: bool,
                          dtype_name: str, file: str = "config.json") -> None:
         """Refuses a deployment the artifact was not written for."""
-        if tensor_parallel_size != self.tensor_parallel_size:
+        tp, ep = self.tensor_parallel_size, self.expert_parallel_size
+        written = (f"tensor_parallel_size={tp}" if ep == 1 else
+                   f"expert parallelism over {ep} ranks (--enable-expert-parallel)")
+        if ep == 1 and tensor_parallel_size != tp:
             raise ArtifactError(
                 f"{file}: quantization_config.tensor_parallel_size: "
-                f"moepack artifact was written for tensor_parallel_size="
-                f"{self.tensor_parallel_size}, the engine runs {tensor_parallel_size}: the expert "
-                "tensors are laid out for whole (unsplit) experts; serve it with "
-                f"--tensor-parallel-size {self.tensor_parallel_size}")
-        if expert_parallel:
-            raise ArtifactError(f"{file}: quantization_config.tensor_parallel_size: moepack "
-                                "artifact holds every expert in one tensor per layer; expert "
-                                "parallelism is not supported")
+                f"moepack artifact was written for tensor_parallel_size={tp}, the engine runs "
+                f"{tensor_parallel_size}: each rank's expert tensors are laid out for its share "
+                f"of {tp} ranks; serve it with --tensor-parallel-size {tp} or re-convert with "
+                f"--tensor-parallel-size {tensor_parallel_size}")
+        if bool(expert_parallel) != (ep > 1) or (ep > 1 and tensor_parallel_size != ep):
+            engine = (f"expert parallelism over {tensor_parallel_size} ranks" if expert_parallel
+                      else f"tensor_parallel_size={tensor_parallel_size} without expert "
+                      "parallelism")
+            raise ArtifactError(
+                f"{file}: quantization_config.expert_parallel_size: moepack artifact was written "
+                f"for {written}, the engine runs {engine}: re-convert with "
+                + (f"--expert-parallel {tensor_parallel_size}" if expert_parallel
+                   else f"--tensor-parallel-size {tensor_parallel_size}"))
+        if tp > 1 or ep > 1:
+            raise ArtifactError(
+                f"{file}: quantization_config.tensor_parallel_size: moepack artifact was written "
+                f"for {written}, which this engine runs; but this moepack-vllm does not load "
+                "per-rank expert tensors yet (docs/vllm.md: tensor and expert parallelism)")
         want = {"BF16": "bfloat16", "F16": "float16"}[self.act_dtype]
         if dtype_name != want:
             raise ArtifactError(
