@@ -95,8 +95,11 @@ class MoepackConfig(QuantizationConfig):
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
         # vLLM calls this while building its config, with the model directory: an artifact that
-        # is not served here is refused before any model is built.
-        self._load_manifest(model_name)
+        # is not served here is refused before any model is built. A tensor- or expert-parallel
+        # artifact is judged by its degree first (check_deployment, when the engine's parallel
+        # config is current): its per-rank manifest is read after that.
+        if self.block.tensor_parallel_size == 1 and self.block.expert_parallel_size == 1:
+            self._load_manifest(model_name)
         if self.source is not None and hasattr(self.source, "maybe_update_config"):
             self.source.maybe_update_config(model_name, hf_config=hf_config, revision=revision)
 
@@ -120,13 +123,16 @@ class MoepackConfig(QuantizationConfig):
         from vllm.platforms import current_platform
 
         vc = get_current_vllm_config()
-        m = self._load_manifest(vc.model_config.model)
         if not self._deployment_checked:
+            # config.json's block first: a tensor- or expert-parallel artifact is refused by its
+            # degree before its per-rank manifest is read.
             pc = vc.parallel_config
             self.block.check_deployment(
                 tensor_parallel_size=pc.tensor_parallel_size,
                 expert_parallel=bool(getattr(pc, "enable_expert_parallel", False)),
                 dtype_name=str(vc.model_config.dtype).removeprefix("torch."))
+        m = self._load_manifest(vc.model_config.model)
+        if not self._deployment_checked:
             cap = None
             if current_platform.is_cuda():
                 c = current_platform.get_device_capability()
