@@ -86,7 +86,17 @@ Servability servability(const Manifest& m) {
   s.servable = ms.path != ServingPath::kNone;
   s.how = how_of(ms.path, ms.vllm_method, ms.vllm_backend, ms.kernel_builder);
   if (!s.servable) s.reason = ms.reason;
+  if (m.parallel) mark_parallel(m.parallel->parallel, s);
   return s;
+}
+
+void mark_parallel(const Parallelism& p, Servability& s) {
+  if (p.whole()) return;
+  s.servable = false;
+  s.reason =
+      "it is written for " + p.describe() +
+      " (convert --tensor-parallel-size / --expert-parallel), and moepack-vllm does not load "
+      "per-rank expert tensors yet (docs/vllm.md: tensor and expert parallelism)";
 }
 
 json Servability::to_json() const {

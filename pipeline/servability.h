@@ -42,6 +42,8 @@ std::vector<VllmTarget> served_vllm_targets();
 Servability servability(const TargetLayout& layout, VllmTarget target, QuantMethod experts);
 // A converted checkpoint, from its moepack.json ("serving" as the conversion recorded it).
 Servability servability(const Manifest& m);
+// A tensor- or expert-parallel output (formats/parallel.h) is not served: `s` says so and why.
+void mark_parallel(const Parallelism& p, Servability& s);
 
 // The README's served matrix (markdown, a header row and one row per source format x layout it
 // can be written in), every vLLM target a column: tests/unit/servability.cpp checks the README

@@ -222,7 +222,8 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   const auto ckpt = Checkpoint::open(a.o.src);
   const Plan plan = make_plan(*ckpt, a.o);
   // Whether the plugin serves the output, decided before anything is written.
-  const Servability serving = servability(*plan.layout, plan.vllm_target, plan.target_quant.method);
+  Servability serving = servability(*plan.layout, plan.vllm_target, plan.target_quant.method);
+  mark_parallel(plan.options.parallel, serving);
   if (a.require_servable && !serving.servable)
     throw Error(ErrorCode::kUnsupported, a.o.src, "", "--require-servable: " + serving.to_text());
   if (a.dry_run) {

@@ -82,7 +82,8 @@ ConvertOptions options_for(const Case& c, const std::string& src, const std::str
   o.dst = dst;
   o.target_arch = parse_target_arch(c.arch);
   // On sm90 vLLM 0.33 (and auto) picks Humming for WNA16, which is not written for parallelism.
-  o.backend = c.arch == "sm90" ? "marlin" : "auto";
+  // (Asymmetric GPTQ: Marlin refuses it, auto picks triton-wna16.)
+  o.backend = c.arch == "sm90" && c.format != "gptq-asym" ? "marlin" : "auto";
   o.vllm_target = VllmTarget::kV0_33;
   o.parallel = c.par;
   o.threads = 1;
