@@ -218,10 +218,78 @@ TargetLayout humming_row(const std::vector<TargetArch>& every_arch) {
 }  // namespace
 
 namespace {
+// The rows every vLLM 0.33 loader narrows by tp_rank and post-processes as a layer of I / tp
+// (formats/parallel.h's canonical split).
+TensorParallelSplit canonical_tensor_parallel() {
+  return {.reasons = tp_canonical_reasons, .split = tp_canonical_split};
+}
+
+// FlashInfer's TRT-LLM-Gen MoE rows (Blackwell).
+std::vector<TargetLayout> trtllm_layouts(const std::vector<TargetArch>& sm100) {
+  using S = ServingPath;
+  return {
+      {.name = "trtllm-mxfp8",
+       .kernel = "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
+       .layout_version = 1,
+       .schemes = {"mxfp8"},
+       .archs = sm100,
+       .unsupported_reasons = trtllm_mxfp8_unsupported_reasons,
+       .param_specs = trtllm_mxfp8_param_specs,
+       .pack = pack_trtllm_mxfp8_moe,
+       .unpack = unpack_trtllm_mxfp8_moe,
+       .reader_kind = reader::Kind::kTrtllmMxfp8,
+       .act_quant = trtllm_mxfp8_act_quant,
+       .make_reader = trtllm_mxfp8_make_reader,
+       .deviations_from_vllm = trtllm_mxfp8_deviations_from_vllm,
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .reason = "vLLM 0.33's MXFP8 MoE methods (ModelOptMxFp8FusedMoE, "
+                                   "CompressedTensorsW8A8Mxfp8MoEMethod) do not declare "
+                                   "supports_pre_processed_weights (they always shuffle in "
+                                   "process_weights_after_loading), and this plugin has no kernel "
+                                   "builder for the TRT-LLM MXFP8 experts yet"}},
+       .tensor_parallel = canonical_tensor_parallel()},
+      {.name = "trtllm-fp8-block",
+       .kernel = "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
+       .layout_version = 1,
+       .schemes = {"fp8-block"},
+       .archs = sm100,
+       .unsupported_reasons = trtllm_fp8_block_unsupported_reasons,
+       .param_specs = trtllm_fp8_block_param_specs,
+       .pack = pack_trtllm_fp8_block_moe,
+       .unpack = unpack_trtllm_fp8_block_moe,
+       .reader_kind = reader::Kind::kTrtllmFp8Block,
+       .act_quant = trtllm_fp8_block_act_quant,
+       .make_reader = trtllm_fp8_block_make_reader,
+       .deviations_from_vllm = trtllm_fp8_block_deviations_from_vllm,
+       // Fp8Config's Fp8MoEMethod on Blackwell picks FLASHINFER_TRTLLM for 128x128 blocks; under
+       // weights_already_processed() it only builds TrtLlmFp8Experts from these parameters (the
+       // names, dtypes and shapes prepare_fp8_moe_layer_for_fi leaves).
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kFp8Block},
+                         .path = S::kVllmMethod,
+                         .vllm_method = "Fp8MoEMethod",
+                         .vllm_backend = "Fp8MoeBackend.FLASHINFER_TRTLLM"},
+                        {.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kCtFp8Block},
+                         .reason = "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
+                                   "supports_pre_processed_weights (it always shuffles in "
+                                   "process_weights_after_loading)"}},
+       .tensor_parallel = canonical_tensor_parallel()},
+  };
+}
+
 // vLLM 0.33's float Marlin rows (formats/marlin_float.h): where vLLM runs FP8 block and MXFP8
 // through prepare_{fp8,mxfp8}_moe_layer_for_marlin and MarlinExperts.
 std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& every_arch) {
   using S = ServingPath;
+  // Under tensor parallelism vLLM 0.33 narrows the checkpoint's codes and scales by tp_rank
+  // (FusedMoE weight_loader), then prepare_{fp8,mxfp8}_moe_layer_for_marlin post-process the
+  // rank's slice with layer.intermediate_size_per_partition: the padding
+  // (marlin_moe_padded_intermediate) and the scale permutation are the per-rank I's, which the
+  // row's pack does with the rank's options (formats/parallel.h). What vLLM refuses per rank
+  // (validate_fp8_block_shape_moe: I/tp % block_n and % block_k; ModelOpt MXFP8: I/tp % 32) is
+  // the canonical split's straddle reasons.
+  const TensorParallelSplit float_marlin_tp = canonical_tensor_parallel();
   return {
       {.name = "marlin-fp8",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (FP8 weights, 16-bit activations)",
@@ -249,7 +317,8 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
                         {.target = VllmTarget::kV0_33,
                          .sources = {QuantMethod::kCtFp8Block},
                          .path = S::kKernelBuilder,
-                         .kernel_builder = "marlin-float"}}},
+                         .kernel_builder = "marlin-float"}},
+       .tensor_parallel = float_marlin_tp},
       {.name = "marlin-mxfp8",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP8 weights, bf16 activations)",
        .layout_version = 1,
@@ -268,7 +337,8 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        // supports_pre_processed_weights: the plugin builds vLLM's MarlinExperts itself.
        .vllm_serving = {{.target = VllmTarget::kV0_33,
                          .path = S::kKernelBuilder,
-                         .kernel_builder = "marlin-float"}}},
+                         .kernel_builder = "marlin-float"}},
+       .tensor_parallel = float_marlin_tp},
   };
 }
 }  // namespace
@@ -286,8 +356,7 @@ const std::vector<TargetLayout>& target_layouts() {
   static const std::vector<A> sm100 = {A::kSm100};
   // vLLM 0.33 narrows each rank's slice of the checkpoint and post-processes it as a layer of
   // intermediate size I / tp for every layout below (formats/parallel.h).
-  static const TensorParallelSplit canonical_tp = {.reasons = tp_canonical_reasons,
-                                            .split = tp_canonical_split};
+  static const TensorParallelSplit canonical_tp = canonical_tensor_parallel();
   // Named fields (designated initialisers, in TargetLayout's declaration order): an optional
   // hook left out is nullptr.
   static const std::vector<TargetLayout> table = [] {
@@ -350,57 +419,9 @@ const std::vector<TargetLayout>& target_layouts() {
                            .reason = "vLLM 0.33's W8A8 int8 MoE methods quantise per load and have "
                                      "no pre-processed weight path this plugin can feed"}},
          .tensor_parallel = canonical_tp},
-        {.name = "trtllm-mxfp8",
-         .kernel = "the FlashInfer TRT-LLM-Gen MXFP8 MoE kernel",
-         .layout_version = 1,
-         .schemes = {"mxfp8"},
-         .archs = sm100,
-         .unsupported_reasons = trtllm_mxfp8_unsupported_reasons,
-         .param_specs = trtllm_mxfp8_param_specs,
-         .pack = pack_trtllm_mxfp8_moe,
-         .unpack = unpack_trtllm_mxfp8_moe,
-         .reader_kind = reader::Kind::kTrtllmMxfp8,
-         .act_quant = trtllm_mxfp8_act_quant,
-         .make_reader = trtllm_mxfp8_make_reader,
-         .deviations_from_vllm = trtllm_mxfp8_deviations_from_vllm,
-         .vllm_serving = {{.target = VllmTarget::kV0_33,
-                           .reason =
-                               "vLLM 0.33's MXFP8 MoE methods (ModelOptMxFp8FusedMoE, "
-                               "CompressedTensorsW8A8Mxfp8MoEMethod) do not declare "
-                               "supports_pre_processed_weights (they always shuffle in "
-                               "process_weights_after_loading), and this plugin has no kernel "
-                               "builder for the TRT-LLM MXFP8 experts yet"}},
-         .tensor_parallel = canonical_tp},
-        {.name = "trtllm-fp8-block",
-         .kernel = "the FlashInfer TRT-LLM-Gen FP8 block MoE kernel",
-         .layout_version = 1,
-         .schemes = {"fp8-block"},
-         .archs = sm100,
-         .unsupported_reasons = trtllm_fp8_block_unsupported_reasons,
-         .param_specs = trtllm_fp8_block_param_specs,
-         .pack = pack_trtllm_fp8_block_moe,
-         .unpack = unpack_trtllm_fp8_block_moe,
-         .reader_kind = reader::Kind::kTrtllmFp8Block,
-         .act_quant = trtllm_fp8_block_act_quant,
-         .make_reader = trtllm_fp8_block_make_reader,
-         .deviations_from_vllm = trtllm_fp8_block_deviations_from_vllm,
-         // Fp8Config's Fp8MoEMethod on Blackwell picks FLASHINFER_TRTLLM for 128x128 blocks; under
-         // weights_already_processed() it only builds TrtLlmFp8Experts from these parameters (the
-         // names, dtypes and shapes prepare_fp8_moe_layer_for_fi leaves).
-         .vllm_serving = {{.target = VllmTarget::kV0_33,
-                           .sources = {QuantMethod::kFp8Block},
-                           .path = S::kVllmMethod,
-                           .vllm_method = "Fp8MoEMethod",
-                           .vllm_backend = "Fp8MoeBackend.FLASHINFER_TRTLLM"},
-                          {.target = VllmTarget::kV0_33,
-                           .sources = {QuantMethod::kCtFp8Block},
-                           .reason =
-                               "vLLM 0.33's CompressedTensorsW8A8Fp8MoEMethod does not declare "
-                               "supports_pre_processed_weights (it always shuffles in "
-                               "process_weights_after_loading)"}},
-         .tensor_parallel = canonical_tp},
-        humming_row(every_arch),
     };
+    for (TargetLayout& r : trtllm_layouts(sm100)) t.push_back(std::move(r));
+    t.push_back(humming_row(every_arch));
     for (TargetLayout& r : marlin_float_layouts(every_arch)) t.push_back(std::move(r));
     return t;
   }();

@@ -10,8 +10,8 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "core/version.h"
-#include "pipeline/artifact.h"
 #include "formats/parallel.h"
+#include "pipeline/artifact.h"
 #include "pipeline/servability.h"
 
 namespace moepack {

@@ -32,6 +32,15 @@ std::string target_reason(VllmTarget target) {
          "), which no moepack-vllm serves: it converts and verifies, and is for another loader";
 }
 
+// "TP 1 only, no expert parallelism" (whole experts), "TP 8 only, no expert parallelism",
+// "TP 1, expert parallel 4 (linear) only".
+std::string parallel_text(const Parallelism& p) {
+  if (p.expert > 1)
+    return "TP 1, expert parallel " + std::to_string(p.expert) + " (" +
+           expert_placement_name(p.placement) + ") only";
+  return "TP " + std::to_string(p.tensor) + " only, no expert parallelism";
+}
+
 }  // namespace
 
 std::vector<VllmTarget> served_vllm_targets() {
@@ -91,6 +100,7 @@ Servability servability(const Manifest& m) {
 }
 
 void mark_parallel(const Parallelism& p, Servability& s) {
+  s.parallel = p;
   if (p.whole()) return;
   s.servable = false;
   s.reason =
@@ -109,8 +119,12 @@ json Servability::to_json() const {
             {"backend", backend},
             {"path", serving_path_name(path)},
             {"archs", arch_names},
-            {"tensor_parallel_size", kWrittenTensorParallelSize},
-            {"expert_parallel", false}};
+            {"tensor_parallel_size", parallel.tensor},
+            {"expert_parallel", parallel.expert > 1}};
+  if (parallel.expert > 1) {
+    j["expert_parallel_size"] = parallel.expert;
+    j["expert_placement"] = expert_placement_name(parallel.placement);
+  }
   if (servable)
     j["how"] = how;
   else
@@ -124,8 +138,7 @@ std::string Servability::to_text() const {
   for (TargetArch a : archs)
     archs_text += (archs_text.empty() ? "" : "/") + std::string(target_arch_name(a));
   return "servable by moepack-vllm in " + std::string(vllm_target_row(vllm_target).follows) + " (" +
-         how + "), TP " + std::to_string(kWrittenTensorParallelSize) +
-         " only, no expert parallelism, on " + archs_text;
+         how + "), " + parallel_text(parallel) + ", on " + archs_text;
 }
 
 std::string served_matrix_markdown() {

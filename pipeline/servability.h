@@ -4,8 +4,9 @@
 //
 // What a row says is completed with what every output is written for: the vLLM line of its
 // --vllm-target (the plugin serves only the targets some row serves), the layout kernel's GPU
-// archs, tensor parallel size 1 and no expert parallelism (the stacked experts of a layer are
-// whole: config.json's quantization_config.tensor_parallel_size, which the plugin checks).
+// archs, and the parallelism the experts were written for (convert --tensor-parallel-size /
+// --expert-parallel; whole experts, TP 1 and no EP, by default: config.json's
+// quantization_config.tensor_parallel_size and expert_parallel_size, which the plugin checks).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -18,9 +19,6 @@ namespace moepack {
 
 struct Manifest;
 
-// The tensor parallel size every output is written for (plan.cpp writes it into config.json).
-constexpr int kWrittenTensorParallelSize = 1;
-
 struct Servability {
   bool servable = false;
   std::string backend;  // the layout (--backend name)
@@ -29,6 +27,7 @@ struct Servability {
   std::string how;                 // servable: "vLLM's Fp8MoEMethod (...)" / "kernel builder ..."
   std::vector<TargetArch> archs;   // the GPUs the layout's kernel runs on
   std::string reason;              // not servable: why, one sentence
+  Parallelism parallel;            // the deployment the output is written for (mark_parallel)
   nlohmann::json to_json() const;  // {"servable", "plugin", "vllm", "backend", ...}
   // One line: "servable by moepack-vllm in vLLM 0.33 (kernel builder wna16-marlin), TP 1, no EP,
   // sm80/sm89/sm90/sm100" or "NOT servable by moepack-vllm: <reason>".
@@ -42,7 +41,8 @@ std::vector<VllmTarget> served_vllm_targets();
 Servability servability(const TargetLayout& layout, VllmTarget target, QuantMethod experts);
 // A converted checkpoint, from its moepack.json ("serving" as the conversion recorded it).
 Servability servability(const Manifest& m);
-// A tensor- or expert-parallel output (formats/parallel.h) is not served: `s` says so and why.
+// The parallelism an output is written for (formats/parallel.h): recorded in `s`; a tensor- or
+// expert-parallel output is not served (moepack-vllm does not load per-rank tensors yet).
 void mark_parallel(const Parallelism& p, Servability& s);
 
 // The README's served matrix (markdown, a header row and one row per source format x layout it

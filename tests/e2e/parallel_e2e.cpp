@@ -164,6 +164,66 @@ TEST(Parallel, RanksVerifyChunkFreeAndMergeLikeConvert) {
   EXPECT_GE(converted, 4);
 }
 
+// The float Marlin rows under tensor parallelism (vLLM 0.33's
+// prepare_{fp8,mxfp8}_moe_layer_for_marlin post-process each rank's slice with
+// intermediate_size_per_partition): each rank pads its own I / tp (MXFP8: 192 / 2 = 96 -> 128,
+// where the whole layer's 192 needs no padding), verify
+// --source passes every rank, and what vLLM refuses per rank (FP8 block_n = 128 straddling two
+// ranks) exits 4; Humming is refused for parallelism, naming why.
+TEST(Parallel, FloatMarlinPadsPerRankAndHummingIsRefused) {
+  TempDir tmp;
+  std::string out, err;
+  const std::string mx = tmp / "mx", fp8 = tmp / "fp8", gptq = tmp / "gptq";
+  ASSERT_EQ(
+      moepack_cli("synth " + mx + " --format modelopt-mxfp8 --experts 3 --hidden 256 --inter 192"),
+      0);
+  ASSERT_EQ(moepack_cli("convert " + mx + " " + tmp / "mx-tp2" +
+                            " --vllm-target 0.33 --target-arch sm80 --backend marlin-mxfp8"
+                            " --tensor-parallel-size 2",
+                        &out, &err),
+            0)
+      << err;
+  const json m = read_json_file(tmp / "mx-tp2/moepack.json");
+  int padded = 0;
+  for (const auto& [name, t] : m["tensors"].items())
+    if (name.rfind("rank", 0) == 0 && name.size() > 9 &&
+        name.compare(name.size() - 9, 9, "w2_weight") == 0) {
+      EXPECT_EQ(t["shape"][1], 128 / 16) << name << ": I / tp = 96 padded to 128 per rank";
+      ++padded;
+    }
+  EXPECT_EQ(padded, 2 * static_cast<int>(m["layers"].size()));  // every MoE layer, both ranks
+  EXPECT_EQ(moepack_cli("verify " + tmp / "mx-tp2" + " --source " + mx, &out), 0) << out;
+
+  ASSERT_EQ(
+      moepack_cli("synth " + fp8 + " --format fp8-block --experts 3 --hidden 256 --inter 512"), 0);
+  ASSERT_EQ(moepack_cli("convert " + fp8 + " " + tmp / "fp8-tp2" +
+                            " --vllm-target 0.33 --target-arch sm80 --backend marlin-fp8"
+                            " --tensor-parallel-size 2",
+                        &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(moepack_cli("verify " + tmp / "fp8-tp2" + " --source " + fp8, &out), 0) << out;
+  EXPECT_EQ(moepack_cli("convert " + fp8 + " " + tmp / "fp8-tp8" +
+                            " --vllm-target 0.33 --target-arch sm80 --backend marlin-fp8"
+                            " --tensor-parallel-size 8",
+                        &out, &err),
+            4);
+  EXPECT_NE(err.find("w13: a block of 128 rows sharing a scale would straddle two ranks"),
+            std::string::npos)
+      << err;
+
+  ASSERT_EQ(moepack_cli("synth " + gptq + " --format gptq --experts 4 --inter 256"), 0);
+  EXPECT_EQ(moepack_cli("convert " + gptq + " " + tmp / "h" +
+                            " --vllm-target 0.33 --target-arch sm90 --backend humming"
+                            " --tensor-parallel-size 2",
+                        &out, &err),
+            4);
+  EXPECT_NE(err.find("humming is not written for tensor parallel 2: Humming's per-layer decisions"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(tmp / "h"));
+}
+
 TEST(Parallel, ChangedByteInOneRankFailsVerify) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "out";

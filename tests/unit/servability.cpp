@@ -49,6 +49,33 @@ TEST(Servability, FollowsTheLayoutRows) {
     }
 }
 
+// A parallel output records the degree it is written for (mark_parallel), in text and JSON: the
+// tensor_parallel_size every output reports is the real one, not a constant.
+TEST(Servability, ReportsTheParallelismTheOutputIsWrittenFor) {
+  const TargetLayout* marlin = find_target_layout("marlin");
+  ASSERT_NE(marlin, nullptr);
+  Servability whole = servability(*marlin, VllmTarget::kV0_33, QuantMethod::kGptq);
+  mark_parallel(Parallelism{}, whole);
+  EXPECT_EQ(whole.to_json()["tensor_parallel_size"], 1);
+  EXPECT_EQ(whole.to_json()["expert_parallel"], false);
+  Parallelism tp;
+  tp.tensor = 8;
+  Servability s = servability(*marlin, VllmTarget::kV0_33, QuantMethod::kGptq);
+  mark_parallel(tp, s);
+  EXPECT_EQ(s.to_json()["tensor_parallel_size"], 8);
+  EXPECT_EQ(s.to_json()["expert_parallel"], false);
+  EXPECT_NE(s.to_text().find("tensor parallel 8"), std::string::npos) << s.to_text();
+  Parallelism ep;
+  ep.expert = 4;
+  ep.placement = ExpertPlacement::kRoundRobin;
+  Servability e = servability(*marlin, VllmTarget::kV0_33, QuantMethod::kGptq);
+  mark_parallel(ep, e);
+  EXPECT_EQ(e.to_json()["tensor_parallel_size"], 1);
+  EXPECT_EQ(e.to_json()["expert_parallel"], true);
+  EXPECT_EQ(e.to_json()["expert_parallel_size"], 4);
+  EXPECT_EQ(e.to_json()["expert_placement"], "round_robin");
+}
+
 // The plugin's VLLM_TARGETS (integrations/vllm/moepack_vllm/artifact.py) are exactly the targets
 // some layout row serves; an output for any other target says which ones are.
 TEST(Servability, ServedTargetsAreThePluginsTargets) {
