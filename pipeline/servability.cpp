@@ -32,13 +32,18 @@ std::string target_reason(VllmTarget target) {
          "), which no moepack-vllm serves: it converts and verifies, and is for another loader";
 }
 
-// "TP 1 only, no expert parallelism" (whole experts), "TP 8 only, no expert parallelism",
-// "TP 1, expert parallel 4 (linear) only".
+// "TP 1 only, no expert parallelism" (whole experts), "TP 8 only, no expert parallelism, each
+// rank reading its own expert files", "expert parallel 4 (linear; ...) only, ...".
 std::string parallel_text(const Parallelism& p) {
   if (p.expert > 1)
-    return "TP 1, expert parallel " + std::to_string(p.expert) + " (" +
-           expert_placement_name(p.placement) + ") only";
-  return "TP " + std::to_string(p.tensor) + " only, no expert parallelism";
+    return "expert parallel " + std::to_string(p.expert) + " (" +
+           expert_placement_name(p.placement) + "; --tensor-parallel-size " +
+           std::to_string(p.expert) +
+           " --enable-expert-parallel) only, each rank reading its own expert files";
+  if (p.tensor > 1)
+    return "TP " + std::to_string(p.tensor) +
+           " only, no expert parallelism, each rank reading its own expert files";
+  return "TP 1 only, no expert parallelism";
 }
 
 }  // namespace
@@ -100,13 +105,9 @@ Servability servability(const Manifest& m) {
 }
 
 void mark_parallel(const Parallelism& p, Servability& s) {
+  // moepack-vllm serves a parallel output by the row's path, each rank reading its own tensors
+  // (docs/vllm.md "Serving it"); only rows with a tensor-parallel split are written for it.
   s.parallel = p;
-  if (p.whole()) return;
-  s.servable = false;
-  s.reason =
-      "it is written for " + p.describe() +
-      " (convert --tensor-parallel-size / --expert-parallel), and moepack-vllm does not load "
-      "per-rank expert tensors yet (docs/vllm.md: tensor and expert parallelism)";
 }
 
 json Servability::to_json() const {
@@ -170,7 +171,10 @@ std::string served_matrix_markdown() {
       s << "| " << name << " | `" << l.name << "` | " << archs << " |";
       for (const VllmTargetRow& t : vllm_target_rows()) {
         const Servability v = servability(l, t.target, q.method);
-        s << (v.servable ? " **served** (TP 1, no EP) |" : " not served |");
+        // A row with a tensor-parallel split is also written (and served) per rank.
+        s << (!v.servable                     ? " not served |"
+              : l.tensor_parallel.unsupported ? " **served** (TP 1, no EP) |"
+                                              : " **served** (TP 1; TP N / EP N per rank) |");
       }
       s << "\n";
     }

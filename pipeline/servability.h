@@ -41,8 +41,8 @@ std::vector<VllmTarget> served_vllm_targets();
 Servability servability(const TargetLayout& layout, VllmTarget target, QuantMethod experts);
 // A converted checkpoint, from its moepack.json ("serving" as the conversion recorded it).
 Servability servability(const Manifest& m);
-// The parallelism an output is written for (formats/parallel.h): recorded in `s`; a tensor- or
-// expert-parallel output is not served (moepack-vllm does not load per-rank tensors yet).
+// The parallelism an output is written for (formats/parallel.h), recorded in `s`: moepack-vllm
+// serves it at that degree only, each rank reading its own expert files.
 void mark_parallel(const Parallelism& p, Servability& s);
 
 // The README's served matrix (markdown, a header row and one row per source format x layout it

@@ -62,9 +62,12 @@ TEST(Servability, ReportsTheParallelismTheOutputIsWrittenFor) {
   tp.tensor = 8;
   Servability s = servability(*marlin, VllmTarget::kV0_33, QuantMethod::kGptq);
   mark_parallel(tp, s);
+  EXPECT_TRUE(s.servable) << s.to_text();  // the plugin serves each rank's files
   EXPECT_EQ(s.to_json()["tensor_parallel_size"], 8);
   EXPECT_EQ(s.to_json()["expert_parallel"], false);
-  EXPECT_NE(s.to_text().find("tensor parallel 8"), std::string::npos) << s.to_text();
+  EXPECT_NE(s.to_text().find("TP 8 only, no expert parallelism, each rank reading its own"),
+            std::string::npos)
+      << s.to_text();
   Parallelism ep;
   ep.expert = 4;
   ep.placement = ExpertPlacement::kRoundRobin;
@@ -74,6 +77,11 @@ TEST(Servability, ReportsTheParallelismTheOutputIsWrittenFor) {
   EXPECT_EQ(e.to_json()["expert_parallel"], true);
   EXPECT_EQ(e.to_json()["expert_parallel_size"], 4);
   EXPECT_EQ(e.to_json()["expert_placement"], "round_robin");
+  EXPECT_TRUE(e.servable);
+  EXPECT_NE(e.to_text().find("expert parallel 4 (round_robin; --tensor-parallel-size 4 "
+                             "--enable-expert-parallel)"),
+            std::string::npos)
+      << e.to_text();
 }
 
 // The plugin's VLLM_TARGETS (integrations/vllm/moepack_vllm/artifact.py) are exactly the targets

@@ -150,7 +150,8 @@ def test_refuses_expert_parallel(plugin, artifacts):
 def test_refuses_tensor_parallel_artifact_at_another_degree(plugin, artifacts):
     """A real `convert --tensor-parallel-size 2` artifact in an engine of tensor_parallel_size 1:
     refused naming both degrees."""
-    _, dst = artifacts.get("gptq", "qwen3", "--vllm-target", "0.33", "--tensor-parallel-size", "2",
+    _, dst = artifacts.get("gptq", "qwen3", *MARLIN, "--vllm-target", "0.33",
+                           "--tensor-parallel-size", "2",
                            group_size=64)  # I / 2 = 64: a multiple of the group
     with pytest.raises(Exception, match=r"quantization_config\.tensor_parallel_size: moepack "
                                         "artifact was written for tensor_parallel_size=2, the "

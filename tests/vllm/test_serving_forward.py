@@ -45,16 +45,20 @@ class StandIns:
         monkeypatch.setattr(marlin_moe.MarlinExperts, "moe_sum", self.moe_sum)
 
     def align(self, topk_ids, block_size, num_experts, expert_map=None, **kw):
+        """moe_align_block_size: blocks of each expert's token slots; under expert parallelism
+        (expert_map: global id -> local index, -1 elsewhere) only this rank's experts, by their
+        local index, as the CUDA op with ignore_invalid_experts."""
         flat = topk_ids.flatten()
         self.topk_ids = topk_ids.clone()
         ids, experts = [], []
         for e in range(num_experts):
+            local = e if expert_map is None else int(expert_map[e])
             idx = (flat == e).nonzero().flatten().tolist()
-            if not idx:
+            if not idx or local < 0:
                 continue
             pad = (-len(idx)) % block_size
             ids += idx + [flat.numel()] * pad
-            experts += [e] * ((len(idx) + pad) // block_size)
+            experts += [local] * ((len(idx) + pad) // block_size)
         return (torch.tensor(ids, dtype=torch.int32), torch.tensor(experts, dtype=torch.int32),
                 torch.tensor([len(ids)], dtype=torch.int32))
 

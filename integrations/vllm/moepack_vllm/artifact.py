@@ -55,6 +55,7 @@ class Block:
     source_format: str
     source_quantization_config: dict | None
     expert_parallel_size: int = 1
+    expert_placement: str = ""  # "linear" / "round_robin" (expert-parallel artifacts)
     raw: dict = field(repr=False, default_factory=dict)
 
     @classmethod
@@ -73,6 +74,7 @@ class Block:
             tensor_parallel_size=_field(block, "tensor_parallel_size", file, int),
             # convert --expert-parallel N writes it (absent: whole experts on every rank).
             expert_parallel_size=block.get("expert_parallel_size", 1),
+            expert_placement=block.get("expert_placement", ""),
             manifest=_field(block, "manifest", file, str),
             manifest_sha256=_field(block, "manifest_sha256", file, str),
             source_format=_field(block, "source_format", file, str),
@@ -98,6 +100,11 @@ class Block:
             raise ArtifactError(f"{file}: quantization_config.source_quantization_config: "
                                 f"expected an object or null, got {src!r}")
 
+    @property
+    def is_parallel(self) -> bool:
+        """Written for tensor or expert parallelism (per-rank expert tensors)."""
+        return self.tensor_parallel_size > 1 or self.expert_parallel_size > 1
+
     def check_deployment(self, tensor_parallel_size: int, expert_parallel: bool,
                          dtype_name: str, file: str = "config.json") -> None:
         """Refuses a deployment the artifact was not written for."""
@@ -120,11 +127,6 @@ class Block:
                 f"for {written}, the engine runs {engine}: re-convert with "
                 + (f"--expert-parallel {tensor_parallel_size}" if expert_parallel
                    else f"--tensor-parallel-size {tensor_parallel_size}"))
-        if tp > 1 or ep > 1:
-            raise ArtifactError(
-                f"{file}: quantization_config.tensor_parallel_size: moepack artifact was written "
-                f"for {written}, which this engine runs; but this moepack-vllm does not load "
-                "per-rank expert tensors yet (docs/vllm.md: tensor and expert parallelism)")
         want = {"BF16": "bfloat16", "F16": "float16"}[self.act_dtype]
         if dtype_name != want:
             raise ArtifactError(
@@ -168,6 +170,52 @@ class Layer:
     layout_config: dict = field(default_factory=dict)
 
 
+def rank_dir_name(rank: int, ranks: int) -> str:
+    """The directory of a rank's tensors in a parallel artifact ("rank03-of-08"), as moepack's
+    rank_dir_name (formats/parallel.cpp) writes it: at least two digits, as many as `ranks` has."""
+    width = max(2, len(str(ranks)))
+    return f"rank{rank:0{width}d}-of-{ranks:0{width}d}"
+
+
+def rank_of_tensor(name: str) -> int | None:
+    """The rank a checkpoint tensor name "rankRR-of-NN/..." belongs to, None for a tensor every
+    rank reads."""
+    head, sep, _ = name.partition("/")
+    if not sep or not head.startswith("rank") or "-of-" not in head:
+        return None
+    r, _, n = head[4:].partition("-of-")
+    if not (r.isdigit() and n.isdigit()) or head != rank_dir_name(int(r), int(n)):
+        return None
+    return int(r)
+
+
+@dataclass
+class RankShare:
+    """One rank of a parallel artifact (moepack.json "parallel.ranks[r]")."""
+
+    shards: tuple  # the files holding its expert tensors (and nothing else)
+    experts: tuple  # expert parallel: its experts' global ids in local order; () otherwise
+
+
+@dataclass
+class Parallel:
+    """moepack.json's "parallel": the deployment the expert tensors are sharded for."""
+
+    tensor: int
+    expert: int
+    placement: str  # expert parallel: "linear" / "round_robin"
+    ranks: list  # RankShare per rank
+
+    @property
+    def size(self) -> int:
+        return max(self.tensor, self.expert)
+
+    def describe(self) -> str:
+        if self.expert > 1:
+            return f"expert parallelism over {self.expert} ranks ({self.placement} placement)"
+        return f"tensor_parallel_size={self.tensor}"
+
+
 @dataclass
 class Manifest:
     path: str
@@ -184,6 +232,23 @@ class Manifest:
     symmetric: bool
     serving: Serving
     layers: list
+    parallel: Parallel | None = None
+    rank: int | None = None  # for_rank's: the rank whose tensors `layers` describe
+    raw_layers: list = field(repr=False, default_factory=list)  # moepack.json's, for for_rank
+    raw_tensors: dict = field(repr=False, default_factory=dict)
+
+    def for_rank(self, rank: int) -> "Manifest":
+        """A parallel artifact as rank `rank` serves it: each layer's parameters are that rank's
+        ("rankRR-of-NN/<name>" in moepack.json, its own files), under the layout's names, with
+        the rank's expert count (expert parallel) and intermediate size (tensor parallel)."""
+        import dataclasses
+
+        p = self.parallel
+        if p is None or not 0 <= rank < p.size:
+            raise ArtifactError(f"{self.path}: no rank {rank} in this artifact")
+        layers = [_layer(i, L, self.raw_tensors, self.path, rank=rank, parallel=p)
+                  for i, L in enumerate(self.raw_layers)]
+        return dataclasses.replace(self, layers=layers, rank=rank)
 
     def layer_for(self, prefix: str) -> Layer | None:
         """The manifest layer served by vLLM's MoE module at `prefix`.
@@ -247,31 +312,67 @@ def _serving(s: dict) -> Serving:
     return out
 
 
-def _layer(i: int, L: dict, tensors: dict, path: str) -> Layer:
+def _layer(i: int, L: dict, tensors: dict, path: str, rank: int | None = None,
+           parallel: Parallel | None = None) -> Layer:
     prefix = L["param_prefix"]
+    experts, inter = L["experts"], L["inter"]
+    # A parallel artifact lists every rank's parameters, "rankRR-of-NN/<prefix><local>": a rank
+    # serves its own, named as the layout names them. The layer's whole-layer sizes become the
+    # rank's (vLLM's local_num_experts and intermediate_size_per_partition).
+    mine = "" if parallel is None else rank_dir_name(rank or 0, parallel.size) + "/"
+    names = [n for n in L["params"] if n.startswith(mine)] if mine else list(L["params"])
+    if parallel is not None:
+        inter //= parallel.tensor
+        if parallel.expert > 1:
+            experts = len(parallel.ranks[rank or 0].experts)
     params, roles = {}, {}
-    for name in L["params"]:
+    for name in names:
         t = tensors[name]
-        if not name.startswith(prefix):
-            raise ArtifactError(f"{path}: layers[{i}].params: {name} is not under {prefix}")
-        params[name[len(prefix):]] = (t["dtype"], tuple(t["shape"]))
+        local_name = name[len(mine):]
+        if not local_name.startswith(prefix):
+            raise ArtifactError(f"{path}: layers[{i}].params: {name} is not under {mine}{prefix}")
+        params[local_name[len(prefix):]] = (t["dtype"], tuple(t["shape"]))
     for name, role in L["param_roles"].items():
         if name not in L["params"]:
             raise ArtifactError(f"{path}: layers[{i}].param_roles: {name} is not in its params")
+        if mine and not name.startswith(mine):
+            continue
         if role in roles:
             raise ArtifactError(f"{path}: layers[{i}].param_roles: two parameters are {role}")
-        roles[role] = name[len(prefix):]
+        roles[role] = name[len(mine) + len(prefix):]
     missing = set(L["params"]) - set(L["param_roles"])
     if missing:
         raise ArtifactError(f"{path}: layers[{i}].param_roles: no role for {sorted(missing)}")
+    if parallel is not None and not params:
+        raise ArtifactError(f"{path}: layers[{i}].params: none of {mine}")
     extra = {}
     for key in ("layout_decisions", "layout_config"):
         value = L.get(key, {})
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise ArtifactError(f"{path}: layers[{i}].{key}: expected an object of strings")
         extra[key] = value
-    return Layer(L["module"], prefix, L["experts"], L["hidden"], L["inter"], L["gated"], params,
-                 roles, i, **extra)
+    return Layer(L["module"], prefix, experts, L["hidden"], inter, L["gated"], params, roles, i,
+                 **extra)
+
+
+def _parallel(p: dict, block: Block, path: str) -> Parallel:
+    """moepack.json's "parallel", which must say what config.json's block says."""
+    out = Parallel(int(p["tensor_parallel_size"]), int(p["expert_parallel_size"]),
+                   str(p.get("expert_placement", "")), [])
+    for i, r in enumerate(p["ranks"]):
+        if r["rank"] != i:
+            raise ValueError(f"parallel.ranks[{i}].rank {r['rank']!r}")
+        out.ranks.append(RankShare(tuple(r["shards"]), tuple(int(e) for e in r.get("experts", ()))))
+    if len(out.ranks) != out.size:
+        raise ValueError(f"parallel.ranks: {len(out.ranks)} entries for {out.size} ranks")
+    if (out.tensor, out.expert) != (block.tensor_parallel_size, block.expert_parallel_size) or (
+            out.expert > 1 and out.placement != block.expert_placement):
+        raise ArtifactError(
+            f"{path}: parallel ({out.describe()}) differs from config.json's quantization_config "
+            f"(tensor_parallel_size={block.tensor_parallel_size}, expert_parallel_size="
+            f"{block.expert_parallel_size}, expert_placement={block.expert_placement!r}): the "
+            "config and the manifest do not describe the same conversion")
+    return out
 
 
 def read_manifest(model_dir: str, block: Block) -> Manifest:
@@ -298,11 +399,20 @@ def read_manifest(model_dir: str, block: Block) -> Manifest:
                 f"{list(MANIFEST_VERSIONS)} (version 1 predates the exported serving paths and "
                 "parameter roles): re-convert with a newer moepack")
         tq = m["target_quant_params"]
-        layers = [_layer(i, L, m["tensors"], path) for i, L in enumerate(m["layers"])]
+        parallel = _parallel(m["parallel"], block, path) if "parallel" in m else None
+        if parallel is None and block.is_parallel:
+            raise ArtifactError(
+                f"{path}: no \"parallel\", but config.json's quantization_config says "
+                f"tensor_parallel_size={block.tensor_parallel_size}, expert_parallel_size="
+                f"{block.expert_parallel_size}: the config and the manifest do not describe the "
+                "same conversion")
+        # Rank 0's layers stand for the artifact until a rank is known (for_rank).
+        layers = [_layer(i, L, m["tensors"], path, rank=0 if parallel else None,
+                         parallel=parallel) for i, L in enumerate(m["layers"])]
         out = Manifest(path, version, m["backend"], m["layout"]["name"], m["layout"]["version"],
                        m["target_arch"], m["vllm_target"], m["act_dtype"], tq["method"],
                        tq["bits"], tq["group_size"], tq["symmetric"], _serving(m["serving"]),
-                       layers)
+                       layers, parallel, None, m["layers"], m["tensors"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, ArtifactError):
             raise

@@ -44,9 +44,18 @@ def check(model_dir: str, tensor_parallel_size: int = 1, expert_parallel: bool =
     s = manifest.serving
     how = (f"vLLM's {s.vllm_method} ({s.vllm_backend})" if s.path == "vllm-method"
            else f"the {s.kernel_builder} kernel builder")
+    if manifest.parallel is not None and manifest.parallel.expert > 1:
+        degree = (f"expert parallelism over {manifest.parallel.expert} ranks "
+                  f"({manifest.parallel.placement} placement; --tensor-parallel-size "
+                  f"{manifest.parallel.expert} --enable-expert-parallel), each rank reading its "
+                  "own expert files")
+    elif manifest.parallel is not None:
+        degree = (f"tensor_parallel_size {block.tensor_parallel_size}, no expert parallelism, "
+                  "each rank reading its own expert files")
+    else:
+        degree = f"tensor_parallel_size {block.tensor_parallel_size}, no expert parallelism"
     return (f"servable by moepack-vllm in vLLM {block.vllm_target}: backend {block.backend}, "
-            f"{how}, tensor_parallel_size {block.tensor_parallel_size}, no expert parallelism, "
-            f"on {', '.join(s.archs) or 'any arch'}")
+            f"{how}, {degree}, on {', '.join(s.archs) or 'any arch'}")
 
 
 def main(argv: list[str] | None = None) -> int:

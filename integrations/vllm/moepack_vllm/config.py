@@ -44,6 +44,7 @@ class MoepackConfig(QuantizationConfig):
         self._manifest: Manifest | None = None
         self._deployment_checked = False
         self._source: QuantizationConfig | None = None
+        self._rank: tuple[int, Manifest] | None = None  # (rank, its manifest): parallel artifacts
 
     def __repr__(self) -> str:
         return (f"MoepackConfig(backend={self.block.backend}, layout={self.block.layout} "
@@ -96,9 +97,10 @@ class MoepackConfig(QuantizationConfig):
     def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
         # vLLM calls this while building its config, with the model directory: an artifact that
         # is not served here is refused before any model is built. A tensor- or expert-parallel
-        # artifact is judged by its degree first (check_deployment, when the engine's parallel
-        # config is current): its per-rank manifest is read after that.
-        if self.block.tensor_parallel_size == 1 and self.block.expert_parallel_size == 1:
+        # artifact is judged by its degree first (check_deployment, once the engine's parallel
+        # config is current: manifest()), then its manifest is read, and each rank's share is
+        # checked when the rank's MoE layers are built (_rank_manifest).
+        if not self.block.is_parallel:
             self._load_manifest(model_name)
         if self.source is not None and hasattr(self.source, "maybe_update_config"):
             self.source.maybe_update_config(model_name, hf_config=hf_config, revision=revision)
@@ -124,8 +126,8 @@ class MoepackConfig(QuantizationConfig):
 
         vc = get_current_vllm_config()
         if not self._deployment_checked:
-            # config.json's block first: a tensor- or expert-parallel artifact is refused by its
-            # degree before its per-rank manifest is read.
+            # config.json's block first: a tensor- or expert-parallel artifact at another degree
+            # is refused naming both before any layer is built.
             pc = vc.parallel_config
             self.block.check_deployment(
                 tensor_parallel_size=pc.tensor_parallel_size,
@@ -146,7 +148,7 @@ class MoepackConfig(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             from .moe import MoepackMoEMethod
 
-            m = self.manifest()
+            m = self._rank_manifest(layer, self.manifest())
             L = m.layer_for(prefix)
             if L is None:
                 raise ArtifactError(
@@ -157,6 +159,48 @@ class MoepackConfig(QuantizationConfig):
             return None
         self.source.packed_modules_mapping = self.packed_modules_mapping
         return self.source.get_quant_method(layer, prefix)
+
+    def _rank_manifest(self, layer: RoutedExperts, m: Manifest) -> Manifest:
+        """A parallel artifact as this process's rank serves it: the rank is the MoE layer's own
+        (vLLM's FusedMoEParallelConfig: tp_rank for tensor parallel, ep_rank for expert
+        parallel), the layer's degree must be the artifact's, and under expert parallelism the
+        experts vLLM's expert map puts on this rank must be the ones the rank's tensors hold
+        (vLLM falls back from round_robin to linear placement for models without expert groups).
+        Whole-expert artifacts are served as they are."""
+        p = m.parallel
+        if p is None:
+            return m
+        mpc = layer.moe_config.moe_parallel_config
+        tp, ep = (mpc.tp_size, mpc.ep_size) if mpc.use_ep else (mpc.tp_size, 1)
+        if (tp, ep) != (p.tensor, p.expert):
+            engine = (f"expert parallelism over {ep} ranks" if ep > 1
+                      else f"MoE tensor_parallel_size={tp}")
+            raise ArtifactError(
+                f"{m.path}: parallel: moepack artifact was written for {p.describe()}, vLLM "
+                f"runs this MoE layer with {engine} (its FusedMoEParallelConfig): re-convert for "
+                "that deployment")
+        rank = mpc.ep_rank if p.expert > 1 else mpc.tp_rank
+        if self._rank is not None and self._rank[0] != rank:
+            raise ArtifactError(f"{m.path}: MoE layers of one process on ranks {self._rank[0]} "
+                                f"and {rank}")
+        if self._rank is None:
+            self._rank = (rank, m.for_rank(rank))
+        mine = self._rank[1]
+        if p.expert > 1:
+            emap = getattr(layer, "_expert_map", None)
+            held = () if emap is None else tuple(
+                int(g) for g in sorted(range(emap.numel()), key=lambda g: int(emap[g]))
+                if int(emap[g]) >= 0)
+            want = p.ranks[rank].experts
+            placed = getattr(layer, "expert_placement_strategy", "?")
+            if held != want:
+                raise ArtifactError(
+                    f"{m.path}: parallel.ranks[{rank}].experts: the artifact's rank {rank} holds "
+                    f"experts {list(want)} ({p.placement} placement), vLLM's expert map puts "
+                    f"{list(held)} on it (placement {placed!r}): "
+                    f"serve it with --expert-placement-strategy {p.placement} where vLLM keeps "
+                    "that placement, or re-convert with --expert-placement linear")
+        return mine
 
     def source_for_moe(self) -> QuantizationConfig | None:
         if self.source is not None:

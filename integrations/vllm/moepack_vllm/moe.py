@@ -439,3 +439,69 @@ def patch_routed_experts_loader() -> None:
 
     load_weights._moepack = True
     RoutedExperts.load_weights = load_weights
+
+
+def _served_rank(model) -> tuple[int, int] | None:
+    """(rank, ranks) of the parallel moepack artifact `model` serves, None for any other model:
+    the rank its moepack MoE layers were built for (MoepackConfig._rank_manifest)."""
+    for m in model.modules():
+        if isinstance(m, RoutedExperts) and isinstance(m.quant_method, MoepackMoEMethod):
+            man = m.quant_method.manifest
+            if man.parallel is None or man.rank is None:
+                return None
+            return man.rank, man.parallel.size
+    return None
+
+
+def patch_default_loader() -> None:
+    """A rank of a parallel artifact reads its own expert files and the shared ones, never
+    another rank's: vLLM 0.33's DefaultModelLoader skips the safetensors shards in which the
+    model's `is_unused_checkpoint_weight` accepts every tensor (it reads their headers only), so
+    the plugin marks the other ranks' "rankRR-of-NN/..." tensors unused for the load, and hands
+    the model this rank's tensors under the layout's names (the prefix removed). Other models
+    load as they do without the plugin."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from .artifact import rank_dir_name, rank_of_tensor
+
+    original = DefaultModelLoader.get_all_weights
+    if getattr(original, "_moepack", False):
+        return
+
+    def get_all_weights(self, model_config, model):
+        served = _served_rank(model)
+        if served is None:
+            yield from original(self, model_config, model)
+            return
+        rank, ranks = served
+        mine = rank_dir_name(rank, ranks) + "/"
+        before = model.__dict__.get("is_unused_checkpoint_weight")
+        inherited = getattr(model, "is_unused_checkpoint_weight", None)
+
+        def unused(name: str) -> bool:
+            r = rank_of_tensor(name)
+            if r is not None:
+                return r != rank
+            return bool(inherited(name)) if inherited is not None else False
+
+        model.is_unused_checkpoint_weight = unused
+        try:
+            for name, tensor in original(self, model_config, model):
+                r = rank_of_tensor(name)
+                if r is None:
+                    yield name, tensor
+                elif r == rank:
+                    yield name[len(mine):], tensor
+                else:
+                    raise ArtifactError(
+                        f"{model_config.model}: rank {rank} was handed {name}, a tensor of rank "
+                        f"{r}: a safetensors file mixes ranks (moepack writes each rank's "
+                        "tensors in its own files)")
+        finally:
+            if before is None:
+                model.__dict__.pop("is_unused_checkpoint_weight", None)
+            else:
+                model.__dict__["is_unused_checkpoint_weight"] = before
+
+    get_all_weights._moepack = True
+    DefaultModelLoader.get_all_weights = get_all_weights
