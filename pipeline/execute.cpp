@@ -155,31 +155,73 @@ void check_chunk_params(const Plan& plan, const std::vector<Tensor>& params,
 
 }  // namespace
 
-void validate_plan(const Plan& plan, const Checkpoint& ckpt) {
-  for (const PlannedLayer& pl : plan.layers) {
-    const MoeLayer& L = ckpt.moe_layers()[static_cast<size_t>(pl.index)];
-    for (int64_t e0 = 0; e0 < L.num_experts; e0 += pl.experts_per_chunk)
-      convert_chunk(plan, ckpt, pl, e0, std::min(L.num_experts, e0 + pl.experts_per_chunk), {});
+namespace {
+
+// Calls read(i, e0, e1) for every chunk of `chunk[i]` experts of every layer `layers[i]`, in
+// order, and reports it: a layer done when its last chunk is read, its source tensor bytes in
+// proportion to the experts read (inspect's validation progress).
+void read_expert_chunks(const Checkpoint& ckpt, const std::vector<const MoeLayer*>& layers,
+                        const std::vector<int64_t>& chunk, const ProgressFn& progress,
+                        const std::function<void(size_t, int64_t, int64_t)>& read) {
+  std::vector<uint64_t> bytes;
+  uint64_t total = 0;
+  for (const MoeLayer* L : layers) {
+    uint64_t b = 0;
+    if (progress)
+      for (const std::string& name : L->source_tensors) b += ckpt.view(name).nbytes;
+    bytes.push_back(b);
+    total += b;
+  }
+  ProgressCounter counter(progress, "layers", static_cast<int64_t>(layers.size()), total);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t E = layers[i]->num_experts;
+    uint64_t reported = 0;
+    for (int64_t e0 = 0; e0 < E; e0 += chunk[i]) {
+      const int64_t e1 = std::min(E, e0 + chunk[i]);
+      read(i, e0, e1);
+      const auto now = static_cast<uint64_t>(static_cast<double>(bytes[i]) *
+                                             static_cast<double>(e1) / static_cast<double>(E));
+      counter.add(e1 == E ? 1 : 0, (e1 == E ? bytes[i] : now) - reported);
+      reported = e1 == E ? bytes[i] : now;
+    }
   }
 }
 
-void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes) {
-  const bool dense = ckpt.quant().method == QuantMethod::kNone;
-  for (const MoeLayer& L : ckpt.moe_layers()) {
-    // The plan's chunk rule: canonical bytes per expert (a float each when dense).
-    const int64_t chunk = experts_per_chunk(
-        chunk_bytes, L.num_experts,
-        canonical_expert_bytes(L.gated ? 2 * L.inter : L.inter, L.hidden, L.inter, dense));
-    for (int64_t e0 = 0; e0 < L.num_experts; e0 += chunk) {
-      ExpertRange range;
-      range.begin = e0;
-      range.end = std::min(L.num_experts, e0 + chunk);
-      if (dense)
-        load_dense_experts(ckpt, L, range);
-      else
-        load_moe_experts(ckpt, L, threads, range);
-    }
+}  // namespace
+
+void validate_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress) {
+  std::vector<const MoeLayer*> layers;
+  std::vector<int64_t> chunk;
+  for (const PlannedLayer& pl : plan.layers) {
+    layers.push_back(&ckpt.moe_layers()[static_cast<size_t>(pl.index)]);
+    chunk.push_back(pl.experts_per_chunk);
   }
+  read_expert_chunks(ckpt, layers, chunk, progress, [&](size_t i, int64_t e0, int64_t e1) {
+    convert_chunk(plan, ckpt, plan.layers[i], e0, e1, {});
+  });
+}
+
+void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes,
+                     const ProgressFn& progress) {
+  const bool dense = ckpt.quant().method == QuantMethod::kNone;
+  std::vector<const MoeLayer*> layers;
+  std::vector<int64_t> chunk;
+  for (const MoeLayer& L : ckpt.moe_layers()) {
+    layers.push_back(&L);
+    // The plan's chunk rule: canonical bytes per expert (a float each when dense).
+    chunk.push_back(experts_per_chunk(
+        chunk_bytes, L.num_experts,
+        canonical_expert_bytes(L.gated ? 2 * L.inter : L.inter, L.hidden, L.inter, dense)));
+  }
+  read_expert_chunks(ckpt, layers, chunk, progress, [&](size_t i, int64_t e0, int64_t e1) {
+    ExpertRange range;
+    range.begin = e0;
+    range.end = e1;
+    if (dense)
+      load_dense_experts(ckpt, *layers[i], range);
+    else
+      load_moe_experts(ckpt, *layers[i], threads, range);
+  });
 }
 
 namespace {

@@ -61,13 +61,15 @@ std::vector<Tensor> pack_ranks(const Plan& plan, const PlannedLayer& pl, const M
 
 // Runs convert_chunk over every chunk of every planned layer and discards the bytes: refuses
 // (throws the same Error) exactly what execute_plan would refuse while reading the source.
-// `inspect` validates with it.
-void validate_plan(const Plan& plan, const Checkpoint& ckpt);
+// `inspect` validates with it; `progress` gets layers and their source tensor bytes read.
+void validate_plan(const Plan& plan, const Checkpoint& ckpt, const ProgressFn& progress = {});
 
 // Reads every MoE layer's experts through the source codec (or as dense floats for unquantized
 // checkpoints), chunk by chunk, and discards them: the input checks of convert without a target
 // (for when no backend takes the checkpoint on the target inspected).
-void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes = 1ull << 30);
+// Progress as validate_plan's.
+void validate_source(const Checkpoint& ckpt, int threads, uint64_t chunk_bytes = 1ull << 30,
+                     const ProgressFn& progress = {});
 
 // Writes the planned checkpoint atomically (temp sibling, fsync, rename). Never leaves a
 // partial output behind.

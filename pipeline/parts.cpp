@@ -599,11 +599,14 @@ MergeResult merge_parts(const MergeOptions& opts) {
 
   AtomicOutputDir out(opts.dst, opts.force, {res.source, root});
   ShardedWriter writer(out.path(), plan.shards);
+  ProgressCounter progress(opts.progress, "tensors", static_cast<int64_t>(tasks.size()),
+                           plan.total_bytes());
   parallel_for(static_cast<int64_t>(tasks.size()), plan.threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const MergeTask& t = tasks[static_cast<size_t>(i)];
       const TensorView v = files[t.part].view(t.tensor->name);
       writer.write(t.tensor->name, v.data, v.nbytes);
+      progress.add(1, v.nbytes);
     }
   });
   const auto sha = writer.checksums();

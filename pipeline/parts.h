@@ -82,6 +82,7 @@ struct MergeOptions {
   bool force = false;
   bool remove_parts = false;  // delete DST.parts after the output is in place
   int threads = 0;
+  ProgressFn progress;  // tensors copied from the parts into the output, and their bytes
 };
 
 struct MergeResult {

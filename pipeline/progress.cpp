@@ -39,7 +39,7 @@ std::string progress_line(const ConvertProgress& p) {
       std::snprintf(e, sizeof(e), "%llds", s);
     eta = e;
   }
-  std::snprintf(buf, sizeof(buf), "layers %lld/%lld  %s/%s  %.0f MB/s  ETA %s",
+  std::snprintf(buf, sizeof(buf), "%s %lld/%lld  %s/%s  %.0f MB/s  ETA %s", p.unit,
                 static_cast<long long>(p.layers_done), static_cast<long long>(p.layers_total),
                 human_bytes(p.bytes_done).c_str(), human_bytes(p.bytes_total).c_str(), rate / 1e6,
                 eta.c_str());
@@ -85,9 +85,10 @@ ProgressPrinter::ProgressPrinter(ProgressMode mode, bool stderr_terminal, bool j
     case ProgressMode::kJson:
       fn_ = [this](const ConvertProgress& p) {
         if (!due(p)) return;
+        const std::string unit = p.unit;
         const nlohmann::json j = {{"progress", command_.empty() ? "convert" : command_},
-                                  {"layers_done", p.layers_done},
-                                  {"layers_total", p.layers_total},
+                                  {unit + "_done", p.layers_done},
+                                  {unit + "_total", p.layers_total},
                                   {"bytes_done", p.bytes_done},
                                   {"bytes_total", p.bytes_total},
                                   {"seconds", p.seconds}};
@@ -113,6 +114,46 @@ bool ProgressPrinter::due(const ConvertProgress& p) {
 void ProgressPrinter::clear() {
   if (shown_) std::fprintf(stderr, "\r\033[K");
   shown_ = false;
+}
+
+std::string summary_line(const RunSummary& s) {
+  const double rate = s.seconds > 0 ? static_cast<double>(s.rate_bytes) / s.seconds : 0;
+  char secs[32];
+  std::snprintf(secs, sizeof(secs), "%.2f", s.seconds);
+  return "summary: " + s.what + " in " + secs + " s (" + human_bytes(static_cast<uint64_t>(rate)) +
+         "/s), peak memory " + human_bytes(s.peak.anon_bytes) + " anonymous + " +
+         human_bytes(s.peak.file_bytes) + " mapped, verdict " + s.verdict + "\n";
+}
+
+nlohmann::json summary_json(const RunSummary& s) {
+  const double rate = s.seconds > 0 ? static_cast<double>(s.rate_bytes) / s.seconds : 0;
+  return {{"source_bytes", s.source_bytes},
+          {"output_bytes", s.output_bytes},
+          {"seconds", s.seconds},
+          {"bytes_per_second", rate},
+          {"peak_rss_anon_bytes", s.peak.anon_bytes},
+          {"peak_rss_file_bytes", s.peak.file_bytes},
+          {"verdict", s.verdict}};
+}
+
+CommandRun::CommandRun(ProgressMode mode, bool stderr_terminal, bool json_result,
+                       std::string command)
+    : printer_(mode, stderr_terminal, json_result, std::move(command)) {
+  fn_ = [this](const ConvertProgress& p) {
+    last_ = p;
+    if (printer_.fn()) printer_.fn()(p);
+  };
+}
+
+RunSummary CommandRun::finish() {
+  if (!finished_) {
+    summary_.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    summary_.peak = memory_.stop();
+    printer_.clear();
+    finished_ = true;
+  }
+  return summary_;
 }
 
 }  // namespace moepack

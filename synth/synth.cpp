@@ -555,6 +555,9 @@ void plan_item_outputs(std::vector<Item>& items, const SynthGenerator& gen,
 // Linears packed by the format's codec.
 void write_items(ShardedWriter& writer, const std::vector<Item>& items, const SynthGenerator& gen,
                  const SourceCodec* codec, const SynthOptions& o, const QuantParams& p) {
+  int64_t tensors = 0;
+  for (const Item& it : items) tensors += static_cast<int64_t>(it.outputs.size());
+  ProgressCounter progress(o.progress, "tensors", tensors, writer.plan().total_tensor_bytes);
   parallel_for(static_cast<int64_t>(items.size()), o.threads, [&](int64_t b, int64_t e) {
     std::vector<uint8_t> bytes;
     for (int64_t i = b; i < e; ++i) {
@@ -562,13 +565,16 @@ void write_items(ShardedWriter& writer, const std::vector<Item>& items, const Sy
       if (it.kind != Item::Kind::kLinear) {
         fill_dense(it, o.seed, &bytes);
         writer.write(it.name, bytes.data(), bytes.size());
+        progress.add(1, bytes.size());
         continue;
       }
       const int64_t n = it.shape[0], k = it.shape[1];
       const std::vector<float> w = random_matrix(o.seed, it.name, n, k, 0.02f);
       const QuantTensor q = gen.quantize(o, p, w.data(), n, k, it.order_label);
-      for (const auto& [suffix, t] : codec->pack(p, q))
+      for (const auto& [suffix, t] : codec->pack(p, q)) {
         writer.write(it.name + "." + suffix, t.data.data(), t.data.size());
+        progress.add(1, t.data.size());
+      }
     }
   });
   writer.finish();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/progress.h"
 
 namespace moepack {
 
@@ -28,13 +29,14 @@ struct SynthOptions {
   uint64_t max_shard_bytes = 5000000000ull;
   bool force = false;
   int threads = 0;
+  ProgressFn progress;  // tensors written and their bytes
 };
 
 const std::vector<std::string>& synth_formats();
 const std::vector<std::string>& synth_families();
 
 struct SynthResult {
-  std::string dir;
+  std::string dir;  // out_dir
   int64_t tensors = 0;
   uint64_t bytes = 0;
   int64_t shards = 0;

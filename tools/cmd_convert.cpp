@@ -143,7 +143,13 @@ void print_dry_run(const Plan& plan, const Checkpoint& ckpt, const std::optional
   std::cout << "dry run: nothing written\n";
 }
 
-void print_part_result(const PartResult& p, const ShardSpec& spec, const Globals& g) {
+// `sum`: the run's time and peak memory.
+void print_part_result(const PartResult& p, const ShardSpec& spec, RunSummary sum,
+                       const Globals& g) {
+  sum.what = "unit " + std::to_string(spec.index) + " of " + std::to_string(spec.count) + " -> " +
+             human_bytes(p.skipped ? 0 : p.unit.bytes) + " written";
+  sum.output_bytes = sum.rate_bytes = p.skipped ? 0 : p.unit.bytes;
+  sum.verdict = p.skipped ? "skipped" : "written";
   if (g.json)
     print_json({{"ok", true},
                 {"part", p.dir},
@@ -154,13 +160,16 @@ void print_part_result(const PartResult& p, const ShardSpec& spec, const Globals
                 {"tensor_bytes", p.unit.bytes},
                 {"layers", p.unit.modules},
                 {"seconds", p.convert.seconds},
-                {"stage_seconds", p.convert.stage_seconds}});
+                {"stage_seconds", p.convert.stage_seconds},
+                {"run", summary_json(sum)}});
   else if (p.skipped)
-    std::cout << "part " << p.dir << " is already complete for this plan: skipped\n";
+    std::cout << "part " << p.dir << " is already complete for this plan: skipped\n"
+              << summary_line(sum);
   else
     std::cout << "wrote part " << p.dir << ": " << p.unit.modules.size() << " MoE layers, "
               << p.unit.tensors.size() << " tensors, " << human_bytes(p.unit.bytes) << ", "
-              << p.convert.seconds << " s\n";
+              << p.convert.seconds << " s\n"
+              << summary_line(sum);
 }
 
 nlohmann::json left_out_json(const Plan& plan) {
@@ -171,7 +180,14 @@ nlohmann::json left_out_json(const Plan& plan) {
 
 void print_convert_result(const ConvertResult& r, const Plan& plan, uint64_t source_bytes,
                           const Servability& serving, const Globals& g) {
-  if (g.json)
+  RunSummary sum;
+  sum.what = human_bytes(source_bytes) + " source -> " + human_bytes(r.bytes_written) + " written";
+  sum.source_bytes = source_bytes;
+  sum.output_bytes = sum.rate_bytes = r.bytes_written;
+  sum.seconds = r.seconds;
+  sum.peak = {r.peak_rss_anon_bytes, r.peak_rss_file_bytes};
+  sum.verdict = "written";
+  if (g.json) {
     print_json({{"ok", true},
                 {"dst", r.dst},
                 {"backend", plan.backend},
@@ -186,20 +202,15 @@ void print_convert_result(const ConvertResult& r, const Plan& plan, uint64_t sou
                 {"deviations_from_vllm", plan.deviations},
                 {"files_carried", plan.copied_files},
                 {"files_left_out", left_out_json(plan)},
-                {"serving", serving.to_json()}});
-  else
-    std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
-              << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
-              << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
-              << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n";
-  if (g.json) return;
-  // The summary: source -> output bytes, rate, peak memory.
-  const double rate = r.seconds > 0 ? static_cast<double>(r.bytes_written) / r.seconds : 0;
-  std::cout << "summary: " << human_bytes(source_bytes) << " source -> "
-            << human_bytes(r.bytes_written) << " written in " << r.seconds << " s ("
-            << human_bytes(static_cast<uint64_t>(rate)) << "/s), peak memory "
-            << human_bytes(r.peak_rss_anon_bytes) << " anonymous + "
-            << human_bytes(r.peak_rss_file_bytes) << " mapped source pages\n";
+                {"serving", serving.to_json()},
+                {"run", summary_json(sum)}});
+    return;
+  }
+  std::cout << "wrote " << r.dst << ": backend " << plan.backend << " for "
+            << target_arch_name(plan.arch) << ", " << plan.layers.size() << " MoE layers, "
+            << r.tensors << " tensors, " << human_bytes(r.bytes_written) << " in "
+            << plan.shards.shard_names.size() << " shard(s), " << r.seconds << " s\n"
+            << summary_line(sum);
   for (const auto& f : plan.left_out_files)
     std::cout << "left out " << f.path << ": " << f.why << "\n";
   std::cout << "serving: " << serving.to_text() << "\n";
@@ -233,13 +244,13 @@ int run_convert(ConvertArgs& a, const Globals& g) {
   if (!serving.servable && !g.json)
     std::cerr << "moepack: warning: the output will be " << serving.to_text()
               << " (--require-servable refuses it)\n";
-  ProgressPrinter progress(g.progress, stderr_is_terminal(), g.json, "");
   if (spec) {
-    const PartResult p = execute_part(plan, *ckpt, *spec, progress.fn());
-    progress.clear();
-    print_part_result(p, *spec, g);
+    CommandRun run(g.progress, stderr_is_terminal(), g.json, "");
+    const PartResult p = execute_part(plan, *ckpt, *spec, run.fn());
+    print_part_result(p, *spec, run.finish(), g);
     return 0;
   }
+  ProgressPrinter progress(g.progress, stderr_is_terminal(), g.json, "");
   const ConvertResult r = execute_plan(plan, *ckpt, progress.fn());
   progress.clear();
   print_convert_result(r, plan, ckpt->total_tensor_bytes(), serving, g);

@@ -177,9 +177,11 @@ json oracle_kinds_json(const HfConfig& cfg, const LayerKinds& kinds, const Inspe
 // expert read and packed as convert would (nothing written). Without a backend on the target,
 // the experts are still read through the source codec. A converted checkpoint is verify's job.
 // Returns the verdict line; sets j["conversion"] to the path convert would take.
-// `opts`: the options convert would get for this target (flags parsed by run_inspect).
+// `opts`: the options convert would get for this target (flags parsed by run_inspect);
+// `progress`: the layers read and their source bytes.
 std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a,
-                                const ConvertOptions& opts, bool converted, json& j) {
+                                const ConvertOptions& opts, bool converted, json& j,
+                                const ProgressFn& progress) {
   if (converted) return "not validated here: converted by moepack (run moepack verify)";
   if (a.no_validate) return "not validated (--no-validate)";
   if (ckpt.moe_layers().empty()) return "validated: no MoE layers";
@@ -187,11 +189,11 @@ std::string validate_as_convert(const Checkpoint& ckpt, const InspectArgs& a,
   for (const auto& o : j["oracle"]["kinds"])
     every_kind_has_backend &= !o["chosen"].is_null() && !o["chosen"].get<std::string>().empty();
   if (!every_kind_has_backend) {
-    validate_source(ckpt, resolve_threads(0));
+    validate_source(ckpt, resolve_threads(0), 1ull << 30, progress);
     return "validated: every expert read through the source codec";
   }
   const Plan plan = make_plan(ckpt, opts);
-  validate_plan(plan, ckpt);
+  validate_plan(plan, ckpt, progress);
   // The conversion path convert would take (formats/fast_path.h).
   const DirectPath* direct = nullptr;
   for (const auto& l : plan.layers)
@@ -246,9 +248,11 @@ json tensors_json(const Checkpoint& ckpt) {
   return tensors;
 }
 
-// The text report: the same facts as the JSON `j`, for a person.
+// The text report: the same facts as the JSON `j`, for a person, and the validation's `summary`
+// line ("" when nothing was read).
 void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
-                        const std::optional<Manifest>& manifest, const json& j) {
+                        const std::optional<Manifest>& manifest, const json& j,
+                        const std::string& summary) {
   const HfConfig& cfg = ckpt.config();
   std::cout << a.dir << "\n"
             << "  model          " << cfg.architecture << " (" << cfg.model_type << "), "
@@ -306,6 +310,7 @@ void print_inspect_text(const InspectArgs& a, const Checkpoint& ckpt,
       std::cout << "    " << t["name"].get<std::string>() << "  " << t["dtype"].get<std::string>()
                 << " " << t["shape"].dump() << "  " << t["shard"].get<std::string>() << "\n";
   }
+  std::cout << summary;
 }
 
 // Opens DIR as a checkpoint. A converted checkpoint whose config.json was edited may no longer
@@ -358,7 +363,16 @@ int run_inspect(InspectArgs& a, const Globals& g) {
   as_convert.target_arch = arch;
   as_convert.vllm_target = target;
   as_convert.act_dtype = act_dtype;
-  j["validation"] = validate_as_convert(*ckpt, a, as_convert, manifest.has_value(), j);
+  CommandRun run(g.progress, stderr_is_terminal(), g.json, "inspect");
+  j["validation"] = validate_as_convert(*ckpt, a, as_convert, manifest.has_value(), j, run.fn());
+  RunSummary sum = run.finish();
+  if (run.last().layers_total > 0) {  // experts were read: the validation's summary
+    sum.what = "read " + human_bytes(run.last().bytes_total) + " of experts in " +
+               std::to_string(run.last().layers_total) + " MoE layer(s), nothing written,";
+    sum.source_bytes = sum.rate_bytes = run.last().bytes_total;
+    sum.verdict = "validated";
+    j["run"] = summary_json(sum);
+  }
   j["serving"] = serving_json(*ckpt, manifest, j["oracle"], target);
   const json tensors = tensors_json(*ckpt);
   j["totals"] = {{"tensors", tensors.size()},
@@ -370,7 +384,7 @@ int run_inspect(InspectArgs& a, const Globals& g) {
   if (g.json)
     print_json(j);
   else
-    print_inspect_text(a, *ckpt, manifest, j);
+    print_inspect_text(a, *ckpt, manifest, j, j.contains("run") ? summary_line(sum) : "");
   if (a.require_servable && !j["serving"]["servable"].get<bool>()) {
     std::cerr << "moepack: --require-servable: " << j["serving"]["text"].get<std::string>() << "\n";
     return static_cast<int>(ExitCode::kUnsupported);

@@ -22,8 +22,15 @@ Runner add_merge(CLI::App& app, Globals& g) {
       ->capture_default_str();
   return [o, &g] {
     if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
+    CommandRun run(g.progress, stderr_is_terminal(), g.json, "merge");
+    o->progress = run.fn();
     const MergeResult r = merge_parts(*o);
-    if (g.json)
+    RunSummary sum = run.finish();
+    sum.what = human_bytes(r.bytes_written) + " in " + std::to_string(r.parts) + " part(s) -> " +
+               human_bytes(r.bytes_written) + " written";
+    sum.source_bytes = sum.output_bytes = sum.rate_bytes = r.bytes_written;
+    sum.verdict = "merged, every tensor equal to its part's SHA-256";
+    if (g.json) {
       print_json({{"ok", true},
                   {"dst", r.dst},
                   {"source", r.source},
@@ -31,11 +38,14 @@ Runner add_merge(CLI::App& app, Globals& g) {
                   {"tensors", r.tensors},
                   {"tensor_bytes", r.bytes_written},
                   {"shards", r.shards},
-                  {"seconds", r.seconds}});
-    else
-      std::cout << "merged " << r.parts << " part(s) into " << r.dst << ": " << r.tensors
-                << " tensors, " << human_bytes(r.bytes_written) << " in " << r.shards
-                << " shard(s), " << r.seconds << " s\n";
+                  {"seconds", r.seconds},
+                  {"run", summary_json(sum)}});
+      return 0;
+    }
+    std::cout << "merged " << r.parts << " part(s) into " << r.dst << ": " << r.tensors
+              << " tensors, " << human_bytes(r.bytes_written) << " in " << r.shards << " shard(s), "
+              << r.seconds << " s\n"
+              << summary_line(sum);
     return 0;
   };
 }

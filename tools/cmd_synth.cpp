@@ -53,18 +53,27 @@ Runner add_synth(CLI::App& app, Globals& g) {
   return [o, out, dtype, shard, &g] {
     o->dtype = parse_half_dtype("--dtype", *dtype);
     o->max_shard_bytes = parse_size("--max-shard-size", *shard);
+    CommandRun run(g.progress, stderr_is_terminal(), g.json, "synth");
+    o->progress = run.fn();
     const SynthResult r = synth_checkpoint(*out, *o);
-    if (g.json)
+    RunSummary sum = run.finish();
+    sum.what = "no source -> " + human_bytes(r.bytes) + " written";
+    sum.output_bytes = sum.rate_bytes = r.bytes;
+    sum.verdict = "written";
+    if (g.json) {
       print_json({{"ok", true},
                   {"dir", r.dir},
                   {"format", o->format},
                   {"family", o->family},
                   {"tensors", r.tensors},
                   {"tensor_bytes", r.bytes},
-                  {"shards", r.shards}});
-    else
-      std::cout << "wrote " << r.dir << ": " << o->format << " " << o->family << ", " << r.tensors
-                << " tensors, " << human_bytes(r.bytes) << " in " << r.shards << " shard(s)\n";
+                  {"shards", r.shards},
+                  {"run", summary_json(sum)}});
+      return 0;
+    }
+    std::cout << "wrote " << r.dir << ": " << o->format << " " << o->family << ", " << r.tensors
+              << " tensors, " << human_bytes(r.bytes) << " in " << r.shards << " shard(s)\n"
+              << summary_line(sum);
     return 0;
   };
 }

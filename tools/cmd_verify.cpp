@@ -3,14 +3,11 @@
 //                [--report FILE.html] [--json]
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "core/error.h"
-#include "core/memory.h"
 #include "io/atomic_dir.h"
 #include "tools/cli.h"
 #include "tools/flags.h"
@@ -19,19 +16,6 @@
 namespace moepack::cli {
 
 namespace {
-// The closing line of a text verify: what was checked, time, rate, peak memory, the verdict.
-std::string verify_summary(const ConvertProgress& last, double seconds, const ResidentMemory& peak,
-                           bool passed) {
-  const double rate = seconds > 0 ? static_cast<double>(last.bytes_total) / seconds : 0;
-  std::ostringstream s;
-  s << "summary: " << human_bytes(last.bytes_total) << " of expert parameters in "
-    << last.layers_total << " MoE layer(s) checked in " << seconds << " s ("
-    << human_bytes(static_cast<uint64_t>(rate)) << "/s), peak memory "
-    << human_bytes(peak.anon_bytes) << " anonymous + " << human_bytes(peak.file_bytes)
-    << " mapped, verdict " << (passed ? "PASSED" : "FAILED") << "\n";
-  return s.str();
-}
-
 // --report FILE: its folder exists and is writable, and FILE is not a directory -- checked before
 // a verify that may take minutes (exit 5 naming the path).
 void check_report_path(const std::string& report) {
@@ -88,26 +72,23 @@ Runner add_verify(CLI::App& app, Globals& g) {
     o->dst = resolve_checkpoint_arg(o->dst, g);
     if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
     if (!report->empty()) check_report_path(*report);  // before the work, not after it
-    ProgressPrinter printer(g.progress, stderr_is_terminal(), g.json, "verify");
-    ConvertProgress last;
-    o->progress = [&](const ConvertProgress& p) {
-      last = p;
-      if (printer.fn()) printer.fn()(p);
-    };
-    PeakMemorySampler memory;
-    const auto start = std::chrono::steady_clock::now();
+    CommandRun run(g.progress, stderr_is_terminal(), g.json, "verify");
+    o->progress = run.fn();
     const VerifyReport r = run_verify(*o);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const ResidentMemory peak = memory.stop();
-    printer.clear();
+    RunSummary sum = run.finish();
+    const ConvertProgress& last = run.last();
+    sum.what = human_bytes(last.bytes_total) + " of expert parameters in " +
+               std::to_string(last.layers_total) + " MoE layer(s) checked";
+    sum.source_bytes = sum.rate_bytes = last.bytes_total;
+    sum.verdict = r.passed ? "PASSED" : "FAILED";
     if (g.json) {
       auto j = to_json(r);
       j["ok"] = r.passed;
       if (!report->empty()) j["report"] = *report;
+      j["run"] = summary_json(sum);
       print_json(j);
     } else {
-      std::cout << render_text(r) << verify_summary(last, seconds, peak, r.passed);
+      std::cout << render_text(r) << summary_line(sum);
     }
     // After the verdict is out (a failure here does not hide it), whole or not at all: a full
     // disk leaves no empty or cut report behind.

@@ -191,6 +191,122 @@ TEST(MessagesFlags, VerifyProgressAndSummary) {
   EXPECT_NE(out.find("verdict PASSED"), std::string::npos) << out;
 }
 
+// The JSON lines of --progress json (stderr), each parsed (a line that is not JSON fails).
+std::vector<json> json_lines(const std::string& text) {
+  std::vector<json> lines;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+    lines.push_back(json::parse(text.substr(at, nl - at)));
+  return lines;
+}
+
+// What every long command's closing summary holds: the text line (source -> output, time, rate,
+// peak memory, verdict) and the same as --json's "run" object.
+void expect_summary(const std::string& text, const std::string& what, const std::string& verdict) {
+  const size_t at = text.find("summary: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string line = text.substr(at, text.find('\n', at) - at);
+  EXPECT_NE(line.find(what), std::string::npos) << line;
+  EXPECT_NE(line.find(" s ("), std::string::npos) << line;
+  EXPECT_NE(line.find("/s), peak memory "), std::string::npos) << line;
+  EXPECT_NE(line.find(" anonymous + "), std::string::npos) << line;
+  EXPECT_NE(line.find(", verdict " + verdict), std::string::npos) << line;
+}
+void expect_run_json(const json& run, bool source, bool output, const std::string& verdict) {
+  ASSERT_TRUE(run.is_object()) << run;
+  EXPECT_EQ(run["source_bytes"].get<uint64_t>() > 0, source) << run;
+  EXPECT_EQ(run["output_bytes"].get<uint64_t>() > 0, output) << run;
+  EXPECT_GE(run["seconds"].get<double>(), 0) << run;
+  EXPECT_GE(run["bytes_per_second"].get<double>(), 0) << run;
+  EXPECT_GT(run["peak_rss_anon_bytes"].get<uint64_t>(), 0u) << run;
+  EXPECT_TRUE(run["peak_rss_file_bytes"].is_number_unsigned()) << run;
+  EXPECT_EQ(run["verdict"], verdict) << run;
+}
+
+// The progress of a command without a terminal, every piece (MOEPACK_PROGRESS_SECONDS=0): plain
+// lines "moepack: <command>: <unit> 0/N ..." through "<unit> N/N", and under --progress json one
+// object a line, ending with every unit and byte done. The command runs twice: `args`, then
+// `args` + `again` (--force where the first run wrote the output).
+void expect_progress(const std::string& args, const std::string& again, const std::string& command,
+                     const std::string& unit) {
+  SCOPED_TRACE(command);
+  const std::string run = "MOEPACK_PROGRESS_SECONDS=0 " + moepack_bin() + " " + args;
+  std::string err;
+  ASSERT_EQ(run_command(run + " 2>&1 >/dev/null | cat", &err), 0);
+  EXPECT_NE(err.find("moepack: " + command + ": " + unit + " 0/"), std::string::npos) << err;
+  const size_t last = err.rfind("moepack: " + command + ": " + unit + " ");
+  ASSERT_NE(last, std::string::npos) << err;
+  const size_t slash = err.find('/', last);
+  const std::string done = err.substr(last, slash - last);
+  const std::string total = err.substr(slash + 1, err.find(' ', slash) - slash - 1);
+  EXPECT_EQ(done.substr(done.rfind(' ') + 1), total) << err;
+  ASSERT_EQ(run_command(run + again + " --progress json 2>&1 >/dev/null | cat", &err), 0);
+  const std::vector<json> lines = json_lines(err);
+  ASSERT_GE(lines.size(), 2u) << err;
+  for (const json& j : lines) EXPECT_EQ(j["progress"], command) << j;
+  EXPECT_EQ(lines.front()[unit + "_done"], 0) << err;
+  EXPECT_EQ(lines.back()[unit + "_done"], lines.back()[unit + "_total"]) << err;
+  EXPECT_GT(lines.back()[unit + "_total"].get<int64_t>(), 0) << err;
+  EXPECT_EQ(lines.back()["bytes_done"], lines.back()["bytes_total"]) << err;
+  EXPECT_GT(lines.back()["bytes_total"].get<uint64_t>(), 0u) << err;
+}
+
+// synth, merge and inspect's validation report their progress as convert and verify do, and end
+// with the summary; --json results carry it as "run" (convert's and verify's too).
+TEST(MessagesFlags, SynthProgressAndSummary) {
+  TempDir tmp;
+  const std::string src = tmp / "src";
+  expect_progress("synth " + src + " --format gptq" + kSmall, " --force", "synth", "tensors");
+  std::string out, err;
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq --force" + kSmall, &out, &err), 0);
+  EXPECT_EQ(err.find("moepack: synth:"), std::string::npos) << "a short run stays quiet: " << err;
+  expect_summary(out, "no source -> ", "written");
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq --force --json" + kSmall, &out, &err), 0);
+  expect_run_json(json::parse(out)["run"], false, true, "written");
+}
+
+TEST(MessagesFlags, MergeProgressAndSummary) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
+  std::string out, err;
+  for (const char* unit : {"0/2", "1/2"}) {
+    ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --shard " + unit, &out, &err), 0);
+    expect_summary(out, "unit " + std::string(unit, 1) + " of 2 -> ", "written");
+  }
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --shard 1/2 --json", &out, &err), 0);
+  expect_run_json(json::parse(out)["run"], false, false, "skipped");
+  expect_progress("merge " + dst, " --force", "merge", "tensors");
+  ASSERT_EQ(moepack_cli("merge " + dst + " --force", &out, &err), 0);
+  EXPECT_EQ(err.find("moepack: merge:"), std::string::npos) << "a short run stays quiet: " << err;
+  expect_summary(out, " in 2 part(s) -> ", "merged");
+  ASSERT_EQ(moepack_cli("merge " + dst + " --force --json", &out, &err), 0);
+  expect_run_json(json::parse(out)["run"], true, true,
+                  "merged, every tensor equal to its part's SHA-256");
+}
+
+TEST(MessagesFlags, InspectValidationProgressAndSummary) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst";
+  ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
+  expect_progress("inspect " + src, "", "inspect", "layers");
+  std::string out, err;
+  ASSERT_EQ(moepack_cli("inspect " + src, &out, &err), 0);
+  expect_summary(out, "summary: read ", "validated");
+  EXPECT_NE(out.find(" of experts in 1 MoE layer(s), nothing written, in "), std::string::npos)
+      << out;
+  ASSERT_EQ(moepack_cli("inspect " + src + " --json", &out, &err), 0);
+  expect_run_json(json::parse(out)["run"], true, false, "validated");
+  // Nothing read, no summary: --no-validate, and a converted checkpoint (verify's job).
+  ASSERT_EQ(moepack_cli("inspect " + src + " --no-validate --json", &out, &err), 0);
+  EXPECT_FALSE(json::parse(out).contains("run")) << out;
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --json", &out, &err), 0);
+  expect_run_json(json::parse(out)["run"], true, true, "written");
+  ASSERT_EQ(moepack_cli("inspect " + dst, &out, &err), 0);
+  EXPECT_EQ(out.find("summary: "), std::string::npos) << out;
+  ASSERT_EQ(moepack_cli("verify " + dst + " --tokens 8 --json", &out, &err), 0);
+  expect_run_json(json::parse(out)["run"], true, false, "PASSED");
+}
+
 // `ulimit -d` far below what a conversion needs: exit 5 with advice (was: "terminate called
 // without an active exception", exit 134), nothing left at the destination, JSON under --json.
 TEST(MessagesFlags, OutOfMemoryIsExit5WithAdvice) {
