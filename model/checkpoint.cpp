@@ -1028,15 +1028,32 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
 
 }  // namespace
 
+void refuse_float_fused_experts(const Checkpoint& ckpt, const MoeLayer& layer,
+                                QuantMethod declared) {
+  if (layer.family != MoeFamily::kFused3d && layer.family != MoeFamily::kGptOss) return;
+  for (const std::string& t : layer.source_tensors) {
+    const DType d = ckpt.view(t).dtype;
+    if (d == DType::kBF16 || d == DType::kF16 || d == DType::kF32)
+      throw Error(ErrorCode::kUnsupported, ckpt.dir(), t,
+                  std::string("the experts are fused 3-D ") + dtype_name(d) +
+                      " tensors, not quantized, although the config declares " +
+                      quant_method_name(declared) +
+                      ": the producer left them unquantized, and moepack reads experts as the "
+                      "config declares them");
+  }
+}
+
 MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, const QuantParams& q,
                             int threads, const ExpertRange& range) {
   const SourceCodec* codec = find_source_codec(q.method);
   if (!codec)
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
                 std::string("no codec for ") + quant_method_name(q.method));
-  if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss)
+  if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss) {
+    refuse_float_fused_experts(ckpt, layer, q.method);
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
                 "quantized fused 3-D experts are not supported");
+  }
   const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
   if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
     throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");

@@ -119,6 +119,12 @@ struct ExpertRange {
 // the result per layer (PlannedLayer::source_quant) and execution takes it from there.
 QuantParams refined_source_params(const Checkpoint& ckpt, const MoeLayer& layer);
 
+// Fused 3-D (or gpt-oss) experts stored in float although the config declares `declared`
+// (a producer that left them as they were: auto-round 0.15.1 on Llama4ForCausalLM): throws
+// kUnsupported naming the tensor, its dtype and the method. Returns otherwise.
+void refuse_float_fused_experts(const Checkpoint& ckpt, const MoeLayer& layer,
+                                QuantMethod declared);
+
 // One layer's experts (or a chunk of them) in canonical form (w13 = [gate; up] on N, w2),
 // unpacked through the source codec with params `q` (refined_source_params: the plan's
 // PlannedLayer::source_quant), `threads` workers over experts. Refuses gate/up with different

@@ -164,10 +164,12 @@ void refuse_unconvertible_experts(const Checkpoint& ckpt, const Plan& plan, cons
   refuse_ambiguous_gpt_oss(ckpt, L);
   if (plan.target_quant.method != QuantMethod::kNone &&
       plan.source_quant.method != QuantMethod::kNone &&
-      (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss))
+      (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss)) {
+    refuse_float_fused_experts(ckpt, L, plan.source_quant.method);
     throw Error(
         ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
         std::string("quantized ") + moe_family_name(L.family) + " experts are not supported");
+  }
   if (L.family == MoeFamily::kGptOss)
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), L.param_prefix,
                 "gpt-oss experts (clamped SwiGLU with swiglu_limit, interleaved gate/up, expert "

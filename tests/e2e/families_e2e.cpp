@@ -389,6 +389,40 @@ TEST(Families, QuantizedRouterUnderAnyNameIsRefused) {
   EXPECT_NE(err.find("is quantized"), std::string::npos) << err;
 }
 
+// Fused experts left in float under a config that declares them quantized (auto-round 0.15.1
+// on Llama4ForCausalLM writes its 4-bit config and leaves experts.gate_up_proj / down_proj in
+// BF16): exit 4 naming the tensor, its dtype and the method, not "quantized fused 3-D experts".
+TEST(Families, FloatFusedExpertsUnderAQuantizedConfigAreNamed) {
+  TempDir tmp;
+  const Base b = make_base(tmp / "base");
+  const std::string p = b.layer + ".experts.";
+  const std::vector<Tensor> t = {stacked(p + "gate_up_proj", b.gate, &b.up),
+                                 stacked(p + "down_proj", b.down),
+                                 renamed(b.router, b.layer + ".router.proj.weight"),
+                                 f32_vector(b.layer + ".router.scale", kH, 4),
+                                 f32_vector(b.layer + ".router.per_expert_scale", kE, 5)};
+  const std::string src = tmp / "gemma";
+  write_family(b, src, t,
+               family_config(b, {{"model_type", "gemma4_text"},
+                                 {"num_experts", kE},
+                                 {"top_k_experts", 2},
+                                 {"moe_intermediate_size", kI},
+                                 {"quantization_config",
+                                  {{"quant_method", "auto-round"},
+                                   {"packing_format", "auto_round:auto_gptq"},
+                                   {"bits", 4},
+                                   {"group_size", 32},
+                                   {"sym", true},
+                                   {"data_type", "int"}}}}));
+  for (const std::string& cmd : {"inspect " + src, "convert " + src + " " + tmp / "out"}) {
+    std::string out, err;
+    EXPECT_EQ(moepack_cli(cmd, &out, &err), 4) << cmd << "\n" << err;
+    EXPECT_NE(err.find(p + "gate_up_proj"), std::string::npos) << err;
+    EXPECT_NE(err.find("fused 3-D BF16 tensors, not quantized"), std::string::npos) << err;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
 // transformers' in-memory orientation is read (the families above); another arrangement of
 // the same experts is a layout moepack does not read: exit 4 naming it, not "corrupt" (exit 3).
 TEST(Families, FusedArrangementNotReadIsUnsupported) {
