@@ -9,7 +9,8 @@
 //     dequantize_expert) equals the producer's dequantization bit for bit, after rounding to the
 //     dtype the producer dequantized into (torch computes (q - z) * s exactly and rounds once).
 //   ConvertAndVerify: inspect, then convert with every backend the fixture lists and verify
-//     --source, through the real binary; or the refusal the fixture lists (exit code and words).
+//     --source, through the real binary (with the router row and activation verify must name,
+//     where the fixture lists them); or the refusal the fixture lists (exit code and words).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -157,7 +158,16 @@ TEST_P(ProducerFixture, ConvertAndVerify) {
                           &out, &err),
               0)
         << err;
-    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << out << err;
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src + " --json", &out, &err), 0)
+        << out << err;
+    // The family's own router and activation (issue 30): verify names them; a fixture lists
+    // the router row (the model type it is keyed on) and the activation.
+    if (!pj.contains("verify")) continue;
+    const json v = json::parse(out, nullptr, false);
+    ASSERT_FALSE(v.is_discarded()) << out;
+    const std::string router = v.value("router", "");
+    EXPECT_EQ(router.substr(0, router.find(':')), pj["verify"].at("router")) << out;
+    EXPECT_EQ(v.value("activation", ""), pj["verify"].at("activation")) << out;
   }
 }
 
