@@ -981,6 +981,11 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
   out.scale_block_n = t0.scale_block_n;
   out.symmetric = t0.symmetric;
   out.scale_dtype = widen_mixed_float_scales(parts, projs, t0.scale_dtype, layer.param_prefix, e0);
+  // Each projection's global scale stays its own (gate's and up's side by side): whether vLLM
+  // needs them equal, and what it does when they are not, is the target layout's to decide.
+  out.global_scale = t0.global_scale;
+  out.global_shards =
+      out.global_scale == GlobalScale::kNone ? 1 : static_cast<int64_t>(projs.size());
   bool any_g_idx = force_g_idx == 1;
   for (int64_t e = 0; e < E; ++e)
     for (int p : projs) any_g_idx |= !parts[static_cast<size_t>(e)][p].g_idx.empty();
@@ -993,7 +998,8 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
       const QuantTensor& t = parts[static_cast<size_t>(e)][p];
       const std::string what = layer.param_prefix + std::to_string(e0 + e);
       if (t.kind != out.kind || t.bits != out.bits || t.group_size != out.group_size ||
-          t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric)
+          t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric ||
+          t.global_scale != out.global_scale || t.global_shards != 1)
         throw Error(ErrorCode::kBadValue, ckpt.dir(), what,
                     "projections of one layer disagree in quantization parameters");
       if (t.scale_block_n > 1 && t.n % t.scale_block_n != 0 && projs.size() > 1)
@@ -1004,6 +1010,8 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
       out.codes.insert(out.codes.end(), t.codes.begin(), t.codes.end());
       out.scales.insert(out.scales.end(), t.scales.begin(), t.scales.end());
       out.zeros.insert(out.zeros.end(), t.zeros.begin(), t.zeros.end());
+      out.global_scales.insert(out.global_scales.end(), t.global_scales.begin(),
+                               t.global_scales.end());
       if (!any_g_idx) continue;
       std::vector<int32_t> g = t.g_idx;
       if (g.empty()) {  // trivial g_idx made explicit so gate and up compare equal

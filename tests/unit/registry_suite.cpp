@@ -85,7 +85,7 @@ std::string spec_str(const QuantSpec& q) {
   std::ostringstream s;
   s << "kind=" << static_cast<int>(q.kind) << " bits=" << q.bits << " group=" << q.group_size
     << " scale_block_n=" << q.scale_block_n << (q.symmetric ? " sym" : " asym")
-    << " scale=" << dtype_name(q.scale_dtype);
+    << " scale=" << dtype_name(q.scale_dtype) << " global=" << static_cast<int>(q.global_scale);
   return s.str();
 }
 
@@ -128,6 +128,12 @@ void expect_same_quant(const QuantTensor& got, const QuantTensor& want, const st
   EXPECT_TRUE(bytes_equal(got.scales, scales_as(want, got.scale_dtype), 16, what + " scales"));
   EXPECT_TRUE(bytes_equal(got.zeros, want.zeros, 16, what + " zeros"));
   EXPECT_TRUE(bytes_equal(got.g_idx, want.g_idx, 16, what + " g_idx"));
+  // Global scales as stored, bit for bit (never a reciprocal in their place).
+  EXPECT_EQ(got.global_scale, want.global_scale);
+  if (got.global_scale != GlobalScale::kNone) {
+    EXPECT_EQ(got.global_shards, want.global_shards);
+  }
+  EXPECT_TRUE(bytes_equal(got.global_scales, want.global_scales, 16, what + " global scales"));
 }
 
 // ---- source codecs ---------------------------------------------------------------------------
