@@ -55,6 +55,12 @@ enum class QuantMethod : uint8_t {
   kModeloptFp8,      // ModelOpt FP8 per-tensor (recognised, not converted)
   kFp8Block,         // DeepSeek-style FP8 block, weight_scale_inv F32 [N/128, K/128]
   kCtFp8Block,       // compressed-tensors FP8_BLOCK, weight_scale BF16/F16 [N/128, K/128]
+  kModeloptNvfp4,    // ModelOpt NVFP4, weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16],
+                     // weight_scale_2 F32 (decode multiplier)
+  kCtNvfp4,          // compressed-tensors nvfp4-pack-quantized, weight_packed U8 [N, K/2],
+                     // weight_scale F8_E4M3 [N, K/16], weight_global_scale F32 (encode divisor)
+  kCtMxfp4,          // compressed-tensors mxfp4-pack-quantized, weight_packed U8 [N, K/2],
+                     // weight_scale U8 E8M0 [N, K/32]
 };
 // The method's name in manifests and messages ("gptq", "compressed-tensors-pack-quantized").
 const char* quant_method_name(QuantMethod m);
@@ -175,7 +181,8 @@ std::string target_arch_names(const std::string& separator = ", ");
 struct SourceCodec {
   const char* name;  // "gptq", "awq", "ct-pack", ...
   QuantMethod method;
-  // The kernel scheme its experts are ("wna16", "w8a8-int8", "mxfp8", "fp8-block"): target
+  // The kernel scheme its experts are ("wna16", "w8a8-int8", "mxfp8", "fp8-block", "nvfp4",
+  // "mxfp4"): target
   // layouts declare which schemes they take.
   const char* scheme;
   // For lists of supported formats in errors and help.

@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "formats/codec.h"
+#include "formats/fp4.h"
 #include "formats/fp8.h"
 #include "tests/test_util.h"
 
@@ -126,6 +128,131 @@ TEST(Fp4Canonical, CheckConsistentRefusesGlobalScaleMismatches) {
   QuantSpec other = spec;
   other.global_scale = GlobalScale::kDecodeMultiplier;
   EXPECT_NE(other, spec);  // the convention is part of the encoding
+}
+
+// ---- the source codecs (formats/fp4.h) ---------------------------------------------------------
+
+Tensor u8(const char* name, Shape shape, std::vector<uint8_t> data, DType d = DType::kU8) {
+  Tensor t(name, d, std::move(shape));
+  t.data = std::move(data);
+  return t;
+}
+Tensor f32(const char* name, Shape shape, float v) {
+  Tensor t(name, DType::kF32, std::move(shape));
+  t.data.resize(4);
+  std::memcpy(t.data.data(), &v, 4);
+  return t;
+}
+
+// One NVFP4 Linear [2, 32]: codes k (mod 16) in row 0, 15 - k in row 1; scales 1.0 / 2.0.
+TensorMap nvfp4_linear(const char* weight, const char* global, Shape gshape, float g) {
+  std::vector<uint8_t> w(2 * 16);
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 16; ++j) {
+      const int k0 = 2 * j, k1 = 2 * j + 1;
+      const int c0 = n == 0 ? k0 % 16 : 15 - k0 % 16, c1 = n == 0 ? k1 % 16 : 15 - k1 % 16;
+      w[static_cast<size_t>(n * 16 + j)] = static_cast<uint8_t>(c0 | c1 << 4);
+    }
+  TensorMap m;
+  m.emplace(weight, u8(weight, {2, 16}, w));
+  m.emplace("weight_scale", u8("weight_scale", {2, 2}, {0x38, 0x40, 0x38, 0x40}, DType::kF8_E4M3));
+  m.emplace(global, f32(global, gshape, g));
+  return m;
+}
+
+TEST(Fp4Codecs, NibbleOrderAndGlobalConventions) {
+  const QuantParams mo = modelopt_nvfp4_param_space().front();
+  const QuantTensor a =
+      unpack_modelopt_nvfp4(mo, nvfp4_linear("weight", "weight_scale_2", {}, 0.5f), 2, 32);
+  for (int k = 0; k < 32; ++k) {  // the even k is the low nibble
+    EXPECT_EQ(a.codes[static_cast<size_t>(k)], k % 16) << k;
+    EXPECT_EQ(a.codes[static_cast<size_t>(32 + k)], 15 - k % 16) << k;
+  }
+  EXPECT_EQ(a.global_scale, GlobalScale::kDecodeMultiplier);
+  ASSERT_EQ(a.global_scales.size(), 1u);
+  EXPECT_EQ(a.global_scales[0], 0.5f);
+  // Row 0, k = 23: code 7 (6.0), block 1 scale 2.0, g 0.5 -> 6.
+  EXPECT_EQ(dequantize_expert(a, 0)[23], 6.0f);
+  const QuantParams ct = ct_nvfp4_param_space().front();
+  const QuantTensor b =
+      unpack_ct_nvfp4(ct, nvfp4_linear("weight_packed", "weight_global_scale", {1}, 2.0f), 2, 32);
+  EXPECT_EQ(b.global_scale, GlobalScale::kEncodeDivisor);
+  EXPECT_EQ(b.global_scales[0], 2.0f);           // stored as is, not its reciprocal
+  EXPECT_EQ(dequantize_expert(b, 0)[23], 6.0f);  // 6 * (2 / 2)
+  // pack writes the bytes back.
+  const TensorMap again = pack_ct_nvfp4(ct, b);
+  EXPECT_EQ(
+      again.at("weight_packed").data,
+      nvfp4_linear("weight_packed", "weight_global_scale", {1}, 2.0f).at("weight_packed").data);
+  EXPECT_EQ(pack_modelopt_nvfp4(mo, a).at("weight_scale_2").shape, Shape{});
+}
+
+TEST(Fp4Codecs, BadInputRefusedNamingTheTensor) {
+  const QuantParams mo = modelopt_nvfp4_param_space().front();
+  auto refuse = [&](TensorMap m, const char* tensor, ErrorCode code) {
+    const Error e = test::expect_error([&] { unpack_modelopt_nvfp4(mo, m, 2, 32); }, code);
+    EXPECT_EQ(e.tensor(), tensor) << e.what();
+  };
+  for (float g : {0.0f, -1.0f, std::nanf(""), INFINITY})
+    refuse(nvfp4_linear("weight", "weight_scale_2", {}, g), "weight_scale_2", ErrorCode::kBadValue);
+  for (uint8_t nan : {uint8_t{0x7f}, uint8_t{0xff}}) {
+    TensorMap m = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
+    m.at("weight_scale").data[3] = nan;
+    refuse(m, "weight_scale", ErrorCode::kBadValue);
+  }
+  TensorMap shape = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
+  shape.at("weight_scale").shape = {4, 1};
+  refuse(shape, "weight_scale", ErrorCode::kBadShape);
+  TensorMap two = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
+  two.at("weight_scale_2") = f32("weight_scale_2", {2}, 1.0f);
+  two.at("weight_scale_2").data.resize(8);
+  refuse(two, "weight_scale_2", ErrorCode::kBadShape);
+  TensorMap dt = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
+  dt.at("weight_scale").dtype = DType::kU8;
+  refuse(dt, "weight_scale", ErrorCode::kBadDtype);
+  // Packed weight disagreeing with the Linear's logical shape.
+  test::expect_error(
+      [&] { unpack_modelopt_nvfp4(mo, nvfp4_linear("weight", "weight_scale_2", {}, 1.0f), 2, 64); },
+      ErrorCode::kBadShape);
+  test::expect_error(
+      [&] { unpack_modelopt_nvfp4(mo, nvfp4_linear("weight", "weight_scale_2", {}, 1.0f), 2, 24); },
+      ErrorCode::kBadShape);
+  // MXFP4: E8M0 255 is NaN.
+  const QuantParams mx = ct_mxfp4_param_space().front();
+  TensorMap m;
+  m.emplace("weight_packed", u8("weight_packed", {1, 16}, std::vector<uint8_t>(16, 0x21)));
+  m.emplace("weight_scale", u8("weight_scale", {1, 1}, {127}));
+  const QuantTensor ok = unpack_ct_mxfp4(mx, m, 1, 32);
+  EXPECT_EQ(dequantize_expert(ok, 0)[0], 0.5f);  // low nibble 1
+  EXPECT_EQ(dequantize_expert(ok, 0)[1], 1.0f);  // high nibble 2
+  m.at("weight_scale").data[0] = 255;
+  const Error e = test::expect_error([&] { unpack_ct_mxfp4(mx, m, 1, 32); }, ErrorCode::kBadValue);
+  EXPECT_EQ(e.tensor(), "weight_scale");
+}
+
+TEST(Fp4Codecs, RoundToNearestEvenE2m1) {
+  const std::pair<float, uint8_t> cases[] = {{0.25f, 0}, {0.26f, 1},  {0.75f, 2}, {1.25f, 2},
+                                             {1.75f, 4}, {2.5f, 4},   {3.5f, 6},  {5.0f, 6},
+                                             {5.01f, 7}, {100.0f, 7}, {-0.0f, 8}, {-3.0f, 13}};
+  for (const auto& [x, c] : cases) EXPECT_EQ(float_to_e2m1(x), c) << x;
+}
+
+TEST(Fp4Codecs, QuantisersDecodeNearTheInput) {
+  test::Rng rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> w(4 * 64);
+  float amax = 0.0f;
+  for (float& v : w) amax = std::fmax(amax, std::fabs(v = normal(rng)));
+  // NVFP4: the block scale is amax / 6 within e4m3's rounding, the widest e2m1 gap is 2 (4..6).
+  for (GlobalScale gs : {GlobalScale::kDecodeMultiplier, GlobalScale::kEncodeDivisor}) {
+    const QuantTensor q = quantize_nvfp4(w.data(), 4, 64, 2.0f / 2688.0f, gs);
+    const std::vector<float> d = dequantize_expert(q, 0);
+    for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(d[i], w[i], 0.2f * amax) << i;
+  }
+  // MXFP4 (OCP): amax / scale in [4, 8), so a block's top values clip at 6 (error < amax / 4).
+  const QuantTensor m = quantize_mxfp4(w.data(), 4, 64);
+  const std::vector<float> d = dequantize_expert(m, 0);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(d[i], w[i], 0.26f * amax) << i;
 }
 
 }  // namespace
