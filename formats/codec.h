@@ -218,6 +218,9 @@ struct SourceCodec {
   // quant params (pipeline/manifest.cpp): `inspect` shows these beside method, bits and dtype (an
   // empty string value is left out); moepack.json keeps every field.
   std::vector<const char*> params_shown = {};
+  // The suffix of the per-Linear global scale (QuantSpec::global_scale != kNone), or nullptr.
+  // load_moe_experts names it when gate's and up's disagree (model/checkpoint.cpp).
+  const char* global_scale_suffix = nullptr;
 };
 
 // The vLLM a conversion is for: each target fixes parameter names, shapes and which inputs

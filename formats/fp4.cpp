@@ -3,6 +3,7 @@
 #include "formats/fp4.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "formats/fp8.h"
@@ -15,6 +16,13 @@ constexpr int64_t kMxBlock = 32;
 
 std::string num(int64_t v) {
   return std::to_string(v);
+}
+
+// A float as it is stored, to 9 significant digits (1e-39 stays visible).
+std::string float_text(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
 }
 
 void check_shape(const Tensor& t, const std::string& suffix, const Shape& want) {
@@ -66,20 +74,17 @@ std::vector<uint8_t> read_e4m3_block_scales(const Tensor& s, int64_t n, int64_t 
   if (s.dtype != DType::kF8_E4M3)
     throw Error(ErrorCode::kBadDtype, "", "weight_scale",
                 std::string("dtype ") + dtype_name(s.dtype) + ", expected F8_E4M3");
-  const int64_t g = k / kNvBlock;
-  check_shape(s, "weight_scale", {n, g});
-  for (size_t i = 0; i < s.data.size(); ++i)
-    if ((s.data[i] & 0x7f) == 0x7f)
-      throw Error(ErrorCode::kBadValue, "", "weight_scale",
-                  "NaN block scale (e4m3 byte 0x" + std::string(s.data[i] == 0xff ? "ff" : "7f") +
-                      ") at row " + num(static_cast<int64_t>(i) / g) + ", block " +
-                      num(static_cast<int64_t>(i) % g));
+  check_shape(s, "weight_scale", {n, k / kNvBlock});
+  check_e4m3_scale_codes(s.data, k / kNvBlock, "weight_scale");
   return s.data;
 }
 
 // The one F32 of a global scale tensor ([] or [1]); refuses 0, negative, NaN and inf (vLLM
-// divides by it or multiplies every block by it: any of these poisons the whole Linear).
-float read_global_scale(const TensorMap& by_suffix, const std::string& suffix) {
+// divides by it or multiplies every block by it: any of these poisons the whole Linear), and an
+// encode divisor whose reciprocal, the decode scale vLLM computes (1.0 / weight_global_scale), is
+// infinite.
+float read_global_scale(const TensorMap& by_suffix, const std::string& suffix,
+                        GlobalScale convention) {
   const Tensor& t = require_tensor(by_suffix, suffix, "NVFP4 Linear");
   if (t.dtype != DType::kF32)
     throw Error(ErrorCode::kBadDtype, "", suffix,
@@ -91,8 +96,11 @@ float read_global_scale(const TensorMap& by_suffix, const std::string& suffix) {
   std::memcpy(&g, t.data.data(), 4);
   if (!std::isfinite(g) || !(g > 0.0f))
     throw Error(ErrorCode::kBadValue, "", suffix,
-                "global scale " + std::string(std::isnan(g) ? "NaN" : std::to_string(g)) +
-                    ": must be positive and finite");
+                "global scale " + float_text(g) + ": must be positive and finite");
+  if (convention == GlobalScale::kEncodeDivisor && !std::isfinite(1.0f / g))
+    throw Error(ErrorCode::kBadValue, "", suffix,
+                "global scale " + float_text(g) +
+                    " (an encode divisor): its reciprocal, the decode scale, is infinite");
   return g;
 }
 
@@ -104,7 +112,7 @@ QuantTensor unpack_nvfp4(const QuantSpec& spec, const TensorMap& by_suffix, int6
   QuantTensor q(spec, 1, n, k);
   q.codes = unpack_nibbles(w, weight_suffix, n, k);
   q.scales = read_e4m3_block_scales(s, n, k);
-  q.global_scales = {read_global_scale(by_suffix, global_suffix)};
+  q.global_scales = {read_global_scale(by_suffix, global_suffix, spec.global_scale)};
   q.check_consistent("nvfp4");
   return q;
 }
@@ -237,13 +245,8 @@ QuantTensor unpack_ct_mxfp4(const QuantParams& p, const TensorMap& by_suffix, in
   if (!is_scale_byte_dtype(s.dtype))
     throw Error(ErrorCode::kBadDtype, "", "weight_scale",
                 std::string("dtype ") + dtype_name(s.dtype) + ", expected U8 or F8_E8M0");
-  const int64_t g = k / kMxBlock;
-  check_shape(s, "weight_scale", {n, g});
-  for (size_t i = 0; i < s.data.size(); ++i)
-    if (s.data[i] == 255)
-      throw Error(ErrorCode::kBadValue, "", "weight_scale",
-                  "E8M0 code 255 (NaN) at row " + num(static_cast<int64_t>(i) / g) + ", block " +
-                      num(static_cast<int64_t>(i) % g));
+  check_shape(s, "weight_scale", {n, k / kMxBlock});
+  check_e8m0_scale_codes(s.data, k / kMxBlock, "weight_scale");
   QuantTensor q(ct_mxfp4_spec_for(p), 1, n, k);
   q.codes = unpack_nibbles(w, "weight_packed", n, k);
   q.scales = s.data;

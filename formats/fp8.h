@@ -67,4 +67,14 @@ inline bool e4m3_is_nan(uint8_t b) {
 // column of the first NaN code of `codes` [n, k].
 void check_e4m3_codes(const std::vector<uint8_t>& codes, int64_t k, const std::string& what);
 
+// Block scales are finite and non-negative (docs/validation.md "Values"), the one check of every
+// byte-coded scale tensor [n, groups] a source holds; both throw kBadValue naming `what` (the
+// tensor's suffix) with the row and block of the first bad code.
+// E8M0 codes (MXFP8, MXFP4): 255 is NaN.
+void check_e8m0_scale_codes(const std::vector<uint8_t>& codes, int64_t groups,
+                            const std::string& what);
+// float8_e4m3fn scales (NVFP4): NaN (0x7f / 0xff) and negative values (sign set, not -0).
+void check_e4m3_scale_codes(const std::vector<uint8_t>& codes, int64_t groups,
+                            const std::string& what);
+
 }  // namespace moepack

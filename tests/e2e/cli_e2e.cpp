@@ -52,6 +52,13 @@ std::string arch_for(const std::string& format) {
              : "sm90";
 }
 
+// The method name of a synth FP4 format.
+std::string fp4_method(const std::string& format) {
+  return format == "modelopt-nvfp4" ? "modelopt-nvfp4"
+         : format == "ct-nvfp4"     ? "compressed-tensors-nvfp4"
+                                    : "compressed-tensors-mxfp4";
+}
+
 // Whether some target layout row takes the scheme of the checkpoint's method.
 bool some_layout_takes(const std::string& method_name) {
   const auto m = parse_quant_method(method_name);
@@ -181,6 +188,10 @@ class SynthConvertVerifyCuda : public ::testing::TestWithParam<Combo> {};
 TEST_P(SynthConvertVerifyCuda, AgreesWithTheCpu) {
   if (!cuda_device_info().available) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   const Combo c = GetParam();
+  // The FP4 sources convert once a layout takes their scheme (SynthConvertVerify checks exit 4
+  // until then).
+  if (is_fp4_format(c.format) && !some_layout_takes(fp4_method(c.format)))
+    GTEST_SKIP() << "no layout writes " << c.format << " yet";
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
   ASSERT_EQ(

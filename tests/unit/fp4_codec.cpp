@@ -200,6 +200,35 @@ TEST(Fp4Codecs, BadInputRefusedNamingTheTensor) {
     m.at("weight_scale").data[3] = nan;
     refuse(m, "weight_scale", ErrorCode::kBadValue);
   }
+  // Negative block scales cannot come from amax / 6 / g: refused; -0 (0x80) is zero, read.
+  for (uint8_t neg : {uint8_t{0x81}, uint8_t{0xb8}, uint8_t{0xfe}}) {
+    TensorMap m = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
+    m.at("weight_scale").data[2] = neg;
+    refuse(m, "weight_scale", ErrorCode::kBadValue);
+  }
+  {
+    TensorMap m = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
+    m.at("weight_scale").data[2] = 0x80;
+    EXPECT_EQ(dequantize_expert(unpack_modelopt_nvfp4(mo, m, 2, 32), 0)[32], 0.0f);  // row 1, k 0
+    m.at("weight_scale").data[3] = 0xff;  // row 1, block 1: the message says where
+    const Error e =
+        test::expect_error([&] { unpack_modelopt_nvfp4(mo, m, 2, 32); }, ErrorCode::kBadValue);
+    EXPECT_NE(e.message().find("0xff (NaN) at row 1, block 1"), std::string::npos) << e.what();
+  }
+  // compressed-tensors' encode divisor: 1 / g is the decode scale vLLM computes; a subnormal g
+  // makes it infinite. ModelOpt's decode multiplier takes the same value (it is finite).
+  const QuantParams ctp = ct_nvfp4_param_space().front();
+  const Error inv = test::expect_error(
+      [&] {
+        unpack_ct_nvfp4(ctp, nvfp4_linear("weight_packed", "weight_global_scale", {1}, 1e-39f), 2,
+                        32);
+      },
+      ErrorCode::kBadValue);
+  EXPECT_EQ(inv.tensor(), "weight_global_scale");
+  EXPECT_NE(inv.message().find("global scale 1.00000022e-39"), std::string::npos) << inv.what();
+  EXPECT_EQ(unpack_modelopt_nvfp4(mo, nvfp4_linear("weight", "weight_scale_2", {}, 1e-39f), 2, 32)
+                .global_scales[0],
+            1e-39f);
   TensorMap shape = nvfp4_linear("weight", "weight_scale_2", {}, 1.0f);
   shape.at("weight_scale").shape = {4, 1};
   refuse(shape, "weight_scale", ErrorCode::kBadShape);

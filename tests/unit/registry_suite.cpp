@@ -242,6 +242,20 @@ TEST_P(SourceCodecRows, PackUnpackIdentityOnRandomLegalTensors) {
 std::string codec_test_name(const ::testing::TestParamInfo<SourceCodec>& p) {
   return test_name(p.param.name);
 }
+// A codec with a global scale names its tensor (load_moe_experts' gate/up refusal names it),
+// one of the required suffixes; one without names none.
+TEST_P(SourceCodecRows, GlobalScaleSuffixIsRequired) {
+  const SourceCodec& row = GetParam();
+  for (const QuantParams& params : row.param_space()) {
+    const bool global = row.spec_for(params).global_scale != GlobalScale::kNone;
+    ASSERT_EQ(global, row.global_scale_suffix != nullptr) << row.name;
+    if (!global) continue;
+    const auto req = row.required_suffixes(params);
+    EXPECT_NE(std::find(req.begin(), req.end(), std::string(row.global_scale_suffix)), req.end())
+        << row.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, SourceCodecRows, ::testing::ValuesIn(source_codecs()),
                          codec_test_name);
 
