@@ -70,12 +70,10 @@ std::vector<QuantParams> ct_mxfp8_param_space() {
   return v;
 }
 
-}  // namespace
-
-const std::vector<SourceCodec>& source_codecs() {
-  // Named fields (designated initialisers, in SourceCodec's declaration order): an optional hook
-  // left out is nullptr.
-  static const std::vector<SourceCodec> table = {
+// Named fields (designated initialisers, in SourceCodec's declaration order): an optional hook
+// left out is nullptr.
+std::vector<SourceCodec> int_and_fp8_codecs() {
+  return {
       {.name = "gptq",
        .method = QuantMethod::kGptq,
        .scheme = "wna16",
@@ -178,6 +176,12 @@ const std::vector<SourceCodec>& source_codecs() {
        .pack = pack_ct_fp8_block,
        .param_space = ct_fp8_block_param_space,
        .params_shown = {"block", "dynamic_input"}},
+  };
+}
+
+// The FP4 sources (formats/fp4.h).
+std::vector<SourceCodec> fp4_codecs() {
+  return {
       {.name = "modelopt-nvfp4",
        .method = QuantMethod::kModeloptNvfp4,
        .scheme = "nvfp4",
@@ -218,6 +222,16 @@ const std::vector<SourceCodec>& source_codecs() {
        .param_space = ct_mxfp4_param_space,
        .params_shown = {"group_size"}},
   };
+}
+
+}  // namespace
+
+const std::vector<SourceCodec>& source_codecs() {
+  static const std::vector<SourceCodec> table = [] {
+    std::vector<SourceCodec> v = int_and_fp8_codecs();
+    for (const SourceCodec& c : fp4_codecs()) v.push_back(c);
+    return v;
+  }();
   return table;
 }
 
