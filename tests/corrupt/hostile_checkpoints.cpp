@@ -1154,13 +1154,15 @@ TEST(Fp4GateUpGlobalScales, TorchAllcloseDecides) {
                             " --layers 2 --experts 4 --hidden 256 --inter 128 --seed 7 --threads 1",
                         nullptr, nullptr),
                 0);
-      const std::string up = X(1, "up_proj." + suffix);
+      // Plain copies: clang 14 (C++17) lets no lambda capture a structured binding.
+      const std::string up = X(1, "up_proj." + suffix), gate_name = X(1, "gate_proj." + suffix);
+      const float by = factor;
       float gate = 0.0f, before = 0.0f;
       edit_tensors(src, up, [&](std::vector<Tensor>& ts) {
-        gate = find(ts, X(1, "gate_proj." + suffix)).as<float>()[0];
+        gate = find(ts, gate_name).as<float>()[0];
         Tensor& t = find(ts, up);
         before = t.as<float>()[0];
-        set_f32(t, before * factor);
+        set_f32(t, before * by);
       });
       ASSERT_EQ(gate, before) << "synth writes one global scale for gate and up";
       std::string out, err;
