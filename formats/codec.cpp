@@ -15,6 +15,7 @@ QuantTensor::QuantTensor(const QuantSpec& spec, int64_t experts_, int64_t n_, in
   codes.assign(static_cast<size_t>(experts * n * k), 0);
   scales.assign(static_cast<size_t>(experts * scale_rows() * groups() * scale_bytes()), 0);
   if (!symmetric) zeros.assign(static_cast<size_t>(experts * n * groups()), 0);
+  if (global_scale != GlobalScale::kNone) global_scales.assign(static_cast<size_t>(experts), 0.0f);
 }
 
 MoeShape moe_shape_of(const MoeExperts& x) {
@@ -37,10 +38,18 @@ void QuantTensor::check_consistent(const std::string& what) const {
     fail("zeros size");
   if (symmetric && !zeros.empty()) fail("symmetric tensor with zeros");
   if (!g_idx.empty() && static_cast<int64_t>(g_idx.size()) != experts * k) fail("g_idx size");
+  if (global_scale == GlobalScale::kNone) {
+    if (!global_scales.empty()) fail("global scales without a global scale convention");
+  } else {
+    if (global_shards < 1 || n % global_shards != 0) fail("global shards do not divide N");
+    if (static_cast<int64_t>(global_scales.size()) != experts * global_shards)
+      fail("global scales size");
+  }
 }
 
 float scale_to_float(const uint8_t* p, DType d) {
   if (is_scale_byte_dtype(d)) return e8m0_to_float(*p);
+  if (d == DType::kF8_E4M3) return e4m3_to_float(*p);
   return element_as_float(p, d, "scale");
 }
 
@@ -146,11 +155,18 @@ std::vector<float> dequantize_expert(const QuantTensor& q, int64_t e) {
   const uint8_t* codes = q.codes.data() + e * q.n * q.k;
   const int32_t* gi = q.g_idx.empty() ? nullptr : q.g_idx.data() + e * q.k;
   const float bias = q.kind == CodeKind::kUint ? static_cast<float>(1 << (q.bits - 1)) : 0.0f;
+  const int64_t shard_rows = q.global_scale == GlobalScale::kNone ? q.n : q.n / q.global_shards;
   for (int64_t n = 0; n < q.n; ++n) {
     const int64_t srow = n / q.scale_block_n;
+    const float global =
+        q.global_scale == GlobalScale::kNone
+            ? 1.0f
+            : q.global_scales[static_cast<size_t>(e * q.global_shards + n / shard_rows)];
     for (int64_t k = 0; k < q.k; ++k) {
       int64_t g = gi ? gi[k] : (q.group_size > 0 ? k / q.group_size : 0);
-      const float s = scale_value(q, (e * SR + srow) * G + g);
+      float s = scale_value(q, (e * SR + srow) * G + g);
+      if (q.global_scale == GlobalScale::kDecodeMultiplier) s = s * global;
+      if (q.global_scale == GlobalScale::kEncodeDivisor) s = s / global;
       const uint8_t c = codes[n * q.k + k];
       float v = 0.0f;
       switch (q.kind) {
@@ -164,6 +180,9 @@ std::vector<float> dequantize_expert(const QuantTensor& q, int64_t e) {
           break;
         case CodeKind::kFp8E4M3:
           v = e4m3_to_float(c) * s;
+          break;
+        case CodeKind::kFp4E2M1:
+          v = e2m1_to_float(c) * s;
           break;
       }
       out[static_cast<size_t>(n * q.k + k)] = v;

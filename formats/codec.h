@@ -28,6 +28,18 @@ enum class CodeKind : uint8_t {
   kUint,     // unsigned integer codes 0..2^bits-1; symmetric ones carry the bias 2^(bits-1)
   kInt,      // signed two's complement int8 codes as stored (W8A8 int8), one byte each
   kFp8E4M3,  // float8_e4m3fn bytes (MXFP8, FP8 block)
+  kFp4E2M1,  // float4_e2m1 codes, one per byte in the low 4 bits: S EE M (NVFP4, MXFP4); the
+             // high nibble is 0. Values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}; 8 is -0.
+};
+
+// How a projection's second-level (per-tensor) scale enters its values. The canonical form keeps
+// the float the checkpoint stores, bit for bit, with its convention (never its reciprocal in
+// place of it), so that pack(unpack(x)) writes x again; what a kernel wants (vLLM's Marlin: the
+// decode multiplier, 1/g for compressed-tensors) is the target layout's business.
+enum class GlobalScale : uint8_t {
+  kNone,
+  kDecodeMultiplier,  // ModelOpt NVFP4 weight_scale_2: x = code * (s * g)
+  kEncodeDivisor,     // compressed-tensors NVFP4 weight_global_scale: x = code * (s / g)
 };
 
 // Normalised quantization method of a checkpoint (model/hf_config parses config.json into it).
@@ -43,6 +55,12 @@ enum class QuantMethod : uint8_t {
   kModeloptFp8,      // ModelOpt FP8 per-tensor (recognised, not converted)
   kFp8Block,         // DeepSeek-style FP8 block, weight_scale_inv F32 [N/128, K/128]
   kCtFp8Block,       // compressed-tensors FP8_BLOCK, weight_scale BF16/F16 [N/128, K/128]
+  kModeloptNvfp4,    // ModelOpt NVFP4, weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16],
+                     // weight_scale_2 F32 (decode multiplier)
+  kCtNvfp4,          // compressed-tensors nvfp4-pack-quantized, weight_packed U8 [N, K/2],
+                     // weight_scale F8_E4M3 [N, K/16], weight_global_scale F32 (encode divisor)
+  kCtMxfp4,          // compressed-tensors mxfp4-pack-quantized, weight_packed U8 [N, K/2],
+                     // weight_scale U8 E8M0 [N, K/32]
 };
 // The method's name in manifests and messages ("gptq", "compressed-tensors-pack-quantized").
 const char* quant_method_name(QuantMethod m);
@@ -69,10 +87,13 @@ struct QuantParams {
 struct QuantSpec {
   CodeKind kind = CodeKind::kUint;
   int bits = 4;
-  int64_t group_size = -1;          // along K; -1 = one group over all of K
-  int64_t scale_block_n = 1;        // rows of N sharing one scale row (128 for FP8 block)
-  bool symmetric = true;            // true: zero point is 2^(bits-1), no zeros stored
-  DType scale_dtype = DType::kF16;  // F16, BF16, F32, or U8 holding E8M0 codes
+  int64_t group_size = -1;    // along K; -1 = one group over all of K
+  int64_t scale_block_n = 1;  // rows of N sharing one scale row (128 for FP8 block)
+  bool symmetric = true;      // true: zero point is 2^(bits-1), no zeros stored
+  // F16, BF16, F32, U8 / F8_E8M0 holding E8M0 codes (MX formats), or F8_E4M3 (NVFP4 blocks).
+  DType scale_dtype = DType::kF16;
+  // A second-level per-tensor scale on top of the group scales (NVFP4), and how it applies.
+  GlobalScale global_scale = GlobalScale::kNone;
 
   int64_t groups(int64_t k) const {
     return group_size <= 0 ? 1 : (k + group_size - 1) / group_size;
@@ -82,7 +103,7 @@ struct QuantSpec {
   bool operator==(const QuantSpec& o) const {
     return kind == o.kind && bits == o.bits && group_size == o.group_size &&
            scale_block_n == o.scale_block_n && symmetric == o.symmetric &&
-           scale_dtype == o.scale_dtype;
+           scale_dtype == o.scale_dtype && global_scale == o.global_scale;
   }
   bool operator!=(const QuantSpec& o) const { return !(*this == o); }
 };
@@ -96,9 +117,16 @@ struct QuantTensor : QuantSpec {
   std::vector<uint8_t> scales;  // [E, ceil(N/scale_block_n), G] raw little-endian scale_dtype
   std::vector<uint8_t> zeros;   // [E, N, G] real zero points 0..2^bits-1 (asymmetric only)
   std::vector<int32_t> g_idx;   // [E, K] group of each input row, or empty
+  // With global_scale != kNone: [E, global_shards] float32 as stored. Shard j of expert e scales
+  // rows [j * N / global_shards, (j + 1) * N / global_shards): one Linear has one (1), a gated w13
+  // stacked [gate; up] keeps the gate's and the up's (2), whether or not they agree. Empty
+  // otherwise.
+  std::vector<float> global_scales;
+  int64_t global_shards = 1;
 
   QuantTensor() = default;
-  // Zero-filled codes, scales and (asymmetric) zeros of the right sizes; g_idx empty.
+  // Zero-filled codes, scales, (asymmetric) zeros and (global_scale) one zero global scale per
+  // expert of the right sizes; g_idx empty.
   QuantTensor(const QuantSpec& spec, int64_t experts, int64_t n, int64_t k);
 
   const QuantSpec& spec() const { return *this; }
@@ -109,7 +137,10 @@ struct QuantTensor : QuantSpec {
 };
 
 // Reference dequantisation of one expert into float [N, K] (row-major). The scalar definition
-// every backend's numerical check is compared against.
+// every backend's numerical check is compared against: x = value(code) * s, with s the group
+// scale as float32 (zero point first for kUint), and with a global scale g the float32 factor
+// s * g (kDecodeMultiplier) or s / g (kEncodeDivisor) in place of s -- the order of operations
+// ModelOpt's and compressed-tensors' own dequantisers use (docs/nvfp4.md).
 std::vector<float> dequantize_expert(const QuantTensor& q, int64_t expert);
 
 enum class MoeProj : uint8_t { kW13, kW2 };
@@ -150,7 +181,8 @@ std::string target_arch_names(const std::string& separator = ", ");
 struct SourceCodec {
   const char* name;  // "gptq", "awq", "ct-pack", ...
   QuantMethod method;
-  // The kernel scheme its experts are ("wna16", "w8a8-int8", "mxfp8", "fp8-block"): target
+  // The kernel scheme its experts are ("wna16", "w8a8-int8", "mxfp8", "fp8-block", "nvfp4",
+  // "mxfp4"): target
   // layouts declare which schemes they take.
   const char* scheme;
   // For lists of supported formats in errors and help.
@@ -186,6 +218,9 @@ struct SourceCodec {
   // quant params (pipeline/manifest.cpp): `inspect` shows these beside method, bits and dtype (an
   // empty string value is left out); moepack.json keeps every field.
   std::vector<const char*> params_shown = {};
+  // The suffix of the per-Linear global scale (QuantSpec::global_scale != kNone), or nullptr.
+  // load_moe_experts names it when gate's and up's disagree (model/checkpoint.cpp).
+  const char* global_scale_suffix = nullptr;
 };
 
 // The vLLM a conversion is for: each target fixes parameter names, shapes and which inputs
@@ -571,7 +606,7 @@ const Tensor* find_tensor(const TensorMap& m, const std::string& key);
 // / kBadShape naming the suffix otherwise).
 const Shape& linear_tensor_shape(const std::map<std::string, TensorView>& by_suffix,
                                  const std::string& suffix);
-// One scale element as float: F16, BF16, F32, or U8 / F8_E8M0 holding an E8M0 code.
+// One scale element as float: F16, BF16, F32, F8_E4M3, or U8 / F8_E8M0 holding an E8M0 code.
 float scale_to_float(const uint8_t* p, DType d);
 // One scale element converted to the dtype a layout serves it in (F16, BF16, F32; E8M0 codes
 // stay codes): through float32, round to nearest even, as torch's copy_ into the parameter does.

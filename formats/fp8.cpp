@@ -68,4 +68,29 @@ void check_e4m3_codes(const std::vector<uint8_t>& codes, int64_t k, const std::s
                       ": a quantised weight is a finite number");
 }
 
+void check_e8m0_scale_codes(const std::vector<uint8_t>& codes, int64_t groups,
+                            const std::string& what) {
+  for (size_t i = 0; i < codes.size(); ++i)
+    if (codes[i] == 255)
+      throw Error(ErrorCode::kBadValue, "", what,
+                  "E8M0 code 255 (NaN) at row " + std::to_string(static_cast<int64_t>(i) / groups) +
+                      ", block " + std::to_string(static_cast<int64_t>(i) % groups));
+}
+
+void check_e4m3_scale_codes(const std::vector<uint8_t>& codes, int64_t groups,
+                            const std::string& what) {
+  static const char* kHex = "0123456789abcdef";
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const uint8_t c = codes[i];
+    const bool nan = e4m3_is_nan(c), negative = (c & 0x80) && c != 0x80;
+    if (!nan && !negative) continue;
+    throw Error(ErrorCode::kBadValue, "", what,
+                std::string("float8_e4m3fn scale code 0x") + kHex[c >> 4] + kHex[c & 15] +
+                    (nan ? " (NaN)" : " (negative)") + " at row " +
+                    std::to_string(static_cast<int64_t>(i) / groups) + ", block " +
+                    std::to_string(static_cast<int64_t>(i) % groups) +
+                    ": block scales are finite and non-negative");
+  }
+}
+
 }  // namespace moepack

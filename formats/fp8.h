@@ -1,7 +1,8 @@
-// float8_e4m3fn and E8M0 scalar codecs (spec/mxfp8_trtllm.md §6).
+// float8_e4m3fn, E8M0 and float4_e2m1 scalar codecs (spec/mxfp8_trtllm.md §6, OCP MX v1.0 §5.3).
 //
 //   e4m3fn: S EEEE MMM, bias 7, subnormal step 2^-9, max 448, no inf, S.1111.111 = NaN
 //   e8m0:   one byte c, value 2^(c-127), 255 = NaN
+//   e2m1:   S EE M (low nibble), bias 1, values +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, no inf, no NaN
 #pragma once
 
 #include <cmath>
@@ -25,6 +26,15 @@ inline float e4m3_to_float(uint8_t b) {
   else
     v = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
   return neg ? -v : v;
+}
+
+// Exact decode of an e2m1 code (the low 4 bits of b; the high ones are ignored): magnitude
+// m = c & 7 is 0.5 * m for m < 4 (0 and the subnormal 0.5 included) and 2^((m >> 1) - 1) *
+// (1 + (m & 1) / 2) above; bit 3 the sign (8 is -0).
+inline float e2m1_to_float(uint8_t b) {
+  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMagnitude[b & 7];
+  return (b & 8) ? -v : v;
 }
 
 // 2^(c-127) as float; c = 0 gives 2^-127 (a float32 subnormal), 255 gives NaN.
@@ -56,5 +66,15 @@ inline bool e4m3_is_nan(uint8_t b) {
 // every output it touches. Throws kBadValue naming `what` (the tensor's suffix) with the row and
 // column of the first NaN code of `codes` [n, k].
 void check_e4m3_codes(const std::vector<uint8_t>& codes, int64_t k, const std::string& what);
+
+// Block scales are finite and non-negative (docs/validation.md "Values"), the one check of every
+// byte-coded scale tensor [n, groups] a source holds; both throw kBadValue naming `what` (the
+// tensor's suffix) with the row and block of the first bad code.
+// E8M0 codes (MXFP8, MXFP4): 255 is NaN.
+void check_e8m0_scale_codes(const std::vector<uint8_t>& codes, int64_t groups,
+                            const std::string& what);
+// float8_e4m3fn scales (NVFP4): NaN (0x7f / 0xff) and negative values (sign set, not -0).
+void check_e4m3_scale_codes(const std::vector<uint8_t>& codes, int64_t groups,
+                            const std::string& what);
 
 }  // namespace moepack

@@ -34,6 +34,8 @@ int32_t reader_scale_type(DType d, const std::string& what) {
       return reader::kScaleBf16;
     case DType::kF32:
       return reader::kScaleF32;
+    case DType::kF8_E4M3:
+      return reader::kScaleE4m3;
     default:
       if (is_scale_byte_dtype(d)) return reader::kScaleE8m0;
       throw Error(ErrorCode::kBadDtype, "", what,
@@ -87,15 +89,25 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
                     "g_idx[" + num(static_cast<int64_t>(i)) + "] = " + num(q.g_idx[i]) +
                         " outside [0, " + num(G) + ")");
   }
-  c.code_type = q.kind == CodeKind::kUint  ? reader::kCodeUint
-                : q.kind == CodeKind::kInt ? reader::kCodeInt
-                                           : reader::kCodeFp8;
+  c.code_type = q.kind == CodeKind::kUint      ? reader::kCodeUint
+                : q.kind == CodeKind::kInt     ? reader::kCodeInt
+                : q.kind == CodeKind::kFp4E2M1 ? reader::kCodeFp4
+                                               : reader::kCodeFp8;
   c.bits = q.bits;
   c.scale_type = reader_scale_type(q.scale_dtype, "scales");
   c.group_size = q.group_size;
   c.groups = q.groups();
   c.scale_block_n = q.scale_block_n;
   c.scale_rows = q.scale_rows();
+  c.global_type = q.global_scale == GlobalScale::kDecodeMultiplier ? reader::kGlobalDecode
+                  : q.global_scale == GlobalScale::kEncodeDivisor  ? reader::kGlobalEncode
+                                                                   : reader::kGlobalNone;
+  if (c.global_type != reader::kGlobalNone) {
+    c.global_scales =
+        static_cast<const float*>(at(q.global_scales.data(), q.global_scales.size() * 4));
+    c.global_shards = q.global_shards;
+    c.global_shard_rows = q.n / q.global_shards;
+  }
   return r;
 }
 

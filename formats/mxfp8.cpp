@@ -52,11 +52,7 @@ QuantTensor unpack_mxfp8(const QuantParams&, const TensorMap& by_suffix, int64_t
                 std::string("dtype ") + dtype_name(s.dtype) + ", expected U8 or F8_E8M0");
   check_shape(w, "weight", {n, k});
   check_shape(s, "weight_scale", {n, k / kMxBlock});
-  for (size_t i = 0; i < s.data.size(); ++i)
-    if (s.data[i] == 255)
-      throw Error(ErrorCode::kBadValue, "", "weight_scale",
-                  "E8M0 code 255 (NaN) at row " + std::to_string(i / (k / kMxBlock)) + ", block " +
-                      std::to_string(i % (k / kMxBlock)));
+  check_e8m0_scale_codes(s.data, k / kMxBlock, "weight_scale");
 
   check_e4m3_codes(w.data, k, "weight");
   QuantTensor q(mxfp8_spec_for(QuantParams{}), 1, n, k);

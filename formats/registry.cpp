@@ -9,6 +9,7 @@
 #include "formats/awq.h"
 #include "formats/codec.h"
 #include "formats/compressed_tensors.h"
+#include "formats/fp4.h"
 #include "formats/fp8_block.h"
 #include "formats/gptq.h"
 #include "formats/humming.h"
@@ -44,6 +45,9 @@ const std::vector<QuantMethodRow>& quant_method_rows() {
       {QuantMethod::kModeloptFp8, "modelopt-fp8", "fp8-per-tensor"},
       {QuantMethod::kFp8Block, "fp8-block", nullptr},
       {QuantMethod::kCtFp8Block, "compressed-tensors-fp8-block", nullptr},
+      {QuantMethod::kModeloptNvfp4, "modelopt-nvfp4", nullptr},
+      {QuantMethod::kCtNvfp4, "compressed-tensors-nvfp4", nullptr},
+      {QuantMethod::kCtMxfp4, "compressed-tensors-mxfp4", nullptr},
   };
   return rows;
 }
@@ -66,12 +70,10 @@ std::vector<QuantParams> ct_mxfp8_param_space() {
   return v;
 }
 
-}  // namespace
-
-const std::vector<SourceCodec>& source_codecs() {
-  // Named fields (designated initialisers, in SourceCodec's declaration order): an optional hook
-  // left out is nullptr.
-  static const std::vector<SourceCodec> table = {
+// Named fields (designated initialisers, in SourceCodec's declaration order): an optional hook
+// left out is nullptr.
+std::vector<SourceCodec> int_and_fp8_codecs() {
+  return {
       {.name = "gptq",
        .method = QuantMethod::kGptq,
        .scheme = "wna16",
@@ -175,6 +177,61 @@ const std::vector<SourceCodec>& source_codecs() {
        .param_space = ct_fp8_block_param_space,
        .params_shown = {"block", "dynamic_input"}},
   };
+}
+
+// The FP4 sources (formats/fp4.h).
+std::vector<SourceCodec> fp4_codecs() {
+  return {
+      {.name = "modelopt-nvfp4",
+       .method = QuantMethod::kModeloptNvfp4,
+       .scheme = "nvfp4",
+       .description = "modelopt NVFP4 / W4A16_NVFP4 (e2m1, e4m3 scales per 16, weight_scale_2)",
+       .spec_for = modelopt_nvfp4_spec_for,
+       .logical_shape = modelopt_nvfp4_logical_shape,
+       .required_suffixes = modelopt_nvfp4_required_suffixes,
+       .optional_suffixes = modelopt_nvfp4_optional_suffixes,
+       .unpack = unpack_modelopt_nvfp4,
+       .pack = pack_modelopt_nvfp4,
+       .param_space = modelopt_nvfp4_param_space,
+       .params_shown = {"group_size"},
+       .global_scale_suffix = "weight_scale_2"},
+      {.name = "ct-nvfp4",
+       .method = QuantMethod::kCtNvfp4,
+       .scheme = "nvfp4",
+       .description = "compressed-tensors nvfp4-pack-quantized (NVFP4 / NVFP4A16, "
+                      "weight_global_scale an encode divisor)",
+       .spec_for = ct_nvfp4_spec_for,
+       .logical_shape = ct_fp4_logical_shape,
+       .required_suffixes = ct_nvfp4_required_suffixes,
+       .optional_suffixes = ct_nvfp4_optional_suffixes,
+       .unpack = unpack_ct_nvfp4,
+       .pack = pack_ct_nvfp4,
+       .param_space = ct_nvfp4_param_space,
+       .params_shown = {"group_size"},
+       .global_scale_suffix = "weight_global_scale"},
+      {.name = "ct-mxfp4",
+       .method = QuantMethod::kCtMxfp4,
+       .scheme = "mxfp4",
+       .description = "compressed-tensors mxfp4-pack-quantized (e2m1, E8M0 scales per 32)",
+       .spec_for = ct_mxfp4_spec_for,
+       .logical_shape = ct_fp4_logical_shape,
+       .required_suffixes = ct_mxfp4_required_suffixes,
+       .optional_suffixes = ct_mxfp4_optional_suffixes,
+       .unpack = unpack_ct_mxfp4,
+       .pack = pack_ct_mxfp4,
+       .param_space = ct_mxfp4_param_space,
+       .params_shown = {"group_size"}},
+  };
+}
+
+}  // namespace
+
+const std::vector<SourceCodec>& source_codecs() {
+  static const std::vector<SourceCodec> table = [] {
+    std::vector<SourceCodec> v = int_and_fp8_codecs();
+    for (const SourceCodec& c : fp4_codecs()) v.push_back(c);
+    return v;
+  }();
   return table;
 }
 
@@ -581,6 +638,7 @@ struct ArchSets {
                                        TargetArch::kSm120};  // supports_fp8()
   std::vector<TargetArch> deep_gemm_archs = {TargetArch::kSm90, TargetArch::kSm100,
                                              TargetArch::kSm120};  // support_deep_gemm()
+  std::vector<TargetArch> fp4_archs = {TargetArch::kSm100, TargetArch::kSm120};  // NVFP4 MMA
 };
 
 constexpr const char* kHummingReads = "Humming's own layout (convert_to_humming_moe_kernel_format)";
@@ -737,11 +795,86 @@ Fp8BlockBackends fp8_block_backends(const ArchSets& a) {
           .humming = humming};
 }
 
+struct Nvfp4Backends {
+  VllmBackend trtllm, cutedsl, fi_cutlass, vllm_cutlass, marlin, humming, emulation;
+};
+Nvfp4Backends nvfp4_backends(const ArchSets& a) {
+  // NVFP4 (ModelOpt, compressed-tensors; W4A4 or A16): vLLM 0.33.0 NvFp4MoeBackend
+  // (fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend).
+  const VllmBackend trtllm = {.name = "FLASHINFER_TRTLLM",
+                              .moe_backend = "flashinfer_trtllm",
+                              .archs = a.sm100,  // TrtLlmNvFp4ExpertsMonolithic: family 100
+                              .layout = "trtllm-nvfp4",
+                              .reads = "FlashInfer TRT-LLM-Gen's shuffled NVFP4 layout"};
+  const VllmBackend cutedsl = {.name = "FLASHINFER_CUTEDSL",
+                               .moe_backend = "flashinfer_cutedsl",
+                               .archs = a.sm100,  // family 100
+                               .layout = "flashinfer-cutedsl-nvfp4",
+                               .reads = "FlashInfer CuTe DSL's NVFP4 layout"};
+  const VllmBackend fi_cutlass = {
+      .name = "FLASHINFER_CUTLASS",
+      .moe_backend = "flashinfer_cutlass",
+      .archs = a.fp4_archs,  // FlashInferExperts: NVFP4 on capability >= 100
+      .layout = "flashinfer-cutlass-nvfp4",
+      .reads = "FlashInfer CUTLASS's swizzled NVFP4 layout"};
+  const VllmBackend vllm_cutlass = {
+      .name = "VLLM_CUTLASS",
+      .moe_backend = "cutlass",
+      .archs = a.fp4_archs,  // CutlassExpertsFp4: families 100, 110, 120
+      .layout = "cutlass-nvfp4",
+      .reads = "vLLM CUTLASS's swizzled NVFP4 layout"};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = "marlin",
+                              .archs = a.every,
+                              .layout = "marlin-nvfp4",
+                              .reads = "Marlin's FP4 tiles (prepare_nvfp4_moe_layer_for_marlin)"};
+  const VllmBackend humming = {.name = "HUMMING",
+                               .moe_backend = "humming",
+                               .archs = a.every,
+                               .layout = "humming-nvfp4",
+                               .reads = kHummingReads};
+  const VllmBackend emulation = {.name = "EMULATION",
+                                 .moe_backend = "emulation",
+                                 .archs = a.every,
+                                 .layout = nullptr,
+                                 .reads = "the NVFP4 experts dequantised at load"};
+  return {.trtllm = trtllm,
+          .cutedsl = cutedsl,
+          .fi_cutlass = fi_cutlass,
+          .vllm_cutlass = vllm_cutlass,
+          .marlin = marlin,
+          .humming = humming,
+          .emulation = emulation};
+}
+
+struct Mxfp4Backends {
+  VllmBackend cutlass, marlin;
+};
+Mxfp4Backends mxfp4_backends(const ArchSets& a) {
+  // compressed-tensors MXFP4: no oracle; CompressedTensorsW4A4Mxfp4MoEMethod.__init__ takes
+  // CutlassExpertsMxfp4 where ops.mxfp4_experts_quant_supported (capability 100 / 103 / 110),
+  // else XPU (Intel only), else MarlinExperts. --moe-backend does not change it (b12x and the
+  // FlashInfer EP backends aside).
+  const VllmBackend cutlass = {.name = "CUTLASS_MXFP4",
+                               .moe_backend = nullptr,
+                               .archs = a.sm100,
+                               .layout = "cutlass-mxfp4",
+                               .reads = "CUTLASS's swizzled MXFP4 scales"};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = nullptr,
+                              .archs = a.every,
+                              .layout = "marlin-mxfp4",
+                              .reads = "Marlin's FP4 tiles (prepare_moe_fp4_layer_for_marlin)"};
+  return {.cutlass = cutlass, .marlin = marlin};
+}
+
 VllmTargetRow vllm_033_row(const ArchSets& a) {
   const Wna16Backends w = wna16_backends(a);
   const Int8Backends i = int8_backends(a);
   const Mxfp8Backends m = mxfp8_backends(a);
   const Fp8BlockBackends f = fp8_block_backends(a);
+  const Nvfp4Backends n = nvfp4_backends(a);
+  const Mxfp4Backends x = mxfp4_backends(a);
   return {.target = VllmTarget::kV0_33,
           .name = "0.33",
           .follows = "vLLM 0.33.0 (PyPI release)",
@@ -790,6 +923,27 @@ VllmTargetRow vllm_033_row(const ArchSets& a) {
                .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends: "
                          "prioritize_humming, then TRITON to the front for block FP8 on "
                          "capability 90 without expert parallelism",
+               .auto_writes_only_vllm_pick = true},
+              {.scheme = "nvfp4",
+               .archs = a.not_sm90,
+               .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.marlin, n.humming,
+                            n.emulation},
+               .source = "vLLM 0.33.0 fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend "
+                         "(FLASHINFER_CUTEDSL_BATCHED: batched only)",
+               .auto_writes_only_vllm_pick = true},
+              {.scheme = "nvfp4",
+               .archs = a.sm90,
+               .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.humming, n.marlin,
+                            n.emulation},
+               .source = "vLLM 0.33.0 fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend "
+                         "through prioritize_humming (HUMMING ahead of MARLIN on capability 90)",
+               .auto_writes_only_vllm_pick = true},
+              {.scheme = "mxfp4",
+               .archs = a.every,
+               .backends = {x.cutlass, x.marlin},
+               .source = "vLLM 0.33.0 compressed_tensors_moe_w4a4_mxfp4.py, "
+                         "CompressedTensorsW4A4Mxfp4MoEMethod.__init__ (no oracle; XPU: Intel "
+                         "only; no Humming on this path)",
                .auto_writes_only_vllm_pick = true}}};
 }
 
@@ -798,42 +952,55 @@ VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
   const Int8Backends i = int8_backends(a);
   const Mxfp8Backends m = mxfp8_backends(a);
   const Fp8BlockBackends f = fp8_block_backends(a);
-  return {.target = VllmTarget::kV2026_05,
-          .name = "2026-05",
-          .follows = "vLLM@9aaf83ef (2026-05, ../shared/spec)",
-          .moe_act_order = true,
-          .param_child = "",
-          .marlin_pads_intermediate = false,
-          .moe_backend_orders = {
-              {.scheme = "wna16",
-               .archs = a.every,
-               .backends = {w.spec_trtllm, w.marlin, w.triton},
-               .source = "../shared/spec w.marlin.md §7 'Method selection' (Marlin where "
-                         "check_moe_marlin_supports_layer takes the layer, else the moe_wna16 / "
-                         "compressed-tensors Triton method) and its note on FlashInfer's mxint4 "
-                         "backend; assumed: that backend first and on the SM100 family only, as "
-                         "in vLLM 0.33.0"},
-              {.scheme = "w8a8-int8",
-               .archs = a.every,
-               .backends = {i.triton},
-               .source = "../shared/spec w.marlin.md §9 (CompressedTensorsW8A8Int8MoEMethod: "
-                         "Triton only)"},
-              {.scheme = "mxfp8",
-               .archs = a.every,
-               .backends = {m.trtllm, m.marlin},
-               .source = "../shared/spec m.trtllm.md §2 (auto tries FLASHINFER_TRTLLM, MARLIN, "
-                         "XPU; XPU: Intel only); assumed: MARLIN on every arch, as in vLLM 0.33.0"},
-              {.scheme = "fp8-block",
-               .archs = a.not_sm90,
-               .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin},
-               .source = "assumed: the spec (m.trtllm.md §5) gives block FP8's TRT-LLM layout "
-                         "but not the order; vLLM 0.33.0's fp8.py order without HUMMING, which "
-                         "the spec's vLLM predates"},
-              {.scheme = "fp8-block",
-               .archs = a.sm90,
-               .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.marlin},
-               .source = "assumed as for the other archs, with vLLM 0.33.0's TRITON first for "
-                         "block FP8 on capability 90"}}};
+  const Nvfp4Backends n = nvfp4_backends(a);
+  const Mxfp4Backends x = mxfp4_backends(a);
+  return {
+      .target = VllmTarget::kV2026_05,
+      .name = "2026-05",
+      .follows = "vLLM@9aaf83ef (2026-05, ../shared/spec)",
+      .moe_act_order = true,
+      .param_child = "",
+      .marlin_pads_intermediate = false,
+      .moe_backend_orders = {
+          {.scheme = "wna16",
+           .archs = a.every,
+           .backends = {w.spec_trtllm, w.marlin, w.triton},
+           .source = "../shared/spec w.marlin.md §7 'Method selection' (Marlin where "
+                     "check_moe_marlin_supports_layer takes the layer, else the moe_wna16 / "
+                     "compressed-tensors Triton method) and its note on FlashInfer's mxint4 "
+                     "backend; assumed: that backend first and on the SM100 family only, as "
+                     "in vLLM 0.33.0"},
+          {.scheme = "w8a8-int8",
+           .archs = a.every,
+           .backends = {i.triton},
+           .source = "../shared/spec w.marlin.md §9 (CompressedTensorsW8A8Int8MoEMethod: "
+                     "Triton only)"},
+          {.scheme = "mxfp8",
+           .archs = a.every,
+           .backends = {m.trtllm, m.marlin},
+           .source = "../shared/spec m.trtllm.md §2 (auto tries FLASHINFER_TRTLLM, MARLIN, "
+                     "XPU; XPU: Intel only); assumed: MARLIN on every arch, as in vLLM 0.33.0"},
+          {.scheme = "fp8-block",
+           .archs = a.not_sm90,
+           .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin},
+           .source = "assumed: the spec (m.trtllm.md §5) gives block FP8's TRT-LLM layout "
+                     "but not the order; vLLM 0.33.0's fp8.py order without HUMMING, which "
+                     "the spec's vLLM predates"},
+          {.scheme = "fp8-block",
+           .archs = a.sm90,
+           .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.marlin},
+           .source = "assumed as for the other archs, with vLLM 0.33.0's TRITON first for "
+                     "block FP8 on capability 90"},
+          {.scheme = "nvfp4",
+           .archs = a.every,
+           .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.marlin, n.emulation},
+           .source = "assumed: the spec has no NVFP4 MoE; vLLM 0.33.0's nvfp4.py order "
+                     "without HUMMING, which the spec's vLLM predates"},
+          {.scheme = "mxfp4",
+           .archs = a.every,
+           .backends = {x.cutlass, x.marlin},
+           .source = "assumed: the spec has no compressed-tensors MXFP4 MoE; vLLM 0.33.0's "
+                     "CompressedTensorsW4A4Mxfp4MoEMethod choice"}}};
 }
 
 }  // namespace

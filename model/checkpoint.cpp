@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -981,6 +982,12 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
   out.scale_block_n = t0.scale_block_n;
   out.symmetric = t0.symmetric;
   out.scale_dtype = widen_mixed_float_scales(parts, projs, t0.scale_dtype, layer.param_prefix, e0);
+  // Each projection's global scale stays its own (gate's and up's side by side, as stored):
+  // check_gate_up_global_scales has refused those vLLM would not treat as one; which one a
+  // kernel reads is the target layout's to decide.
+  out.global_scale = t0.global_scale;
+  out.global_shards =
+      out.global_scale == GlobalScale::kNone ? 1 : static_cast<int64_t>(projs.size());
   bool any_g_idx = force_g_idx == 1;
   for (int64_t e = 0; e < E; ++e)
     for (int p : projs) any_g_idx |= !parts[static_cast<size_t>(e)][p].g_idx.empty();
@@ -993,7 +1000,8 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
       const QuantTensor& t = parts[static_cast<size_t>(e)][p];
       const std::string what = layer.param_prefix + std::to_string(e0 + e);
       if (t.kind != out.kind || t.bits != out.bits || t.group_size != out.group_size ||
-          t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric)
+          t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric ||
+          t.global_scale != out.global_scale || t.global_shards != 1)
         throw Error(ErrorCode::kBadValue, ckpt.dir(), what,
                     "projections of one layer disagree in quantization parameters");
       if (t.scale_block_n > 1 && t.n % t.scale_block_n != 0 && projs.size() > 1)
@@ -1004,6 +1012,8 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
       out.codes.insert(out.codes.end(), t.codes.begin(), t.codes.end());
       out.scales.insert(out.scales.end(), t.scales.begin(), t.scales.end());
       out.zeros.insert(out.zeros.end(), t.zeros.begin(), t.zeros.end());
+      out.global_scales.insert(out.global_scales.end(), t.global_scales.begin(),
+                               t.global_scales.end());
       if (!any_g_idx) continue;
       std::vector<int32_t> g = t.g_idx;
       if (g.empty()) {  // trivial g_idx made explicit so gate and up compare equal
@@ -1024,6 +1034,41 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
   }
   out.check_consistent(layer.param_prefix);
   return out;
+}
+
+// A float as stored, to 9 significant digits.
+std::string float_text(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// vLLM 0.33's NVFP4 MoE methods keep one w13 global scale per expert, the gate's
+// (ModelOptNvFp4FusedMoE and CompressedTensorsW4A4Nvfp4MoEMethod.process_weights_after_loading:
+// `w13_weight_scale_2[:, 0]`, `w13_weight_global_scale[:, 0]`), and when
+// `torch.allclose(gate, up)` fails they only log "... must match ... Accuracy may be affected":
+// the up half is then served with the gate's scale, wrong by the ratio of the two. Such a
+// checkpoint is refused here (exit 3 naming the up projection's global scale tensor). Within
+// allclose's tolerance (float32 |gate - up| <= 1e-8 + |1e-5 * up|) vLLM's rule stands: the
+// canonical form keeps both as stored and a layout writes the gate's (docs/nvfp4.md).
+void check_gate_up_global_scales(const Checkpoint& ckpt, const MoeLayer& layer,
+                                 const SourceCodec& codec,
+                                 const std::vector<std::array<QuantTensor, 3>>& parts, int64_t e0) {
+  if (!layer.gated || parts.empty() || parts[0][kGate].global_scale == GlobalScale::kNone) return;
+  for (size_t e = 0; e < parts.size(); ++e) {
+    const float g = parts[e][kGate].global_scales.at(0), u = parts[e][kUp].global_scales.at(0);
+    if (std::fabs(g - u) <= 1e-8f + std::fabs(1e-5f * u)) continue;
+    const auto& up = layer.experts[static_cast<size_t>(e0) + e][kUp];
+    const std::string suffix = codec.global_scale_suffix ? codec.global_scale_suffix : "";
+    const auto it = up.find(suffix);
+    const std::string name = it != up.end() ? it->second : up.begin()->second;
+    throw Error(ErrorCode::kBadValue, (fs::path(ckpt.dir()) / ckpt.shard_of(name)).string(), name,
+                "up's global scale " + float_text(u) + " differs from the gate's " + float_text(g) +
+                    " beyond torch.allclose (rtol 1e-05, atol 1e-08): vLLM 0.33 keeps the gate's "
+                    "for both halves of w13 (it only logs 'Accuracy may be affected') and would "
+                    "serve this up projection's weights scaled wrongly; quantize gate and up "
+                    "with one global scale, as ModelOpt and llm-compressor do");
+  }
 }
 
 }  // namespace
@@ -1060,6 +1105,7 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, const
   const int64_t H = layer.hidden, I = layer.inter;
   std::vector<std::array<QuantTensor, 3>> parts =
       unpack_linears(ckpt, layer, *codec, q, threads, e0, e1);
+  check_gate_up_global_scales(ckpt, layer, *codec, parts, e0);
   MoeExperts m;
   const int64_t rows13 = layer.gated ? 2 * I : I;
   if (layer.gated)

@@ -147,6 +147,36 @@ QuantParams normalize_awq(const json& qc, const std::string& file, DType dtype) 
   return p;
 }
 
+// compressed-tensors nvfp4-pack-quantized (strategy tensor_group, group 16, a global scale) and
+// mxfp4-pack-quantized (strategy group, group 32): 4-bit float weights, symmetric. Activations:
+// none (NVFP4A16) or FP4 (W4A4); Marlin runs 16-bit activations either way.
+// input_activations (W4A4: "dynamic": "local") are not read.
+QuantParams normalize_ct_fp4(const std::string& fmt, const json& w, const std::string& file,
+                             DType dtype) {
+  const bool nv = fmt == "nvfp4-pack-quantized";
+  QuantParams p;
+  p.dtype = dtype;
+  p.method = nv ? QuantMethod::kCtNvfp4 : QuantMethod::kCtMxfp4;
+  p.bits = 4;
+  p.group_size = nv ? 16 : 32;
+  if (get_int(w, "num_bits", 4) != 4 || get_str(w, "type", "float") != "float")
+    bad(file, "weights", fmt + " needs 4-bit float weights, got " + w.dump());
+  const int64_t g = get_int(w, "group_size", p.group_size);
+  if (g != p.group_size)
+    bad(file, "weights.group_size",
+        fmt + " uses groups of " + std::to_string(p.group_size) + ", got " + std::to_string(g));
+  const std::string strategy = get_str(w, "strategy", nv ? "tensor_group" : "group");
+  if (strategy != (nv ? "tensor_group" : "group"))
+    bad(file, "weights.strategy",
+        fmt + " expects strategy " + (nv ? "tensor_group" : "group") + ", got " + strategy);
+  if (!get_bool(w, "symmetric", true, file))
+    throw Error(ErrorCode::kUnsupported, file, "",
+                fmt +
+                    " with asymmetric weights (weight_zero_point) is not supported; vLLM 0.33 "
+                    "reads symmetric FP4 only");
+  return p;
+}
+
 // One config_groups entry (a scheme) as QuantParams. `name` is the group's key, for errors.
 QuantParams normalize_ct_group(const json& qc, const std::string& name, const json& group,
                                const std::string& file, DType dtype) {
@@ -198,6 +228,8 @@ QuantParams normalize_ct_group(const json& qc, const std::string& name, const js
     }
     return p;
   }
+  if (fmt == "nvfp4-pack-quantized" || fmt == "mxfp4-pack-quantized")
+    return normalize_ct_fp4(fmt, w, file, dtype);
   if (fmt == "mxfp8-quantized") {
     p.method = QuantMethod::kCtMxfp8;
     p.bits = 8;
@@ -308,6 +340,7 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
   const std::string method = lower(get_str(qc, "quant_method"));
   if (algo.empty() && method == "modelopt_mxfp8") algo = "MXFP8";
   if (algo.empty() && method == "modelopt_fp8") algo = "FP8";
+  if (algo.empty() && method == "modelopt_fp4") algo = "NVFP4";
   QuantParams p;
   p.dtype = dtype;
   const std::string up = [&] {
@@ -320,6 +353,13 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
     p.bits = 8;
     p.group_size = get_int(*body, "group_size", 32);  // any other value is refused below
     if (p.group_size != 32) bad(file, "group_size", "MXFP8 uses blocks of 32");
+    return p;
+  }
+  if (up == "NVFP4" || up == "W4A16_NVFP4") {
+    p.method = QuantMethod::kModeloptNvfp4;
+    p.bits = 4;
+    p.group_size = get_int(*body, "group_size", 16);
+    if (p.group_size != 16) bad(file, "group_size", "NVFP4 uses blocks of 16");
     return p;
   }
   if (up == "FP8") {
@@ -383,6 +423,7 @@ const std::vector<NormaliserRow>& normaliser_rows() {
       {"modelopt", normalize_modelopt},
       {"modelopt_mxfp8", normalize_modelopt},
       {"modelopt_fp8", normalize_modelopt},
+      {"modelopt_fp4", normalize_modelopt},
       {"fp8", normalize_fp8},
       {"auto-round", normalize_auto_round},
       {"auto_round", normalize_auto_round},

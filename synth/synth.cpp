@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 #include "formats/codec.h"
+#include "formats/fp4.h"
 #include "formats/mxfp8.h"
 #include "formats/quantize.h"
 #include "io/atomic_dir.h"
@@ -96,6 +97,42 @@ json modelopt_mxfp8_config(const SynthOptions&, const QuantParams&) {
           {"ignore", json::array({"lm_head", "*self_attn*", "*mlp.gate", "*shared_expert*"})},
           {"kv_cache_scheme", {{"dynamic", false}, {"num_bits", 8}, {"type", "float"}}},
           {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
+}
+
+json modelopt_nvfp4_config(const SynthOptions&, const QuantParams&) {
+  return {{"quant_method", "modelopt"},
+          {"quant_algo", "NVFP4"},
+          {"group_size", 16},
+          {"ignore", json::array({"lm_head", "*self_attn*", "*mlp.gate", "*shared_expert*"})},
+          {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
+}
+
+// llm-compressor's NVFP4A16 (nvfp4-pack-quantized, tensor_group 16, weights only) and MXFP4
+// (mxfp4-pack-quantized, group 32) schemes.
+json ct_fp4_config(bool nv) {
+  const json w = {{"num_bits", 4},
+                  {"type", "float"},
+                  {"symmetric", true},
+                  {"strategy", nv ? "tensor_group" : "group"},
+                  {"group_size", nv ? 16 : 32},
+                  {"dynamic", false},
+                  {"observer", nv ? "static_minmax" : "minmax"}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized"},
+          {"quantization_status", "compressed"},
+          {"ignore", json::array({"lm_head", "re:.*mlp.gate$"})},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", json::array({"Linear"})},
+              {"weights", w},
+              {"input_activations", nullptr},
+              {"output_activations", nullptr}}}}}};
+}
+json ct_nvfp4_config(const SynthOptions&, const QuantParams&) {
+  return ct_fp4_config(true);
+}
+json ct_mxfp4_config(const SynthOptions&, const QuantParams&) {
+  return ct_fp4_config(false);
 }
 
 json fp8_block_config(const SynthOptions&, const QuantParams&) {
@@ -210,6 +247,29 @@ QuantTensor quantize_fp8_block_linear(const SynthOptions&, const QuantParams& p,
   return quantize_fp8_block(w, n, k, p.block_n, p.block_k);
 }
 
+// NVFP4's per-tensor decode scale g = amax / (6 * 448) as the producers compute it, from a
+// stand-in amax drawn per input label: gate and up share their input and so their global scale,
+// as ModelOpt and llm-compressor fuse them (vLLM uses the gate's for both); down has its own.
+float synth_nvfp4_global(const SynthOptions& o, const std::string& order_label) {
+  Rng rng(Rng::hash(o.seed, order_label + "/global"));
+  const float amax = static_cast<float>(1.5 + 1.5 * rng.uniform());
+  return amax / (6.0f * 448.0f);
+}
+QuantTensor quantize_modelopt_nvfp4_linear(const SynthOptions& o, const QuantParams&,
+                                           const float* w, int64_t n, int64_t k,
+                                           const std::string& order_label) {
+  return quantize_nvfp4(w, n, k, synth_nvfp4_global(o, order_label),
+                        GlobalScale::kDecodeMultiplier);
+}
+QuantTensor quantize_ct_nvfp4_linear(const SynthOptions& o, const QuantParams&, const float* w,
+                                     int64_t n, int64_t k, const std::string& order_label) {
+  return quantize_nvfp4(w, n, k, synth_nvfp4_global(o, order_label), GlobalScale::kEncodeDivisor);
+}
+QuantTensor quantize_mxfp4_linear(const SynthOptions&, const QuantParams&, const float* w,
+                                  int64_t n, int64_t k, const std::string&) {
+  return quantize_mxfp4(w, n, k);
+}
+
 // compressed-tensors stores FP8 block scales in the model dtype: the F32 scales rounded to it
 // (the codes keep the F32 quantisation; dequantisation uses the stored scales either way).
 QuantTensor quantize_ct_fp8_block_linear(const SynthOptions& o, const QuantParams& p,
@@ -262,6 +322,15 @@ json modelopt_side_file() {
             {"exclude_modules", json::array({"lm_head"})}}}};
 }
 
+json modelopt_nvfp4_side_file() {
+  return {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
+          {"quantization",
+           {{"quant_algo", "NVFP4"},
+            {"kv_cache_quant_algo", nullptr},
+            {"group_size", 16},
+            {"exclude_modules", json::array({"lm_head"})}}}};
+}
+
 json ct_pack_config(const SynthOptions&, const QuantParams& p) {
   return ct_config(p, false);
 }
@@ -269,10 +338,10 @@ json ct_int_config(const SynthOptions&, const QuantParams& p) {
   return ct_config(p, true);
 }
 
-const std::vector<SynthGenerator>& synth_generators() {
+std::vector<SynthGenerator> int_and_fp8_generators() {
   using M = QuantMethod;
   // Named fields (SynthGenerator's declaration order); hooks left out are nullptr.
-  static const std::vector<SynthGenerator> rows = {
+  return {
       {.format = "bf16",
        .method = M::kNone,
        .bits = 16,
@@ -373,6 +442,50 @@ const std::vector<SynthGenerator>& synth_generators() {
        .quant_config = ct_fp8_block_config,
        .quantize = quantize_ct_fp8_block_linear},
   };
+}
+
+// The FP4 formats (formats/fp4.h).
+std::vector<SynthGenerator> fp4_generators() {
+  using M = QuantMethod;
+  return {
+      {.format = "modelopt-nvfp4",
+       .method = M::kModeloptNvfp4,
+       .bits = 4,
+       .group_size = 16,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = modelopt_nvfp4_config,
+       .side_file = "hf_quant_config.json",
+       .side_file_json = modelopt_nvfp4_side_file,
+       .quantize = quantize_modelopt_nvfp4_linear},
+      {.format = "ct-nvfp4",
+       .method = M::kCtNvfp4,
+       .bits = 4,
+       .group_size = 16,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = ct_nvfp4_config,
+       .quantize = quantize_ct_nvfp4_linear},
+      {.format = "ct-mxfp4",
+       .method = M::kCtMxfp4,
+       .bits = 4,
+       .group_size = 32,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = ct_mxfp4_config,
+       .quantize = quantize_mxfp4_linear},
+  };
+}
+
+const std::vector<SynthGenerator>& synth_generators() {
+  static const std::vector<SynthGenerator> rows = [] {
+    std::vector<SynthGenerator> v = int_and_fp8_generators();
+    for (const SynthGenerator& g : fp4_generators()) v.push_back(g);
+    return v;
+  }();
   return rows;
 }
 

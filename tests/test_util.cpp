@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include <stdexcept>
 
 #include "core/half.h"
+#include "formats/fp8.h"
 #include "formats/moe_reader.h"
 
 namespace moepack::test {
@@ -201,6 +203,9 @@ void random_scale(Rng& rng, DType d, ScaleValues which, uint8_t* p) {
       case DType::kF8_E8M0:
         *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(0, 254)(rng));
         return;
+      case DType::kF8_E4M3:  // 0x01 (2^-9) .. 0x7e (448): sign clear, never +0 or NaN
+        *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(1, 0x7e)(rng));
+        return;
       default:
         break;
     }
@@ -219,6 +224,9 @@ void random_scale(Rng& rng, DType d, ScaleValues which, uint8_t* p) {
       case DType::kU8:
       case DType::kF8_E8M0:
         *p = static_cast<uint8_t>(std::uniform_int_distribution<int>(119, 128)(rng));
+        return;
+      case DType::kF8_E4M3:
+        *p = float_to_e4m3_satfinite(v);
         return;
       default:
         break;
@@ -245,6 +253,9 @@ QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts
         do c = static_cast<uint8_t>(byte(rng));
         while ((c & 0x7f) == 0x7f);  // 0x7f / 0xff are e4m3fn NaN
         break;
+      case CodeKind::kFp4E2M1:
+        c = static_cast<uint8_t>(byte(rng) & 15);
+        break;
     }
   }
   if (std::all_of(q.codes.begin(), q.codes.end(), [](uint8_t c) { return c == 0; }))
@@ -252,6 +263,15 @@ QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts
   const int eb = q.scale_bytes();
   for (size_t i = 0; i < q.scales.size(); i += static_cast<size_t>(eb))
     random_scale(rng, q.scale_dtype, opts.scales, q.scales.data() + i);
+  if (q.global_scale != GlobalScale::kNone) {
+    q.global_shards = opts.global_shards;
+    q.global_scales.assign(static_cast<size_t>(experts * q.global_shards), 0.0f);
+    for (float& g : q.global_scales) {
+      uint8_t b[4];
+      random_scale(rng, DType::kF32, opts.scales, b);
+      std::memcpy(&g, b, 4);
+    }
+  }
   if (!q.symmetric) {
     const int hi = opts.zero_hi < 0 ? (1 << q.bits) - 1 : opts.zero_hi;
     std::uniform_int_distribution<int> zero(opts.zero_lo, hi);
@@ -282,6 +302,7 @@ QuantTensor slice_experts(const QuantTensor& q, int64_t first, int64_t end) {
   s.scales = cut(q.scales);
   s.zeros = cut(q.zeros);
   s.g_idx = cut(q.g_idx);
+  s.global_scales = cut(q.global_scales);
   s.check_consistent("slice");
   return s;
 }
@@ -302,8 +323,11 @@ LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads) 
 MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts) {
   MoeExperts x;
   opts.act_order = s.w13.act_order;
+  // A gated w13 keeps the gate's and the up's global scales (load_moe_experts stacks them).
+  opts.global_shards = s.w13.n == 2 * s.w2.k ? 2 : 1;
   x.w13 = random_quant_tensor(rng, s.w13.quant, s.experts, s.w13.n, s.w13.k, opts);
   opts.act_order = s.w2.act_order;
+  opts.global_shards = 1;
   x.w2 = random_quant_tensor(rng, s.w2.quant, s.experts, s.w2.n, s.w2.k, opts);
   // Act-order is the layer's: a projection whose K holds one group still carries g_idx (the
   // trivial one, made explicit as the loader makes it).

@@ -91,6 +91,7 @@ struct RandomTensorOptions {
   ScaleValues scales = ScaleValues::kModerate;
   int zero_lo = 0, zero_hi = -1;  // asymmetric zero points drawn from [lo, hi]; -1: 2^bits - 1
   bool act_order = false;         // a non-trivial g_idx per expert when there is > 1 group
+  int64_t global_shards = 1;      // global scales per expert (spec.global_scale != kNone)
 };
 
 // The zero points a source codec holds for these params: 0..2^bits-1 for every codec (GPTQ v1
@@ -103,8 +104,10 @@ std::pair<int, int> codec_zero_range(const QuantParams& p);
 std::vector<int32_t> random_act_order_g_idx(Rng& rng, int64_t k, int64_t group_size);
 
 // Random legal contents for `spec` [experts, n, k]: uint codes 0..2^bits-1, int8 any byte, e4m3
-// bytes without the NaN encodings 0x7f / 0xff; positive finite scales of spec.scale_dtype (E8M0
-// codes never 0xff); zeros per opts. Codes are never all zero.
+// bytes without the NaN encodings 0x7f / 0xff, e2m1 codes 0..15; positive finite scales of
+// spec.scale_dtype (E8M0 codes never 0xff, e4m3 never 0 or NaN); positive finite float32 global
+// scales (opts.global_shards per expert) when the spec has them; zeros per opts. Codes are never
+// all zero.
 QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts, int64_t n,
                                 int64_t k, const RandomTensorOptions& opts);
 

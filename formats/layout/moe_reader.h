@@ -104,10 +104,13 @@ enum ScaleType : int32_t {
   kScaleE8m0 = 3,
   // Marlin NVFP4's "S0E5M3" byte: the high byte of (fp16 value << 1); its value is the fp16
   // whose bits are byte << 7 (nvfp4_marlin_process_scales, formats/marlin_float.h).
-  kScaleS0e5m3 = 4
+  kScaleS0e5m3 = 4,
+  kScaleE4m3 = 5  // float8_e4m3fn (canonical NVFP4 block scales)
 };
 // Canonical code kinds (formats/codec.h CodeKind, same order).
-enum CodeType : int32_t { kCodeUint = 0, kCodeInt = 1, kCodeFp8 = 2 };
+enum CodeType : int32_t { kCodeUint = 0, kCodeInt = 1, kCodeFp8 = 2, kCodeFp4 = 3 };
+// Canonical global scale conventions (formats/codec.h GlobalScale, same order).
+enum GlobalType : int32_t { kGlobalNone = 0, kGlobalDecode = 1, kGlobalEncode = 2 };
 
 // ---- each kind's parameters (shapes per chunk of E experts; all pointers where the bytes live:
 // host memory on the CPU, device memory in kernels/) ---------------------------------------------
@@ -120,11 +123,15 @@ struct CanonicalParams {
   const int32_t* g_idx;  // [E, K], or null (group of column k = k / group_size)
   int32_t code_type;     // CodeType
   int32_t bits;
-  int32_t scale_type;     // ScaleType
-  int64_t group_size;     // <= 0: one group
-  int64_t groups;         // G
-  int64_t scale_block_n;  // rows sharing one scale row
-  int64_t scale_rows;     // ceil(N / scale_block_n)
+  int32_t scale_type;          // ScaleType
+  int64_t group_size;          // <= 0: one group
+  int64_t groups;              // G
+  int64_t scale_block_n;       // rows sharing one scale row
+  int64_t scale_rows;          // ceil(N / scale_block_n)
+  const float* global_scales;  // [E, global_shards], or null (global_type kGlobalNone)
+  int32_t global_type;         // GlobalType: s * g (decode) or s / g (encode)
+  int64_t global_shard_rows;   // rows sharing one global scale (N / global_shards)
+  int64_t global_shards;
 };
 
 // kMarlin (formats/marlin.h). Physical sizes kp x np include vLLM 0.33's intermediate padding.
@@ -281,6 +288,8 @@ MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
       return static_cast<const float*>(base)[index];
     case kScaleS0e5m3:
       return hd::f16_value(static_cast<uint16_t>(static_cast<const uint8_t*>(base)[index] << 7));
+    case kScaleE4m3:
+      return hd::e4m3_value(static_cast<const uint8_t*>(base)[index]);
     default:
       return hd::e8m0_value(static_cast<const uint8_t*>(base)[index]);
   }
@@ -293,8 +302,11 @@ MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int6
                              int64_t kk) {
   const int64_t K = r.k, G = p.groups;
   const int64_t g = p.g_idx ? p.g_idx[e * K + kk] : (p.group_size > 0 ? kk / p.group_size : 0);
-  const float s =
-      scale_at(p.scales, (e * p.scale_rows + n / p.scale_block_n) * G + g, p.scale_type);
+  float s = scale_at(p.scales, (e * p.scale_rows + n / p.scale_block_n) * G + g, p.scale_type);
+  if (p.global_type != kGlobalNone) {
+    const float gs = p.global_scales[e * p.global_shards + n / p.global_shard_rows];
+    s = p.global_type == kGlobalDecode ? s * gs : s / gs;
+  }
   const uint8_t c = p.codes[(e * r.n + n) * K + kk];
   switch (p.code_type) {
     case kCodeUint: {
@@ -304,6 +316,8 @@ MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int6
     }
     case kCodeInt:
       return static_cast<float>(static_cast<int8_t>(c)) * s;
+    case kCodeFp4:
+      return hd::e2m1_value(c) * s;
     default:
       return hd::e4m3_value(c) * s;
   }

@@ -268,6 +268,22 @@ def dequant_modelopt_mxfp8(ckpt):
     return out
 
 
+def dequant_modelopt_nvfp4(ckpt):
+    """ModelOpt's own NVFP4 dequantization (NVFP4QTensor.dequantize, its torch path: f32 block
+    scale times weight_scale_2, times the e2m1 value) into float32."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    out = {}
+    for module, local in expert_modules(read_tensors(ckpt)).items():
+        w = local["weight"]
+        n, half_k = w.shape
+        q = NVFP4QTensor(torch.Size([n, 2 * half_k]), torch.float32, w)
+        out[module] = q.dequantize(dtype=torch.float32, scale=local["weight_scale"],
+                                   double_scale=local["weight_scale_2"],
+                                   block_sizes={-1: 16}).contiguous()
+    return out
+
+
 def dequant_gptqmodel(out):
     """GPTQModel's own reader: the saved checkpoint loaded with GPTQModel (torch kernel, which
     converts v1 zeros to v2 as GPTQModel does on load), each expert Linear applied to the
@@ -343,7 +359,7 @@ def auto_round_fixture(family, fmt, bits, group_size, sym, work, name):
     return saved, dequant_auto_round_gptq(saved, bits, group_size, zp_class=True)
 
 
-def modelopt_fixture(family, cfg_name, work, name):
+def modelopt_fixture(family, cfg_name, work, name, dequant=None):
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
 
@@ -354,7 +370,7 @@ def modelopt_fixture(family, cfg_name, work, name):
     mtq.quantize(model, getattr(mtq, cfg_name), forward_loop=lambda m: m(ids))
     out = os.path.join(work, name)
     export_hf_checkpoint(model, export_dir=out)
-    return out, dequant_modelopt_mxfp8(out)
+    return out, (dequant or dequant_modelopt_mxfp8)(out)
 
 
 def gptqmodel_fixture(family, bits, group_size, sym, desc_act, fmt, dynamic, zero_rows,
@@ -475,6 +491,25 @@ def fixtures():
         CT, "qwen3", "MXFP8 (E8M0 scales per 32)",
         lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="MXFP8"), w, n),
         {"method": "compressed-tensors-mxfp8", "convert": sm100("trtllm-mxfp8")})
+    # FP4 (issue 24): read exactly; no moepack layout writes FP4 yet, so convert refuses on
+    # sm80 naming the scheme (the Marlin FP4 layouts turn these into "convert" entries).
+    fp4_refusal = lambda scheme: {"exit": 4, "contains": scheme, "target_arch": "sm80"}
+    f["ct-nvfp4a16-qwen3"] = (
+        CT, "qwen3", "NVFP4A16 (e2m1, e4m3 scales per 16, weight_global_scale; weights only)",
+        lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="NVFP4A16"), w, n),
+        {"method": "compressed-tensors-nvfp4", "refuse": fp4_refusal("nvfp4")})
+    f["ct-nvfp4-qwen3"] = (
+        CT, "qwen3", "NVFP4 (W4A4: weights as NVFP4A16 plus input_global_scale)",
+        lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="NVFP4"), w, n),
+        {"method": "compressed-tensors-nvfp4", "refuse": fp4_refusal("nvfp4")})
+    f["ct-mxfp4a16-qwen3"] = (
+        CT, "qwen3", "MXFP4A16 (e2m1, E8M0 scales per 32)",
+        lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="MXFP4A16"), w, n),
+        {"method": "compressed-tensors-mxfp4", "refuse": fp4_refusal("mxfp4")})
+    f["modelopt-nvfp4-qwen3"] = (
+        MO, "qwen3", "NVFP4 (NVFP4_DEFAULT_CFG), hf_quant_config.json side file",
+        lambda w, n: modelopt_fixture("qwen3", "NVFP4_DEFAULT_CFG", w, n, dequant_modelopt_nvfp4),
+        {"method": "modelopt-nvfp4", "refuse": fp4_refusal("nvfp4")})
     f["autoround-native-sym-qwen3"] = (
         AR, "qwen3", "auto_round format (auto_round:auto_gptq packing), 4-bit symmetric g32",
         lambda w, n: auto_round_fixture("qwen3", "auto_round", 4, 32, True, w, n),

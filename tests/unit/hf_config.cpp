@@ -432,13 +432,47 @@ TEST(HfConfigCt, FloatQuantizedNonBlockRefusedWithList) {
   EXPECT_TRUE(contains(e.message(), supported_formats_text())) << e.message();
 }
 
-TEST(HfConfigCt, NvFp4RefusedWithList) {
-  const json w = {
-      {"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", 16}};
+TEST(HfConfigCt, Fp4PackQuantized) {
+  // llm-compressor's NVFP4A16 (weights only) and NVFP4 (W4A4, "dynamic": "local" activations).
+  const json w = {{"num_bits", 4},     {"type", "float"},
+                  {"symmetric", true}, {"strategy", "tensor_group"},
+                  {"group_size", 16},  {"dynamic", false}};
+  const QuantParams a16 = norm(ct_config("nvfp4-pack-quantized", w));
+  EXPECT_EQ(a16.method, QuantMethod::kCtNvfp4);
+  EXPECT_EQ(a16.bits, 4);
+  EXPECT_EQ(a16.group_size, 16);
+  const json act = {{"num_bits", 4},     {"type", "float"},
+                    {"symmetric", true}, {"strategy", "tensor_group"},
+                    {"group_size", 16},  {"dynamic", "local"}};
+  EXPECT_EQ(norm(ct_config("nvfp4-pack-quantized", w, act)).method, QuantMethod::kCtNvfp4);
+  json mx = w;
+  mx["strategy"] = "group";
+  mx["group_size"] = 32;
+  const QuantParams m = norm(ct_config("mxfp4-pack-quantized", mx));
+  EXPECT_EQ(m.method, QuantMethod::kCtMxfp4);
+  EXPECT_EQ(m.group_size, 32);
+  // Malformed: a group size the format does not have, int weights, the wrong strategy.
+  json g32 = w;
+  g32["group_size"] = 32;
+  expect_error([&] { norm(ct_config("nvfp4-pack-quantized", g32)); }, ErrorCode::kBadConfig);
+  json integer = w;
+  integer["type"] = "int";
+  expect_error([&] { norm(ct_config("nvfp4-pack-quantized", integer)); }, ErrorCode::kBadConfig);
+  json strat = mx;
+  strat["strategy"] = "tensor_group";
+  expect_error([&] { norm(ct_config("mxfp4-pack-quantized", strat)); }, ErrorCode::kBadConfig);
+}
+
+TEST(HfConfigCt, AsymmetricNvFp4Refused) {
+  const json w = {{"num_bits", 4},
+                  {"type", "float"},
+                  {"symmetric", false},
+                  {"strategy", "tensor_group"},
+                  {"group_size", 16}};
   const Error e =
       expect_error([&] { norm(ct_config("nvfp4-pack-quantized", w)); }, ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), "nvfp4-pack-quantized")) << e.message();
-  EXPECT_TRUE(contains(e.message(), "Supported")) << e.message();
+  EXPECT_TRUE(contains(e.message(), "asymmetric")) << e.message();
 }
 
 TEST(HfConfigCt, MissingConfigGroups) {
@@ -534,13 +568,31 @@ TEST(HfConfigModelopt, Fp8AlgoRecognised) {
   EXPECT_EQ(b.method, QuantMethod::kModeloptFp8);
 }
 
+TEST(HfConfigModelopt, Nvfp4) {
+  for (const char* algo : {"NVFP4", "W4A16_NVFP4", "nvfp4"}) {
+    const QuantParams p =
+        norm({{"quant_method", "modelopt"}, {"quant_algo", algo}, {"group_size", 16}});
+    EXPECT_EQ(p.method, QuantMethod::kModeloptNvfp4) << algo;
+    EXPECT_EQ(p.group_size, 16) << algo;
+  }
+  const QuantParams side = norm({{"producer", {{"name", "modelopt"}}},
+                                 {"quantization", {{"quant_algo", "NVFP4"}, {"group_size", 16}}}});
+  EXPECT_EQ(side.method, QuantMethod::kModeloptNvfp4);
+  EXPECT_EQ(norm({{"quant_method", "modelopt_fp4"}}).method, QuantMethod::kModeloptNvfp4);
+  expect_error(
+      [] {
+        norm({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 32}});
+      },
+      ErrorCode::kBadConfig);
+}
+
 TEST(HfConfigModelopt, OtherAlgosRefused) {
   const Error e = expect_error(
       [] {
-        norm({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 16}});
+        norm({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4_AWQ"}, {"group_size", 16}});
       },
       ErrorCode::kUnsupported);
-  EXPECT_TRUE(contains(e.message(), "NVFP4")) << e.message();
+  EXPECT_TRUE(contains(e.message(), "NVFP4_AWQ")) << e.message();
   EXPECT_TRUE(contains(e.message(), supported_formats_text())) << e.message();
   expect_error([] { norm({{"quant_method", "modelopt"}}); }, ErrorCode::kBadConfig);
   expect_error(

@@ -84,6 +84,7 @@ TEST(FpBits, DecodersEqualHostOnEveryCode) {
     const auto c = static_cast<uint8_t>(b);
     ASSERT_TRUE(same_float(hd::e4m3_value(c), e4m3_to_float(c))) << "e4m3 " << b;
     ASSERT_TRUE(same_float(hd::e8m0_value(c), e8m0_to_float(c))) << "e8m0 " << b;
+    ASSERT_TRUE(same_float(hd::e2m1_value(c), e2m1_to_float(c))) << "e2m1 " << b;
   }
 }
 
@@ -178,6 +179,36 @@ TEST(CanonicalReader, EqualsDequantizeExpertForEveryCodecSpec) {
       }
     }
   EXPECT_GE(cases, 10);
+}
+
+// FP4 codes with E4M3 (NVFP4) or E8M0 (MXFP4) block scales, with and without a global scale
+// in either convention, one or two global shards (a gated w13 keeps gate's and up's).
+TEST(CanonicalReader, EqualsDequantizeExpertForFp4AndGlobalScales) {
+  Rng rng(2424);
+  int cases = 0;
+  for (const auto& [scale_dtype, group] :
+       {std::make_pair(DType::kF8_E4M3, int64_t{16}), std::make_pair(DType::kU8, int64_t{32})})
+    for (GlobalScale gs :
+         {GlobalScale::kNone, GlobalScale::kDecodeMultiplier, GlobalScale::kEncodeDivisor})
+      for (int64_t shards : {1, 2})
+        for (test::ScaleValues sv :
+             {test::ScaleValues::kAnyPositiveFinite, test::ScaleValues::kModerate}) {
+          QuantSpec spec;
+          spec.kind = CodeKind::kFp4E2M1;
+          spec.bits = 4;
+          spec.group_size = group;
+          spec.scale_dtype = scale_dtype;
+          spec.global_scale = gs;
+          test::RandomTensorOptions ro;
+          ro.scales = sv;
+          ro.global_shards = shards;
+          const QuantTensor q = test::random_quant_tensor(rng, spec, 3, 48, 4 * group, ro);
+          expect_canonical_equals_dequantize(
+              q, "fp4 scale " + std::string(dtype_name(scale_dtype)) + " global " +
+                     std::to_string(static_cast<int>(gs)) + " shards " + std::to_string(shards));
+          ++cases;
+        }
+  EXPECT_EQ(cases, 24);
 }
 
 TEST(CanonicalReader, LocatorAndNullBuffers) {

@@ -85,7 +85,7 @@ std::string spec_str(const QuantSpec& q) {
   std::ostringstream s;
   s << "kind=" << static_cast<int>(q.kind) << " bits=" << q.bits << " group=" << q.group_size
     << " scale_block_n=" << q.scale_block_n << (q.symmetric ? " sym" : " asym")
-    << " scale=" << dtype_name(q.scale_dtype);
+    << " scale=" << dtype_name(q.scale_dtype) << " global=" << static_cast<int>(q.global_scale);
   return s.str();
 }
 
@@ -128,6 +128,12 @@ void expect_same_quant(const QuantTensor& got, const QuantTensor& want, const st
   EXPECT_TRUE(bytes_equal(got.scales, scales_as(want, got.scale_dtype), 16, what + " scales"));
   EXPECT_TRUE(bytes_equal(got.zeros, want.zeros, 16, what + " zeros"));
   EXPECT_TRUE(bytes_equal(got.g_idx, want.g_idx, 16, what + " g_idx"));
+  // Global scales as stored, bit for bit (never a reciprocal in their place).
+  EXPECT_EQ(got.global_scale, want.global_scale);
+  if (got.global_scale != GlobalScale::kNone) {
+    EXPECT_EQ(got.global_shards, want.global_shards);
+  }
+  EXPECT_TRUE(bytes_equal(got.global_scales, want.global_scales, 16, what + " global scales"));
 }
 
 // ---- source codecs ---------------------------------------------------------------------------
@@ -236,6 +242,20 @@ TEST_P(SourceCodecRows, PackUnpackIdentityOnRandomLegalTensors) {
 std::string codec_test_name(const ::testing::TestParamInfo<SourceCodec>& p) {
   return test_name(p.param.name);
 }
+// A codec with a global scale names its tensor (load_moe_experts' gate/up refusal names it),
+// one of the required suffixes; one without names none.
+TEST_P(SourceCodecRows, GlobalScaleSuffixIsRequired) {
+  const SourceCodec& row = GetParam();
+  for (const QuantParams& params : row.param_space()) {
+    const bool global = row.spec_for(params).global_scale != GlobalScale::kNone;
+    ASSERT_EQ(global, row.global_scale_suffix != nullptr) << row.name;
+    if (!global) continue;
+    const auto req = row.required_suffixes(params);
+    EXPECT_NE(std::find(req.begin(), req.end(), std::string(row.global_scale_suffix)), req.end())
+        << row.name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Registry, SourceCodecRows, ::testing::ValuesIn(source_codecs()),
                          codec_test_name);
 

@@ -1,0 +1,353 @@
+// FP4 (e2m1) checkpoint Linears <-> QuantTensor, and their quantisers: the tensors and bit order
+// are in formats/fp4.h, the conventions in docs/nvfp4.md and docs/mxfp4.md.
+#include "formats/fp4.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "formats/fp8.h"
+
+namespace moepack {
+namespace {
+
+constexpr int64_t kNvBlock = 16;
+constexpr int64_t kMxBlock = 32;
+
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
+
+// A float as it is stored, to 9 significant digits (1e-39 stays visible).
+std::string float_text(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+void check_shape(const Tensor& t, const std::string& suffix, const Shape& want) {
+  if (t.shape != want)
+    throw Error(ErrorCode::kBadShape, "", suffix,
+                "shape " + shape_str(t.shape) + ", expected " + shape_str(want));
+}
+
+void check_dims(int64_t n, int64_t k, int64_t block, const std::string& suffix,
+                const char* format) {
+  if (n <= 0 || k <= 0)
+    throw Error(ErrorCode::kBadShape, "", suffix,
+                "N=" + num(n) + ", K=" + num(k) + " must be positive");
+  if (k % block != 0)
+    throw Error(ErrorCode::kBadShape, "", suffix,
+                "K=" + num(k) + " is not a multiple of the " + format + " block " + num(block));
+}
+
+// Two codes per byte, the even k in the low nibble -> one code per byte.
+std::vector<uint8_t> unpack_nibbles(const Tensor& w, const std::string& suffix, int64_t n,
+                                    int64_t k) {
+  if (w.dtype != DType::kU8)
+    throw Error(ErrorCode::kBadDtype, "", suffix,
+                std::string("dtype ") + dtype_name(w.dtype) + ", expected U8 (two e2m1 per byte)");
+  check_shape(w, suffix, {n, k / 2});
+  std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < w.data.size(); ++i) {
+    codes[2 * i] = w.data[i] & 0x0f;
+    codes[2 * i + 1] = static_cast<uint8_t>(w.data[i] >> 4);
+  }
+  return codes;
+}
+
+Tensor pack_nibbles(const QuantTensor& q, const std::string& suffix) {
+  Tensor w(suffix, DType::kU8, {q.n, q.k / 2});
+  w.data.resize(static_cast<size_t>(q.n * q.k / 2));
+  for (size_t i = 0; i < w.data.size(); ++i) {
+    const uint8_t lo = q.codes[2 * i], hi = q.codes[2 * i + 1];
+    if ((lo | hi) > 0x0f)
+      throw Error(ErrorCode::kInternal, "", suffix,
+                  "canonical e2m1 code above 15 at flat index " + num(static_cast<int64_t>(2 * i)));
+    w.data[i] = static_cast<uint8_t>(lo | hi << 4);
+  }
+  return w;
+}
+
+// NVFP4 block scales: float8_e4m3fn [N, K/16], never NaN (0x7f / 0xff; e4m3fn has no inf).
+std::vector<uint8_t> read_e4m3_block_scales(const Tensor& s, int64_t n, int64_t k) {
+  if (s.dtype != DType::kF8_E4M3)
+    throw Error(ErrorCode::kBadDtype, "", "weight_scale",
+                std::string("dtype ") + dtype_name(s.dtype) + ", expected F8_E4M3");
+  check_shape(s, "weight_scale", {n, k / kNvBlock});
+  check_e4m3_scale_codes(s.data, k / kNvBlock, "weight_scale");
+  return s.data;
+}
+
+// The one F32 of a global scale tensor ([] or [1]); refuses 0, negative, NaN and inf (vLLM
+// divides by it or multiplies every block by it: any of these poisons the whole Linear), and an
+// encode divisor whose reciprocal, the decode scale vLLM computes (1.0 / weight_global_scale), is
+// infinite.
+float read_global_scale(const TensorMap& by_suffix, const std::string& suffix,
+                        GlobalScale convention) {
+  const Tensor& t = require_tensor(by_suffix, suffix, "NVFP4 Linear");
+  if (t.dtype != DType::kF32)
+    throw Error(ErrorCode::kBadDtype, "", suffix,
+                std::string("dtype ") + dtype_name(t.dtype) + ", expected F32");
+  if (numel(t.shape) != 1 || t.shape.size() > 1)
+    throw Error(ErrorCode::kBadShape, "", suffix,
+                "shape " + shape_str(t.shape) + ", expected [] or [1] (one global scale)");
+  float g;
+  std::memcpy(&g, t.data.data(), 4);
+  if (!std::isfinite(g) || !(g > 0.0f))
+    throw Error(ErrorCode::kBadValue, "", suffix,
+                "global scale " + float_text(g) + ": must be positive and finite");
+  if (convention == GlobalScale::kEncodeDivisor && !std::isfinite(1.0f / g))
+    throw Error(ErrorCode::kBadValue, "", suffix,
+                "global scale " + float_text(g) +
+                    " (an encode divisor): its reciprocal, the decode scale, is infinite");
+  return g;
+}
+
+QuantTensor unpack_nvfp4(const QuantSpec& spec, const TensorMap& by_suffix, int64_t n, int64_t k,
+                         const std::string& weight_suffix, const std::string& global_suffix) {
+  check_dims(n, k, kNvBlock, weight_suffix, "NVFP4");
+  const Tensor& w = require_tensor(by_suffix, weight_suffix, "NVFP4 Linear");
+  const Tensor& s = require_tensor(by_suffix, "weight_scale", "NVFP4 Linear");
+  QuantTensor q(spec, 1, n, k);
+  q.codes = unpack_nibbles(w, weight_suffix, n, k);
+  q.scales = read_e4m3_block_scales(s, n, k);
+  q.global_scales = {read_global_scale(by_suffix, global_suffix, spec.global_scale)};
+  q.check_consistent("nvfp4");
+  return q;
+}
+
+void check_packable(const QuantTensor& q, const QuantSpec& want, const char* format) {
+  if (q.spec() != want || !q.zeros.empty() || !q.g_idx.empty())
+    throw Error(ErrorCode::kUnsupported, "", "weight",
+                std::string("not a ") + format + " tensor (e2m1 codes, group " +
+                    num(want.group_size) + ", scale dtype " + dtype_name(want.scale_dtype) +
+                    ", no zeros, no g_idx; have group " + num(q.group_size) + ", scale dtype " +
+                    dtype_name(q.scale_dtype) + ")");
+  if (q.experts != 1)
+    throw Error(ErrorCode::kInternal, "", "weight",
+                "source codecs pack one Linear, got " + num(q.experts) + " experts");
+  if (q.global_scale != GlobalScale::kNone && q.global_shards != 1)
+    throw Error(ErrorCode::kInternal, "", "weight",
+                "one Linear has one global scale, got " + num(q.global_shards) + " shards");
+  check_dims(q.n, q.k, want.group_size, "weight", format);
+  q.check_consistent(format);
+}
+
+TensorMap pack_nvfp4(const QuantTensor& q, const QuantSpec& want, const std::string& weight_suffix,
+                     const std::string& global_suffix, const Shape& global_shape) {
+  check_packable(q, want, "NVFP4");
+  TensorMap out;
+  out.emplace(weight_suffix, pack_nibbles(q, weight_suffix));
+  Tensor s("weight_scale", DType::kF8_E4M3, {q.n, q.k / kNvBlock});
+  s.data = q.scales;
+  out.emplace("weight_scale", std::move(s));
+  Tensor g(global_suffix, DType::kF32, global_shape);
+  g.data.resize(4);
+  std::memcpy(g.data.data(), q.global_scales.data(), 4);
+  out.emplace(global_suffix, std::move(g));
+  return out;
+}
+
+QuantSpec fp4_spec(int64_t group, DType scale_dtype, GlobalScale gs) {
+  QuantSpec s;
+  s.kind = CodeKind::kFp4E2M1;
+  s.bits = 4;
+  s.group_size = group;
+  s.scale_dtype = scale_dtype;
+  s.global_scale = gs;
+  return s;
+}
+
+QuantParams fp4_params(QuantMethod m, int64_t group) {
+  QuantParams p;
+  p.method = m;
+  p.bits = 4;
+  p.group_size = group;
+  return p;
+}
+
+}  // namespace
+
+// ---- ModelOpt NVFP4 ----------------------------------------------------------------------------
+
+std::vector<std::string> modelopt_nvfp4_required_suffixes(const QuantParams&) {
+  return {"weight", "weight_scale", "weight_scale_2"};
+}
+std::vector<std::string> modelopt_nvfp4_optional_suffixes(const QuantParams&) {
+  return {"input_scale"};  // W4A4's static activation scale: Marlin runs 16-bit activations
+}
+QuantSpec modelopt_nvfp4_spec_for(const QuantParams&) {
+  return fp4_spec(kNvBlock, DType::kF8_E4M3, GlobalScale::kDecodeMultiplier);
+}
+QuantTensor unpack_modelopt_nvfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                                  int64_t k) {
+  return unpack_nvfp4(modelopt_nvfp4_spec_for(p), by_suffix, n, k, "weight", "weight_scale_2");
+}
+TensorMap pack_modelopt_nvfp4(const QuantParams& p, const QuantTensor& q) {
+  // ModelOpt saves weight_scale_2 as a 0-d tensor (NVFP4QTensor.get_weights_scaling_factor_2).
+  return pack_nvfp4(q, modelopt_nvfp4_spec_for(p), "weight", "weight_scale_2", {});
+}
+std::pair<int64_t, int64_t> modelopt_nvfp4_logical_shape(
+    const QuantParams&, const std::map<std::string, TensorView>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "weight");  // [N, K/2]
+  return {s[0], 2 * s[1]};
+}
+std::vector<QuantParams> modelopt_nvfp4_param_space() {
+  return {fp4_params(QuantMethod::kModeloptNvfp4, kNvBlock)};
+}
+
+// ---- compressed-tensors nvfp4-pack-quantized ----------------------------------------------------
+
+std::vector<std::string> ct_nvfp4_required_suffixes(const QuantParams&) {
+  return {"weight_packed", "weight_scale", "weight_global_scale"};
+}
+std::vector<std::string> ct_nvfp4_optional_suffixes(const QuantParams&) {
+  return {"input_global_scale"};  // W4A4 only (NVFP4A16 has none); not read by Marlin
+}
+QuantSpec ct_nvfp4_spec_for(const QuantParams&) {
+  return fp4_spec(kNvBlock, DType::kF8_E4M3, GlobalScale::kEncodeDivisor);
+}
+QuantTensor unpack_ct_nvfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                            int64_t k) {
+  return unpack_nvfp4(ct_nvfp4_spec_for(p), by_suffix, n, k, "weight_packed",
+                      "weight_global_scale");
+}
+TensorMap pack_ct_nvfp4(const QuantParams& p, const QuantTensor& q) {
+  return pack_nvfp4(q, ct_nvfp4_spec_for(p), "weight_packed", "weight_global_scale", {1});
+}
+std::vector<QuantParams> ct_nvfp4_param_space() {
+  return {fp4_params(QuantMethod::kCtNvfp4, kNvBlock)};
+}
+
+std::pair<int64_t, int64_t> ct_fp4_logical_shape(
+    const QuantParams&, const std::map<std::string, TensorView>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "weight_packed");  // [N, K/2]
+  return {s[0], 2 * s[1]};
+}
+
+// ---- compressed-tensors mxfp4-pack-quantized ----------------------------------------------------
+
+std::vector<std::string> ct_mxfp4_required_suffixes(const QuantParams&) {
+  return {"weight_packed", "weight_scale"};
+}
+std::vector<std::string> ct_mxfp4_optional_suffixes(const QuantParams&) {
+  return {"input_global_scale"};
+}
+QuantSpec ct_mxfp4_spec_for(const QuantParams&) {
+  return fp4_spec(kMxBlock, DType::kU8, GlobalScale::kNone);
+}
+QuantTensor unpack_ct_mxfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                            int64_t k) {
+  check_dims(n, k, kMxBlock, "weight_packed", "MXFP4");
+  const Tensor& w = require_tensor(by_suffix, "weight_packed", "MXFP4 Linear");
+  const Tensor& s = require_tensor(by_suffix, "weight_scale", "MXFP4 Linear");
+  if (!is_scale_byte_dtype(s.dtype))
+    throw Error(ErrorCode::kBadDtype, "", "weight_scale",
+                std::string("dtype ") + dtype_name(s.dtype) + ", expected U8 or F8_E8M0");
+  check_shape(s, "weight_scale", {n, k / kMxBlock});
+  check_e8m0_scale_codes(s.data, k / kMxBlock, "weight_scale");
+  QuantTensor q(ct_mxfp4_spec_for(p), 1, n, k);
+  q.codes = unpack_nibbles(w, "weight_packed", n, k);
+  q.scales = s.data;
+  q.check_consistent("mxfp4");
+  return q;
+}
+TensorMap pack_ct_mxfp4(const QuantParams& p, const QuantTensor& q) {
+  QuantSpec want = ct_mxfp4_spec_for(p);
+  // U8 and F8_E8M0 hold the same codes; compressed-tensors writes uint8.
+  if (q.scale_dtype == DType::kF8_E8M0) want.scale_dtype = DType::kF8_E8M0;
+  check_packable(q, want, "MXFP4");
+  TensorMap out;
+  out.emplace("weight_packed", pack_nibbles(q, "weight_packed"));
+  Tensor s("weight_scale", DType::kU8, {q.n, q.k / kMxBlock});
+  s.data = q.scales;
+  out.emplace("weight_scale", std::move(s));
+  return out;
+}
+std::vector<QuantParams> ct_mxfp4_param_space() {
+  return {fp4_params(QuantMethod::kCtMxfp4, kMxBlock)};
+}
+
+// ---- quantisers ---------------------------------------------------------------------------------
+
+uint8_t float_to_e2m1(float x) {
+  const float a = std::fabs(x);
+  // Midpoints between neighbouring magnitudes; a tie goes to the even code.
+  uint8_t m;
+  if (a <= 0.25f)
+    m = 0;
+  else if (a < 0.75f)
+    m = 1;
+  else if (a <= 1.25f)
+    m = 2;
+  else if (a < 1.75f)
+    m = 3;
+  else if (a <= 2.5f)
+    m = 4;
+  else if (a < 3.5f)
+    m = 5;
+  else if (a <= 5.0f)
+    m = 6;
+  else
+    m = 7;
+  return static_cast<uint8_t>(m | (std::signbit(x) ? 8 : 0));
+}
+
+QuantTensor quantize_nvfp4(const float* w, int64_t n, int64_t k, float g, GlobalScale convention) {
+  check_dims(n, k, kNvBlock, "weight", "NVFP4");
+  if (!std::isfinite(g) || !(g > 0.0f) || convention == GlobalScale::kNone)
+    throw Error(ErrorCode::kInternal, "", "", "quantize_nvfp4: bad global scale");
+  QuantTensor q(fp4_spec(kNvBlock, DType::kF8_E4M3, convention), 1, n, k);
+  const float stored = convention == GlobalScale::kDecodeMultiplier ? g : 1.0f / g;
+  q.global_scales = {stored};
+  const int64_t blocks = n * (k / kNvBlock);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* x = w + b * kNvBlock;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < kNvBlock; ++i) {
+      if (!std::isfinite(x[i]))
+        throw Error(ErrorCode::kBadValue, "", "",
+                    "quantize_nvfp4: non-finite input at flat index " + num(b * kNvBlock + i));
+      amax = std::fmax(amax, std::fabs(x[i]));
+    }
+    const uint8_t s = float_to_e4m3_satfinite(amax / 6.0f / g);
+    q.scales[static_cast<size_t>(b)] = s;
+    // The value the block decodes with, in the stored convention (dequantize_expert's order).
+    const float eff = convention == GlobalScale::kDecodeMultiplier ? e4m3_to_float(s) * stored
+                                                                   : e4m3_to_float(s) / stored;
+    for (int64_t i = 0; i < kNvBlock; ++i)
+      q.codes[static_cast<size_t>(b * kNvBlock + i)] =
+          eff > 0.0f ? float_to_e2m1(x[i] / eff) : static_cast<uint8_t>(0);
+  }
+  return q;
+}
+
+QuantTensor quantize_mxfp4(const float* w, int64_t n, int64_t k) {
+  check_dims(n, k, kMxBlock, "weight", "MXFP4");
+  QuantTensor q(fp4_spec(kMxBlock, DType::kU8, GlobalScale::kNone), 1, n, k);
+  const int64_t blocks = n * (k / kMxBlock);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* x = w + b * kMxBlock;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < kMxBlock; ++i) {
+      if (!std::isfinite(x[i]))
+        throw Error(ErrorCode::kBadValue, "", "",
+                    "quantize_mxfp4: non-finite input at flat index " + num(b * kMxBlock + i));
+      amax = std::fmax(amax, std::fabs(x[i]));
+    }
+    int c = 0;
+    if (amax > 0.0f) {
+      int e;
+      std::frexp(amax, &e);  // amax = f * 2^e, f in [0.5, 1): floor(log2(amax)) = e - 1
+      c = std::min(254, std::max(0, (e - 1) - 2 + 127));
+    }
+    q.scales[static_cast<size_t>(b)] = static_cast<uint8_t>(c);
+    const float inv = std::ldexp(1.0f, 127 - c);  // exact: 2^(127-c) for c in [0, 254]
+    for (int64_t i = 0; i < kMxBlock; ++i)
+      q.codes[static_cast<size_t>(b * kMxBlock + i)] = float_to_e2m1(x[i] * inv);
+  }
+  return q;
+}
+
+}  // namespace moepack
