@@ -364,6 +364,8 @@ enum class ParamRole : uint8_t {
   kW2GIdx,
   kW13SortIndices,
   kW2SortIndices,
+  kW13GlobalScale,  // a second-level per-expert scale (vLLM's NVFP4 Marlin w13_weight_scale_2)
+  kW2GlobalScale,
 };
 // "w13_weight", "w2_scale", "w13_sort_indices", ...: the role's name in moepack.json.
 const char* param_role_name(ParamRole r);

@@ -9,6 +9,7 @@
 
 #include "core/half.h"
 #include "core/threads.h"
+#include "formats/fp8.h"
 #include "formats/layout/marlin_layout.h"
 #include "formats/marlin.h"
 #include "formats/moe_reader.h"
@@ -18,7 +19,7 @@ namespace moepack {
 namespace {
 
 // The families of bytes, one per row.
-enum class Family { kFp8, kMxfp8 };
+enum class Family { kFp8, kMxfp8, kNvfp4, kMxfp4 };
 
 struct FamilyInfo {
   const char* layout;  // the row's name
@@ -29,9 +30,20 @@ FamilyInfo info(Family f) {
   switch (f) {
     case Family::kFp8:
       return {"marlin-fp8", "FP8", 8};
-    default:
+    case Family::kMxfp8:
       return {"marlin-mxfp8", "MXFP8", 8};
+    case Family::kNvfp4:
+      return {"marlin-nvfp4", "NVFP4", 4};
+    default:
+      return {"marlin-mxfp4", "MXFP4", 4};
   }
+}
+bool is_fp4(Family f) {
+  return f == Family::kNvfp4 || f == Family::kMxfp4;
+}
+// Families whose scales are E8M0 codes.
+bool is_mx(Family f) {
+  return f == Family::kMxfp8 || f == Family::kMxfp4;
 }
 
 std::string num(int64_t v) {
@@ -48,26 +60,47 @@ int64_t round_up(int64_t v, int64_t unit) {
 
 constexpr int64_t kFp8Block = 128;  // the only block_k vLLM 0.33's Marlin MoE kernel runs
 constexpr int64_t kMxBlock = 32;
+constexpr int64_t kNvBlock = 16;
 
 // The source methods each family takes (vLLM's MoE method that runs prepare_*_for_marlin).
 bool family_takes(Family f, QuantMethod m) {
-  if (f == Family::kFp8) return m == QuantMethod::kFp8Block || m == QuantMethod::kCtFp8Block;
-  return m == QuantMethod::kModeloptMxfp8 || m == QuantMethod::kCtMxfp8;
+  switch (f) {
+    case Family::kFp8:
+      return m == QuantMethod::kFp8Block || m == QuantMethod::kCtFp8Block;
+    case Family::kMxfp8:
+      return m == QuantMethod::kModeloptMxfp8 || m == QuantMethod::kCtMxfp8;
+    case Family::kNvfp4:
+      // ModelOptNvFp4FusedMoE, CompressedTensorsW4A4Nvfp4MoEMethod (W4A4 and A16).
+      return m == QuantMethod::kModeloptNvfp4 || m == QuantMethod::kCtNvfp4;
+    default:
+      // CompressedTensorsW4A4Mxfp4MoEMethod (prepare_moe_fp4_layer_for_marlin).
+      return m == QuantMethod::kCtMxfp4;
+  }
 }
 
 // The scale group along K (0: one group over all of K).
 int64_t scale_group(Family f) {
-  return f == Family::kFp8 ? kFp8Block : kMxBlock;
+  return f == Family::kFp8 ? kFp8Block : f == Family::kNvfp4 ? kNvBlock : kMxBlock;
 }
 int64_t groups_over(Family f, int64_t k) {
   const int64_t g = scale_group(f);
   return g > 0 ? k / g : 1;
 }
 
-// The intermediate size the parameters carry (marlin_moe_padded_intermediate in the prepare
-// functions): the next multiple of lcm(64, group).
-int64_t padded_inter_of(Family f, int64_t inter) {
-  return f == Family::kFp8 ? marlin_padded_intermediate(inter, kFp8Block) : round_up(inter, 64);
+// The intermediate size the parameters carry: FP8 / MXFP8 the next multiple of lcm(64, group)
+// (marlin_moe_padded_intermediate); NVFP4 the next multiple of 64 where H % 128 == 0, else of 128
+// (prepare_nvfp4_moe_layer_for_marlin); MXFP4 none (prepare_moe_fp4_layer_for_marlin).
+int64_t padded_inter_of(Family f, int64_t hidden, int64_t inter) {
+  switch (f) {
+    case Family::kFp8:
+      return marlin_padded_intermediate(inter, kFp8Block);
+    case Family::kMxfp8:
+      return round_up(inter, 64);
+    case Family::kNvfp4:
+      return round_up(inter, hidden % 128 == 0 ? 64 : 128);
+    default:
+      return inter;
+  }
 }
 
 // vLLM's parameter names (without the prefix).
@@ -80,7 +113,13 @@ std::string scale_name(Family f, QuantMethod m, MoeProj p) {
   return std::string(proj_name(p)) + (inv ? "_weight_scale_inv" : "_weight_scale");
 }
 DType scale_dtype(Family f, const LayoutOptions& o) {
-  return f == Family::kFp8 ? o.act_dtype : DType::kF8_E8M0;
+  if (f == Family::kFp8) return o.act_dtype;
+  return f == Family::kNvfp4 ? DType::kF8_E4M3 : DType::kF8_E8M0;
+}
+// NVFP4's processed global scale, one F32 per expert (vLLM's w13_weight_scale_2 /
+// w2_weight_scale_2, written by prepare_nvfp4_moe_layer_for_marlin whatever the source called it).
+std::string global_name(MoeProj p) {
+  return std::string(proj_name(p)) + "_weight_scale_2";
 }
 int scale_bytes(Family f) {
   return f == Family::kFp8 ? 2 : 1;
@@ -91,12 +130,81 @@ float fp8_bias(DType act) {
   return act == DType::kBF16 ? std::ldexp(1.0f, 120) : std::ldexp(1.0f, 8);
 }
 
+// ---- NVFP4's scales (marlin_utils_fp4.py) ------------------------------------------------------
+
+// nvfp4_marlin_process_global_scale: g * 2^(2^(t-1) - 2^1 - 7), t the activation dtype's exponent
+// bits: 2^119 (bf16), 2^7 (fp16).
+int nvfp4_global_exp(DType act) {
+  return act == DType::kBF16 ? 119 : 7;
+}
+
+// The layer decision of projection p: log2 of the rescale factor prepare_nvfp4_moe_layer_for_marlin
+// computes once over every expert of the projection (_nvfp4_compute_scale_factor).
+std::string scale_factor_key(MoeProj p) {
+  return std::string(proj_name(p)) + "_nvfp4_scale_factor_log2";
+}
+
+// _nvfp4_compute_scale_factor: 1 for fp16 activations or no positive scale; else 2^k with k =
+// floor(log2(448 * 2^7 / (m * 2^7))) for the largest positive block scale m below 448, i.e. the
+// largest k with m * 2^k <= 448 (m has 4 significant bits, so torch's float log2 decides alike).
+int nvfp4_scale_factor_log2(DType act, float max_positive) {
+  if (act == DType::kF16 || !(max_positive > 0.0f)) return 0;
+  int k = 0;
+  while (std::ldexp(max_positive, k + 1) <= 448.0f) ++k;
+  return k;
+}
+
+int scale_factor_log2_of(const LayoutOptions& o, MoeProj p) {
+  const std::string key = scale_factor_key(p);
+  const auto it = o.layer_decisions.find(key);
+  if (it == o.layer_decisions.end())
+    throw Error(ErrorCode::kBadConfig, "", "layout_decisions." + key,
+                "no decision for " + key +
+                    " (NVFP4 Marlin's scale factor is decided once per layer over all its "
+                    "experts: make_plan records it, moepack.json carries it)");
+  const std::string& v = it->second;
+  if (v.empty() || v.size() > 2 || !std::all_of(v.begin(), v.end(), ::isdigit) || std::stoi(v) > 24)
+    throw Error(ErrorCode::kBadConfig, "", "layout_decisions." + key,
+                "\"" + v + "\" is not a scale factor exponent 0..24");
+  return std::stoi(v);
+}
+
+// nvfp4_marlin_process_scales on one e4m3 block scale: to fp16, times the layer's 2^k, times 2^7;
+// values below 2 (scales under 2^-6 after the rescale, zeros, negatives) flushed to 0; then the
+// high byte of (fp16 bits << 1), i.e. bits 14..7: EEEEEMMM ("S0E5M3"). The fp16 value is exact:
+// an e4m3 value has 4 significant bits and 2 <= v <= 448 * 2^7 (k never lifts a scale above 448).
+uint8_t nvfp4_marlin_scale_byte(uint8_t e4m3, int sf_log2) {
+  const float v = std::ldexp(e4m3_to_float(e4m3), sf_log2 + 7);
+  if (!(v >= 2.0f)) return 0;
+  return static_cast<uint8_t>((float_to_f16(v) >> 7) & 0xffu);
+}
+
+// The e4m3 block scale whose byte is b under 2^k (byte 0: scale 0), or -1 where no e4m3 scale
+// gives b (pack never writes such a byte).
+int nvfp4_scale_of_byte(uint8_t b, int sf_log2) {
+  if (b == 0) return 0;
+  const float h = f16_to_float(static_cast<uint16_t>(b << 7));
+  if (!(h >= 2.0f)) return -1;
+  const float v = std::ldexp(h, -(sf_log2 + 7));
+  const uint8_t c = float_to_e4m3_satfinite(v);
+  return e4m3_to_float(c) == v ? c : -1;
+}
+
+// The decode global scale vLLM's NVFP4 methods hand to prepare_nvfp4_moe_layer_for_marlin: the
+// gate's (shard 0) for both halves of w13; compressed-tensors' encode divisor G as 1.0 / G in fp32.
+float nvfp4_decode_global(const QuantTensor& q, int64_t e) {
+  const float g = q.global_scales[static_cast<size_t>(e * q.global_shards)];
+  return q.global_scale == GlobalScale::kEncodeDivisor ? 1.0f / g : g;
+}
+
 // ---- reasons ------------------------------------------------------------------------------------
 
 void proj_reasons(Family f, const ProjShape& s, const char* p, std::vector<std::string>* why) {
   const QuantSpec& q = s.quant;
   const std::string w = p;
-  if (q.kind != CodeKind::kFp8E4M3 || q.bits != 8)
+  if (is_fp4(f) && (q.kind != CodeKind::kFp4E2M1 || q.bits != 4))
+    why->push_back(w + ": codes are not float4_e2m1");
+  if (!is_fp4(f) && (q.kind != CodeKind::kFp8E4M3 || q.bits != 8))
     why->push_back(w + ": codes are not float8_e4m3fn");
   if (!q.symmetric) why->push_back(w + ": zero points (float Marlin is symmetric)");
   if (s.act_order) why->push_back(w + ": act-order g_idx (float Marlin has none)");
@@ -109,9 +217,14 @@ void proj_reasons(Family f, const ProjShape& s, const char* p, std::vector<std::
       why->push_back(w + ": FP8 block_n=" + num(q.scale_block_n) + " (moepack's FP8 codecs: 128)");
     if (!wna16::is_float_scale_dtype(q.scale_dtype))
       why->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype));
+  } else if (f == Family::kNvfp4) {
+    if (q.group_size != kNvBlock || q.scale_block_n != 1 || q.scale_dtype != DType::kF8_E4M3 ||
+        q.global_scale == GlobalScale::kNone)
+      why->push_back(w + ": not NVFP4 (E4M3 scales per 16 along K and a global scale)");
   } else {
-    if (q.group_size != kMxBlock || q.scale_block_n != 1 || !is_scale_byte_dtype(q.scale_dtype))
-      why->push_back(w + ": not MXFP8 (E8M0 scales per 32 along K)");
+    if (q.group_size != kMxBlock || q.scale_block_n != 1 || !is_scale_byte_dtype(q.scale_dtype) ||
+        q.global_scale != GlobalScale::kNone)
+      why->push_back(w + ": not " + info(f).what + " (E8M0 scales per 32 along K)");
   }
 }
 
@@ -127,13 +240,13 @@ std::vector<std::string> unsupported_reasons(Family f, const LayoutOptions& o, c
   if (o.act_dtype != DType::kBF16 && o.act_dtype != DType::kF16)
     why.push_back(std::string("activation dtype ") + dtype_name(o.act_dtype) +
                   " (Marlin takes F16 or BF16)");
-  if (f == Family::kMxfp8 && o.act_dtype == DType::kF16)
+  if (is_mx(f) && o.act_dtype == DType::kF16)
     why.push_back(
         "F16 activations: vLLM 0.33 prepares the layer, but its shipped Marlin MoE kernel has no "
         "fp16 instance with E8M0 scales (MXFP8/MXFP4 run with bf16 activations only)");
   proj_reasons(f, x.w13, "w13", &why);
   proj_reasons(f, x.w2, "w2", &why);
-  const int64_t H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, I);
+  const int64_t H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, H, I);
   const int64_t shards = o.gated ? 2 : 1;
   if (I <= 0 || H <= 0 || x.experts < 1) return why;
   if (H % 64 != 0) why.push_back("H=" + num(H) + " is not a multiple of 64 (Marlin tiles)");
@@ -143,9 +256,15 @@ std::vector<std::string> unsupported_reasons(Family f, const LayoutOptions& o, c
   if (f == Family::kFp8 && I % x.w13.quant.scale_block_n != 0)
     why.push_back("I=" + num(I) + " is not a multiple of block_n=" +
                   num(x.w13.quant.scale_block_n) + " (validate_fp8_block_shape_moe)");
-  if (f == Family::kMxfp8 && I % kMxBlock != 0)
-    why.push_back("I=" + num(I) + " is not a multiple of 32 (MXFP8 blocks along w2's K)");
-  if (!o.gated && ip != I)
+  if (is_mx(f) && I % kMxBlock != 0)
+    why.push_back("I=" + num(I) + " is not a multiple of 32 (" + fi.what + " blocks along w2's K)");
+  if (f == Family::kNvfp4 && I % kNvBlock != 0)
+    why.push_back("I=" + num(I) + " is not a multiple of 16 (NVFP4 blocks along w2's K)");
+  if (!o.gated && f == Family::kMxfp4)
+    why.push_back(
+        "non-gated layer: prepare_moe_fp4_layer_for_marlin takes w13 as gate and up "
+        "(n = 2I)");
+  if (!o.gated && ip != I && f != Family::kNvfp4)
     why.push_back("non-gated layer with I=" + num(I) + " padded to " + num(ip) +
                   ": vLLM's float Marlin padding assumes gate and up shards");
   if (!marlin_float_gemm_runs(shards * ip, H))
@@ -257,9 +376,10 @@ uint16_t fp8_stored_scale(const uint8_t* p, DType from, DType act, const std::st
   return out;
 }
 
-// One expert's scales as the kernel reads them: [G, np] in the family's format, permuted.
+// One expert's scales as the kernel reads them: [G, np] in the family's format, permuted. sf_log2:
+// NVFP4's layer rescale exponent.
 void pack_expert_scales(Family f, const LayoutOptions& o, const QuantTensor& q, const ProjGeom& g,
-                        int64_t e, const std::string& what, uint8_t* out) {
+                        int64_t e, const std::string& what, int sf_log2, uint8_t* out) {
   const int64_t G = groups_over(f, g.kp), Gq = q.groups(), rows = q.scale_rows();
   const int eb = scale_bytes(f), qb = q.scale_bytes();
   std::memset(out, 0, static_cast<size_t>(G * g.np * eb));
@@ -272,6 +392,8 @@ void pack_expert_scales(Family f, const LayoutOptions& o, const QuantTensor& q, 
       if (f == Family::kFp8) {
         const uint16_t h = fp8_stored_scale(src, q.scale_dtype, o.act_dtype, what);
         std::memcpy(dst, &h, 2);
+      } else if (f == Family::kNvfp4) {
+        *dst = nvfp4_marlin_scale_byte(*src, sf_log2);
       } else {
         if (*src == 255)
           throw Error(ErrorCode::kBadValue, "", what,
@@ -284,60 +406,100 @@ void pack_expert_scales(Family f, const LayoutOptions& o, const QuantTensor& q, 
   permute_scale_matrix(out, G, g.np, eb, f != Family::kFp8);
 }
 
-void pack_projection(Family f, const LayoutOptions& o, const QuantTensor& q, MoeProj p,
-                     const ProjGeom& g, std::vector<Tensor>* out) {
+// NVFP4's processed global scale of each expert: the decode global times 2^119 (bf16) / 2^7
+// (fp16), divided by the layer's 2^k, in fp32 as vLLM computes it; one that is not a finite
+// positive float is refused (vLLM would serve inf or 0).
+Tensor pack_globals(const LayoutOptions& o, const QuantTensor& q, MoeProj p, int sf_log2) {
+  Tensor t(o.prefix + global_name(p), DType::kF32, {q.experts});
+  float* out = reinterpret_cast<float*>(t.data.data());
+  for (int64_t e = 0; e < q.experts; ++e) {
+    const float g = nvfp4_decode_global(q, e);
+    const float v = std::ldexp(std::ldexp(g, nvfp4_global_exp(o.act_dtype)), -sf_log2);
+    if (!std::isfinite(v) || !(v > 0.0f))
+      throw Error(ErrorCode::kBadValue, "", t.name,
+                  "expert " + num(e) + ": decode global scale " + std::to_string(g) + " times 2^" +
+                      num(nvfp4_global_exp(o.act_dtype) - sf_log2) +
+                      " (nvfp4_marlin_process_global_scale) is " + std::to_string(v) +
+                      " in fp32: vLLM would serve it");
+    out[e] = v;
+  }
+  return t;
+}
+
+struct PackedProj {
+  Tensor weight, scales, globals;  // globals: NVFP4 only
+};
+
+PackedProj pack_projection(Family f, const LayoutOptions& o, const QuantTensor& q, MoeProj p,
+                           const ProjGeom& g) {
   const int64_t E = q.experts, G = groups_over(f, g.kp);
   const int bits = info(f).bits, pf = 32 / bits, eb = scale_bytes(f);
-  Tensor w(o.prefix + weight_name(p), DType::kI32, {E, g.kp / 16, g.np * 16 / pf});
-  Tensor s(o.prefix + scale_name(f, o.source_method, p), scale_dtype(f, o), {E, G, g.np});
+  const int sf_log2 = f == Family::kNvfp4 ? scale_factor_log2_of(o, p) : 0;
+  PackedProj out;
+  out.weight = Tensor(o.prefix + weight_name(p), DType::kI32, {E, g.kp / 16, g.np * 16 / pf});
+  out.scales =
+      Tensor(o.prefix + scale_name(f, o.source_method, p), scale_dtype(f, o), {E, G, g.np});
+  Tensor &w = out.weight, &s = out.scales;
   const int64_t words = g.kp * g.np / pf;
   parallel_for(E, o.threads, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
       const std::vector<uint32_t> t = tile_codes(g, bits, q.codes.data() + e * g.n * g.k);
       std::memcpy(w.data.data() + e * words * 4, t.data(), t.size() * 4);
-      pack_expert_scales(f, o, q, g, e, s.name, s.data.data() + e * G * g.np * eb);
+      pack_expert_scales(f, o, q, g, e, s.name, sf_log2, s.data.data() + e * G * g.np * eb);
     }
   });
-  out->push_back(std::move(w));
-  out->push_back(std::move(s));
+  if (f == Family::kNvfp4) out.globals = pack_globals(o, q, p, sf_log2);
+  return out;
 }
 
 std::vector<Tensor> pack(Family f, const LayoutOptions& o, const MoeExperts& x) {
   refuse(f, o, x);
-  const int64_t H = x.w13.k, I = x.w2.k, ip = padded_inter_of(f, I);
-  std::vector<Tensor> ws, out;
-  pack_projection(f, o, x.w13, MoeProj::kW13, geom(MoeProj::kW13, H, I, ip, o.gated), &ws);
-  pack_projection(f, o, x.w2, MoeProj::kW2, geom(MoeProj::kW2, H, I, ip, o.gated), &ws);
-  // vLLM's order: both weights, then both scales.
-  out.push_back(std::move(ws[0]));
-  out.push_back(std::move(ws[2]));
-  out.push_back(std::move(ws[1]));
-  out.push_back(std::move(ws[3]));
+  const int64_t H = x.w13.k, I = x.w2.k, ip = padded_inter_of(f, H, I);
+  PackedProj w13 =
+      pack_projection(f, o, x.w13, MoeProj::kW13, geom(MoeProj::kW13, H, I, ip, o.gated));
+  PackedProj w2 = pack_projection(f, o, x.w2, MoeProj::kW2, geom(MoeProj::kW2, H, I, ip, o.gated));
+  // vLLM's order: both weights, then both scales (then NVFP4's global scales).
+  std::vector<Tensor> out;
+  out.push_back(std::move(w13.weight));
+  out.push_back(std::move(w2.weight));
+  out.push_back(std::move(w13.scales));
+  out.push_back(std::move(w2.scales));
+  if (f == Family::kNvfp4) {
+    out.push_back(std::move(w13.globals));
+    out.push_back(std::move(w2.globals));
+  }
   return out;
 }
 
 std::vector<ParamSpec> param_specs(Family f, const LayoutOptions& o, const MoeShape& x) {
-  const int64_t E = x.experts, H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, I);
+  const int64_t E = x.experts, H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, H, I);
   const int pf = 32 / info(f).bits;
   const ProjGeom g13 = geom(MoeProj::kW13, H, I, ip, o.gated),
                  g2 = geom(MoeProj::kW2, H, I, ip, o.gated);
   const QuantMethod m = o.source_method;
-  return {{o.prefix + weight_name(MoeProj::kW13),
-           DType::kI32,
-           {E, g13.kp / 16, g13.np * 16 / pf},
-           ParamRole::kW13Weight},
-          {o.prefix + weight_name(MoeProj::kW2),
-           DType::kI32,
-           {E, g2.kp / 16, g2.np * 16 / pf},
-           ParamRole::kW2Weight},
-          {o.prefix + scale_name(f, m, MoeProj::kW13),
-           scale_dtype(f, o),
-           {E, groups_over(f, g13.kp), g13.np},
-           ParamRole::kW13Scale},
-          {o.prefix + scale_name(f, m, MoeProj::kW2),
-           scale_dtype(f, o),
-           {E, groups_over(f, g2.kp), g2.np},
-           ParamRole::kW2Scale}};
+  std::vector<ParamSpec> out = {{o.prefix + weight_name(MoeProj::kW13),
+                                 DType::kI32,
+                                 {E, g13.kp / 16, g13.np * 16 / pf},
+                                 ParamRole::kW13Weight},
+                                {o.prefix + weight_name(MoeProj::kW2),
+                                 DType::kI32,
+                                 {E, g2.kp / 16, g2.np * 16 / pf},
+                                 ParamRole::kW2Weight},
+                                {o.prefix + scale_name(f, m, MoeProj::kW13),
+                                 scale_dtype(f, o),
+                                 {E, groups_over(f, g13.kp), g13.np},
+                                 ParamRole::kW13Scale},
+                                {o.prefix + scale_name(f, m, MoeProj::kW2),
+                                 scale_dtype(f, o),
+                                 {E, groups_over(f, g2.kp), g2.np},
+                                 ParamRole::kW2Scale}};
+  if (f == Family::kNvfp4) {
+    out.push_back(
+        {o.prefix + global_name(MoeProj::kW13), DType::kF32, {E}, ParamRole::kW13GlobalScale});
+    out.push_back(
+        {o.prefix + global_name(MoeProj::kW2), DType::kF32, {E}, ParamRole::kW2GlobalScale});
+  }
+  return out;
 }
 
 // ---- read back ----------------------------------------------------------------------------------
@@ -346,6 +508,8 @@ struct LayerView {
   int64_t experts = 0, hidden = 0, inter = 0, ip = 0;
   const Tensor* weight[2] = {nullptr, nullptr};
   const Tensor* scales[2] = {nullptr, nullptr};
+  const Tensor* globals[2] = {nullptr, nullptr};  // NVFP4
+  int sf_log2[2] = {0, 0};                        // NVFP4: the layer's rescale exponents
   ProjGeom g[2];
 };
 
@@ -364,8 +528,15 @@ LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) 
     wna16::expect_dtype(*L.weight[i], L.weight[i]->name, {DType::kI32});
     if (f == Family::kFp8)
       wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {o.act_dtype});
+    else if (f == Family::kNvfp4)
+      wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {DType::kF8_E4M3, DType::kU8});
     else
       wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {DType::kF8_E8M0, DType::kU8});
+    if (f == Family::kNvfp4) {
+      L.globals[i] = &require_tensor(params, o.prefix + global_name(p), fi.layout);
+      wna16::expect_dtype(*L.globals[i], L.globals[i]->name, {DType::kF32});
+      L.sf_log2[i] = scale_factor_log2_of(o, p);
+    }
     if (L.weight[i]->shape.size() != 3 || L.scales[i]->shape.size() != 3)
       throw Error(ErrorCode::kBadShape, "", L.weight[i]->name,
                   "weight " + shape_str(L.weight[i]->shape) + " and scales " +
@@ -379,7 +550,7 @@ LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) 
                 "H=" + num(H) + ", Ip=" + num(ip) + " are not Marlin " + fi.what + " extents");
   int64_t I = ip;
   if (o.inter > 0 && o.inter != ip) {
-    if (o.inter > ip || padded_inter_of(f, o.inter) != ip)
+    if (o.inter > ip || padded_inter_of(f, H, o.inter) != ip)
       throw Error(ErrorCode::kBadShape, "", L.weight[1]->name,
                   "parameters carry I=" + num(ip) + ", which is not how vLLM 0.33 pads the " +
                       "layer's I=" + num(o.inter) + " for " + fi.layout);
@@ -393,6 +564,7 @@ LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) 
     const ProjGeom g = geom(i == 0 ? MoeProj::kW13 : MoeProj::kW2, H, I, ip, o.gated);
     wna16::expect_shape(*L.weight[i], L.weight[i]->name, {E, g.kp / 16, g.np * 16 / pf});
     wna16::expect_shape(*L.scales[i], L.scales[i]->name, {E, groups_over(f, g.kp), g.np});
+    if (L.globals[i]) wna16::expect_shape(*L.globals[i], L.globals[i]->name, {E});
     L.g[i] = g;
   }
   return L;
@@ -442,6 +614,16 @@ void unpack_expert_scales(Family f, const LayoutOptions& o, const LayerView& L, 
       }
       uint8_t* dst = q->scales.data() + ((e * rows + lr / q->scale_block_n) * Gq + gi) * eb;
       uint8_t val[2] = {v[0], eb > 1 ? v[1] : uint8_t{0}};
+      if (f == Family::kNvfp4) {
+        const int c = nvfp4_scale_of_byte(v[0], L.sf_log2[i]);
+        if (c < 0)
+          throw Error(ErrorCode::kBadValue, "", st.name,
+                      "expert " + num(e) + ": byte " + num(v[0]) + " (row " + num(lr) + ", block " +
+                          num(gi) + ") is no E4M3 block scale under the layer's " +
+                          "scale factor 2^" + num(L.sf_log2[i]) +
+                          " (nvfp4_marlin_process_scales writes 0 or a value of at least 2)");
+        val[0] = static_cast<uint8_t>(c);
+      }
       if (f == Family::kFp8) {
         uint16_t h;
         std::memcpy(&h, v, 2);
@@ -462,21 +644,40 @@ void unpack_expert_scales(Family f, const LayoutOptions& o, const LayerView& L, 
     }
 }
 
+// What unpack decodes to. NVFP4: the e4m3 block scales the kernel's bytes hold (flushed ones 0)
+// and one decode global scale per expert and projection (w13's serves gate and up alike, vLLM's
+// rule), whatever the source's convention and shards were.
 QuantSpec canonical_spec(Family f, const LayoutOptions& o) {
   QuantSpec s;
-  s.kind = CodeKind::kFp8E4M3;
-  s.bits = 8;
+  s.kind = is_fp4(f) ? CodeKind::kFp4E2M1 : CodeKind::kFp8E4M3;
+  s.bits = info(f).bits;
   s.symmetric = true;
+  s.group_size = scale_group(f);
+  s.scale_block_n = 1;
   if (f == Family::kFp8) {
-    s.group_size = kFp8Block;
     s.scale_block_n = kFp8Block;
     s.scale_dtype = o.act_dtype;
+  } else if (f == Family::kNvfp4) {
+    s.scale_dtype = DType::kF8_E4M3;
+    s.global_scale = GlobalScale::kDecodeMultiplier;
   } else {
-    s.group_size = kMxBlock;
-    s.scale_block_n = 1;
     s.scale_dtype = DType::kU8;
   }
   return s;
+}
+
+// The decode global scales back from NVFP4's processed ones (exact: powers of two).
+void unpack_globals(const LayoutOptions& o, const LayerView& L, int i, QuantTensor* q) {
+  const Tensor& t = *L.globals[i];
+  const float* v = t.as<float>();
+  for (int64_t e = 0; e < L.experts; ++e) {
+    if (!std::isfinite(v[e]) || !(v[e] > 0.0f))
+      throw Error(ErrorCode::kBadValue, "", t.name,
+                  "expert " + num(e) + ": global scale " + std::to_string(v[e]) +
+                      " is not a finite positive float");
+    q->global_scales[static_cast<size_t>(e)] =
+        std::ldexp(v[e], L.sf_log2[i] - nvfp4_global_exp(o.act_dtype));
+  }
 }
 
 MoeExperts unpack(Family f, const LayoutOptions& o, const TensorMap& params) {
@@ -495,6 +696,7 @@ MoeExperts unpack(Family f, const LayoutOptions& o, const TensorMap& params) {
         unpack_expert_scales(f, o, L, i, e, qs[i]);
       }
     });
+    if (f == Family::kNvfp4) unpack_globals(o, L, i, qs[i]);
   }
   return x;
 }
@@ -512,13 +714,21 @@ reader::ProjReader make_reader(Family f, const LayoutOptions& o, const TensorMap
   m.qweight = static_cast<const uint32_t*>(locate_param(locate, params, L.weight[i]->name));
   m.scales = locate_param(locate, params, L.scales[i]->name);
   m.bits = info(f).bits;
-  m.scale_type = f == Family::kFp8 ? reader_scale_type(o.act_dtype, L.scales[i]->name)
-                                   : static_cast<int32_t>(reader::kScaleE8m0);
+  m.scale_type = f == Family::kFp8     ? reader_scale_type(o.act_dtype, L.scales[i]->name)
+                 : f == Family::kNvfp4 ? static_cast<int32_t>(reader::kScaleS0e5m3)
+                                       : static_cast<int32_t>(reader::kScaleE8m0);
   m.grouped_scales = groups_over(f, g.kp) > 1 ? 1 : 0;
   m.pair_swap = f == Family::kFp8 ? 0 : 1;
   m.padded_w13 = proj == MoeProj::kW13 && L.inter != L.ip ? 1 : 0;
   m.scale_mult = f == Family::kFp8 ? 1.0f / fp8_bias(o.act_dtype) : 1.0f;
   m.global_mult = 1.0f;
+  m.global_scale = nullptr;
+  if (f == Family::kNvfp4) {
+    // The S0E5M3 value is scale * 2^(k+7); the processed global g * 2^(119 or 7) / 2^k.
+    m.scale_mult = std::ldexp(1.0f, -(L.sf_log2[i] + 7));
+    m.global_mult = std::ldexp(1.0f, L.sf_log2[i] - nvfp4_global_exp(o.act_dtype));
+    m.global_scale = static_cast<const float*>(locate_param(locate, params, L.globals[i]->name));
+  }
   m.kp = g.kp;
   m.np = g.np;
   m.groups = groups_over(f, g.kp);
@@ -564,7 +774,7 @@ std::vector<std::string> marlin_fp8_deviations_from_vllm(const LayoutOptions&, c
   return {};
 }
 int64_t marlin_fp8_padded_inter(const LayoutOptions&, const MoeShape& x) {
-  return padded_inter_of(Family::kFp8, x.inter());
+  return padded_inter_of(Family::kFp8, x.hidden(), x.inter());
 }
 
 // ---- marlin-mxfp8 -------------------------------------------------------------------------------
@@ -591,7 +801,80 @@ std::vector<std::string> marlin_mxfp8_deviations_from_vllm(const LayoutOptions&,
   return {};
 }
 int64_t marlin_mxfp8_padded_inter(const LayoutOptions&, const MoeShape& x) {
-  return padded_inter_of(Family::kMxfp8, x.inter());
+  return padded_inter_of(Family::kMxfp8, x.hidden(), x.inter());
+}
+
+// ---- marlin-nvfp4 -------------------------------------------------------------------------------
+
+std::vector<std::string> marlin_nvfp4_unsupported_reasons(const LayoutOptions& o,
+                                                          const MoeShape& x) {
+  return unsupported_reasons(Family::kNvfp4, o, x);
+}
+std::vector<ParamSpec> marlin_nvfp4_param_specs(const LayoutOptions& o, const MoeShape& x) {
+  return param_specs(Family::kNvfp4, o, x);
+}
+std::vector<Tensor> pack_marlin_nvfp4_moe(const LayoutOptions& o, const MoeExperts& x) {
+  return pack(Family::kNvfp4, o, x);
+}
+MoeExperts unpack_marlin_nvfp4_moe(const LayoutOptions& o, const TensorMap& params) {
+  return unpack(Family::kNvfp4, o, params);
+}
+reader::ProjReader marlin_nvfp4_make_reader(const LayoutOptions& o, const TensorMap& params,
+                                            MoeProj proj, const ParamLocator& locate) {
+  return make_reader(Family::kNvfp4, o, params, proj, locate);
+}
+std::vector<std::string> marlin_nvfp4_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
+  // Byte-identical to prepare_nvfp4_moe_layer_for_marlin (tests/golden/marlin_float.cpp, vLLM
+  // 0.33.0 on an H100), including where vLLM changes values: the up half dequantised with the
+  // gate's global scale, block scales under 2^-6 after the rescale flushed to 0.
+  return {};
+}
+int64_t marlin_nvfp4_padded_inter(const LayoutOptions&, const MoeShape& x) {
+  return padded_inter_of(Family::kNvfp4, x.hidden(), x.inter());
+}
+
+std::map<std::string, std::string> marlin_nvfp4_decide_layer(const LayoutOptions& o,
+                                                             const MoeShape&,
+                                                             const LayerExperts& layer) {
+  // The largest positive block scale of each projection over every expert (padding adds zeros).
+  float max_positive[2] = {0.0f, 0.0f};
+  const int64_t step = std::max<int64_t>(1, layer.max_per_load);
+  for (int64_t e = 0; e < layer.experts; e += step) {
+    const MoeExperts chunk = layer.load(e, std::min(layer.experts, e + step));
+    const QuantTensor* q[2] = {&chunk.w13, &chunk.w2};
+    for (int i = 0; i < 2; ++i)
+      for (uint8_t b : q[i]->scales) {
+        const float v = e4m3_to_float(b);
+        if (v > max_positive[i]) max_positive[i] = v;
+      }
+  }
+  return {
+      {scale_factor_key(MoeProj::kW13), num(nvfp4_scale_factor_log2(o.act_dtype, max_positive[0]))},
+      {scale_factor_key(MoeProj::kW2), num(nvfp4_scale_factor_log2(o.act_dtype, max_positive[1]))}};
+}
+
+// ---- marlin-mxfp4 -------------------------------------------------------------------------------
+
+std::vector<std::string> marlin_mxfp4_unsupported_reasons(const LayoutOptions& o,
+                                                          const MoeShape& x) {
+  return unsupported_reasons(Family::kMxfp4, o, x);
+}
+std::vector<ParamSpec> marlin_mxfp4_param_specs(const LayoutOptions& o, const MoeShape& x) {
+  return param_specs(Family::kMxfp4, o, x);
+}
+std::vector<Tensor> pack_marlin_mxfp4_moe(const LayoutOptions& o, const MoeExperts& x) {
+  return pack(Family::kMxfp4, o, x);
+}
+MoeExperts unpack_marlin_mxfp4_moe(const LayoutOptions& o, const TensorMap& params) {
+  return unpack(Family::kMxfp4, o, params);
+}
+reader::ProjReader marlin_mxfp4_make_reader(const LayoutOptions& o, const TensorMap& params,
+                                            MoeProj proj, const ParamLocator& locate) {
+  return make_reader(Family::kMxfp4, o, params, proj, locate);
+}
+std::vector<std::string> marlin_mxfp4_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
+  // Byte-identical to prepare_moe_fp4_layer_for_marlin (bf16; fp16 is refused).
+  return {};
 }
 
 }  // namespace moepack

@@ -8,6 +8,10 @@
 //   marlin-fp8    FP8 e4m3 codes with 128x128 block scales (DeepSeek fp8, compressed-tensors
 //                 FP8_BLOCK): Fp8MoEMethod / CompressedTensorsW8A8Fp8MoEMethod on MARLIN
 //   marlin-mxfp8  MXFP8 (ModelOpt, compressed-tensors): e4m3 codes, E8M0 scales per 32 along K
+//   marlin-nvfp4  NVFP4 (ModelOpt, compressed-tensors): e2m1 codes, E4M3 scales per 16 along K
+//                 and a global scale: prepare_nvfp4_moe_layer_for_marlin (marlin_utils_fp4.py)
+//   marlin-mxfp4  MXFP4 (compressed-tensors): e2m1 codes, E8M0 scales per 32 along K:
+//                 prepare_moe_fp4_layer_for_marlin (marlin_utils_fp4.py)
 //
 //   w13_weight  I32 [E, H/16, 2Ip*16/pf]  Marlin tiles (docs/marlin.md "Weight tiles", the int8
 //   w2_weight   I32 [E, Ip/16, H*16/pf]   map, pf = 4) of the raw e4m3 bytes, no bias or sign
@@ -19,6 +23,16 @@
 //   MXFP8: w13_weight_scale F8_E8M0 [E, H/32, 2Ip]: codes transposed to [G, N], 64-permuted,
 //            then every 4 values stored as (0, 2, 1, 3) (mxfp8_marlin_process_scales)
 //          w2_weight_scale  F8_E8M0 [E, Ip/32, H]
+//   NVFP4: w13_weight I32 [E, H/16, 2Ip*2] / w2_weight I32 [E, Ip/16, 2H]: the int4 map on the
+//            e2m1 nibbles (pf = 8)
+//          w13_weight_scale F8_E4M3 [E, H/16, 2Ip]: the block scales times the layer's 2^k
+//            (_nvfp4_compute_scale_factor, bf16 only), 64-permuted, pair-swapped, as "S0E5M3"
+//            bytes: bits 14..7 of the fp16 value scale * 2^(k+7), 0 below 2
+//            (nvfp4_marlin_process_scales); w2_weight_scale F8_E4M3 [E, Ip/16, H]
+//          w13_weight_scale_2 / w2_weight_scale_2 F32 [E]: the decode global (the gate's for
+//            w13; 1/G for compressed-tensors) times 2^119 (bf16) / 2^7 (fp16), divided by 2^k
+//   MXFP4: weights as NVFP4; w13_weight_scale F8_E8M0 [E, H/32, 2I], w2_weight_scale
+//            [E, I/32, H]: the codes permuted and pair-swapped (mxfp4_marlin_process_scales)
 // Ip is the padded intermediate (marlin_moe_padded_intermediate): FP8 block I (vLLM takes I %
 // block_n == 0 only), MXFP8 the next multiple of 64. Padding is zero codes and zero scales: each
 // gate/up shard of w13 gets Ip - I rows at its end, w2 Ip - I columns of K.
@@ -53,6 +67,38 @@ reader::ProjReader marlin_mxfp8_make_reader(const LayoutOptions& opts,
 std::vector<std::string> marlin_mxfp8_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeShape& shape);
 int64_t marlin_mxfp8_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
+
+// ---- marlin-nvfp4 -------------------------------------------------------------------------------
+std::vector<std::string> marlin_nvfp4_unsupported_reasons(const LayoutOptions& opts,
+                                                          const MoeShape& shape);
+std::vector<ParamSpec> marlin_nvfp4_param_specs(const LayoutOptions& opts, const MoeShape& shape);
+std::vector<Tensor> pack_marlin_nvfp4_moe(const LayoutOptions& opts, const MoeExperts& experts);
+MoeExperts unpack_marlin_nvfp4_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
+reader::ProjReader marlin_nvfp4_make_reader(const LayoutOptions& opts,
+                                            const TensorMap& params_by_name, MoeProj proj,
+                                            const ParamLocator& locate);
+std::vector<std::string> marlin_nvfp4_deviations_from_vllm(const LayoutOptions& opts,
+                                                           const MoeShape& shape);
+int64_t marlin_nvfp4_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
+// The layer's rescale factor per projection (layer decisions "w13_nvfp4_scale_factor_log2" /
+// "w2_..."), from the largest positive block scale over every expert (_nvfp4_compute_scale_factor).
+std::map<std::string, std::string> marlin_nvfp4_decide_layer(const LayoutOptions& opts,
+                                                             const MoeShape& shape,
+                                                             const LayerExperts& layer);
+
+// ---- marlin-mxfp4 -------------------------------------------------------------------------------
+// (gpt-oss' MXFP4 through prepare_moe_mxfp4_layer_for_marlin adds single-permuted biases: one
+// more source method in family_takes and the bias parameters, not another row.)
+std::vector<std::string> marlin_mxfp4_unsupported_reasons(const LayoutOptions& opts,
+                                                          const MoeShape& shape);
+std::vector<ParamSpec> marlin_mxfp4_param_specs(const LayoutOptions& opts, const MoeShape& shape);
+std::vector<Tensor> pack_marlin_mxfp4_moe(const LayoutOptions& opts, const MoeExperts& experts);
+MoeExperts unpack_marlin_mxfp4_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
+reader::ProjReader marlin_mxfp4_make_reader(const LayoutOptions& opts,
+                                            const TensorMap& params_by_name, MoeProj proj,
+                                            const ParamLocator& locate);
+std::vector<std::string> marlin_mxfp4_deviations_from_vllm(const LayoutOptions& opts,
+                                                           const MoeShape& shape);
 
 // Every float Marlin row: 16-bit activations in the activation dtype (fused_marlin_moe takes the
 // hidden states as they are).

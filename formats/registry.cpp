@@ -335,8 +335,9 @@ std::vector<TargetLayout> trtllm_layouts(const std::vector<TargetArch>& sm100) {
   };
 }
 
-// vLLM 0.33's float Marlin rows (formats/marlin_float.h): where vLLM runs FP8 block and MXFP8
-// through prepare_{fp8,mxfp8}_moe_layer_for_marlin and MarlinExperts.
+// vLLM 0.33's float Marlin rows (formats/marlin_float.h): where vLLM runs FP8 block, MXFP8, NVFP4
+// and MXFP4 through prepare_{fp8,mxfp8,nvfp4}_moe_layer_for_marlin /
+// prepare_moe_fp4_layer_for_marlin and MarlinExperts.
 std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& every_arch) {
   using S = ServingPath;
   // Under tensor parallelism vLLM 0.33 narrows the checkpoint's codes and scales by tp_rank
@@ -396,6 +397,45 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}},
        .tensor_parallel = float_marlin_tp},
+      {.name = "marlin-nvfp4",
+       .kernel = "vLLM 0.33's fused Marlin MoE kernel (NVFP4 weights, 16-bit activations)",
+       .layout_version = 1,
+       .schemes = {"nvfp4"},
+       .archs = every_arch,
+       .unsupported_reasons = marlin_nvfp4_unsupported_reasons,
+       .param_specs = marlin_nvfp4_param_specs,
+       .pack = pack_marlin_nvfp4_moe,
+       .unpack = unpack_marlin_nvfp4_moe,
+       .reader_kind = reader::Kind::kMarlinFloat,
+       .act_quant = marlin_float_act_quant,
+       .make_reader = marlin_nvfp4_make_reader,
+       .deviations_from_vllm = marlin_nvfp4_deviations_from_vllm,
+       .padded_inter = marlin_nvfp4_padded_inter,
+       // ModelOptNvFp4FusedMoE declares supports_pre_processed_weights but raises under
+       // weights_already_processed() unless its backend is FLASHINFER_TRTLLM;
+       // CompressedTensorsW4A4Nvfp4MoEMethod does not declare it: the plugin builds MarlinExperts.
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "marlin-float"}},
+       // The rescale factor of every projection's block scales is the layer's (all experts).
+       .decide_layer = marlin_nvfp4_decide_layer},
+      {.name = "marlin-mxfp4",
+       .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP4 weights, bf16 activations)",
+       .layout_version = 1,
+       .schemes = {"mxfp4"},
+       .archs = every_arch,
+       .unsupported_reasons = marlin_mxfp4_unsupported_reasons,
+       .param_specs = marlin_mxfp4_param_specs,
+       .pack = pack_marlin_mxfp4_moe,
+       .unpack = unpack_marlin_mxfp4_moe,
+       .reader_kind = reader::Kind::kMarlinFloat,
+       .act_quant = marlin_float_act_quant,
+       .make_reader = marlin_mxfp4_make_reader,
+       .deviations_from_vllm = marlin_mxfp4_deviations_from_vllm,
+       // CompressedTensorsW4A4Mxfp4MoEMethod does not declare supports_pre_processed_weights.
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "marlin-float"}}},
   };
 }
 }  // namespace
@@ -552,6 +592,8 @@ const std::vector<ParamRoleRow>& param_role_rows() {
       {ParamRole::kW2GIdx, "w2_g_idx"},
       {ParamRole::kW13SortIndices, "w13_sort_indices"},
       {ParamRole::kW2SortIndices, "w2_sort_indices"},
+      {ParamRole::kW13GlobalScale, "w13_global_scale"},
+      {ParamRole::kW2GlobalScale, "w2_global_scale"},
   };
   return rows;
 }

@@ -320,6 +320,34 @@ LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads) 
   return l;
 }
 
+QuantTensor marlin_nvfp4_view(const QuantTensor& q, DType act) {
+  QuantTensor v = q;
+  double largest = 0.0;
+  for (uint8_t b : q.scales) largest = std::max(largest, static_cast<double>(e4m3_to_float(b)));
+  const double sf = act == DType::kBF16 && largest > 0.0 && largest < 448.0
+                        ? std::exp2(std::floor(std::log2(448.0 / largest)))
+                        : 1.0;
+  for (uint8_t& b : v.scales) {
+    const double s = e4m3_to_float(b);
+    if (!(s > 0.0) || s * sf < std::ldexp(1.0, -6)) b = 0;
+  }
+  v.global_scale = GlobalScale::kDecodeMultiplier;
+  v.global_shards = 1;
+  v.global_scales.assign(static_cast<size_t>(q.experts), 0.0f);
+  for (int64_t e = 0; e < q.experts; ++e) {
+    const float g = q.global_scales[static_cast<size_t>(e * q.global_shards)];
+    v.global_scales[static_cast<size_t>(e)] =
+        q.global_scale == GlobalScale::kEncodeDivisor ? 1.0f / g : g;
+  }
+  return v;
+}
+
+MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o, const MoeExperts& x) {
+  if (row.reader_kind != reader::Kind::kMarlinFloat || x.w13.global_scale == GlobalScale::kNone)
+    return x;
+  return {marlin_nvfp4_view(x.w13, o.act_dtype), marlin_nvfp4_view(x.w2, o.act_dtype)};
+}
+
 MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts) {
   MoeExperts x;
   opts.act_order = s.w13.act_order;

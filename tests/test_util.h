@@ -122,6 +122,17 @@ QuantTensor slice_experts(const QuantTensor& q, int64_t first, int64_t end);
 // slice [a, b) of x; `loads`, when given, counts the calls.
 LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads = nullptr);
 
+// vLLM 0.33's NVFP4 Marlin reading of canonical NVFP4 experts (prepare_nvfp4_moe_layer_for_marlin,
+// restated here apart from formats/marlin_float.cpp): each projection keeps one decode global scale
+// per expert -- shard 0's (the gate's, for both halves of w13), 1.0f / G for an encode divisor --
+// and every block scale that is not positive or falls below 2^-6 after the projection's rescale
+// (2^floor(log2(448 / largest scale)) over all experts, bf16 only) reads as 0. What marlin-nvfp4's
+// unpack must give back.
+QuantTensor marlin_nvfp4_view(const QuantTensor& q, DType act);
+// What a layout row's unpack gives back for x: x itself, except for the float Marlin rows on a
+// source with a global scale (marlin_nvfp4_view of each projection).
+MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o, const MoeExperts& x);
+
 // Layer extents: E in {1, 2, 3}, H a multiple of 128 in [128, 512], I a multiple of 128 in
 // [128, 512] or (one draw in four) an odd multiple of 64 (64, 192, 320), which layouts with
 // halving or 128-row tiles must refuse or handle.

@@ -213,7 +213,7 @@ struct HummingParams {
 
 // kMarlinFloat (formats/marlin_float.h): vLLM 0.33's Marlin tiles of raw float codes (e4m3 bytes,
 // e2m1 nibbles) with their scales in the kernel's formats. Physical sizes kp x np include the
-// intermediate padding. weight = code * (scale * scale_mult) [* (global * global_mult)], which is
+// intermediate padding. weight = code * ((scale * scale_mult) [* (global * global_mult)]), which is
 // the canonical dequantisation of what unpack decodes, bit for bit: scale_mult undoes the FP8
 // exponent bias fused into the stored scales (2^-120 bf16, 2^-8 fp16) and the NVFP4 2^7 of the
 // S0E5M3 bytes, global_mult the NVFP4 processed global scale's 2^119 (bf16) / 2^7 (fp16).
@@ -636,9 +636,10 @@ MOEPACK_HD float kind_weight(const MarlinFloatParams& p, const ProjReader&, int6
   const int64_t tau = (kk / 16) * p.tiles_n + n / 64;
   const uint32_t w =
       p.qweight[e * p.words_per_expert + tau * marlin::words_per_tile(p.bits) + word];
-  const float v = marlin_float_code(p, (w >> (p.bits * field)) & ((1u << p.bits) - 1u)) *
-                  marlin_float_scale(p, e, g, n);
-  return p.global_scale ? v * (p.global_scale[e] * p.global_mult) : v;
+  float s = marlin_float_scale(p, e, g, n);
+  // dequantize_expert's order: code * (scale * global).
+  if (p.global_scale) s *= p.global_scale[e] * p.global_mult;
+  return marlin_float_code(p, (w >> (p.bits * field)) & ((1u << p.bits) - 1u)) * s;
 }
 
 // The row with the (word, field) of each tile row and one scale per group hoisted.
@@ -654,14 +655,18 @@ MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r,
   const bool global = p.global_scale != nullptr;
   const float gs = global ? p.global_scale[e] * p.global_mult : 1.0f;
   const int64_t group = p.group_size > 0 ? p.group_size : r.k;
+  // dequantize_expert's order: code * (scale * global).
   float s = marlin_float_scale(p, e, 0, n);
+  if (global) s *= gs;
   for (int64_t k0 = 0; k0 < r.k; k0 += 16, tile += tile_row_words) {
     const int rows = r.k - k0 < 16 ? static_cast<int>(r.k - k0) : 16;
     for (int t = 0; t < rows; ++t) {
       const int64_t kk = k0 + t;
-      if (kk > 0 && kk % group == 0) s = marlin_float_scale(p, e, kk / group, n);
-      const float v = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
-      w[kk] = global ? v * gs : v;
+      if (kk > 0 && kk % group == 0) {
+        s = marlin_float_scale(p, e, kk / group, n);
+        if (global) s *= gs;
+      }
+      w[kk] = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
     }
   }
 }
