@@ -491,25 +491,25 @@ def fixtures():
         CT, "qwen3", "MXFP8 (E8M0 scales per 32)",
         lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="MXFP8"), w, n),
         {"method": "compressed-tensors-mxfp8", "convert": sm100("trtllm-mxfp8")})
-    # FP4 (issue 24): read exactly; no moepack layout writes FP4 yet, so convert refuses on
-    # sm80 naming the scheme (the Marlin FP4 layouts turn these into "convert" entries).
-    fp4_refusal = lambda scheme: {"exit": 4, "contains": scheme, "target_arch": "sm80"}
+    # FP4 (issue 24): read exactly and converted on sm80, where vLLM 0.33 runs FP4 MoE through
+    # Marlin (prepare_nvfp4_moe_layer_for_marlin / prepare_moe_fp4_layer_for_marlin).
+    fp4_marlin = lambda backend: [{"backend": backend, "target_arch": "sm80"}]
     f["ct-nvfp4a16-qwen3"] = (
         CT, "qwen3", "NVFP4A16 (e2m1, e4m3 scales per 16, weight_global_scale; weights only)",
         lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="NVFP4A16"), w, n),
-        {"method": "compressed-tensors-nvfp4", "refuse": fp4_refusal("nvfp4")})
+        {"method": "compressed-tensors-nvfp4", "convert": fp4_marlin("marlin-nvfp4")})
     f["ct-nvfp4-qwen3"] = (
         CT, "qwen3", "NVFP4 (W4A4: weights as NVFP4A16 plus input_global_scale)",
         lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="NVFP4"), w, n),
-        {"method": "compressed-tensors-nvfp4", "refuse": fp4_refusal("nvfp4")})
+        {"method": "compressed-tensors-nvfp4", "convert": fp4_marlin("marlin-nvfp4")})
     f["ct-mxfp4a16-qwen3"] = (
         CT, "qwen3", "MXFP4A16 (e2m1, E8M0 scales per 32)",
         lambda w, n: llmcompressor_fixture("qwen3", ct_modifier(scheme="MXFP4A16"), w, n),
-        {"method": "compressed-tensors-mxfp4", "refuse": fp4_refusal("mxfp4")})
+        {"method": "compressed-tensors-mxfp4", "convert": fp4_marlin("marlin-mxfp4")})
     f["modelopt-nvfp4-qwen3"] = (
         MO, "qwen3", "NVFP4 (NVFP4_DEFAULT_CFG), hf_quant_config.json side file",
         lambda w, n: modelopt_fixture("qwen3", "NVFP4_DEFAULT_CFG", w, n, dequant_modelopt_nvfp4),
-        {"method": "modelopt-nvfp4", "refuse": fp4_refusal("nvfp4")})
+        {"method": "modelopt-nvfp4", "convert": fp4_marlin("marlin-nvfp4")})
     f["autoround-native-sym-qwen3"] = (
         AR, "qwen3", "auto_round format (auto_round:auto_gptq packing), 4-bit symmetric g32",
         lambda w, n: auto_round_fixture("qwen3", "auto_round", 4, 32, True, w, n),

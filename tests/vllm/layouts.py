@@ -140,16 +140,27 @@ def pair_unswap(s: torch.Tensor) -> torch.Tensor:
     return s.reshape(-1, 4)[:, [0, 2, 1, 3]].reshape(G, N)
 
 
-def marlin_float_weight(qw, scales, bits, K, N, act_dtype) -> torch.Tensor:
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                     -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def marlin_float_weight(qw, scales, bits, K, N, act_dtype, global_scale=None) -> torch.Tensor:
     """W [K, N] in fp32 as vLLM's Marlin kernel computes it for float codes: the int tile map
-    on the raw e4m3 bytes (bits 8); FP8 scales in the activation dtype carrying the fused
-    exponent bias 2^120 (bf16) / 2^8 (fp16); E8M0 scales pair-swapped after the permutation."""
-    assert bits == 8, "e2m1 codes are decoded by the FP4 layouts"
-    Q = marlin_codes(qw, bits, K, N).to(torch.uint8)
-    vals = Q.view(torch.float8_e4m3fn).float()
+    on the raw e4m3 bytes (bits 8) or e2m1 nibbles (bits 4); FP8 scales in the activation dtype
+    carrying the fused exponent bias 2^120 (bf16) / 2^8 (fp16); E8M0 scales pair-swapped after
+    the permutation; NVFP4's "S0E5M3" bytes (float8_e4m3fn dtype) pair-swapped, each the fp16
+    whose bits are byte << 7, times the expert's processed global scale and 2^-126 (bf16) /
+    2^-14 (fp16)."""
+    Q = marlin_codes(qw, bits, K, N)
+    vals = E2M1[Q] if bits == 4 else Q.to(torch.uint8).view(torch.float8_e4m3fn).float()
     if scales.dtype == torch.float8_e8m0fnu:
         codes = pair_unswap(scales.view(torch.uint8))
         s = torch.exp2(unpermute_scales(codes.float()) - 127.0)
+    elif scales.dtype == torch.float8_e4m3fn:
+        b = pair_unswap(scales.view(torch.uint8)).to(torch.int32)
+        f16 = (b << 7).to(torch.int16).view(torch.float16).float()
+        bias = 2.0 ** (126 if act_dtype == torch.bfloat16 else 14)
+        s = unpermute_scales(f16) * float(global_scale) / bias
     else:
         bias = 2.0 ** (120 if act_dtype == torch.bfloat16 else 8)
         s = unpermute_scales(scales.float()) / bias
@@ -158,8 +169,29 @@ def marlin_float_weight(qw, scales, bits, K, N, act_dtype) -> torch.Tensor:
     return vals * s[g]
 
 
+def source_fp4_linear(t: dict, name: str, fmt: str) -> torch.Tensor:
+    """Dequantised W [K, N] of one FP4 source Linear (two e2m1 codes a byte, low nibble = even
+    k): ModelOpt NVFP4 e2m1 * (s * weight_scale_2), compressed-tensors NVFP4 e2m1 * (s /
+    weight_global_scale), compressed-tensors MXFP4 e2m1 * 2^(c - 127)."""
+    packed = t[name + (".weight" if fmt == "modelopt-nvfp4" else ".weight_packed")]
+    b = packed.view(torch.uint8).to(torch.long)
+    codes = torch.stack([b & 15, b >> 4], -1).reshape(b.shape[0], -1)
+    w = E2M1[codes]
+    if fmt == "ct-mxfp4":
+        s = torch.exp2(t[name + ".weight_scale"].view(torch.uint8).float() - 127.0)
+        return (w * s.repeat_interleave(32, 1)).t()
+    s = t[name + ".weight_scale"].float()
+    if fmt == "modelopt-nvfp4":
+        s = s * t[name + ".weight_scale_2"].float().reshape(())
+    else:
+        s = s / t[name + ".weight_global_scale"].float().reshape(())
+    return (w * s.repeat_interleave(16, 1)).t()
+
+
 def source_float_linear(t: dict, name: str, fmt: str) -> torch.Tensor:
-    """Dequantised W [K, N] of one float source Linear (weight e4m3 [N, K])."""
+    """Dequantised W [K, N] of one float source Linear (weight e4m3 [N, K], or FP4)."""
+    if fmt in ("modelopt-nvfp4", "ct-nvfp4", "ct-mxfp4"):
+        return source_fp4_linear(t, name, fmt)
     w = t[name + ".weight"].view(torch.float8_e4m3fn).float()
     n, k = w.shape
     if fmt in ("fp8-block", "ct-fp8-block"):

@@ -34,9 +34,11 @@ def test_stock_vllm_refuses(artifacts, fmt, family):
 
 
 @pytest.mark.parametrize("fmt,arch", [("fp8-block", "sm80"), ("ct-fp8-block", "sm86"),
-                                      ("modelopt-mxfp8", "sm89")])
+                                      ("modelopt-mxfp8", "sm89"), ("modelopt-nvfp4", "sm80"),
+                                      ("ct-nvfp4", "sm86"), ("ct-mxfp4", "sm89")])
 def test_stock_vllm_refuses_float_marlin(artifacts, fmt, arch):
-    """vLLM 0.33's float Marlin layouts (marlin-fp8, marlin-mxfp8): stock vLLM refuses them too."""
+    """vLLM 0.33's float Marlin layouts (marlin-fp8, marlin-mxfp8, marlin-nvfp4, marlin-mxfp4):
+    stock vLLM refuses them too."""
     _, dst = artifacts.get(fmt, "qwen3", "--target-arch", arch)
     assert json.loads((dst / "moepack.json").read_text())["backend"].startswith("marlin-")
     with pytest.raises(Exception, match="Unknown quantization method: moepack"):

@@ -1,16 +1,17 @@
 """vLLM 0.33's float Marlin layouts (docs/marlin_float.md) served by the plugin in the real vLLM
-0.33.0, on the CPU: FP8 block (`marlin-fp8`) and MXFP8 (`marlin-mxfp8`).
+0.33.0, on the CPU: FP8 block (`marlin-fp8`), MXFP8 (`marlin-mxfp8`), NVFP4 (`marlin-nvfp4`, ModelOpt
+and compressed-tensors) and MXFP4 (`marlin-mxfp4`, compressed-tensors).
 
 Serving paths (docs/vllm.md): DeepSeek-style FP8 block goes through vLLM's own Fp8MoEMethod under
 weights_already_processed() (path a; its oracle must pick MARLIN), compressed-tensors FP8 block
-and MXFP8 through the plugin's `marlin-float` kernel builder (path b; their vLLM methods do not
+and MXFP8, NVFP4 and MXFP4 through the plugin's `marlin-float` kernel builder (path b; their vLLM methods do not
 take pre-processed weights); stock vLLM refusing them is in test_serving.py (it runs before the
 plugin is registered). Each artifact loads byte for byte, and vLLM's whole MoE block runs on
 it (router, runner, modular kernel, MarlinExperts, fused_marlin_moe) with CPU stand-ins for the
 CUDA-only ops that compute from the parameters as the Marlin kernel reads them -- decoded in
 tests/vllm/layouts.py from docs/marlin_float.md, independently of moepack's C++ -- against an fp32
 MoE from the *source* checkpoint. A corrupted artifact (gate/up halves swapped, the pair swap of
-the E8M0 scales dropped) lands far off.
+the E8M0 / S0E5M3 scales dropped, NVFP4's processed global scale dropped) lands far off.
 
 Stubbed for path (a), because this machine has no CUDA device (`pretend_ampere`), nothing else:
 MarlinExperts._supports_current_device -> True (real: CUDA with capability >= 7.5), and vLLM's
@@ -41,8 +42,11 @@ class FloatStandIns(StandIns):
              workspace, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_weights,
              moe_block_size, top_k, mul_topk_weights, b_q_type, size_m, size_n, size_k,
              *rest, **kw):
-        assert b_bias is None and a_scales is None and global_scale is None and b_qzeros is None
-        assert b_q_type.size_bits == 8 and b_q_type.is_floating_point(), b_q_type
+        assert b_bias is None and a_scales is None and b_qzeros is None
+        bits = b_q_type.size_bits
+        assert bits in (4, 8) and b_q_type.is_floating_point(), b_q_type
+        # NVFP4 only: one F32 processed global scale per expert (the kernel asserts it).
+        assert (global_scale is not None) == (b_scales.dtype == torch.float8_e4m3fn)
         self.topk_weights = topk_weights.clone()
         out = torch.zeros(size_m * top_k, size_n)
         n_ids = int(num_tokens_post_padded[0])
@@ -52,8 +56,9 @@ class FloatStandIns(StandIns):
             ids = ids[ids < size_m * top_k]
             key = (b_qweight.data_ptr(), e)
             if key not in self.cache:
-                self.cache[key] = marlin_float_weight(b_qweight[e], b_scales[e], 8, size_k,
-                                                      size_n, a.dtype)
+                g = None if global_scale is None else global_scale[e]
+                self.cache[key] = marlin_float_weight(b_qweight[e], b_scales[e], bits, size_k,
+                                                      size_n, a.dtype, g)
             y = a[ids // top_k].float() @ self.cache[key]
             if mul_topk_weights:
                 y = y * topk_weights.flatten()[ids].unsqueeze(1)
@@ -82,7 +87,19 @@ CASES = {
                      {}),
     "modelopt-mxfp8": (("--target-arch", "sm89"), "marlin-mxfp8", "kernel-builder",
                        "marlin-float", {"inter": 96}),
+    # FP4 (issue 24): NVFP4 with I padded (96 -> 128), MXFP4 unpadded.
+    "modelopt-nvfp4": (("--target-arch", "sm80"), "marlin-nvfp4", "kernel-builder",
+                       "marlin-float", {"inter": 96}),
+    "ct-nvfp4": (("--target-arch", "sm86"), "marlin-nvfp4", "kernel-builder", "marlin-float", {}),
+    "ct-mxfp4": (("--target-arch", "sm89"), "marlin-mxfp4", "kernel-builder", "marlin-float", {}),
 }
+
+
+def param_roles(layout):
+    """The roles of a float Marlin layer's parameters (NVFP4: plus its processed global scales)."""
+    base = ["w13_scale", "w13_weight", "w2_scale", "w2_weight"]
+    return sorted(base + ["w13_global_scale", "w2_global_scale"]) if layout == "marlin-nvfp4" \
+        else base
 
 
 def ignore_bf16_linears_in(d, nested: bool, field: str) -> None:
@@ -139,7 +156,7 @@ def test_float_marlin_exports_its_serving_path(artifacts, fmt):
         assert m["serving"]["kernel_builder"] == who
     for L in m["layers"]:
         roles = sorted(L["param_roles"][n] for n in L["params"])
-        assert roles == ["w13_scale", "w13_weight", "w2_scale", "w2_weight"]
+        assert roles == param_roles(layout)
 
 
 def run_block(plugin, monkeypatch, src, dst):
@@ -194,7 +211,7 @@ def test_float_marlin_serves_and_forward_matches_source(plugin, artifacts, monke
     model, manifest, err = forward_error(plugin, monkeypatch, src, dst, fmt)
     print(f"{fmt} -> {layout}: normalized error {err:.3e}")
     assert err < RIGHT_TOL, f"{fmt}: |y - ref| / |ref| = {err:.3e}"
-    assert assert_byte_identical(model, dst) == 4 * len(manifest["layers"])
+    assert assert_byte_identical(model, dst) == len(param_roles(layout)) * len(manifest["layers"])
     layers = moepack_layers(model)
     assert len(layers) == len(manifest["layers"])
     for mod in layers.values():
@@ -204,9 +221,12 @@ def test_float_marlin_serves_and_forward_matches_source(plugin, artifacts, monke
             assert type(q.inner).__name__ == who and q.inner.fp8_backend.name == "MARLIN"
         else:
             assert q.inner is None and q.builder.name == who
-            want = [1, 32] if layout == "marlin-mxfp8" else [128, 128]
-            assert q.builder.block_shape() == want
+            if layout in ("marlin-fp8", "marlin-mxfp8"):
+                want = [1, 32] if layout == "marlin-mxfp8" else [128, 128]
+                assert q.builder.block_shape() == want
             assert q.moe_quant_config.w1_scale is q.param(mod, "w13_scale")
+            if layout == "marlin-nvfp4":
+                assert q.moe_quant_config.g1_alphas is q.param(mod, "w13_global_scale")
 
 
 def rewrite(d, fn):
@@ -224,22 +244,28 @@ def swap_gate_up(t, name):
 
 @pytest.mark.parametrize("fmt,what", [("modelopt-mxfp8", "gate-up"),
                                       ("modelopt-mxfp8", "pair-swap"),
-                                      ("ct-fp8-block", "gate-up")])
-def test_float_marlin_forward_catches_corruption(plugin, artifacts, monkeypatch, fmt, what):
+                                      ("ct-fp8-block", "gate-up"),
+                                      ("modelopt-nvfp4", "gate-up"),
+                                      ("ct-nvfp4", "global-scale"),
+                                      ("ct-mxfp4", "pair-swap")])
+def test_float_marlin_forward_catches_corruption(plugin, artifacts, monkeypatch, pretend_ampere,
+                                                fmt, what):
     src, dst = artifact(artifacts, fmt)
     d = artifacts.edited_copy(dst, f"mf-bad-{fmt}-{what}")
     manifest = json.loads((d / "moepack.json").read_text())
-    names = [n for L in manifest["layers"] for n in L["params"]
-             if L["param_roles"][n] in (("w13_weight", "w13_scale") if what == "gate-up"
-                                        else ("w13_scale",))]
+    roles = {"gate-up": ("w13_weight", "w13_scale"), "pair-swap": ("w13_scale",),
+             "global-scale": ("w13_global_scale", "w2_global_scale")}[what]
+    names = [n for L in manifest["layers"] for n in L["params"] if L["param_roles"][n] in roles]
 
     def corrupt(t):
         for n in names:
             if what == "gate-up":
                 swap_gate_up(t, n)
+            elif what == "global-scale":  # the processed global scale dropped (as 1.0)
+                t[n] = torch.ones_like(t[n])
             else:
                 b = t[n].view(torch.uint8).reshape(-1, 4)[:, [0, 2, 1, 3]]
-                t[n] = b.contiguous().view(torch.float8_e8m0fnu).reshape(t[n].shape)
+                t[n] = b.contiguous().view(t[n].dtype).reshape(t[n].shape)
 
     rewrite(d, corrupt)
     _, _, err = forward_error(plugin, monkeypatch, src, d, fmt)
@@ -257,6 +283,9 @@ def test_path_a_refused_where_vllms_oracle_picks_another_backend(plugin, artifac
 
 
 @pytest.mark.parametrize("fmt,cc,served", [
+    ("modelopt-nvfp4", 90, False),  # prioritize_humming: stock runs Humming for NVFP4 on Hopper
+    ("ct-nvfp4", 89, True),         # Ada: Marlin is stock's pick for NVFP4
+    ("ct-mxfp4", 90, True),         # compressed-tensors MXFP4 has no Humming path: Marlin
     ("modelopt-mxfp8", 90, False),  # prioritize_humming: stock runs Humming on Hopper
     ("modelopt-mxfp8", 89, True),   # Ada: Marlin is stock's pick for MXFP8
     ("ct-fp8-block", 90, False),    # Hopper: Triton's FP8 W8A8 first
@@ -282,4 +311,5 @@ def test_float_marlin_where_stock_runs_a_faster_kernel_is_refused(
             h.load_model(str(dst))
         monkeypatch.setenv(ALLOW_SLOWER_ENV, "1")
     model, _ = h.load_model(str(dst))
-    assert assert_byte_identical(model, dst) == 4 * len(moepack_layers(model))
+    assert assert_byte_identical(model, dst) == \
+        len(param_roles(CASES[fmt][1])) * len(moepack_layers(model))

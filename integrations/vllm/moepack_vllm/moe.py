@@ -70,8 +70,9 @@ def refuse_slower_than_stock(manifest: Manifest, where: str) -> None:
 def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> None:
     """The same rule for the float Marlin layouts, from the layout the row wrote: on a GPU where
     vLLM 0.33's own oracle runs another kernel for the source, the plugin refuses the Marlin
-    artifact unless ALLOW_SLOWER_ENV=1. MXFP8 (oracle/mxfp8.py): prioritize_humming puts Humming
-    ahead of Marlin at compute capability 9.0 where humming is installed. FP8 block
+    artifact unless ALLOW_SLOWER_ENV=1. MXFP8 and NVFP4 (oracle/mxfp8.py, oracle/nvfp4.py):
+    prioritize_humming puts Humming ahead of Marlin at compute capability 9.0 where humming is
+    installed (compressed-tensors MXFP4 has no Humming path: Marlin below Blackwell). FP8 block
     (oracle/fp8.py): Triton's FP8 W8A8 kernel (FP8 tensor cores) comes before Marlin wherever
     supports_fp8() (capability 8.9 and up; on 9.0 the oracle moves it to the front); Marlin, a
     16-bit-activation kernel, is vLLM's pick only on 8.0/8.6."""
@@ -85,7 +86,8 @@ def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> Non
     cc = humming_builder.device_sm()
     if cc is None or os.environ.get(ALLOW_SLOWER_ENV) == "1":
         return
-    if manifest.layout == "marlin-mxfp8" and prefers_humming(cc) and has_humming():
+    if manifest.layout in ("marlin-mxfp8", "marlin-nvfp4") and prefers_humming(cc) and \
+            has_humming():
         stock = "Humming (prioritize_humming)"
     elif manifest.layout == "marlin-fp8" and 89 <= cc < 100:
         stock = "Triton's FP8 W8A8 kernel on FP8 tensor cores"
@@ -150,12 +152,16 @@ class Wna16MarlinBuilder:
 
 
 class MarlinFloatBuilder:
-    """vLLM 0.33's Marlin MoE kernel for float weights with 16-bit activations (MarlinExperts
-    through the FP8 oracle's make_fp8_moe_kernel, backend MARLIN), as the MXFP8 methods and
-    compressed-tensors' FP8 method build it after prepare_{fp8,mxfp8}_moe_layer_for_marlin
-    (docs/marlin_float.md): FP8 block scales in the activation dtype (block [128, 128]), MXFP8
-    E8M0 scales (block [1, 32]). The parameters carry vLLM's padded intermediate; the kernel
-    reads it from w2's shape (marlin_moe_intermediate_size)."""
+    """vLLM 0.33's Marlin MoE kernel for float weights with 16-bit activations (MarlinExperts),
+    built as vLLM's own methods build it after their prepare_*_for_marlin (docs/marlin_float.md):
+    FP8 block (scales in the activation dtype, block [128, 128]) and MXFP8 (E8M0, block [1, 32])
+    through the FP8 oracle's make_fp8_moe_kernel, backend MARLIN; NVFP4 (S0E5M3 block scales and
+    the processed global scales, role w13/w2_global_scale) through make_nvfp4_moe_quant_config /
+    make_nvfp4_moe_kernel, NvFp4MoeBackend.MARLIN, as ModelOptNvFp4FusedMoE and
+    CompressedTensorsW4A4Nvfp4MoEMethod do; MXFP4 (E8M0) through make_mxfp4_moe_quant_config /
+    make_mxfp4_moe_kernel, Mxfp4MoeBackend.MARLIN, as CompressedTensorsW4A4Mxfp4MoEMethod does.
+    The parameters carry vLLM's padded intermediate; the kernel reads it from w2's shape
+    (marlin_moe_intermediate_size)."""
 
     name = "marlin-float"
 
@@ -166,31 +172,65 @@ class MarlinFloatBuilder:
         self.method = method
         self.experts_cls = MarlinExperts
         self.backend = Fp8MoeBackend.MARLIN
+        self.family = {"marlin-nvfp4": "nvfp4",
+                       "marlin-mxfp4": "mxfp4"}.get(method.manifest.layout, "fp8")
 
     def block_shape(self) -> list[int]:
         art = self.method.art
         dtype = art.params[art.roles["w13_scale"]][0]
         return [1, 32] if dtype == "F8_E8M0" else [128, 128]
 
+    def roles(self) -> set:
+        base = {"w13_weight", "w2_weight", "w13_scale", "w2_scale"}
+        return base | {"w13_global_scale", "w2_global_scale"} if self.family == "nvfp4" else base
+
     def check(self, where: str) -> None:
         art, m = self.method.art, self.method.manifest
         refuse_float_marlin_slower_than_stock(m, where)
-        for role in ("w13_weight", "w2_weight", "w13_scale", "w2_scale"):
+        for role in sorted(self.roles()):
             if role not in art.roles:
                 raise ArtifactError(f"{where}: param_roles has no {role} (needed by {self.name})")
-        extra = sorted(set(art.roles) - {"w13_weight", "w2_weight", "w13_scale", "w2_scale"})
+        extra = sorted(set(art.roles) - self.roles())
         if extra:
-            raise ArtifactError(f"{where}: param_roles {extra}: {self.name} serves FP8 and MXFP8 "
-                                "Marlin layouts (weights and scales only)")
+            raise ArtifactError(f"{where}: param_roles {extra}: {self.name} serves float Marlin "
+                                "layouts (weights, scales and NVFP4's global scales only)")
         dtypes = {art.params[art.roles[r]][0] for r in ("w13_scale", "w2_scale")}
-        if dtypes not in ({"F8_E8M0"}, {m.act_dtype}):
-            raise ArtifactError(f"{where}: scale dtypes {sorted(dtypes)}: {self.name} reads E8M0 "
-                                f"(MXFP8) or {m.act_dtype} (FP8 block) scales")
+        want = {"nvfp4": [{"F8_E4M3"}], "mxfp4": [{"F8_E8M0"}],
+                "fp8": [{"F8_E8M0"}, {m.act_dtype}]}[self.family]
+        if dtypes not in want:
+            raise ArtifactError(f"{where}: scale dtypes {sorted(dtypes)}: {self.name} reads "
+                                f"{' or '.join(sorted(d) for w in want for d in w)} scales for "
+                                f"{m.layout}")
+        if self.family == "nvfp4":
+            g = {art.params[art.roles[r]][0] for r in ("w13_global_scale", "w2_global_scale")}
+            if g != {"F32"}:
+                raise ArtifactError(f"{where}: global scale dtypes {sorted(g)}: the Marlin "
+                                    "kernel takes F32")
 
     def quant_config(self, layer: RoutedExperts):
         from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_quant_config
 
         p = self.method.param
+        if self.family == "nvfp4":
+            from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (
+                NvFp4MoeBackend,
+                make_nvfp4_moe_quant_config,
+            )
+
+            return make_nvfp4_moe_quant_config(
+                backend=NvFp4MoeBackend.MARLIN, w13_scale=p(layer, "w13_scale"),
+                w2_scale=p(layer, "w2_scale"), w13_scale_2=p(layer, "w13_global_scale"),
+                w2_scale_2=p(layer, "w2_global_scale"), a13_scale=None, a2_scale=None,
+                layer=layer, use_a16=True)
+        if self.family == "mxfp4":
+            from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
+                Mxfp4MoeBackend,
+                make_mxfp4_moe_quant_config,
+            )
+
+            return make_mxfp4_moe_quant_config(
+                mxfp4_backend=Mxfp4MoeBackend.MARLIN, w1_scale=p(layer, "w13_scale"),
+                w2_scale=p(layer, "w2_scale"), layer=layer)
         return make_fp8_moe_quant_config(
             fp8_backend=self.backend, w1_scale=p(layer, "w13_scale"),
             w2_scale=p(layer, "w2_scale"), a1_scale=None, a2_scale=None,
@@ -202,6 +242,26 @@ class MarlinFloatBuilder:
         layer.w13_weight = self.method.param(layer, "w13_weight")
         layer.w2_weight = self.method.param(layer, "w2_weight")
         quant_config = self.quant_config(layer)
+        if self.family == "nvfp4":
+            from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import (
+                NvFp4MoeBackend,
+                make_nvfp4_moe_kernel,
+            )
+
+            return quant_config, make_nvfp4_moe_kernel(
+                moe_quant_config=quant_config, moe_config=self.method.moe,
+                experts_cls=self.experts_cls, backend=NvFp4MoeBackend.MARLIN,
+                routing_tables=layer._expert_routing_tables())
+        if self.family == "mxfp4":
+            from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
+                Mxfp4MoeBackend,
+                make_mxfp4_moe_kernel,
+            )
+
+            return quant_config, make_mxfp4_moe_kernel(
+                moe_quant_config=quant_config, moe_config=self.method.moe,
+                experts_cls=self.experts_cls, mxfp4_backend=Mxfp4MoeBackend.MARLIN,
+                routing_tables=layer._expert_routing_tables())
         return quant_config, make_fp8_moe_kernel(
             moe_quant_config=quant_config, moe_config=self.method.moe,
             experts_cls=self.experts_cls, fp8_backend=self.backend,
