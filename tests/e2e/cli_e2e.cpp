@@ -767,15 +767,20 @@ TEST(VerifyCatches, TrtllmGateUpNotSwapped) {
 // ---- vLLM 0.33's float Marlin layouts (docs/marlin_float.md) ----
 
 // `auto` writes Marlin where vLLM 0.33 runs it (sm80/sm86 for FP8 block and MXFP8, sm89 for
-// MXFP8), nothing where it runs another kernel (exit 4 naming it and the --backend that writes
-// Marlin), and the output verifies on every device, with an intermediate vLLM pads (I = 96).
+// MXFP8 and NVFP4, sm90 for compressed-tensors MXFP4), nothing where it runs another kernel (exit 4
+// naming it and the --backend that writes Marlin), and the output verifies on every device, with
+// an intermediate vLLM pads (I = 96).
 TEST(MarlinFloat, AutoFollowsVllmAndTheOutputVerifies) {
   struct Case {
     std::string format, inter, arch_auto, layout, arch_none, vllm_runs;
   };
-  for (const Case& c : {Case{"modelopt-mxfp8", "96", "sm89", "marlin-mxfp8", "sm90", "HUMMING"},
-                        Case{"fp8-block", "128", "sm86", "marlin-fp8", "sm89", "TRITON"},
-                        Case{"ct-fp8-block", "256", "sm80", "marlin-fp8", "sm90", "TRITON"}}) {
+  for (const Case& c :
+       {Case{"modelopt-mxfp8", "96", "sm89", "marlin-mxfp8", "sm90", "HUMMING"},
+        Case{"fp8-block", "128", "sm86", "marlin-fp8", "sm89", "TRITON"},
+        Case{"ct-fp8-block", "256", "sm80", "marlin-fp8", "sm90", "TRITON"},
+        Case{"modelopt-nvfp4", "96", "sm80", "marlin-nvfp4", "sm90", "HUMMING"},
+        Case{"ct-nvfp4", "192", "sm89", "marlin-nvfp4", "sm90", "HUMMING"},
+        Case{"ct-mxfp4", "128", "sm90", "marlin-mxfp4", "sm100", "CUTLASS_MXFP4"}}) {
     SCOPED_TRACE(c.format);
     TempDir tmp;
     const std::string src = tmp / "src";

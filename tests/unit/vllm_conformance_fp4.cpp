@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "formats/codec.h"
+#include "formats/fp8.h"
 #include "tests/test_util.h"
 
 namespace moepack {
