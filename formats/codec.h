@@ -61,6 +61,8 @@ enum class QuantMethod : uint8_t {
                      // weight_scale F8_E4M3 [N, K/16], weight_global_scale F32 (encode divisor)
   kCtMxfp4,          // compressed-tensors mxfp4-pack-quantized, weight_packed U8 [N, K/2],
                      // weight_scale U8 E8M0 [N, K/32]
+  kGptOssMxfp4,      // gpt-oss quant_method mxfp4, fused <proj>_blocks U8 [E, N, K/32, 16],
+                     // <proj>_scales U8 E8M0 [E, N, K/32], gate/up rows interleaved
 };
 // The method's name in manifests and messages ("gptq", "compressed-tensors-pack-quantized").
 const char* quant_method_name(QuantMethod m);

@@ -41,13 +41,14 @@ void check_dims(int64_t n, int64_t k, int64_t block, const std::string& suffix,
                 "K=" + num(k) + " is not a multiple of the " + format + " block " + num(block));
 }
 
-// Two codes per byte, the even k in the low nibble -> one code per byte.
+// Two codes per byte, the even k in the low nibble -> one code per byte. `shape` is how the
+// format stores the n * k / 2 bytes ([N, K/2] unless given: gpt-oss [N, K/32, 16]).
 std::vector<uint8_t> unpack_nibbles(const Tensor& w, const std::string& suffix, int64_t n,
-                                    int64_t k) {
+                                    int64_t k, const Shape& shape = {}) {
   if (w.dtype != DType::kU8)
     throw Error(ErrorCode::kBadDtype, "", suffix,
                 std::string("dtype ") + dtype_name(w.dtype) + ", expected U8 (two e2m1 per byte)");
-  check_shape(w, suffix, {n, k / 2});
+  check_shape(w, suffix, shape.empty() ? Shape{n, k / 2} : shape);
   std::vector<uint8_t> codes(static_cast<size_t>(n * k));
   for (size_t i = 0; i < w.data.size(); ++i) {
     codes[2 * i] = w.data[i] & 0x0f;
@@ -56,8 +57,8 @@ std::vector<uint8_t> unpack_nibbles(const Tensor& w, const std::string& suffix, 
   return codes;
 }
 
-Tensor pack_nibbles(const QuantTensor& q, const std::string& suffix) {
-  Tensor w(suffix, DType::kU8, {q.n, q.k / 2});
+Tensor pack_nibbles(const QuantTensor& q, const std::string& suffix, const Shape& shape = {}) {
+  Tensor w(suffix, DType::kU8, shape.empty() ? Shape{q.n, q.k / 2} : shape);
   w.data.resize(static_cast<size_t>(q.n * q.k / 2));
   for (size_t i = 0; i < w.data.size(); ++i) {
     const uint8_t lo = q.codes[2 * i], hi = q.codes[2 * i + 1];
@@ -76,6 +77,18 @@ std::vector<uint8_t> read_e4m3_block_scales(const Tensor& s, int64_t n, int64_t 
                 std::string("dtype ") + dtype_name(s.dtype) + ", expected F8_E4M3");
   check_shape(s, "weight_scale", {n, k / kNvBlock});
   check_e4m3_scale_codes(s.data, k / kNvBlock, "weight_scale");
+  return s.data;
+}
+
+// MX block scales: E8M0 codes [N, K/32] as U8 or F8_E8M0, through the one check of their values
+// (check_e8m0_scale_codes).
+std::vector<uint8_t> read_e8m0_block_scales(const Tensor& s, const std::string& suffix, int64_t n,
+                                            int64_t k) {
+  if (!is_scale_byte_dtype(s.dtype))
+    throw Error(ErrorCode::kBadDtype, "", suffix,
+                std::string("dtype ") + dtype_name(s.dtype) + ", expected U8 or F8_E8M0");
+  check_shape(s, suffix, {n, k / kMxBlock});
+  check_e8m0_scale_codes(s.data, k / kMxBlock, suffix);
   return s.data;
 }
 
@@ -242,14 +255,9 @@ QuantTensor unpack_ct_mxfp4(const QuantParams& p, const TensorMap& by_suffix, in
   check_dims(n, k, kMxBlock, "weight_packed", "MXFP4");
   const Tensor& w = require_tensor(by_suffix, "weight_packed", "MXFP4 Linear");
   const Tensor& s = require_tensor(by_suffix, "weight_scale", "MXFP4 Linear");
-  if (!is_scale_byte_dtype(s.dtype))
-    throw Error(ErrorCode::kBadDtype, "", "weight_scale",
-                std::string("dtype ") + dtype_name(s.dtype) + ", expected U8 or F8_E8M0");
-  check_shape(s, "weight_scale", {n, k / kMxBlock});
-  check_e8m0_scale_codes(s.data, k / kMxBlock, "weight_scale");
   QuantTensor q(ct_mxfp4_spec_for(p), 1, n, k);
   q.codes = unpack_nibbles(w, "weight_packed", n, k);
-  q.scales = s.data;
+  q.scales = read_e8m0_block_scales(s, "weight_scale", n, k);
   q.check_consistent("mxfp4");
   return q;
 }
@@ -267,6 +275,51 @@ TensorMap pack_ct_mxfp4(const QuantParams& p, const QuantTensor& q) {
 }
 std::vector<QuantParams> ct_mxfp4_param_space() {
   return {fp4_params(QuantMethod::kCtMxfp4, kMxBlock)};
+}
+
+// ---- gpt-oss MXFP4 (quant_method "mxfp4") -------------------------------------------------------
+
+std::vector<std::string> gpt_oss_mxfp4_required_suffixes(const QuantParams&) {
+  return {"blocks", "scales"};
+}
+std::vector<std::string> gpt_oss_mxfp4_optional_suffixes(const QuantParams&) {
+  return {};
+}
+QuantSpec gpt_oss_mxfp4_spec_for(const QuantParams&) {
+  return fp4_spec(kMxBlock, DType::kU8, GlobalScale::kNone);
+}
+QuantTensor unpack_gpt_oss_mxfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                                 int64_t k) {
+  check_dims(n, k, kMxBlock, "blocks", "MXFP4");
+  const Tensor& w = require_tensor(by_suffix, "blocks", "gpt-oss MXFP4 expert");
+  const Tensor& s = require_tensor(by_suffix, "scales", "gpt-oss MXFP4 expert");
+  QuantTensor q(gpt_oss_mxfp4_spec_for(p), 1, n, k);
+  q.codes = unpack_nibbles(w, "blocks", n, k, {n, k / kMxBlock, kMxBlock / 2});
+  q.scales = read_e8m0_block_scales(s, "scales", n, k);
+  q.check_consistent("gpt-oss mxfp4");
+  return q;
+}
+TensorMap pack_gpt_oss_mxfp4(const QuantParams& p, const QuantTensor& q) {
+  QuantSpec want = gpt_oss_mxfp4_spec_for(p);
+  if (q.scale_dtype == DType::kF8_E8M0) want.scale_dtype = DType::kF8_E8M0;
+  check_packable(q, want, "MXFP4");
+  TensorMap out;
+  out.emplace("blocks", pack_nibbles(q, "blocks", {q.n, q.k / kMxBlock, kMxBlock / 2}));
+  Tensor s("scales", DType::kU8, {q.n, q.k / kMxBlock});
+  s.data = q.scales;
+  out.emplace("scales", std::move(s));
+  return out;
+}
+std::pair<int64_t, int64_t> gpt_oss_mxfp4_logical_shape(
+    const QuantParams&, const std::map<std::string, TensorView>& by_suffix) {
+  const Shape& s = linear_tensor_shape(by_suffix, "blocks");  // [N, K/32, 16]
+  if (s.size() != 3 || s[2] != kMxBlock / 2)
+    throw Error(ErrorCode::kBadShape, "", "blocks",
+                "shape " + shape_str(s) + ", expected [N, K/32, 16] (32 e2m1 codes per block)");
+  return {s[0], s[1] * kMxBlock};
+}
+std::vector<QuantParams> gpt_oss_mxfp4_param_space() {
+  return {fp4_params(QuantMethod::kGptOssMxfp4, kMxBlock)};
 }
 
 // ---- quantisers ---------------------------------------------------------------------------------

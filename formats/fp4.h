@@ -19,6 +19,12 @@
 //   CompressedTensorsW4A4Mxfp4MoEMethod):
 //     weight_packed  U8          [N, K/2]
 //     weight_scale   U8/F8_E8M0  [N, K/32]  E8M0 code c: x = e2m1 * 2^(c - 127)
+//   gpt-oss MXFP4 (openai/gpt-oss-*, quant_method "mxfp4"; transformers integrations/mxfp4.py
+//   _convert_moe_packed_tensors, vLLM models/gpt_oss.py _load_weights_mxfp4): fused 3-D experts,
+//   <proj>_blocks U8 [E, N, K/32, 16] and <proj>_scales U8 [E, N, K/32]. The codec reads one
+//   expert's slice (model/checkpoint.cpp cuts it and de-interleaves gate/up, docs/gpt-oss.md):
+//     blocks  U8 [N, K/32, 16]  byte j of block b = code(n, 32b + 2j) | code(n, 32b + 2j + 1) << 4
+//     scales  U8 [N, K/32]      E8M0 code c: x = e2m1 * 2^(c - 127)
 //
 // Canonical: kind kFp4E2M1 (one code per byte), bits 4, group 16 with F8_E4M3 scales and a
 // GlobalScale (kDecodeMultiplier / kEncodeDivisor, the stored float kept bit for bit), or group
@@ -56,6 +62,17 @@ QuantTensor unpack_ct_mxfp4(const QuantParams& p, const TensorMap& by_suffix, in
 TensorMap pack_ct_mxfp4(const QuantParams& p, const QuantTensor& q);
 QuantSpec ct_mxfp4_spec_for(const QuantParams& p);
 std::vector<QuantParams> ct_mxfp4_param_space();
+
+// gpt-oss MXFP4: one expert's slice of <proj>_blocks / <proj>_scales.
+std::vector<std::string> gpt_oss_mxfp4_required_suffixes(const QuantParams& p);
+std::vector<std::string> gpt_oss_mxfp4_optional_suffixes(const QuantParams& p);
+QuantTensor unpack_gpt_oss_mxfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
+                                 int64_t k);
+TensorMap pack_gpt_oss_mxfp4(const QuantParams& p, const QuantTensor& q);
+QuantSpec gpt_oss_mxfp4_spec_for(const QuantParams& p);
+std::pair<int64_t, int64_t> gpt_oss_mxfp4_logical_shape(
+    const QuantParams& p, const std::map<std::string, TensorView>& by_suffix);
+std::vector<QuantParams> gpt_oss_mxfp4_param_space();
 
 // (N, K) of a compressed-tensors FP4 Linear: weight_packed [N, K/2].
 std::pair<int64_t, int64_t> ct_fp4_logical_shape(

@@ -48,6 +48,7 @@ const std::vector<QuantMethodRow>& quant_method_rows() {
       {QuantMethod::kModeloptNvfp4, "modelopt-nvfp4", nullptr},
       {QuantMethod::kCtNvfp4, "compressed-tensors-nvfp4", nullptr},
       {QuantMethod::kCtMxfp4, "compressed-tensors-mxfp4", nullptr},
+      {QuantMethod::kGptOssMxfp4, "gpt-oss-mxfp4", nullptr},
   };
   return rows;
 }
@@ -220,6 +221,22 @@ std::vector<SourceCodec> fp4_codecs() {
        .unpack = unpack_ct_mxfp4,
        .pack = pack_ct_mxfp4,
        .param_space = ct_mxfp4_param_space,
+       .params_shown = {"group_size"}},
+      // Its own scheme: gpt-oss experts carry biases and compute the clamped SwiGLU on
+      // interleaved gate/up, and vLLM picks their kernel from another order
+      // (_get_priority_backends_for_gpt_oss), so no MXFP4 layout takes them by the scheme alone.
+      {.name = "gpt-oss-mxfp4",
+       .method = QuantMethod::kGptOssMxfp4,
+       .scheme = "gpt-oss-mxfp4",
+       .description = "gpt-oss MXFP4 (quant_method mxfp4: fused <proj>_blocks / _scales, e2m1 "
+                      "with E8M0 scales per 32, gate/up interleaved, expert biases)",
+       .spec_for = gpt_oss_mxfp4_spec_for,
+       .logical_shape = gpt_oss_mxfp4_logical_shape,
+       .required_suffixes = gpt_oss_mxfp4_required_suffixes,
+       .optional_suffixes = gpt_oss_mxfp4_optional_suffixes,
+       .unpack = unpack_gpt_oss_mxfp4,
+       .pack = pack_gpt_oss_mxfp4,
+       .param_space = gpt_oss_mxfp4_param_space,
        .params_shown = {"group_size"}},
   };
 }
@@ -889,6 +906,62 @@ Nvfp4Backends nvfp4_backends(const ArchSets& a) {
           .emulation = emulation};
 }
 
+struct GptOssMxfp4Backends {
+  VllmBackend trtllm, triton, fi_cutlass, marlin;
+};
+GptOssMxfp4Backends gpt_oss_mxfp4_backends(const ArchSets& a) {
+  // gpt-oss MXFP4 (Mxfp4MoEMethod): select_mxfp4_moe_backend over
+  // _get_priority_backends_for_gpt_oss (vLLM 0.33.0 fused_moe/oracle/mxfp4.py), with 16-bit
+  // activations (_filter_by_activation keeps the BF16 variants). Archs: TrtLlmMxfp4Experts
+  // (capability family 100), _triton_kernel_moe_supports_current_device (9.0 <= cc < 13.0),
+  // FlashInferExperts' (kMxfp4Static, None) on capability 9.0 only, MarlinExperts (cc >= 7.5).
+  const VllmBackend trtllm = {.name = "FLASHINFER_TRTLLM_MXFP4_BF16",
+                              .moe_backend = "flashinfer_trtllm",
+                              .archs = a.sm100,
+                              .layout = "trtllm-mxfp4",
+                              .reads =
+                                  "FlashInfer TRT-LLM's shuffled MXFP4 weights and "
+                                  "interleaved block scales"};
+  const VllmBackend triton = {.name = "TRITON",
+                              .moe_backend = "triton",
+                              .archs = {TargetArch::kSm90, TargetArch::kSm100, TargetArch::kSm120},
+                              .layout = "triton-mxfp4",
+                              .reads =
+                                  "the OAI Triton kernels' swizzled MXFP4 values and scales "
+                                  "(matmul_ogs)"};
+  const VllmBackend fi_cutlass = {.name = "FLASHINFER_CUTLASS_MXFP4_BF16",
+                                  .moe_backend = "flashinfer_cutlass",
+                                  .archs = a.sm90,
+                                  .layout = "flashinfer-cutlass-mxfp4",
+                                  .reads = "FlashInfer CUTLASS's MXFP4 weights"};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = "marlin",
+                              .archs = a.every,
+                              .layout = "marlin-mxfp4",
+                              .reads =
+                                  "Marlin's FP4 tiles and the gpt-oss biases "
+                                  "(prepare_moe_mxfp4_layer_for_marlin)"};
+  return {.trtllm = trtllm, .triton = triton, .fi_cutlass = fi_cutlass, .marlin = marlin};
+}
+
+// gpt-oss MXFP4's orders: vLLM 0.33.0's on every arch (consumer Blackwell moves TRITON behind
+// BATCHED_MARLIN); AITER (ROCm), XPU, CPU, the activation-quantised variants, BATCHED_MARLIN
+// (batched all2all only), HUMMING and EMULATION left out: none of them comes before the pick.
+std::vector<VllmBackendOrder> gpt_oss_mxfp4_orders(const ArchSets& a, const char* source) {
+  const GptOssMxfp4Backends g = gpt_oss_mxfp4_backends(a);
+  return {{.scheme = "gpt-oss-mxfp4",
+           .archs = {TargetArch::kSm80, TargetArch::kSm86, TargetArch::kSm89, TargetArch::kSm90,
+                     TargetArch::kSm100},
+           .backends = {g.trtllm, g.triton, g.fi_cutlass, g.marlin},
+           .source = source,
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "gpt-oss-mxfp4",
+           .archs = {TargetArch::kSm120},
+           .backends = {g.trtllm, g.marlin, g.triton},
+           .source = source,
+           .auto_writes_only_vllm_pick = true}};
+}
+
 struct Mxfp4Backends {
   VllmBackend cutlass, marlin;
 };
@@ -917,76 +990,84 @@ VllmTargetRow vllm_033_row(const ArchSets& a) {
   const Fp8BlockBackends f = fp8_block_backends(a);
   const Nvfp4Backends n = nvfp4_backends(a);
   const Mxfp4Backends x = mxfp4_backends(a);
-  return {.target = VllmTarget::kV0_33,
-          .name = "0.33",
-          .follows = "vLLM 0.33.0 (PyPI release)",
-          .moe_act_order = false,
-          .param_child = "routed_experts.",
-          .marlin_pads_intermediate = true,
-          .moe_backend_orders = {
-              {.scheme = "wna16",
-               .archs = a.not_sm90,
-               .backends = {w.trtllm, w.marlin, w.triton, w.humming, w.emulation},
-               .source = "vLLM 0.33.0 fused_moe/oracle/int_wna16.py, _get_priority_backends "
-                         "(RDNA3: HIP only; BATCHED_MARLIN: batched all2all only)"},
-              {.scheme = "wna16",
-               .archs = a.sm90,
-               .backends = {w.trtllm, w.humming, w.marlin, w.triton, w.emulation},
-               .source = "vLLM 0.33.0 fused_moe/oracle/int_wna16.py, _get_priority_backends, then "
-                         "prioritize_humming (quantization/utils/humming/priority.py: HUMMING "
-                         "directly ahead of MARLIN on capability 90)"},
-              {.scheme = "w8a8-int8",
-               .archs = a.every,
-               .backends = {i.triton, i.humming},
-               .source = "vLLM 0.33.0 fused_moe/oracle/int8.py, _get_priority_backends (CPU left "
-                         "out; no prioritize_humming)"},
-              {.scheme = "mxfp8",
-               .archs = a.not_sm90,
-               .backends = {m.trtllm, m.deep_gemm, m.marlin, m.humming, m.emulation},
-               .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS (XPU, "
-                         "AITER_MXFP8, TRITON_MXFP8: Intel / ROCm only)",
-               .auto_writes_only_vllm_pick = true},
-              {.scheme = "mxfp8",
-               .archs = a.sm90,
-               .backends = {m.trtllm, m.deep_gemm, m.humming, m.marlin, m.emulation},
-               .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS through "
-                         "prioritize_humming in select_mxfp8_moe_backend",
-               .auto_writes_only_vllm_pick = true},
-              {.scheme = "fp8-block",
-               .archs = a.not_sm90,
-               .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin, f.humming},
-               .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends "
-                         "(VLLM_CUTLASS: takes no block FP8 and Fp8MoEMethod disallows it; AITER, "
-                         "XPU, CPU, HPC and the batched variants left out)",
-               .auto_writes_only_vllm_pick = true},
-              {.scheme = "fp8-block",
-               .archs = a.sm90,
-               .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.humming, f.marlin},
-               .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends: "
-                         "prioritize_humming, then TRITON to the front for block FP8 on "
-                         "capability 90 without expert parallelism",
-               .auto_writes_only_vllm_pick = true},
-              {.scheme = "nvfp4",
-               .archs = a.not_sm90,
-               .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.marlin, n.humming,
-                            n.emulation},
-               .source = "vLLM 0.33.0 fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend "
-                         "(FLASHINFER_CUTEDSL_BATCHED: batched only)",
-               .auto_writes_only_vllm_pick = true},
-              {.scheme = "nvfp4",
-               .archs = a.sm90,
-               .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.humming, n.marlin,
-                            n.emulation},
-               .source = "vLLM 0.33.0 fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend "
-                         "through prioritize_humming (HUMMING ahead of MARLIN on capability 90)",
-               .auto_writes_only_vllm_pick = true},
-              {.scheme = "mxfp4",
-               .archs = a.every,
-               .backends = {x.cutlass, x.marlin},
-               .source = "vLLM 0.33.0 compressed_tensors_moe_w4a4_mxfp4.py, "
-                         "CompressedTensorsW4A4Mxfp4MoEMethod.__init__ (no oracle; XPU: Intel "
-                         "only; no Humming on this path)",
-               .auto_writes_only_vllm_pick = true}}};
+  VllmTargetRow row = {
+      .target = VllmTarget::kV0_33,
+      .name = "0.33",
+      .follows = "vLLM 0.33.0 (PyPI release)",
+      .moe_act_order = false,
+      .param_child = "routed_experts.",
+      .marlin_pads_intermediate = true,
+      .moe_backend_orders = {
+          {.scheme = "wna16",
+           .archs = a.not_sm90,
+           .backends = {w.trtllm, w.marlin, w.triton, w.humming, w.emulation},
+           .source = "vLLM 0.33.0 fused_moe/oracle/int_wna16.py, _get_priority_backends "
+                     "(RDNA3: HIP only; BATCHED_MARLIN: batched all2all only)"},
+          {.scheme = "wna16",
+           .archs = a.sm90,
+           .backends = {w.trtllm, w.humming, w.marlin, w.triton, w.emulation},
+           .source = "vLLM 0.33.0 fused_moe/oracle/int_wna16.py, _get_priority_backends, then "
+                     "prioritize_humming (quantization/utils/humming/priority.py: HUMMING "
+                     "directly ahead of MARLIN on capability 90)"},
+          {.scheme = "w8a8-int8",
+           .archs = a.every,
+           .backends = {i.triton, i.humming},
+           .source = "vLLM 0.33.0 fused_moe/oracle/int8.py, _get_priority_backends (CPU left "
+                     "out; no prioritize_humming)"},
+          {.scheme = "mxfp8",
+           .archs = a.not_sm90,
+           .backends = {m.trtllm, m.deep_gemm, m.marlin, m.humming, m.emulation},
+           .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS (XPU, "
+                     "AITER_MXFP8, TRITON_MXFP8: Intel / ROCm only)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "mxfp8",
+           .archs = a.sm90,
+           .backends = {m.trtllm, m.deep_gemm, m.humming, m.marlin, m.emulation},
+           .source = "vLLM 0.33.0 fused_moe/oracle/mxfp8.py, _SUPPORTED_BACKENDS through "
+                     "prioritize_humming in select_mxfp8_moe_backend",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "fp8-block",
+           .archs = a.not_sm90,
+           .backends = {f.trtllm, f.cutlass, f.deep_gemm, f.triton, f.marlin, f.humming},
+           .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends "
+                     "(VLLM_CUTLASS: takes no block FP8 and Fp8MoEMethod disallows it; AITER, "
+                     "XPU, CPU, HPC and the batched variants left out)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "fp8-block",
+           .archs = a.sm90,
+           .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.humming, f.marlin},
+           .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends: "
+                     "prioritize_humming, then TRITON to the front for block FP8 on "
+                     "capability 90 without expert parallelism",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "nvfp4",
+           .archs = a.not_sm90,
+           .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.marlin, n.humming,
+                        n.emulation},
+           .source = "vLLM 0.33.0 fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend "
+                     "(FLASHINFER_CUTEDSL_BATCHED: batched only)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "nvfp4",
+           .archs = a.sm90,
+           .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.humming, n.marlin,
+                        n.emulation},
+           .source = "vLLM 0.33.0 fused_moe/oracle/nvfp4.py, select_nvfp4_moe_backend "
+                     "through prioritize_humming (HUMMING ahead of MARLIN on capability 90)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "mxfp4",
+           .archs = a.every,
+           .backends = {x.cutlass, x.marlin},
+           .source = "vLLM 0.33.0 compressed_tensors_moe_w4a4_mxfp4.py, "
+                     "CompressedTensorsW4A4Mxfp4MoEMethod.__init__ (no oracle; XPU: Intel "
+                     "only; no Humming on this path)",
+           .auto_writes_only_vllm_pick = true}}};
+  for (auto& o : gpt_oss_mxfp4_orders(
+           a,
+           "vLLM 0.33.0 fused_moe/oracle/mxfp4.py, select_mxfp4_moe_backend over "
+           "_get_priority_backends_for_gpt_oss (BF16-activation variants; AITER, XPU, CPU, "
+           "BATCHED_MARLIN, HUMMING and EMULATION never come before the pick)"))
+    row.moe_backend_orders.push_back(std::move(o));
+  return row;
 }
 
 VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
@@ -996,7 +1077,7 @@ VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
   const Fp8BlockBackends f = fp8_block_backends(a);
   const Nvfp4Backends n = nvfp4_backends(a);
   const Mxfp4Backends x = mxfp4_backends(a);
-  return {
+  VllmTargetRow row = {
       .target = VllmTarget::kV2026_05,
       .name = "2026-05",
       .follows = "vLLM@9aaf83ef (2026-05, ../shared/spec)",
@@ -1043,6 +1124,11 @@ VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
            .backends = {x.cutlass, x.marlin},
            .source = "assumed: the spec has no compressed-tensors MXFP4 MoE; vLLM 0.33.0's "
                      "CompressedTensorsW4A4Mxfp4MoEMethod choice"}}};
+  for (auto& o : gpt_oss_mxfp4_orders(a,
+                                      "assumed: the spec has no gpt-oss MoE; vLLM 0.33.0's "
+                                      "_get_priority_backends_for_gpt_oss"))
+    row.moe_backend_orders.push_back(std::move(o));
+  return row;
 }
 
 }  // namespace

@@ -395,17 +395,126 @@ ExpertTensors group_expert_tensors(const Checkpoint& ckpt) {
   return out;
 }
 
+// One tensor of a gpt-oss layer: present, of shape `want` and of one of `dtypes`; kMissingTensor,
+// kBadShape or kBadDtype naming it and its shard.
+TensorView gpt_oss_tensor(const Checkpoint& ckpt, const MoeLayer& L,
+                          const std::map<std::string, std::string>& by_suffix,
+                          const std::string& base, const std::string& suffix, const Shape& want,
+                          const std::vector<DType>& dtypes, const std::string& what) {
+  auto it = by_suffix.find(suffix);
+  if (it == by_suffix.end())
+    throw Error(ErrorCode::kMissingTensor, file_of(ckpt, L.source_tensors.front()),
+                L.param_prefix + base + "_" + suffix,
+                "gpt-oss MXFP4 experts need " + base +
+                    "_blocks, _scales and _bias; this one is "
+                    "missing (" +
+                    what + ")");
+  const TensorView v = ckpt.view(it->second);
+  if (!want.empty() && v.shape != want)
+    throw Error(
+        ErrorCode::kBadShape, file_of(ckpt, v.name), v.name,
+        "shape " + shape_str(v.shape) + ", expected " + shape_str(want) + " (" + what + ")");
+  if (std::find(dtypes.begin(), dtypes.end(), v.dtype) == dtypes.end())
+    throw Error(ErrorCode::kBadDtype, file_of(ckpt, v.name), v.name,
+                std::string("dtype ") + dtype_name(v.dtype) + " (" + what + ")");
+  return v;
+}
+
+// gpt-oss MXFP4 experts (formats/fp4.h, docs/gpt-oss.md): gate_up_proj_blocks U8
+// [E, 2I, H/32, 16] gives E, 2I and H; gate_up_proj_scales [E, 2I, H/32], gate_up_proj_bias
+// [E, 2I], down_proj_blocks [E, H, I/32, 16], down_proj_scales [E, H, I/32] and down_proj_bias
+// [E, H] must agree. The config must say quant_method mxfp4 and must not leave the experts
+// unquantized (modules_to_not_convert): the tensors alone are not read as MXFP4.
+void size_gpt_oss_mxfp4_layer(const Checkpoint& ckpt, MoeLayer& L) {
+  const HfConfig& config = ckpt.config();
+  const std::string config_path = (fs::path(ckpt.dir()) / "config.json").string();
+  const std::string blocks_name = L.param_prefix + "gate_up_proj_blocks";
+  const std::string experts_module = L.param_prefix.substr(0, L.param_prefix.size() - 1);
+  const std::string key = module_not_converted(config, experts_module);
+  if (L.fused_gate_up.count("") || L.fused_down.count("")) {
+    const std::string plain =
+        L.fused_gate_up.count("") ? L.fused_gate_up.at("") : L.fused_down.at("");
+    const bool mx = L.fused_gate_up.count("blocks") || L.fused_down.count("blocks") ||
+                    L.fused_gate_up.count("scales") || L.fused_down.count("scales");
+    if (mx)
+      throw Error(ErrorCode::kBadConfig, file_of(ckpt, plain), plain,
+                  "gpt-oss experts of " + L.module +
+                      " mix plain (bf16) and MXFP4 (_blocks / _scales) tensors");
+    if (!key.empty())
+      throw Error(ErrorCode::kUnsupported, config.quant_file, plain,
+                  "quantization_config (quant_method \"mxfp4\") leaves " + experts_module +
+                      " unquantized (modules_to_not_convert entry \"" + key +
+                      "\"): moepack reads gpt-oss experts all MXFP4, or from a bf16 checkpoint "
+                      "without quantization_config");
+    throw Error(ErrorCode::kBadConfig, config_path, plain,
+                "config.json says quant_method \"mxfp4\" and no modules_to_not_convert entry "
+                "names " +
+                    experts_module + ", but " + plain + " is a plain " +
+                    dtype_name(ckpt.view(plain).dtype) +
+                    " tensor (MXFP4 experts are _blocks / _scales)");
+  }
+  if (config.quant.method != QuantMethod::kGptOssMxfp4)
+    throw Error(ErrorCode::kBadConfig, config_path, blocks_name,
+                "the experts of " + L.module +
+                    " are MXFP4 (_blocks / _scales) but config.json's quantization_config does "
+                    "not say quant_method \"mxfp4\" (" +
+                    (config.quant.method == QuantMethod::kNone
+                         ? std::string("none")
+                         : std::string(quant_method_name(config.quant.method))) +
+                    ")");
+  if (!key.empty())
+    throw Error(ErrorCode::kBadConfig, config.quant_file, blocks_name,
+                "quantization_config.modules_to_not_convert entry \"" + key + "\" leaves " +
+                    experts_module + " unquantized, but its tensors are MXFP4");
+  const std::vector<DType> u8 = {DType::kU8}, e8m0 = {DType::kU8, DType::kF8_E8M0},
+                           floats = {DType::kBF16, DType::kF16, DType::kF32};
+  const TensorView gb = gpt_oss_tensor(ckpt, L, L.fused_gate_up, "gate_up_proj", "blocks", {}, u8,
+                                       "[E, 2I, H/32, 16] uint8, two e2m1 codes per byte");
+  if (gb.shape.size() != 4 || gb.shape[3] != 16 || gb.shape[1] % 2 != 0)
+    throw Error(ErrorCode::kBadShape, file_of(ckpt, gb.name), gb.name,
+                "shape " + shape_str(gb.shape) +
+                    ", expected [E, 2I, H/32, 16] (gate/up rows interleaved, 32 codes per block)");
+  const int64_t E = gb.shape[0], I = gb.shape[1] / 2, H = gb.shape[2] * 32;
+  if (I % 32 != 0)
+    throw Error(ErrorCode::kBadShape, file_of(ckpt, gb.name), gb.name,
+                "intermediate size " + std::to_string(I) + " (" + shape_str(gb.shape) +
+                    ") is not a multiple of the MXFP4 block 32 that down_proj_blocks needs");
+  gpt_oss_tensor(ckpt, L, L.fused_gate_up, "gate_up_proj", "scales", {E, 2 * I, H / 32}, e8m0,
+                 "E8M0 scale per block of 32");
+  gpt_oss_tensor(ckpt, L, L.fused_gate_up, "gate_up_proj", "bias", {E, 2 * I}, floats,
+                 "interleaved gate/up bias");
+  gpt_oss_tensor(ckpt, L, L.fused_down, "down_proj", "blocks", {E, H, I / 32, 16}, u8,
+                 "[E, H, I/32, 16] uint8, two e2m1 codes per byte");
+  gpt_oss_tensor(ckpt, L, L.fused_down, "down_proj", "scales", {E, H, I / 32}, e8m0,
+                 "E8M0 scale per block of 32");
+  gpt_oss_tensor(ckpt, L, L.fused_down, "down_proj", "bias", {E, H}, floats, "down bias");
+  for (const auto* m : {&L.fused_gate_up, &L.fused_down})
+    for (const auto& [suffix, name] : *m)
+      if (suffix != "blocks" && suffix != "scales" && suffix != "bias")
+        throw Error(ErrorCode::kUnsupported, file_of(ckpt, name), name,
+                    "unexpected tensor beside gpt-oss MXFP4 experts");
+  L.num_experts = E;
+  L.hidden = H;
+  L.inter = I;
+  L.gated = true;
+  L.fused_out_in = false;
+  if (config.num_experts_key.size() && config.num_experts != E)
+    throw Error(ErrorCode::kBadConfig, config_path, gb.name,
+                config.num_experts_key + " is " + std::to_string(config.num_experts) + " but " +
+                    gb.name + " holds " + std::to_string(E) + " experts " + shape_str(gb.shape));
+}
+
 // E, H and I of a fused 3-D layer from gate_up_proj [E, H, 2I] and down_proj [E, I, H].
 void size_fused_layer(const Checkpoint& ckpt, MoeLayer& L) {
   const HfConfig& config = ckpt.config();
   const std::string shard_file = file_of(ckpt, L.source_tensors.front());
-  if (!L.fused_gate_up.count("") || !L.fused_down.count("")) {
-    if (L.family == MoeFamily::kGptOss)
-      throw Error(ErrorCode::kUnsupported, shard_file, L.param_prefix + "gate_up_proj_blocks",
-                  "gpt-oss MXFP4 experts are recognised but not supported for conversion");
+  if (L.family == MoeFamily::kGptOss &&
+      (L.fused_gate_up.count("blocks") || L.fused_down.count("blocks") ||
+       config.quant.method == QuantMethod::kGptOssMxfp4))
+    return size_gpt_oss_mxfp4_layer(ckpt, L);
+  if (!L.fused_gate_up.count("") || !L.fused_down.count(""))
     throw Error(ErrorCode::kMissingTensor, shard_file, L.param_prefix + "gate_up_proj",
                 "fused experts need both gate_up_proj and down_proj");
-  }
   const TensorView gu = ckpt.view(L.fused_gate_up.at("")), dn = ckpt.view(L.fused_down.at(""));
   if (gu.shape.size() != 3 || dn.shape.size() != 3)
     throw Error(
@@ -641,6 +750,11 @@ void check_one_block_per_decoder_layer(const Checkpoint& ckpt,
 }  // namespace
 
 void Checkpoint::discover_moe() {
+  if (config_.quant.method == QuantMethod::kGptOssMxfp4 && config_.model_type != "gpt_oss")
+    throw Error(ErrorCode::kUnsupported, config_.quant_file, "",
+                "quant_method \"mxfp4\" is gpt-oss' own format (fused _blocks / _scales experts); "
+                "moepack reads it for model_type gpt_oss only, this is \"" +
+                    config_.model_type + "\"");
   ExpertTensors found = group_expert_tensors(*this);
   for (auto& [module, L] : found.by_module) {
     if (L.source_tensors.empty()) continue;
@@ -1088,20 +1202,87 @@ void refuse_float_fused_experts(const Checkpoint& ckpt, const MoeLayer& layer,
   }
 }
 
+namespace {
+
+// The logical [gate; up] row r of gpt-oss' interleaved gate_up rows (gate_up[..., ::2] is the
+// gate, [..., 1::2] the up: transformers GptOssExperts._apply_gate, vLLM swigluoai).
+int64_t gpt_oss_interleaved_row(int64_t r, int64_t inter) {
+  return r < inter ? 2 * r : 2 * (r - inter) + 1;
+}
+
+// Expert e's slice of a fused [E, ...] tensor as an owned tensor without the expert axis, named
+// by `suffix` for the codec.
+Tensor expert_slice(const TensorView& v, int64_t e, const std::string& suffix) {
+  Tensor t(suffix, v.dtype, Shape(v.shape.begin() + 1, v.shape.end()));
+  std::memcpy(t.data.data(), v.data + static_cast<uint64_t>(e) * t.data.size(), t.data.size());
+  return t;
+}
+
+// gpt-oss MXFP4 experts [e0, e1): each expert's slices of <proj>_blocks / _scales through the
+// codec, then w13's interleaved gate/up rows (codes and scale rows) into [gate; up].
+MoeExperts load_gpt_oss_mxfp4(const Checkpoint& ckpt, const MoeLayer& layer,
+                              const SourceCodec& codec, const QuantParams& q, int threads,
+                              int64_t e0, int64_t e1) {
+  const int64_t E = e1 - e0, H = layer.hidden, I = layer.inter;
+  MoeExperts m;
+  m.w13 = QuantTensor(codec.spec_for(q), E, 2 * I, H);
+  m.w2 = QuantTensor(codec.spec_for(q), E, H, I);
+  const std::map<std::string, std::string>* maps[2] = {&layer.fused_gate_up, &layer.fused_down};
+  parallel_for(E, threads, [&](int64_t b, int64_t end) {
+    for (int64_t i = b; i < end; ++i)
+      for (int p = 0; p < 2; ++p) {
+        const auto& by_suffix = *maps[p];
+        const int64_t n = p == 0 ? 2 * I : H, k = p == 0 ? H : I, g = k / 32;
+        TensorMap tm;
+        for (const char* sfx : {"blocks", "scales"})
+          tm.emplace(sfx, expert_slice(ckpt.view(by_suffix.at(sfx)), e0 + i, sfx));
+        QuantTensor t;
+        try {
+          t = codec.unpack(q, tm, n, k);
+        } catch (const Error& err) {
+          const auto it = by_suffix.find(err.tensor());
+          const std::string name = it != by_suffix.end() ? it->second : by_suffix.at("blocks");
+          throw Error(err.code(), file_of(ckpt, name), name,
+                      "expert " + std::to_string(e0 + i) + ": " + err.message());
+        }
+        QuantTensor& dst = p == 0 ? m.w13 : m.w2;
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t src = p == 0 ? gpt_oss_interleaved_row(r, I) : r;
+          std::memcpy(&dst.codes[static_cast<size_t>((i * n + r) * k)],
+                      &t.codes[static_cast<size_t>(src * k)], static_cast<size_t>(k));
+          std::memcpy(&dst.scales[static_cast<size_t>((i * n + r) * g)],
+                      &t.scales[static_cast<size_t>(src * g)], static_cast<size_t>(g));
+        }
+      }
+  });
+  m.w13.check_consistent(layer.param_prefix + "gate_up_proj");
+  m.w2.check_consistent(layer.param_prefix + "down_proj");
+  return m;
+}
+
+}  // namespace
+
 MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, const QuantParams& q,
                             int threads, const ExpertRange& range) {
   const SourceCodec* codec = find_source_codec(q.method);
   if (!codec)
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
                 std::string("no codec for ") + quant_method_name(q.method));
-  if (layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss) {
+  const bool gpt_oss_mxfp4 =
+      layer.family == MoeFamily::kGptOss && q.method == QuantMethod::kGptOssMxfp4;
+  if ((layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss) &&
+      !gpt_oss_mxfp4) {
     refuse_float_fused_experts(ckpt, layer, q.method);
     throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
                 "quantized fused 3-D experts are not supported");
   }
+  if (!gpt_oss_mxfp4 && q.method == QuantMethod::kGptOssMxfp4)
+    throw Error(ErrorCode::kUnsupported, ckpt.dir(), layer.param_prefix,
+                "gpt-oss MXFP4 is read from gpt-oss' fused experts only");
   const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
   if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
     throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");
+  if (gpt_oss_mxfp4) return load_gpt_oss_mxfp4(ckpt, layer, *codec, q, threads, e0, e1);
   const int64_t H = layer.hidden, I = layer.inter;
   std::vector<std::array<QuantTensor, 3>> parts =
       unpack_linears(ckpt, layer, *codec, q, threads, e0, e1);
@@ -1126,6 +1307,47 @@ float read_float(const TensorView& v, int64_t i) {
   return element_as_float(v.data + i * (dtype_bits(v.dtype) / 8), v.dtype, v.name);
 }
 }  // namespace
+
+ExpertBiases load_expert_biases(const Checkpoint& ckpt, const MoeLayer& layer,
+                                const ExpertRange& range) {
+  ExpertBiases b;
+  const bool fused = layer.family == MoeFamily::kFused3d || layer.family == MoeFamily::kGptOss;
+  if (!fused || (!layer.fused_gate_up.count("bias") && !layer.fused_down.count("bias"))) return b;
+  const int64_t e0 = range.begin, e1 = range.end < 0 ? layer.num_experts : range.end;
+  if (e0 < 0 || e1 > layer.num_experts || e0 >= e1)
+    throw Error(ErrorCode::kInternal, ckpt.dir(), layer.param_prefix, "bad expert range");
+  const int64_t E = e1 - e0, H = layer.hidden, I = layer.inter, N = layer.gated ? 2 * I : I;
+  const bool interleaved = layer.family == MoeFamily::kGptOss;
+  for (const auto* m : {&layer.fused_gate_up, &layer.fused_down})
+    if (!m->count("bias"))
+      throw Error(
+          ErrorCode::kMissingTensor, ckpt.dir(),
+          layer.param_prefix + (m == &layer.fused_gate_up ? "gate_up" : "down") + "_proj_bias",
+          "the experts of " + layer.module + " have a bias on one projection only");
+  const TensorView gu = ckpt.view(layer.fused_gate_up.at("bias"));
+  const TensorView dn = ckpt.view(layer.fused_down.at("bias"));
+  for (const auto& [v, want] : {std::make_pair(gu, Shape{layer.num_experts, N}),
+                                std::make_pair(dn, Shape{layer.num_experts, H})})
+    if (v.shape != want)
+      throw Error(ErrorCode::kBadShape, file_of(ckpt, v.name), v.name,
+                  "shape " + shape_str(v.shape) + ", expected " + shape_str(want));
+  b.w13.resize(static_cast<size_t>(E * N));
+  b.w2.resize(static_cast<size_t>(E * H));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < N; ++r)
+      b.w13[static_cast<size_t>(e * N + r)] =
+          read_float(gu, (e0 + e) * N + (interleaved ? gpt_oss_interleaved_row(r, I) : r));
+    for (int64_t h = 0; h < H; ++h)
+      b.w2[static_cast<size_t>(e * H + h)] = read_float(dn, (e0 + e) * H + h);
+  }
+  for (const auto& [name, values] :
+       {std::make_pair(gu.name, &b.w13), std::make_pair(dn.name, &b.w2)})
+    for (size_t i = 0; i < values->size(); ++i)
+      if (!std::isfinite((*values)[i]))
+        throw Error(ErrorCode::kBadValue, file_of(ckpt, name), name,
+                    "non-finite bias at index " + std::to_string(i));
+  return b;
+}
 
 DenseExperts load_dense_experts(const Checkpoint& ckpt, const MoeLayer& layer,
                                 const ExpertRange& range) {

@@ -136,6 +136,18 @@ MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, const
 MoeExperts load_moe_experts(const Checkpoint& ckpt, const MoeLayer& layer, int threads,
                             const ExpertRange& range = {});
 
+// The expert biases of a fused layer (gpt-oss: gate_up_proj_bias [E, 2I] with gate/up
+// interleaved, down_proj_bias [E, H]) as float, w13's in the canonical [gate; up] order; both
+// empty for a layer without biases. Per-expert layers never have any here: their readers refuse
+// a bias tensor (load_moe_experts, load_dense_experts).
+struct ExpertBiases {
+  std::vector<float> w13;  // [E, 2I] ([gate; up]) or [E, I]
+  std::vector<float> w2;   // [E, H]
+  bool empty() const { return w13.empty() && w2.empty(); }
+};
+ExpertBiases load_expert_biases(const Checkpoint& ckpt, const MoeLayer& layer,
+                                const ExpertRange& range = {});
+
 // Unquantized experts as float [E, N, K] for w13 ([gate; up]) and w2 (bf16/fp16/fp32 sources,
 // all families incl. fused 3-D and gpt-oss interleaved).
 struct DenseExperts {

@@ -396,6 +396,25 @@ QuantParams normalize_fp8(const json& qc, const std::string& file, DType dtype) 
   return p;
 }
 
+// gpt-oss's own MXFP4 (transformers Mxfp4Config, vLLM Mxfp4Config): {"quant_method": "mxfp4",
+// "modules_to_not_convert": [...]}; the experts are fused <proj>_blocks / _scales
+// (formats/fp4.h). modules_to_not_convert is matched per module (module_not_converted).
+QuantParams normalize_gpt_oss_mxfp4(const json& qc, const std::string& file, DType dtype) {
+  QuantParams p;
+  p.dtype = dtype;
+  p.method = QuantMethod::kGptOssMxfp4;
+  p.bits = 4;
+  p.group_size = 32;
+  auto m = qc.find("modules_to_not_convert");
+  if (m != qc.end() && !m->is_null()) {
+    if (!m->is_array()) bad(file, "modules_to_not_convert", "expected a list of module names");
+    for (const auto& v : *m)
+      if (!v.is_string())
+        bad(file, "modules_to_not_convert", "expected strings, got " + json_excerpt(v));
+  }
+  return p;
+}
+
 }  // namespace
 
 DType parse_torch_dtype(const std::string& s, const std::string& file) {
@@ -427,6 +446,7 @@ const std::vector<NormaliserRow>& normaliser_rows() {
       {"fp8", normalize_fp8},
       {"auto-round", normalize_auto_round},
       {"auto_round", normalize_auto_round},
+      {"mxfp4", normalize_gpt_oss_mxfp4},
   };
   return rows;
 }
@@ -747,6 +767,23 @@ HfConfig hf_config_from_json(nlohmann::json raw, const std::string& path, const 
     c.quant.dtype = c.dtype;
   }
   return c;
+}
+
+std::string module_not_converted(const HfConfig& c, const std::string& module) {
+  if (!c.quant_raw.is_object()) return "";
+  auto m = c.quant_raw.find("modules_to_not_convert");
+  if (m == c.quant_raw.end() || !m->is_array()) return "";
+  const std::string field = "modules_to_not_convert";
+  for (const auto& v : *m) {
+    if (!v.is_string()) continue;
+    const std::string key = v.get<std::string>();
+    const bool suffix = module.size() >= key.size() &&
+                        module.compare(module.size() - key.size(), key.size(), key) == 0;
+    if (python_re_match(key + "\\.", module, c.quant_file, field) ||
+        python_re_match(key, module, c.quant_file, field) || suffix)
+      return key;
+  }
+  return "";
 }
 
 }  // namespace moepack

@@ -61,6 +61,10 @@ QuantParams quant_for_module(const HfConfig& c, const std::string& module,
 // The one scheme of a set of expert Linears; kUnsupported naming both modules when they differ.
 QuantParams quant_for_modules(const HfConfig& c, const std::vector<std::string>& modules);
 
+// The quantization_config.modules_to_not_convert entry that leaves `module` unquantized, as
+// transformers' should_convert_module matches it (re.match of "<key>\\." or "<key>", or the
+// name ending with the key), or "" when none does (or the config has no such list).
+std::string module_not_converted(const HfConfig& c, const std::string& module);
 DType parse_torch_dtype(const std::string& s, const std::string& file);  // "bfloat16" -> kBF16
 
 }  // namespace moepack

@@ -162,6 +162,12 @@ void refuse_ambiguous_gpt_oss(const Checkpoint& ckpt, const MoeLayer& L) {
 // --dry-run says so too.
 void refuse_unconvertible_experts(const Checkpoint& ckpt, const Plan& plan, const MoeLayer& L) {
   refuse_ambiguous_gpt_oss(ckpt, L);
+  // gpt-oss' own MXFP4 experts are read (load_moe_experts); the oracle decides whether a layout
+  // takes them (their scheme is their own: biases, interleaved gate/up, clamped SwiGLU).
+  // Discovery took _blocks only with the config's gpt-oss MXFP4 (Checkpoint::open).
+  const bool gpt_oss_mxfp4 =
+      L.family == MoeFamily::kGptOss && L.fused_gate_up.count("blocks") && !plan.quantize_recipe;
+  if (gpt_oss_mxfp4) return;
   if (plan.target_quant.method != QuantMethod::kNone &&
       plan.source_quant.method != QuantMethod::kNone &&
       (L.family == MoeFamily::kFused3d || L.family == MoeFamily::kGptOss)) {

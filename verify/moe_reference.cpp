@@ -165,6 +165,9 @@ void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& s
         check_weight(w13, N, H, e, "w13");
         matmul_double_weight(xe, w13, N, H, &h);
       }
+      if (spec.w13_bias)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t n = 0; n < N; ++n) h(r, n) += static_cast<double>(spec.w13_bias[e * N + n]);
       a.resize(m, I);
       apply_activation<double>(spec, h.data(), m, a.data());
       {
@@ -172,6 +175,9 @@ void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& s
         check_weight(w2, H, I, e, "w2");
         matmul_double_weight(a, w2, H, I, &y);
       }
+      if (spec.w2_bias)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < H; ++c) y(r, c) += static_cast<double>(spec.w2_bias[e * H + c]);
       for (int64_t r = 0; r < m; ++r)
         std::copy(y.row(r).data(), y.row(r).data() + H,
                   o->slot_out.data() + es[static_cast<size_t>(r)] * H);
@@ -197,10 +203,18 @@ void backend_slots(const MoeSpec& spec, const Routing& routing, const Slots& slo
       // NaN-filled outputs expose a backend that leaves part of y unwritten.
       h.assign(static_cast<size_t>(m * N), std::nanf(""));
       matmul(static_cast<int>(e), MoeProj::kW13, xe.data(), m, h.data());
+      if (spec.w13_bias)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t n = 0; n < N; ++n)
+            h[static_cast<size_t>(r * N + n)] += spec.w13_bias[e * N + n];
       a.resize(static_cast<size_t>(m * I));
       apply_activation<float>(spec, h.data(), m, a.data());
       y.assign(static_cast<size_t>(m * H), std::nanf(""));
       matmul(static_cast<int>(e), MoeProj::kW2, a.data(), m, y.data());
+      if (spec.w2_bias)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < H; ++c)
+            y[static_cast<size_t>(r * H + c)] += spec.w2_bias[e * H + c];
       for (int64_t r = 0; r < m; ++r) {
         double* dst = o->slot_out.data() + es[static_cast<size_t>(r)] * H;
         for (int64_t c = 0; c < H; ++c)

@@ -2,9 +2,9 @@
 //
 //   x [T, H] --router--> Routing (top_k experts + weights per token)
 //   per expert e, X_e = rows of x routed to e (m_e rows, in token order):
-//     h = X_e . W13_e^T            [m_e, 2I] gated (rows [gate; up]) or [m_e, I]
+//     h = X_e . W13_e^T (+ b13_e)  [m_e, 2I] gated (rows [gate; up]) or [m_e, I]
 //     a = act(h[:, :I]) * h[:, I:] (gated)   |   a = act(h) (non-gated)      [m_e, I]
-//     y = a . W2_e^T               [m_e, H]
+//     y = a . W2_e^T (+ b2_e)      [m_e, H]   (expert biases: gpt-oss)
 //   out[t] = sum_k w[t, k] * y_{e(t,k)}[t]                                   [T, H]
 //
 // moe_reference: weights from dequantize_expert (float), everything else in double (fp64
@@ -38,6 +38,11 @@ struct MoeSpec {
   int64_t intermediate = 0;  // I (per expert)
   Activation activation = Activation::kSilu;
   bool gated = true;  // w13 = [gate; up] (2I rows) and out = act(gate) * up; else w13 has I rows
+  // Expert biases (gpt-oss), not owned, or null: w13_bias [E, w13_rows()] in w13's row order
+  // ([gate; up]) and w2_bias [E, H], added to each projection's output (h = x W13^T + b13,
+  // y = a W2^T + b2), as vLLM's fused MoE with has_bias and transformers' GptOssExperts do.
+  const float* w13_bias = nullptr;
+  const float* w2_bias = nullptr;
   // Experts evaluated in parallel; callbacks must then be thread-safe. Results never depend on
   // it (each expert writes its own slots; sums are taken in a fixed order afterwards).
   int threads = 1;

@@ -514,6 +514,28 @@ struct LayerJob {
   std::vector<float> x, expert_x;
 };
 
+// Expert biases (gpt-oss' gate_up_proj_bias / down_proj_bias, vLLM's w13_bias / w2_bias): no
+// layout row carries them yet, so the MoE an artifact of such experts serves cannot be computed
+// as vLLM computes it (the reference would run without them). Refused (exit 4), never verified
+// with the wrong MoE.
+void refuse_expert_biases(const Output& out, const Checkpoint* src, const ManifestLayer& ml) {
+  if (src)
+    for (const auto& L : src->moe_layers())
+      if (L.module == ml.module && !load_expert_biases(*src, L).empty())
+        throw Error(ErrorCode::kUnsupported, src->dir(), L.param_prefix + "gate_up_proj_bias",
+                    "the source's experts of " + ml.module +
+                        " carry biases, which no moepack layout carries: the MoE they serve "
+                        "cannot be computed as vLLM does");
+  for (const char* suffix : {"gate_up_proj_bias", "down_proj_bias", "w13_bias", "w2_bias",
+                             "routed_experts.w13_bias", "routed_experts.w2_bias"}) {
+    const std::string name = ml.module + ".experts." + suffix;
+    if (out.where.count(name))
+      throw Error(ErrorCode::kUnsupported, "", name,
+                  "expert biases beside the converted experts of " + ml.module +
+                      ": moepack computes no layout's MoE with them");
+  }
+}
+
 // The layer's job without its router and hidden states (load_layer_inputs). Throws Error for
 // parameters that do not lead with the layer's experts.
 LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
@@ -1350,6 +1372,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (src) r.integrity.push_back(check_copied_tensors(manifest, out, *src));
   r.integrity.push_back(check_carried_files(manifest, opts.dst, src.get()));
 
+  for (const ManifestLayer& ml : manifest.layers) refuse_expert_biases(out, src.get(), ml);
   // 3. Per layer, by chunks of experts: decode, exact round trip, numerical check.
   LayerRun run{&out, src.get(), &layout, recipe, &manifest, threads, &opts, router, activation, &r};
   for (const ManifestLayer& ml : manifest.layers) {

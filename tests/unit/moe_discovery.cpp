@@ -399,41 +399,129 @@ json gpt_oss_config() {
           {"swiglu_limit", 7.0}};
 }
 
-TEST(MoeDiscovery, GptOssMxfp4RecognisedAndRefused) {
-  auto build = [](Builder& b) {
-    const std::string X = "model.layers.0.mlp.experts.";
-    b.add(bf16("model.layers.0.mlp.router.weight", {kE, kH}));
-    b.add(bf16("model.layers.0.mlp.router.bias", {kE}));
-    b.add(Tensor(X + "gate_up_proj_blocks", DType::kU8, {kE, 2 * kI, kH / 32, 16}));
-    b.add(Tensor(X + "gate_up_proj_scales", DType::kU8, {kE, 2 * kI, kH / 32}));
-    b.add(bf16(X + "gate_up_proj_bias", {kE, 2 * kI}));
-    b.add(Tensor(X + "down_proj_blocks", DType::kU8, {kE, kH, kI / 32, 16}));
-    b.add(Tensor(X + "down_proj_scales", DType::kU8, {kE, kH, kI / 32}));
-    b.add(bf16(X + "down_proj_bias", {kE, kH}));
+// The tensors of one gpt-oss MXFP4 layer as published (formats/fp4.h): blocks [E, N, K/32, 16],
+// scales [E, N, K/32], biases; `skip` leaves one out, `bad` replaces one by a wrong shape.
+void add_gpt_oss_mxfp4(Builder& b, const std::string& skip = "", const std::string& bad = "") {
+  const std::string X = "model.layers.0.mlp.experts.";
+  b.add(bf16("model.layers.0.mlp.router.weight", {kE, kH}));
+  b.add(bf16("model.layers.0.mlp.router.bias", {kE}));
+  auto add = [&](Tensor t) {
+    const std::string suffix = t.name.substr(X.size());
+    if (suffix == skip) return;
+    if (suffix == bad) t = Tensor(t.name, t.dtype, {t.shape[0] + 1});
+    b.add(std::move(t));
   };
-  {
-    // As released: quant_method mxfp4 in config.json.
+  add(Tensor(X + "gate_up_proj_blocks", DType::kU8, {kE, 2 * kI, kH / 32, 16}));
+  add(Tensor(X + "gate_up_proj_scales", DType::kU8, {kE, 2 * kI, kH / 32}));
+  add(bf16(X + "gate_up_proj_bias", {kE, 2 * kI}));
+  add(Tensor(X + "down_proj_blocks", DType::kU8, {kE, kH, kI / 32, 16}));
+  add(Tensor(X + "down_proj_scales", DType::kU8, {kE, kH, kI / 32}));
+  add(bf16(X + "down_proj_bias", {kE, kH}));
+}
+
+json gpt_oss_mxfp4_quant() {
+  return {
+      {"quant_method", "mxfp4"},
+      {"modules_to_not_convert",
+       {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
+}
+
+TEST(MoeDiscovery, GptOssMxfp4AsPublished) {
+  TempDir dir;
+  Builder b;
+  b.config = gpt_oss_config();
+  b.config["quantization_config"] = gpt_oss_mxfp4_quant();
+  add_gpt_oss_mxfp4(b);
+  b.write(dir.path);
+  const auto c = Checkpoint::open(dir.path);
+  EXPECT_EQ(c->quant().method, QuantMethod::kGptOssMxfp4);
+  ASSERT_EQ(c->moe_layers().size(), 1u);
+  const MoeLayer& m = c->moe_layers()[0];
+  EXPECT_EQ(m.family, MoeFamily::kGptOss);
+  EXPECT_EQ(m.num_experts, kE);
+  EXPECT_EQ(m.hidden, kH);
+  EXPECT_EQ(m.inter, kI);
+  EXPECT_TRUE(is_other(*c, "model.layers.0.mlp.router.weight"));
+  expect_partition(*c);
+  // Zero bytes decode (code 0, E8M0 0) to zeros; every expert's slice is read.
+  const MoeExperts x = load_moe_experts(*c, m, 1);
+  EXPECT_EQ(x.w13.experts, kE);
+  EXPECT_EQ(x.w13.n, 2 * kI);
+  EXPECT_EQ(x.w2.k, kI);
+}
+
+// What the tensors and the config must agree on; each disagreement exits 3 (or 4 where the
+// checkpoint is consistent but not read) naming the file and the tensor or field.
+TEST(MoeDiscovery, GptOssMxfp4DisagreementsAreNamed) {
+  struct Case {
+    const char* what;
+    std::function<void(Builder&)> build;
+    ErrorCode code;
+    std::string tensor, message;
+  };
+  const std::string X = "model.layers.0.mlp.experts.";
+  const std::vector<Case> cases = {
+      {"MXFP4 tensors without the config's quant_method", [](Builder& b) { add_gpt_oss_mxfp4(b); },
+       ErrorCode::kBadConfig, X + "gate_up_proj_blocks", "mxfp4"},
+      {"experts listed in modules_to_not_convert",
+       [](Builder& b) {
+         b.config["quantization_config"]["modules_to_not_convert"] = {"model.layers.*.mlp"};
+         add_gpt_oss_mxfp4(b);
+       },
+       ErrorCode::kBadConfig, X + "gate_up_proj_blocks", "modules_to_not_convert"},
+      {"a missing scale tensor", [](Builder& b) { add_gpt_oss_mxfp4(b, "down_proj_scales"); },
+       ErrorCode::kMissingTensor, X + "down_proj_scales", "missing"},
+      {"a missing bias", [](Builder& b) { add_gpt_oss_mxfp4(b, "gate_up_proj_bias"); },
+       ErrorCode::kMissingTensor, X + "gate_up_proj_bias", "missing"},
+      {"scales of the wrong shape",
+       [](Builder& b) { add_gpt_oss_mxfp4(b, "", "gate_up_proj_scales"); }, ErrorCode::kBadShape,
+       X + "gate_up_proj_scales", "expected"},
+      {"down_proj_blocks of the wrong shape",
+       [](Builder& b) { add_gpt_oss_mxfp4(b, "", "down_proj_blocks"); }, ErrorCode::kBadShape,
+       X + "down_proj_blocks", "expected"},
+      {"num_local_experts against the tensors",
+       [](Builder& b) {
+         b.config["num_local_experts"] = kE + 1;
+         add_gpt_oss_mxfp4(b);
+       },
+       ErrorCode::kBadConfig, X + "gate_up_proj_blocks", "num_local_experts"},
+      {"intermediate_size against the tensors",
+       [](Builder& b) {
+         b.config["intermediate_size"] = kI + 32;
+         add_gpt_oss_mxfp4(b);
+       },
+       ErrorCode::kBadConfig, "", "intermediate"},
+      {"bf16 experts under quant_method mxfp4",
+       [](Builder& b) {
+         const std::string Y = "model.layers.0.mlp.experts.";
+         b.add(bf16("model.layers.0.mlp.router.weight", {kE, kH}));
+         b.add(bf16("model.layers.0.mlp.router.bias", {kE}));
+         b.add(bf16(Y + "gate_up_proj", {kE, kH, 2 * kI}));
+         b.add(bf16(Y + "down_proj", {kE, kI, kH}));
+       },
+       ErrorCode::kBadConfig, X + "gate_up_proj", "mxfp4"},
+      {"mxfp4 on another model type",
+       [](Builder& b) {
+         b.config["model_type"] = "qwen3_moe";
+         add_gpt_oss_mxfp4(b);
+       },
+       ErrorCode::kUnsupported, "", "gpt_oss"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
     TempDir dir;
     Builder b;
     b.config = gpt_oss_config();
-    b.config["quantization_config"] = {
-        {"quant_method", "mxfp4"},
-        {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head"}}};
-    build(b);
+    if (std::string(k.what).find("without the config") == std::string::npos)
+      b.config["quantization_config"] = gpt_oss_mxfp4_quant();
+    k.build(b);
     b.write(dir.path);
-    const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kUnsupported);
-    EXPECT_TRUE(contains(e.message(), "mxfp4")) << e.what();
-  }
-  {
-    // Without the config hint the tensors themselves are recognised and refused.
-    TempDir dir;
-    Builder b;
-    b.config = gpt_oss_config();
-    build(b);
-    b.write(dir.path);
-    const Error e = expect_error([&] { Checkpoint::open(dir.path); }, ErrorCode::kUnsupported);
-    EXPECT_TRUE(contains(e.tensor(), "gate_up_proj_blocks")) << e.what();
-    EXPECT_TRUE(contains(e.message(), "MXFP4")) << e.what();
+    const Error e = expect_error([&] { Checkpoint::open(dir.path); }, k.code);
+    if (!k.tensor.empty()) {
+      EXPECT_EQ(e.tensor(), k.tensor) << e.what();
+    }
+    EXPECT_FALSE(e.file().empty()) << e.what();
+    EXPECT_TRUE(contains(e.message(), k.message)) << e.what();
   }
 }
 
