@@ -177,6 +177,17 @@ void parse_gpt_oss(const Fields& f, RouterConfig* cfg) {
   cfg->top_k = f.count({"num_experts_per_tok", "experts_per_token"}, nullptr);
   cfg->renormalize = true;
   cfg->has_router_bias = true;
+  // The clamp of its SwiGLU: vLLM 0.33's gpt-oss (SwigluOAIAndMul) and transformers'
+  // GptOssExperts compute it at 7.0 whatever the config says; a config asking for another limit
+  // describes an activation neither computes, so it is refused rather than verified as 7.
+  const double limit = f.number("swiglu_limit", kSwigluOaiLimit);
+  if (!std::isfinite(limit) || limit <= 0)
+    f.fail(f.name_of("swiglu_limit"), "must be a positive finite number");
+  if (limit != kSwigluOaiLimit)
+    throw Error(ErrorCode::kUnsupported, f.file, "",
+                f.name_of("swiglu_limit") + ": " + std::to_string(limit) +
+                    " (vLLM 0.33's gpt-oss and transformers' GptOssExperts clamp at 7.0 whatever "
+                    "the config says; moepack computes no other limit)");
 }
 
 // PhiMoE: sparsemixer in eval mode always selects two experts, whatever num_experts_per_tok.

@@ -155,6 +155,14 @@ void refuse_ambiguous_gpt_oss(const Checkpoint& ckpt, const MoeLayer& L) {
                     "\"): whether gate_proj / up_proj are gpt-oss' de-interleaved gate and up "
                     "(llm-compressor, auto-round) or halves of the interleaved gate_up_proj "
                     "(GPTQModel) cannot be told from the tensors");
+  // The producers keep gpt-oss' expert biases as <proj>.bias: no layout carries them, and the
+  // experts are never converted without them.
+  for (const auto& ex : L.experts)
+    for (const auto& by_suffix : ex)
+      if (by_suffix.count("bias"))
+        throw Error(ErrorCode::kUnsupported, ckpt.dir(), by_suffix.at("bias"),
+                    "gpt-oss expert bias: no moepack layout carries expert biases, and the "
+                    "experts are not converted without them (vLLM adds them to each projection)");
 }
 
 // Experts no layout converts: quantized fused 3-D and gpt-oss experts, and unquantized expert

@@ -475,6 +475,49 @@ TEST(HfConfigCt, AsymmetricNvFp4Refused) {
   EXPECT_TRUE(contains(e.message(), "asymmetric")) << e.message();
 }
 
+// gpt-oss' own MXFP4 (openai/gpt-oss-20b's quantization_config, verbatim).
+TEST(HfConfigGptOss, Mxfp4) {
+  const json qc = {
+      {"modules_to_not_convert",
+       {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}},
+      {"quant_method", "mxfp4"}};
+  const QuantParams p = norm(qc);
+  EXPECT_EQ(p.method, QuantMethod::kGptOssMxfp4);
+  EXPECT_EQ(p.bits, 4);
+  EXPECT_EQ(p.group_size, 32);
+  EXPECT_EQ(norm({{"quant_method", "MXFP4"}}).method, QuantMethod::kGptOssMxfp4);
+  const Error e = expect_error(
+      [&] {
+        norm({{"quant_method", "mxfp4"}, {"modules_to_not_convert", "lm_head"}});
+      },
+      ErrorCode::kBadConfig);
+  EXPECT_TRUE(contains(e.message() + e.tensor(), "modules_to_not_convert")) << e.what();
+  expect_error(
+      [&] {
+        norm({{"quant_method", "mxfp4"}, {"modules_to_not_convert", {1}}});
+      },
+      ErrorCode::kBadConfig);
+}
+
+// modules_to_not_convert as transformers' should_convert_module matches it: a regex at the start
+// followed by a dot, the whole regex at the start, or the name ending with the entry.
+TEST(HfConfigGptOss, ModulesToNotConvert) {
+  HfConfig c;
+  c.quant_raw = {{"quant_method", "mxfp4"},
+                 {"modules_to_not_convert", {"model.layers.*.self_attn", "lm_head", "experts"}}};
+  c.quant_file = "config.json";
+  EXPECT_EQ(module_not_converted(c, "model.layers.3.self_attn"), "model.layers.*.self_attn");
+  EXPECT_EQ(module_not_converted(c, "model.layers.3.self_attn.q_proj"), "model.layers.*.self_attn");
+  EXPECT_EQ(module_not_converted(c, "lm_head"), "lm_head");
+  EXPECT_EQ(module_not_converted(c, "model.layers.0.mlp.experts"), "experts");
+  c.quant_raw["modules_to_not_convert"] = {"model.layers.*.self_attn", "lm_head"};
+  EXPECT_EQ(module_not_converted(c, "model.layers.0.mlp.experts"), "");
+  c.quant_raw["modules_to_not_convert"] = {"model.layers.*.mlp"};
+  EXPECT_EQ(module_not_converted(c, "model.layers.0.mlp.experts"), "model.layers.*.mlp");
+  c.quant_raw.erase("modules_to_not_convert");
+  EXPECT_EQ(module_not_converted(c, "model.layers.0.mlp.experts"), "");
+}
+
 TEST(HfConfigCt, MissingConfigGroups) {
   json qc = ct_config("pack-quantized", int_weights(4, "group", 128));
   qc.erase("config_groups");

@@ -18,6 +18,7 @@
 #include "formats/quantize.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
+#include "pipeline/plan.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -777,6 +778,42 @@ TEST(MoeDiscovery, QuantizedPerExpertLinearShapes) {
     EXPECT_EQ(m.source_tensors.size(), 3 * kE * fmt.suffixes.size());
     expect_partition(*c);
   }
+}
+
+// llm-compressor keeps gpt-oss' expert biases as <proj>.bias beside its de-interleaved per-expert
+// Linears: the plan refuses the layer naming a bias rather than convert the experts without them.
+TEST(MoeDiscovery, PerExpertGptOssBiasesRefusedByThePlan) {
+  const int64_t H = 256, I = 96;
+  for (const auto& fmt : linear_formats()) {
+    if (fmt.label != "ct-w4a16") continue;
+    TempDir dir;
+    Builder b;
+    b.config = gpt_oss_config();
+    b.config["hidden_size"] = H;
+    b.config["intermediate_size"] = I;
+    b.config["torch_dtype"] = "float16";
+    b.config["quantization_config"] = fmt.quant_config;
+    b.add(bf16("model.layers.0.mlp.router.weight", {kE, H}));
+    b.add(bf16("model.layers.0.mlp.router.bias", {kE}));
+    for (int64_t e = 0; e < kE; ++e) {
+      const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+      fmt.add_linear(b, p + "gate_proj.", I, H);
+      fmt.add_linear(b, p + "up_proj.", I, H);
+      fmt.add_linear(b, p + "down_proj.", H, I);
+      b.add(bf16(p + "gate_proj.bias", {I}));
+      b.add(bf16(p + "up_proj.bias", {I}));
+      b.add(bf16(p + "down_proj.bias", {H}));
+    }
+    b.write(dir.path);
+    const auto c = Checkpoint::open(dir.path);
+    ConvertOptions opts;
+    opts.src = dir.path;
+    const Error e = expect_error([&] { make_plan(*c, opts); }, ErrorCode::kUnsupported);
+    EXPECT_TRUE(contains(e.tensor(), ".bias")) << e.what();
+    EXPECT_TRUE(contains(e.message(), "bias")) << e.what();
+    return;
+  }
+  FAIL() << "no ct-w4a16 format";
 }
 
 // -------------------------------------------------------------------------------- errors

@@ -165,6 +165,32 @@ TEST(Router, GptOssSoftmaxOverTopKLogits) {
   EXPECT_NEAR(r.weight(0, 1), 0.2689414213699951, 1e-12);
 }
 
+// gpt-oss' swiglu_limit: vLLM 0.33 and transformers clamp at 7.0 whatever the config says, so
+// the published 7.0 is read and any other limit is refused (never verified with 7).
+TEST(RouterConfigFromHf, GptOssSwigluLimit) {
+  nlohmann::json cfg = {{"model_type", "gpt_oss"},
+                        {"num_local_experts", 4},
+                        {"num_experts_per_tok", 2},
+                        {"swiglu_limit", 7.0}};
+  EXPECT_NO_THROW(router_config_from_hf(cfg));
+  cfg["swiglu_limit"] = 10.0;
+  try {
+    router_config_from_hf(cfg, "cfg.json");
+    ADD_FAILURE() << "swiglu_limit 10 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_EQ(e.file(), "cfg.json");
+    EXPECT_NE(e.message().find("swiglu_limit"), std::string::npos) << e.what();
+  }
+  cfg["swiglu_limit"] = "7";
+  try {
+    router_config_from_hf(cfg, "cfg.json");
+    ADD_FAILURE() << "swiglu_limit \"7\" accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBadConfig);
+  }
+}
+
 TEST(Router, TokensPerExpert) {
   const Routing r = route({1.f, 2.f, 3.f, 0.f, 3.f, 2.f, 1.f, 0.f}, {}, softmax_cfg(4, 2, true));
   const std::vector<int64_t> n = r.tokens_per_expert(4);
