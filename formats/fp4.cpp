@@ -312,7 +312,10 @@ TensorMap pack_gpt_oss_mxfp4(const QuantParams& p, const QuantTensor& q) {
 }
 std::pair<int64_t, int64_t> gpt_oss_mxfp4_logical_shape(
     const QuantParams&, const std::map<std::string, TensorView>& by_suffix) {
-  const Shape& s = linear_tensor_shape(by_suffix, "blocks");  // [N, K/32, 16]
+  auto it = by_suffix.find("blocks");
+  if (it == by_suffix.end())
+    throw Error(ErrorCode::kMissingTensor, "", "blocks", "expert has no 'blocks' tensor");
+  const Shape& s = it->second.shape;  // [N, K/32, 16]
   if (s.size() != 3 || s[2] != kMxBlock / 2)
     throw Error(ErrorCode::kBadShape, "", "blocks",
                 "shape " + shape_str(s) + ", expected [N, K/32, 16] (32 e2m1 codes per block)");

@@ -785,7 +785,7 @@ TEST(MoeDiscovery, QuantizedPerExpertLinearShapes) {
 TEST(MoeDiscovery, PerExpertGptOssBiasesRefusedByThePlan) {
   const int64_t H = 256, I = 96;
   for (const auto& fmt : linear_formats()) {
-    if (fmt.label != "ct-w4a16") continue;
+    if (std::string(fmt.label) != "ct-w4a16") continue;
     TempDir dir;
     Builder b;
     b.config = gpt_oss_config();
