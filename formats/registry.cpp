@@ -435,7 +435,12 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}},
        // The rescale factor of every projection's block scales is the layer's (all experts).
-       .decide_layer = marlin_nvfp4_decide_layer},
+       .decide_layer = marlin_nvfp4_decide_layer,
+       // vLLM 0.33 computes that factor on each rank's slice (_nvfp4_compute_scale_factor after
+       // the loader's narrowing), which moepack's whole-layer decision does not model.
+       .tensor_parallel = {.unsupported = "marlin-nvfp4's block-scale rescale factor is a "
+                                          "whole-layer decision; a rank of vLLM 0.33 computes "
+                                          "it on its own slice, which moepack does not model"}},
       {.name = "marlin-mxfp4",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP4 weights, bf16 activations)",
        .layout_version = 1,
@@ -452,7 +457,8 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        // CompressedTensorsW4A4Mxfp4MoEMethod does not declare supports_pre_processed_weights.
        .vllm_serving = {{.target = VllmTarget::kV0_33,
                          .path = S::kKernelBuilder,
-                         .kernel_builder = "marlin-float"}}},
+                         .kernel_builder = "marlin-float"}},
+       .tensor_parallel = float_marlin_tp},
   };
 }
 }  // namespace
