@@ -4,7 +4,7 @@ Loads the wheel's `_moe_C_stable_libtorch.abi3.so` (the library only: no vLLM Py
 device's torch and runs the fused MoE the way vLLM's Marlin experts do -- gemm1 over w13 with
 `moe_wna16_marlin_gemm`, silu(gate) * up, gemm2 over w2 with the router weights, top-k sum --
 on each converted layer, against an fp32 MoE computed from the *source* checkpoint's tensors
-(decoded here from their definitions, not from the layout). Every case must land at bf16/fp16
+(decoded here from their definitions, not from the layout: FP8 block, MXFP8, NVFP4 and MXFP4). Every case must land at bf16/fp16
 rounding (< 2e-2), at two batch sizes (moe block 8: the kernel's small-batch thread configs;
 64: the large-batch ones), and each corruption of moepack's output that a layout bug would
 produce must fail (> 0.2): gate/up halves swapped; the scales as the checkpoint orders them
@@ -30,29 +30,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "vllm"))
+from gpu_marlin_kernel import align, read_safetensors  # noqa: E402
+
 # vllm.scalar_type ids in vLLM 0.33.0 (scalar_types.<name>.id): the kernel's b_type_id.
 FLOAT8_E4M3FN, FLOAT4_E2M1F = 2814749767172868, 562949953487106
 RIGHT_TOL, WRONG_MIN = 2e-2, 0.2
-_DT = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-       "U8": torch.uint8, "I8": torch.int8, "F8_E4M3": torch.uint8, "F8_E8M0": torch.uint8}
-
-
-def read_safetensors(path: Path) -> dict:
-    data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = t["data_offsets"]
-        buf = bytearray(data[8 + n + b:8 + n + e])
-        dt = _DT[t["dtype"]]
-        out[name] = (torch.frombuffer(buf, dtype=dt).reshape(t["shape"]) if buf
-                     else torch.empty(t["shape"], dtype=dt))
-    return out
-
-
 # ---- the source, decoded from its definition (fp32 [N, K]) ------------------------------------
 
 def e4m3(u8: torch.Tensor) -> torch.Tensor:
@@ -63,7 +46,25 @@ def e8m0(u8: torch.Tensor) -> torch.Tensor:
     return torch.exp2(u8.float() - 127.0)
 
 
+_E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] bytes, the even k in the low nibble -> fp32 [N, K]."""
+    codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(packed.shape[0], -1)
+    return _E2M1[codes.long()]
+
+
 def source_linear(src: dict, prefix: str, fmt: str) -> torch.Tensor:
+    if fmt == "modelopt-nvfp4":
+        s = e4m3(src[prefix + "weight_scale"]) * src[prefix + "weight_scale_2"].float().reshape(())
+        return e2m1(src[prefix + "weight"]) * s.repeat_interleave(16, 1)
+    if fmt == "ct-nvfp4":
+        s = e4m3(src[prefix + "weight_scale"]) / src[prefix + "weight_global_scale"].float().reshape(())
+        return e2m1(src[prefix + "weight_packed"]) * s.repeat_interleave(16, 1)
+    if fmt == "ct-mxfp4":
+        s = e8m0(src[prefix + "weight_scale"])
+        return e2m1(src[prefix + "weight_packed"]) * s.repeat_interleave(32, 1)
     w = src[prefix + "weight"]
     if fmt in ("fp8-block", "ct-fp8-block"):
         s = src[prefix + ("weight_scale_inv" if fmt == "fp8-block" else "weight_scale")].float()
@@ -111,20 +112,6 @@ def swap_halves(t: torch.Tensor) -> torch.Tensor:
 
 # ---- the fused MoE on the kernel --------------------------------------------------------------
 
-def align(topk_ids: torch.Tensor, block: int, E: int):
-    flat = topk_ids.flatten().tolist()
-    ids, experts = [], []
-    for e in range(E):
-        idx = [i for i, v in enumerate(flat) if v == e]
-        if not idx:
-            continue
-        pad = (-len(idx)) % block
-        ids += idx + [len(flat)] * pad
-        experts += [e] * ((len(idx) + pad) // block)
-    mk = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")  # noqa: E731
-    return mk(ids), mk(experts), mk([len(ids)])
-
-
 def kernel_moe(x, p: dict, topk_ids, topk_w, block: int, H: int, ip: int):
     op = torch.ops._moe_C.moe_wna16_marlin_gemm
     M, topk, E = x.shape[0], topk_ids.shape[1], p["w13"].shape[0]
@@ -158,6 +145,17 @@ def layout_params(out: dict, P: str, layout: str, act: torch.dtype) -> dict:
         return {"w13": w["w13_weight"], "w2": w["w2_weight"],
                 "s13": conv(out[P + "w13_weight_scale"]), "s2": conv(out[P + "w2_weight_scale"]),
                 "type": FLOAT8_E4M3FN, "kind": "e8m0"}
+    if layout in ("marlin-nvfp4", "marlin-mxfp4"):
+        nv = layout == "marlin-nvfp4"
+        conv = lambda t: t.contiguous().view(  # noqa: E731
+            torch.float8_e4m3fn if nv else torch.float8_e8m0fnu).cuda()
+        p = {"w13": w["w13_weight"], "w2": w["w2_weight"], "s13": conv(out[P + "w13_weight_scale"]),
+             "s2": conv(out[P + "w2_weight_scale"]), "type": FLOAT4_E2M1F,
+             "kind": "e4m3" if nv else "e8m0"}
+        if nv:  # the processed decode global per expert, as vLLM's Marlin NVFP4 path holds it
+            p["g13"] = out[P + "w13_weight_scale_2"].float().cuda()
+            p["g2"] = out[P + "w2_weight_scale_2"].float().cuda()
+        return p
     raise ValueError(f"no kernel operands for {layout}")
 
 

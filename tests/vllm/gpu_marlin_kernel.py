@@ -26,8 +26,10 @@ from layouts import marlin_weight, source_linear  # noqa: E402
 
 # vllm.scalar_type ids (vLLM 0.33.0): the kernel's b_type_id.
 UINT4B8, UINT4, UINT8B128 = 1125899907892224, 1125899906843648, 1125899923621888
+# The one-byte float types as raw bytes: the callers view them as the dtype the kernel takes.
 _DT = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
-       "U8": torch.uint8, "I8": torch.int8, "I64": torch.int64}
+       "U8": torch.uint8, "I8": torch.int8, "I64": torch.int64, "F8_E4M3": torch.uint8,
+       "F8_E8M0": torch.uint8}
 RIGHT_TOL, WRONG_MIN = 2e-2, 0.2
 
 
