@@ -39,7 +39,7 @@ fp8-block       --hidden=128:--inter=128  marlin-fp8    fp16  sm86
 ct-fp8-block    --hidden=384:--inter=128  marlin-fp8    bf16  sm90
 ct-fp8-block    --hidden=256:--inter=256  marlin-fp8    fp16  sm89
 modelopt-nvfp4  --hidden=256:--inter=128  marlin-nvfp4  bf16  sm80
-modelopt-nvfp4  --hidden=256:--inter=80   marlin-nvfp4  fp16  sm89
+modelopt-nvfp4  --hidden=256:--inter=96   marlin-nvfp4  fp16  sm89
 ct-nvfp4        --hidden=192:--inter=96   marlin-nvfp4  bf16  sm86
 ct-nvfp4        --hidden=256:--inter=128  marlin-nvfp4  bf16  sm90
 ct-mxfp4        --hidden=256:--inter=64   marlin-mxfp4  bf16  sm80
