@@ -1170,8 +1170,8 @@ TEST(Fp4GateUpGlobalScales, TorchAllcloseDecides) {
       if (want == 0) {
         const json j = json::parse(out, nullptr, false);
         ASSERT_FALSE(j.is_discarded()) << out;
-        EXPECT_EQ(j.value("validation", ""),
-                  "validated: every expert read through the source codec");
+        // Read through the codec, or read and packed where a layout takes NVFP4 on the target.
+        EXPECT_EQ(j.value("validation", "").rfind("validated: every expert read", 0), 0u) << out;
       } else {
         EXPECT_NE(err.find(up), std::string::npos) << err;
         EXPECT_NE(err.find("beyond torch.allclose"), std::string::npos) << err;
