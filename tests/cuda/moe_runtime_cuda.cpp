@@ -219,9 +219,11 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         ro.zero_lo = std::max(ro.zero_lo, 1);
         ro.zero_hi = std::min(ro.zero_hi, (1 << params.bits) - 1);
       }
-      for (bool gated : {true, false}) {
+      // Each gating twice: a row with one codec of one parameter set that takes gated layers
+      // only (marlin-mxfp4) would have a single layer otherwise.
+      for (bool gated : {true, false, true, false}) {
         // Draw until the row takes the layer: some rows (MXFP4 Marlin: no padding, group 32)
-        // refuse most random shapes, and one draw per case left them with a single layer.
+        // refuse many random shapes.
         test::LayerDims d;
         int64_t E = 0;
         MoeShape s;
