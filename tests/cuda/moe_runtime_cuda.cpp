@@ -198,6 +198,27 @@ bool writable_for_some_target(const TargetLayout& row, LayoutOptions& o, const M
   return row.unsupported_reasons(o, s).empty();
 }
 
+// Draws random layers until the row takes one (some rows, MXFP4 Marlin: no padding, group 32,
+// refuse many random shapes): its dims, expert count, shape and options; false after 16 draws.
+bool draw_writable_layer(const TargetLayout& row, const QuantParams& params, bool gated,
+                         test::Rng& rng, test::LayerDims& d, int64_t& E, MoeShape& s,
+                         LayoutOptions& o) {
+  for (int draw = 0; draw < 16; ++draw) {
+    d = test::random_layer_dims(rng, 1).front();
+    E = d.experts + 3;
+    s = moe_shape_for(params, E, d.hidden, d.inter, gated);
+    o = LayoutOptions{};
+    o.act_dtype = DType::kBF16;
+    o.gated = gated;
+    o.source_method = params.method;
+    o.prefix = "model.layers.0.mlp.experts.";
+    o.hidden = d.hidden;
+    o.inter = d.inter;
+    if (writable_for_some_target(row, o, s)) return true;
+  }
+  return false;
+}
+
 class LayoutRowsCuda : public ::testing::TestWithParam<TargetLayout> {};
 
 // Every layout row, every codec it takes, random legal layers (gated and relu2): the fused MoE
@@ -222,27 +243,11 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
       // Each gating twice: a row with one codec of one parameter set that takes gated layers
       // only (marlin-mxfp4) would have a single layer otherwise.
       for (bool gated : {true, false, true, false}) {
-        // Draw until the row takes the layer: some rows (MXFP4 Marlin: no padding, group 32)
-        // refuse many random shapes.
         test::LayerDims d;
         int64_t E = 0;
         MoeShape s;
         LayoutOptions o;
-        bool writable = false;
-        for (int draw = 0; draw < 16 && !writable; ++draw) {
-          d = test::random_layer_dims(rng, 1).front();
-          E = d.experts + 3;
-          s = moe_shape_for(params, E, d.hidden, d.inter, gated);
-          o = LayoutOptions{};
-          o.act_dtype = DType::kBF16;
-          o.gated = gated;
-          o.source_method = params.method;
-          o.prefix = "model.layers.0.mlp.experts.";
-          o.hidden = d.hidden;
-          o.inter = d.inter;
-          writable = writable_for_some_target(row, o, s);
-        }
-        if (!writable) continue;
+        if (!draw_writable_layer(row, params, gated, rng, d, E, s, o)) continue;
         std::ostringstream trace;
         trace << row.name << " <- " << codec.name << " {" << test::describe_params(params)
               << "} E=" << E << " H=" << d.hidden << " I=" << d.inter
