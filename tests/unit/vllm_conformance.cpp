@@ -23,18 +23,14 @@
 #include "formats/codec.h"
 #include "formats/triton_wna16.h"
 #include "tests/test_util.h"
+#include "tests/unit/vllm_conformance_common.h"
 
 namespace moepack {
 namespace {
 
 using test::Rng;
 
-uint64_t suite_seed(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  if (const char* env = std::getenv("MOEPACK_SUITE_SEED")) h ^= std::strtoull(env, nullptr, 10);
-  return h;
-}
+using conformance::suite_seed;
 
 int64_t lcm64(int64_t gs) {
   const int64_t g = gs > 0 ? gs : 1;
@@ -305,16 +301,10 @@ void check_case(Rng& rng, const TargetLayout& row, VllmTarget target, const Case
   expect_round_trip(back.w13, x.w13, c.act, "w13");
   expect_round_trip(back.w2, x.w2, c.act, "w2");
 
-  const int64_t m = 2;
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
+    SCOPED_TRACE(proj == MoeProj::kW13 ? "w13" : "w2");
     const QuantTensor& q = proj == MoeProj::kW13 ? back.w13 : back.w2;
-    const int64_t e = std::uniform_int_distribution<int64_t>(0, c.experts - 1)(rng);
-    std::vector<float> xa(static_cast<size_t>(m * q.k)), y(static_cast<size_t>(m * q.n));
-    for (auto& v : xa) v = u(rng);
-    test::layout_matmul(row.make_reader, o, params, proj, e, xa.data(), m, y.data());
-    EXPECT_LE(test::matmul_error(q, e, xa, m, y), 1e-5)
-        << (proj == MoeProj::kW13 ? "w13" : "w2") << " expert " << e;
+    conformance::expect_reader_matmul_matches(rng, row, o, params, proj, q, c.experts);
   }
 }
 

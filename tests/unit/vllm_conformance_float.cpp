@@ -21,18 +21,14 @@
 #include "core/half.h"
 #include "formats/codec.h"
 #include "tests/test_util.h"
+#include "tests/unit/vllm_conformance_common.h"
 
 namespace moepack {
 namespace {
 
 using test::Rng;
 
-uint64_t suite_seed(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  if (const char* env = std::getenv("MOEPACK_SUITE_SEED")) h ^= std::strtoull(env, nullptr, 10);
-  return h;
-}
+using conformance::suite_seed;
 
 int64_t round_up(int64_t v, int64_t unit) {
   return (v + unit - 1) / unit * unit;
@@ -178,12 +174,7 @@ void check_case(Rng& rng, const Case& c, Tally* tally) {
     ASSERT_EQ(got.k, want.k);
     EXPECT_TRUE(test::bytes_equal(got.codes, want.codes, 16, "codes"));
     EXPECT_TRUE(test::bytes_equal(got.scales, stored_scales(want, c.act, c.mx()), 16, "scales"));
-    const int64_t m = 2, e = std::uniform_int_distribution<int64_t>(0, c.experts - 1)(rng);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<float> xa(static_cast<size_t>(m * got.k)), y(static_cast<size_t>(m * got.n));
-    for (auto& v : xa) v = u(rng);
-    test::layout_matmul(row.make_reader, o, params, proj, e, xa.data(), m, y.data());
-    EXPECT_LE(test::matmul_error(got, e, xa, m, y), 1e-5) << "expert " << e;
+    conformance::expect_reader_matmul_matches(rng, row, o, params, proj, got, c.experts);
   }
 }
 
