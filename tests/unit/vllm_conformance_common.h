@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +37,23 @@ inline void expect_reader_matmul_matches(test::Rng& rng, const TargetLayout& row
   for (auto& v : xa) v = u(rng);
   test::layout_matmul(row.make_reader, o, params, proj, e, xa.data(), m, y.data());
   EXPECT_LE(test::matmul_error(want, e, xa, m, y), 1e-5) << "expert " << e;
+}
+
+// Checks `draws` random cases (draw(rng) returns a case with str(); check(c) runs it): false at
+// the first draw that fails or throws, which says enough.
+template <class Draw, class Check>
+bool run_draws(test::Rng& rng, int draws, Draw draw, Check check) {
+  for (int i = 0; i < draws; ++i) {
+    const auto c = draw(rng);
+    SCOPED_TRACE(c.str());
+    try {
+      check(c);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "threw " << e.what();
+    }
+    if (::testing::Test::HasFailure()) return false;
+  }
+  return true;
 }
 
 }  // namespace conformance

@@ -181,16 +181,9 @@ void check_case(Rng& rng, const Case& c, Tally* tally) {
 TEST(VllmConformanceFloat, ContractRoundTripAndMatmulOnRandomFloatLayers) {
   Rng rng(suite_seed("vllm_conformance/marlin-float"));
   Tally tally;
-  for (int i = 0; i < 300; ++i) {
-    const Case c = draw_case(rng);
-    SCOPED_TRACE(c.str());
-    try {
-      check_case(rng, c, &tally);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "threw " << e.what();
-    }
-    if (::testing::Test::HasFailure()) return;  // the first failing draw says enough
-  }
+  if (!conformance::run_draws(rng, 300, draw_case,
+                              [&](const Case& c) { check_case(rng, c, &tally); }))
+    return;
   std::cout << "[ marlin-fp8 / marlin-mxfp8 ] " << tally.supported << " supported (" << tally.fp8
             << " FP8 block, " << tally.mx << " MXFP8, " << tally.padded << " padded), "
             << tally.refused << " refused\n";

@@ -223,16 +223,9 @@ void check_case(Rng& rng, const Case& c, Tally* tally) {
 TEST(VllmConformanceFp4, ContractRoundTripAndMatmulOnRandomFp4Layers) {
   Rng rng(suite_seed("vllm_conformance/marlin-fp4"));
   Tally tally;
-  for (int i = 0; i < 300; ++i) {
-    const Case c = draw_case(rng);
-    SCOPED_TRACE(c.str());
-    try {
-      check_case(rng, c, &tally);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "threw " << e.what();
-    }
-    if (::testing::Test::HasFailure()) return;  // the first failing draw says enough
-  }
+  if (!conformance::run_draws(rng, 300, draw_case,
+                              [&](const Case& c) { check_case(rng, c, &tally); }))
+    return;
   std::cout << "[ marlin-nvfp4 / marlin-mxfp4 ] " << tally.supported << " supported (" << tally.nv
             << " NVFP4, " << tally.mx << " MXFP4, " << tally.padded << " padded, " << tally.rescaled
             << " rescaled projections, " << tally.flushed << " with flushed scales), "
