@@ -60,21 +60,31 @@ def make_tokenizer(path):
 
 # The families of issue 30, each a tiny config of its own model type (4 experts, top-2 unless
 # the family routes otherwise). Absent from a transformers version: skipped with a message.
-def family_config(family, common):
+def family_config(family, common, inter=128):
+    """inter: the experts' intermediate size (and the dense MLPs') of the families whose
+    first fixtures used 128; 64 (Marlin's least) for the rows added later, which keeps each
+    fixture near 400 KB. glm4_moe_lite with common's num_hidden_layers = 2 gets a dense layer
+    0 and a sparse layer 1 (auto-round keeps layer 0's MLP in 16 bits, below)."""
     import transformers as tf
 
-    e4 = dict(intermediate_size=128)
+    e4 = dict(intermediate_size=inter)
+    glm_layers = ["dense"] * (common["num_hidden_layers"] - 1) + ["sparse"]
+    # GLM-4.7-Flash's MLA at DeepSeek-V3.2's sizes below for the rows added later (its defaults,
+    # q_lora_rank 768 and kv_lora_rank 512, make a 1.5 MB checkpoint); the llm-compressor row
+    # keeps the defaults it was made with.
+    glm_mla = {} if inter == 128 else dict(q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
+                                           qk_rope_head_dim=16, v_head_dim=32)
     table = {
         "olmoe": lambda: tf.OlmoeConfig(num_experts=4, **e4, **common),
         "phimoe": lambda: tf.PhimoeConfig(num_local_experts=4, **e4, **common),
         "granitemoe": lambda: tf.GraniteMoeConfig(num_local_experts=4, **e4, **common),
         "minimax_m2": lambda: tf.MiniMaxM2Config(num_local_experts=4, **e4, **common),
         "ernie4_5_moe": lambda: tf.Ernie4_5_MoeConfig(
-            moe_num_experts=4, moe_intermediate_size=128, moe_layer_start_index=0, **e4,
+            moe_num_experts=4, moe_intermediate_size=inter, moe_layer_start_index=0, **e4,
             **{k: v for k, v in common.items() if k != "num_experts_per_tok"}, moe_k=2),
         "glm4_moe_lite": lambda: tf.Glm4MoeLiteConfig(
-            n_routed_experts=4, moe_intermediate_size=128, mlp_layer_types=["sparse"], **e4,
-            **common),
+            n_routed_experts=4, moe_intermediate_size=inter, mlp_layer_types=glm_layers, **e4,
+            **glm_mla, **common),
         # Mistral-4's own YaRN rope needs the rope head = head_dim (64 here): with a narrower
         # one its frequency tables come out of different lengths (11 and 10), and transformers'
         # generic rope init, which auto-round 0.15.1 patches, computes them from head_dim.
@@ -82,7 +92,7 @@ def family_config(family, common):
             n_routed_experts=4, moe_intermediate_size=64, intermediate_size=64, q_lora_rank=64,
             kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32, **common),
         "deepseek_v32": lambda: tf.DeepseekV32Config(
-            n_routed_experts=4, moe_intermediate_size=128, first_k_dense_replace=0, n_group=1,
+            n_routed_experts=4, moe_intermediate_size=inter, first_k_dense_replace=0, n_group=1,
             topk_group=1, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32,
             qk_rope_head_dim=16, v_head_dim=32, index_head_dim=32, index_n_heads=2, **e4,
             **common),
@@ -124,16 +134,18 @@ def causal_lm(family):
     return AutoModelForCausalLM
 
 
-def base_model(family, work):
-    """A tiny random model saved to work/base-FAMILY; returns its path."""
+def base_model(family, work, inter=128, layers=1):
+    """A tiny random model saved to work/base-FAMILY[-iINTER-lLAYERS]; returns its path.
+    inter and layers apply to the families of issue 30 (family_config)."""
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
-    path = os.path.join(work, "base-" + family)
+    suffix = "" if (inter, layers) == (128, 1) else f"-i{inter}-l{layers}"
+    path = os.path.join(work, "base-" + family + suffix)
     if os.path.exists(path):
         return path
     torch.manual_seed({"qwen3": 1, "mixtral": 2}.get(family, sum(map(ord, family))))
-    common = dict(vocab_size=128, hidden_size=128, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=64, num_experts_per_tok=2,
+    common = dict(vocab_size=128, hidden_size=128, num_hidden_layers=layers,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_experts_per_tok=2,
                   max_position_embeddings=64, tie_word_embeddings=False)
     if family == "qwen3":
         cfg = Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=128, num_experts=4,
@@ -141,7 +153,7 @@ def base_model(family, work):
     elif family == "mixtral":
         cfg = MixtralConfig(intermediate_size=128, num_local_experts=4, **common)
     else:
-        cfg = family_config(family, common)
+        cfg = family_config(family, common, inter)
     cls = causal_lm(family)
     # AutoModelForCausalLM.from_config is the model class's _from_config.
     model = (cls.from_config if cls is AutoModelForCausalLM else cls._from_config)(
@@ -340,11 +352,11 @@ def ct_modifier(config_groups=None, scheme=None, ignore=None):
     return QuantizationModifier(config_groups=config_groups, ignore=ignore)
 
 
-def auto_round_fixture(family, fmt, bits, group_size, sym, work, name):
+def auto_round_fixture(family, fmt, bits, group_size, sym, work, name, shape=None):
     from auto_round import AutoRound
     from transformers import AutoTokenizer
 
-    base = base_model(family, work)
+    base = base_model(family, work, **(shape or {}))
     model = causal_lm(family).from_pretrained(base, dtype=torch.bfloat16)
     tok = AutoTokenizer.from_pretrained(base)
     ar = AutoRound(model, tokenizer=tok, bits=bits, group_size=group_size, sym=sym, iters=0,
@@ -374,14 +386,14 @@ def modelopt_fixture(family, cfg_name, work, name, dequant=None):
 
 
 def gptqmodel_fixture(family, bits, group_size, sym, desc_act, fmt, dynamic, zero_rows,
-                      work, name):
+                      work, name, shape=None):
     """GPTQModel on the CPU with a small random calibration set. zero_rows: make the first rows
     of expert 0's gate projection non-negative, so their groups get a zero point of 0 (the v1
     borrow case)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     from gptqmodel import GPTQModel, QuantizeConfig
 
-    base = base_model(family, work)
+    base = base_model(family, work, **(shape or {}))
     if zero_rows:
         model = causal_lm(family).from_pretrained(base, dtype=torch.bfloat16)
         with torch.no_grad():
@@ -408,12 +420,19 @@ def gptqmodel_fixture(family, bits, group_size, sym, desc_act, fmt, dynamic, zer
 NEW_FAMILIES = ("olmoe", "phimoe", "granitemoe", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite",
                 "mistral4", "deepseek_v32", "gemma4_text", "llama4_text", "llama4")
 
-# Rows run only when named: their output is not committed (the fixtures of issue 30's second
-# part stay under 2 MB; docs/producers.md says what each gave). auto-round on glm4_moe_lite keeps
-# layer 0's MoE in 16 bits (the only MoE layer here) and on llama4_text leaves the fused experts
-# in BF16: moepack refuses both (exit 4), and the dequant step finds no packed expert.
-NOT_COMMITTED = {"autoround-native-sym-" + f for f in NEW_FAMILIES
-                 if f not in ("gemma4_text", "llama4")}
+# The shape of the families' auto-round and GPTQModel rows (added after the llm-compressor
+# ones, which keep the I = 128 they were made with): experts of I = 64, Marlin's least, so that
+# each fixture stays near 400 KB; GLM-4.7-Flash with a dense layer 0 before its sparse layer 1,
+# since auto-round keeps every layer below first_k_dense_replace (default 1) in 16 bits.
+def small_shape(family):
+    return dict(inter=64, layers=2 if family == "glm4_moe_lite" else 1)
+
+
+# Rows run only when named: their output is not committed (docs/producers.md says what each
+# gave). auto-round on llama4_text leaves the fused experts in BF16: moepack refuses it (exit 4),
+# and the dequant step finds no packed expert.
+# ct-nvfp4-qwen3 and gptqmodel-v2-sym-mixtral: the producer fails on them here (docs).
+NOT_COMMITTED = {"autoround-native-sym-llama4_text", "ct-nvfp4-qwen3", "gptqmodel-v2-sym-mixtral"}
 
 
 # What verify must name for each family: its router row (the model type moepack keys it on;
@@ -527,8 +546,8 @@ def fixtures():
     for fam in NEW_FAMILIES:
         f["autoround-native-sym-" + fam] = (
             AR, fam, "auto_round format (auto_round:auto_gptq packing), 4-bit symmetric g32",
-            (lambda fam: lambda w, n: auto_round_fixture(fam, "auto_round", 4, 32, True, w, n))(
-                fam),
+            (lambda fam: lambda w, n: auto_round_fixture(fam, "auto_round", 4, 32, True, w, n,
+                                                         small_shape(fam)))(fam),
             {"method": "gptq", "convert": sm90("marlin", "triton-wna16"),
              "verify": family_verify(fam)})
     f["autoround-autoawq-sym-qwen3"] = (
