@@ -134,18 +134,19 @@ def causal_lm(family):
     return AutoModelForCausalLM
 
 
-def base_model(family, work, inter=128, layers=1):
-    """A tiny random model saved to work/base-FAMILY[-iINTER-lLAYERS]; returns its path.
+def base_model(family, work, inter=128, layers=1, kv_heads=1):
+    """A tiny random model saved to work/base-FAMILY[-iINTER-lLAYERS-kvKV]; returns its path.
     inter and layers apply to the families of issue 30 (family_config)."""
     from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
 
-    suffix = "" if (inter, layers) == (128, 1) else f"-i{inter}-l{layers}"
+    suffix = "" if (inter, layers, kv_heads) == (128, 1, 1) else \
+        f"-i{inter}-l{layers}" + ("" if kv_heads == 1 else f"-kv{kv_heads}")
     path = os.path.join(work, "base-" + family + suffix)
     if os.path.exists(path):
         return path
     torch.manual_seed({"qwen3": 1, "mixtral": 2}.get(family, sum(map(ord, family))))
     common = dict(vocab_size=128, hidden_size=128, num_hidden_layers=layers,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_experts_per_tok=2,
+                  num_attention_heads=2, num_key_value_heads=kv_heads, head_dim=64, num_experts_per_tok=2,
                   max_position_embeddings=64, tie_word_embeddings=False)
     if family == "qwen3":
         cfg = Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=128, num_experts=4,
@@ -428,11 +429,26 @@ def small_shape(family):
     return dict(inter=64, layers=2 if family == "glm4_moe_lite" else 1)
 
 
+# GPTQModel 7.7 needs transformers >= 5.20.2, whose multi-head latent attention (GLM-4.7-Flash,
+# DeepSeek-V3.2, Mistral-4) fails with fewer KV heads than heads, as the rows above have ("The
+# size of tensor a (2) must match the size of tensor b (4) at non-singleton dimension 1" in
+# sdpa_attention_forward; transformers 5.17 runs it): its rows give those families 2 of 2.
+def gptqmodel_shape(family):
+    mla = family in ("glm4_moe_lite", "deepseek_v32", "mistral4")
+    return dict(small_shape(family), kv_heads=2 if mla else 1)
+
+
 # Rows run only when named: their output is not committed (docs/producers.md says what each
 # gave). auto-round on llama4_text leaves the fused experts in BF16: moepack refuses it (exit 4),
-# and the dequant step finds no packed expert.
-# ct-nvfp4-qwen3 and gptqmodel-v2-sym-mixtral: the producer fails on them here (docs).
-NOT_COMMITTED = {"autoround-native-sym-llama4_text", "ct-nvfp4-qwen3", "gptqmodel-v2-sym-mixtral"}
+# and the dequant step finds no packed expert. ct-nvfp4-qwen3, ct-w4a16-g32-llama4_text and
+# gptqmodel-v2-sym-mixtral: the producer fails on them here. GPTQModel 7.7.0 (transformers 5.23,
+# defuser 0.0.28) stops on ernie4_5_moe, glm4_moe_lite, mistral4, llama4 and llama4_text, and
+# leaves the experts of granitemoe, minimax_m2 and gemma4_text in BF16 under its 4-bit config
+# (moepack refuses those).
+NOT_COMMITTED = {"autoround-native-sym-llama4_text", "ct-nvfp4-qwen3", "ct-w4a16-g32-llama4_text",
+                 "gptqmodel-v2-sym-mixtral"}
+NOT_COMMITTED |= {"gptqmodel-v1-sym-" + f for f in NEW_FAMILIES
+                  if f not in ("olmoe", "phimoe", "deepseek_v32")}
 
 
 # What verify must name for each family: its router row (the model type moepack keys it on;
@@ -577,6 +593,16 @@ def fixtures():
         GM, "mixtral", "GPTQ v2 (gptq_v2), 4-bit symmetric g32",
         lambda w, n: gptqmodel_fixture("mixtral", 4, 32, True, False, "gptq_v2", None, 0, w, n),
         {"method": "gptq", "convert": sm90("marlin", "triton-wna16")})
+    # The families of issue 30 as GPTQModel writes them by default (QuantizeConfig's format
+    # gptq, i.e. v1 zeros; desc_act off), 4-bit symmetric g32. gpt_oss is not here: moepack
+    # refuses GPTQModel's half-split gpt-oss by name (docs/producers.md).
+    for fam in NEW_FAMILIES:
+        f["gptqmodel-v1-sym-" + fam] = (
+            GM, fam, "GPTQ v1 (checkpoint_format gptq), 4-bit symmetric g32",
+            (lambda fam: lambda w, n: gptqmodel_fixture(fam, 4, 32, True, False, "gptq", None, 0,
+                                                        w, n, gptqmodel_shape(fam)))(fam),
+            {"method": "gptq", "convert": sm90("marlin", "triton-wna16"),
+             "verify": family_verify(fam)})
     f["gptqmodel-dynamic-experts-g64-qwen3"] = (
         GM, "qwen3", "GPTQ v1 4-bit symmetric g32, dynamic: experts g64",
         lambda w, n: gptqmodel_fixture("qwen3", 4, 32, True, False, "gptq",
@@ -590,6 +616,12 @@ KEEP = re.compile(r"^(config\.json|.*\.safetensors|model\.safetensors\.index\.js
 
 
 def write_fixture(name, producer, family, scheme, ckpt, dequant, expect):
+    packages = ("llmcompressor", "compressed-tensors", "auto-round", "gptqmodel",
+                "nvidia-modelopt", "transformers", "torch")
+    if producer == GM:
+        # The GPTQModel venv sees the producers' venv beneath its own (docs/producers.md): only
+        # GPTQModel, the defuser that splits fused experts for it, and what it ran on.
+        packages = ("gptqmodel", "defuser", "transformers", "torch")
     dst = os.path.join(FIXTURES, name)
     if os.path.exists(dst):
         shutil.rmtree(dst)
@@ -601,11 +633,7 @@ def write_fixture(name, producer, family, scheme, ckpt, dequant, expect):
               os.path.join(dst, "dequant.safetensors"))
     meta = {
         "producer": producer,
-        "versions": {p: version(p) for p in
-                     ("llmcompressor", "compressed-tensors", "auto-round", "gptqmodel",
-                      "nvidia-modelopt",
-                      "transformers", "torch")
-                     if version(p)},
+        "versions": {p: version(p) for p in packages if version(p)},
         "family": family,
         "scheme": scheme,
         "dequant": "the producer's own dequantization of each expert Linear (generate.py)",
