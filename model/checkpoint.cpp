@@ -619,6 +619,20 @@ void check_required_suffixes(const Checkpoint& ckpt, const MoeLayer& L) {
     for (const auto& suffix : required) {
       if (have.count(suffix)) continue;
       const std::string first = have.begin()->second;
+      // A float 'weight' where the declared format needs its own tensors: the producer left the
+      // experts unquantized (GPTQModel 7.7 does for Granite MoE and MiniMax-M2 under
+      // transformers 5.23), as refuse_float_fused_experts says for fused ones: unsupported, not
+      // corrupt.
+      const auto w = have.find("weight");
+      const DType wd = w == have.end() ? DType::kU8 : ckpt.view(w->second).dtype;
+      if (codec && (wd == DType::kBF16 || wd == DType::kF16 || wd == DType::kF32))
+        throw Error(ErrorCode::kUnsupported, file_of(ckpt, w->second), w->second,
+                    std::string("the expert Linears are ") + dtype_name(wd) +
+                        " 'weight' tensors, not quantized, although " +
+                        (config.quant_file.empty() ? "config.json" : config.quant_file) +
+                        " declares " + quant_method_name(q.method) +
+                        ": the producer left them unquantized, and moepack reads experts as the "
+                        "config declares them");
       std::string found, wanted;
       for (const auto& [sfx, name] : have) found += (found.empty() ? "" : ", ") + sfx;
       for (const auto& r : required) wanted += (wanted.empty() ? "" : ", ") + r;

@@ -423,6 +423,44 @@ TEST(Families, FloatFusedExpertsUnderAQuantizedConfigAreNamed) {
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
+// Per-expert Linears left in float under a config that declares them quantized (GPTQModel 7.7.0
+// on Granite MoE and MiniMax-M2 under transformers 5.23 quantizes attention only and saves each
+// expert's BF16 'weight' under its 4-bit quantize_config.json; fixtures
+// gptqmodel-v1-sym-granitemoe / -minimax_m2): exit 4 naming the tensor, its dtype and the
+// method, as for fused experts, not "required tensor missing" (exit 3).
+TEST(Families, FloatPerExpertLinearsUnderAQuantizedConfigAreNamed) {
+  TempDir tmp;
+  const Base b = make_base(tmp / "base");
+  const std::string p = b.layer + ".mlp.experts.";
+  std::vector<Tensor> t = {renamed(b.router, b.layer + ".mlp.gate.weight")};
+  for (int64_t e = 0; e < kE; ++e) {
+    const std::string x = p + std::to_string(e) + ".";
+    t.push_back(renamed(b.gate[e], x + "gate_proj.weight"));
+    t.push_back(renamed(b.up[e], x + "up_proj.weight"));
+    t.push_back(renamed(b.down[e], x + "down_proj.weight"));
+  }
+  const std::string src = tmp / "minimax";
+  write_family(b, src, t,
+               family_config(b, {{"model_type", "minimax_m2"},
+                                 {"num_local_experts", kE},
+                                 {"num_experts_per_tok", 2},
+                                 {"quantization_config",
+                                  {{"quant_method", "gptq"},
+                                   {"checkpoint_format", "gptq"},
+                                   {"bits", 4},
+                                   {"group_size", 32},
+                                   {"sym", true},
+                                   {"desc_act", false}}}}));
+  for (const std::string& cmd : {"inspect " + src, "convert " + src + " " + tmp / "out"}) {
+    std::string out, err;
+    EXPECT_EQ(moepack_cli(cmd, &out, &err), 4) << cmd << "\n" << err;
+    EXPECT_NE(err.find(p + "0."), std::string::npos) << err;
+    EXPECT_NE(err.find("BF16 'weight' tensors, not quantized"), std::string::npos) << err;
+    EXPECT_NE(err.find("config.json declares gptq"), std::string::npos) << err;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
 // transformers' in-memory orientation is read (the families above); another arrangement of
 // the same experts is a layout moepack does not read: exit 4 naming it, not "corrupt" (exit 3).
 TEST(Families, FusedArrangementNotReadIsUnsupported) {

@@ -439,16 +439,24 @@ def gptqmodel_shape(family):
 
 
 # Rows run only when named: their output is not committed (docs/producers.md says what each
-# gave). auto-round on llama4_text leaves the fused experts in BF16: moepack refuses it (exit 4),
-# and the dequant step finds no packed expert. ct-nvfp4-qwen3, ct-w4a16-g32-llama4_text and
-# gptqmodel-v2-sym-mixtral: the producer fails on them here. GPTQModel 7.7.0 (transformers 5.23,
-# defuser 0.0.28) stops on ernie4_5_moe, glm4_moe_lite, mistral4, llama4 and llama4_text, and
-# leaves the experts of granitemoe, minimax_m2 and gemma4_text in BF16 under its 4-bit config
-# (moepack refuses those).
-NOT_COMMITTED = {"autoround-native-sym-llama4_text", "ct-nvfp4-qwen3", "ct-w4a16-g32-llama4_text",
-                 "gptqmodel-v2-sym-mixtral"}
-NOT_COMMITTED |= {"gptqmodel-v1-sym-" + f for f in NEW_FAMILIES
-                  if f not in ("olmoe", "phimoe", "deepseek_v32")}
+# gave). ct-nvfp4-qwen3, ct-w4a16-g32-llama4_text and gptqmodel-v2-sym-mixtral: the producer fails
+# on them here. GPTQModel 7.7.0 (transformers 5.23, defuser 0.0.28) stops on ernie4_5_moe,
+# glm4_moe_lite, mistral4, llama4 and llama4_text.
+NOT_COMMITTED = {"ct-nvfp4-qwen3", "ct-w4a16-g32-llama4_text", "gptqmodel-v2-sym-mixtral"}
+NOT_COMMITTED |= {"gptqmodel-v1-sym-" + f for f in
+                  ("ernie4_5_moe", "glm4_moe_lite", "mistral4", "llama4", "llama4_text")}
+
+# Rows whose producer leaves every expert unquantized under a config declaring them quantized
+# (its own dequantization finds no packed expert): moepack refuses to read the experts, exit 4
+# naming the tensor. auto-round on llama4_text and GPTQModel on gemma4_text keep the fused 3-D experts
+# in BF16; GPTQModel's module trees for granitemoe and minimax_m2 name no expert Linear that
+# transformers 5.23 has, so it saves their BF16 'weight's.
+UNQUANTIZED_EXPERTS = {
+    "autoround-native-sym-llama4_text": "fused 3-D BF16 tensors, not quantized",
+    "gptqmodel-v1-sym-gemma4_text": "fused 3-D BF16 tensors, not quantized",
+    "gptqmodel-v1-sym-granitemoe": "BF16 'weight' tensors, not quantized",
+    "gptqmodel-v1-sym-minimax_m2": "BF16 'weight' tensors, not quantized",
+}
 
 
 # What verify must name for each family: its router row (the model type moepack keys it on;
@@ -603,6 +611,12 @@ def fixtures():
                                                         w, n, gptqmodel_shape(fam)))(fam),
             {"method": "gptq", "convert": sm90("marlin", "triton-wna16"),
              "verify": family_verify(fam)})
+    for name, words in UNQUANTIZED_EXPERTS.items():
+        producer, fam, scheme, build, _ = f[name]
+        f[name] = (producer, fam, scheme, build,
+                   {"method": "gptq", "refuse": {"exit": 4, "contains": words,
+                                                 "target_arch": "sm90",
+                                                 "unquantized_experts": True}})
     f["gptqmodel-dynamic-experts-g64-qwen3"] = (
         GM, "qwen3", "GPTQ v1 4-bit symmetric g32, dynamic: experts g64",
         lambda w, n: gptqmodel_fixture("qwen3", 4, 32, True, False, "gptq",

@@ -7,7 +7,10 @@
 //
 //   DecodedEqualsProducerDequant: moepack's reading (Checkpoint + codec unpack + the scalar
 //     dequantize_expert) equals the producer's dequantization bit for bit, after rounding to the
-//     dtype the producer dequantized into (torch computes (q - z) * s exactly and rounds once).
+//     dtype the producer dequantized into (torch computes (q - z) * s exactly and rounds once);
+//     or, for a producer that left every expert unquantized (refuse.unquantized_experts), its
+//     dequantization holds nothing and reading the experts refuses with the listed exit code and
+//     words.
 //   ConvertAndVerify: inspect, then convert with every backend the fixture lists and verify
 //     --source, through the real binary (with the router row and activation verify must name,
 //     where the fixture lists them); or the refusal the fixture lists (exit code and words).
@@ -84,8 +87,24 @@ TEST_P(ProducerFixture, DecodedEqualsProducerDequant) {
   const std::string dir = fixtures_root() + "/" + GetParam();
   const json pj = producer_json(GetParam());
   ASSERT_TRUE(fs::exists(dir + "/dequant.safetensors")) << dir;
-  const auto ckpt = Checkpoint::open(dir + "/ckpt");
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/dequant.safetensors");
+  if (pj.contains("refuse") && pj["refuse"].value("unquantized_experts", false)) {
+    // The producer wrote no quantized expert although its config declares them (its own
+    // dequantization found none): moepack refuses to read the experts, naming why.
+    EXPECT_TRUE(ref.entries().empty()) << dir;
+    try {
+      const auto ckpt = Checkpoint::open(dir + "/ckpt");
+      for (const MoeLayer& L : ckpt->moe_layers()) load_moe_experts(*ckpt, L, 2);
+      ADD_FAILURE() << dir << ": experts read, but producer.json says they are unquantized";
+    } catch (const Error& e) {
+      EXPECT_EQ(static_cast<int>(e.exit_code()), pj["refuse"].at("exit").get<int>()) << e.what();
+      EXPECT_NE(std::string(e.what()).find(pj["refuse"].at("contains").get<std::string>()),
+                std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  const auto ckpt = Checkpoint::open(dir + "/ckpt");
   ASSERT_FALSE(ckpt->moe_layers().empty());
   int64_t compared = 0;
   for (const MoeLayer& L : ckpt->moe_layers()) {
