@@ -78,6 +78,10 @@ def family_config(family, common, inter=128):
         "olmoe": lambda: tf.OlmoeConfig(num_experts=4, **e4, **common),
         "phimoe": lambda: tf.PhimoeConfig(num_local_experts=4, **e4, **common),
         "granitemoe": lambda: tf.GraniteMoeConfig(num_local_experts=4, **e4, **common),
+        # Granite MoE with a shared expert (shared_mlp.input_linear / output_linear beside the
+        # routed experts).
+        "granitemoeshared": lambda: tf.GraniteMoeSharedConfig(
+            num_local_experts=4, shared_intermediate_size=inter, **e4, **common),
         "minimax_m2": lambda: tf.MiniMaxM2Config(num_local_experts=4, **e4, **common),
         "ernie4_5_moe": lambda: tf.Ernie4_5_MoeConfig(
             moe_num_experts=4, moe_intermediate_size=inter, moe_layer_start_index=0, **e4,
@@ -317,10 +321,10 @@ def dequant_gptqmodel(out):
 
 # ---------------------------------------------------------------------------- producers
 
-def llmcompressor_fixture(family, recipe, work, name):
+def llmcompressor_fixture(family, recipe, work, name, shape=None):
     from llmcompressor import oneshot
 
-    base = base_model(family, work)
+    base = base_model(family, work, **(shape or {}))
     model = causal_lm(family).from_pretrained(base, dtype=torch.bfloat16)
     oneshot(model=model, recipe=recipe)
     out = os.path.join(work, name)
@@ -418,8 +422,11 @@ def gptqmodel_fixture(family, bits, group_size, sym, desc_act, fmt, dynamic, zer
 
 # The families of issue 30 (llama4: the released multimodal wrapper; llama4_text: the bare text
 # model, which llm-compressor 0.14 cannot linearize).
-NEW_FAMILIES = ("olmoe", "phimoe", "granitemoe", "minimax_m2", "ernie4_5_moe", "glm4_moe_lite",
-                "mistral4", "deepseek_v32", "gemma4_text", "llama4_text", "llama4")
+NEW_FAMILIES = ("olmoe", "phimoe", "granitemoe", "granitemoeshared", "minimax_m2", "ernie4_5_moe",
+                "glm4_moe_lite", "mistral4", "deepseek_v32", "gemma4_text", "llama4_text", "llama4")
+
+# Families added after the llm-compressor rows were made: those rows take small_shape too.
+LATE_FAMILIES = ("granitemoeshared",)
 
 # The shape of the families' auto-round and GPTQModel rows (added after the llm-compressor
 # ones, which keep the I = 128 they were made with): experts of I = 64, Marlin's least, so that
@@ -449,12 +456,13 @@ NOT_COMMITTED |= {"gptqmodel-v1-sym-" + f for f in
 # Rows whose producer leaves every expert unquantized under a config declaring them quantized
 # (its own dequantization finds no packed expert): moepack refuses to read the experts, exit 4
 # naming the tensor. auto-round on llama4_text and GPTQModel on gemma4_text keep the fused 3-D experts
-# in BF16; GPTQModel's module trees for granitemoe and minimax_m2 name no expert Linear that
-# transformers 5.23 has, so it saves their BF16 'weight's.
+# in BF16; GPTQModel's module trees for granitemoe(shared) and minimax_m2 name no expert Linear
+# that transformers 5.23 has, so it saves their BF16 'weight's.
 UNQUANTIZED_EXPERTS = {
     "autoround-native-sym-llama4_text": "fused 3-D BF16 tensors, not quantized",
     "gptqmodel-v1-sym-gemma4_text": "fused 3-D BF16 tensors, not quantized",
     "gptqmodel-v1-sym-granitemoe": "BF16 'weight' tensors, not quantized",
+    "gptqmodel-v1-sym-granitemoeshared": "BF16 'weight' tensors, not quantized",
     "gptqmodel-v1-sym-minimax_m2": "BF16 'weight' tensors, not quantized",
 }
 
@@ -490,7 +498,7 @@ def fixtures():
             (lambda fam: lambda w, n: llmcompressor_fixture(
                 fam, ct_modifier({"group_0": ct_scheme(4, 32, True, ["Linear"])},
                                  ignore=ROUTER_IGNORE + (VISION_IGNORE if fam == "llama4" else [])),
-                w, n))(fam),
+                w, n, small_shape(fam) if fam in LATE_FAMILIES else None))(fam),
             {"method": "compressed-tensors-pack-quantized",
              "convert": sm90("marlin", "triton-wna16"), "verify": family_verify(fam)})
     f["ct-w8a16-channel-mixtral"] = (
