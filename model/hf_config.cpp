@@ -4,12 +4,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <regex>
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "model/python_regex.h"
 
 namespace moepack {
 namespace fs = std::filesystem;
@@ -455,33 +454,6 @@ const std::vector<NormaliserRow>& normaliser_rows() {
 
 namespace {
 
-// Python's re.match(pattern, name): anchored at the start, not at the end, as compressed-tensors,
-// GPTQModel and vLLM match module names. std::regex (ECMAScript) reads the patterns producers
-// write (., *, +, \d, \., groups, alternation, $); a Python-only construct is refused naming the
-// field instead of being matched differently.
-bool python_re_match(const std::string& pattern, const std::string& name, const std::string& file,
-                     const std::string& field) {
-  // Compiled once per pattern: a checkpoint asks for every expert Linear (layers x experts x 3).
-  static std::mutex mu;
-  static std::map<std::string, std::regex> compiled;
-  const std::regex* re = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = compiled.find(pattern);
-    if (it == compiled.end()) {
-      try {
-        it = compiled.emplace(pattern, std::regex(pattern, std::regex::ECMAScript)).first;
-      } catch (const std::regex_error& e) {
-        throw Error(ErrorCode::kUnsupported, file, "",
-                    "quantization_config." + field + ": regex \"" + pattern +
-                        "\" cannot be read as a Python pattern moepack matches (" + e.what() + ")");
-      }
-    }
-    re = &it->second;  // std::map nodes never move
-  }
-  return std::regex_search(name, *re, std::regex_constants::match_continuous);
-}
-
 bool same_quant(const QuantParams& a, const QuantParams& b) {
   return a.method == b.method && a.bits == b.bits && a.group_size == b.group_size &&
          a.symmetric == b.symmetric && a.act_order == b.act_order &&
@@ -499,7 +471,8 @@ QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
   const json& qc = c.quant_raw;
   const std::string& file = c.quant_file;
   auto name_matches = [&](const std::string& target, const std::string& field) {
-    if (target.rfind("re:", 0) == 0) return python_re_match(target.substr(3), module, file, field);
+    if (target.rfind("re:", 0) == 0)
+      return python_re_match(target.substr(3), module, file, "quantization_config." + field);
     return target == module;
   };
   if (auto ig = qc.find("ignore"); ig != qc.end() && ig->is_array())
@@ -525,7 +498,8 @@ QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
         const bool regex = s.rfind("re:", 0) == 0;
         if (level == 0) hit |= !regex && s == module;
         if (level == 1 && regex)
-          hit |= python_re_match(s.substr(3), module, file, "config_groups." + gname + ".targets");
+          hit |= python_re_match(s.substr(3), module, file,
+                                 "quantization_config.config_groups." + gname + ".targets");
         if (level == 2) hit |= s == "Linear";
       }
       if (!hit) continue;
@@ -553,7 +527,9 @@ QuantParams ct_quant_for_module(const HfConfig& c, const std::string& module,
 // GPTQModel's "dynamic": {pattern: overrides}. "-:pattern" leaves matching modules unquantized,
 // "+:pattern" or a bare pattern overrides bits / group_size / desc_act / sym for them (vLLM's
 // get_dynamic_override, first match wins; several matching patterns with different results are
-// refused, as JSON objects do not keep their order).
+// refused, as JSON objects do not keep their order). Patterns are matched as Python's re.match
+// (GPTQModel's dynamic_get) by RE2, within the subset of model/python_regex.h: any other key is
+// exit 3 naming it.
 QuantParams gptq_quant_for_module(const HfConfig& c, const std::string& module,
                                   std::string* rule_out) {
   const json& qc = c.quant_raw;
@@ -565,7 +541,9 @@ QuantParams gptq_quant_for_module(const HfConfig& c, const std::string& module,
   for (auto& [key, overrides] : dyn->items()) {
     const bool negative = key.rfind("-:", 0) == 0;
     const std::string pattern = key.rfind("+:", 0) == 0 || negative ? key.substr(2) : key;
-    if (!python_re_match(pattern, module, c.quant_file, "dynamic")) continue;
+    if (!python_re_match(pattern, module, c.quant_file,
+                         "quantization_config.dynamic \"" + key + "\""))
+      continue;
     if (negative)
       throw Error(ErrorCode::kUnsupported, c.quant_file, module,
                   "quantization_config.dynamic \"" + key + "\" leaves expert Linear " + module +
@@ -593,7 +571,9 @@ QuantParams gptq_quant_for_module(const HfConfig& c, const std::string& module,
 
 // auto-round's "extra_config": {layer name or regex: {bits, group_size, sym, data_type}}. As
 // vLLM's AutoRoundConfig.get_layer_config: an exact name first, then keys holding regex
-// characters searched (re.search) in the name. bits >= 16 leaves the module unquantized.
+// characters searched (re.search) in the name. bits >= 16 leaves the module unquantized. A key
+// outside the regex subset of model/python_regex.h is exit 3 naming it (vLLM skips keys Python
+// cannot compile; moepack cannot tell those from keys it would match differently).
 QuantParams auto_round_quant_for_module(const HfConfig& c, const std::string& module,
                                         std::string* rule_out) {
   const json& qc = c.quant_raw;
@@ -608,13 +588,9 @@ QuantParams auto_round_quant_for_module(const HfConfig& c, const std::string& mo
   } else {
     for (auto& [pattern, cfg] : extra->items()) {
       if (pattern.find_first_of("*+?^$()[]{}|\\") == std::string::npos) continue;
-      std::regex re;
-      try {
-        re = std::regex(pattern, std::regex::ECMAScript);
-      } catch (const std::regex_error&) {
-        continue;  // vLLM skips patterns Python cannot compile too
-      }
-      if (!std::regex_search(module, re)) continue;
+      if (!python_re_search(pattern, module, c.quant_file,
+                            "quantization_config.extra_config \"" + pattern + "\""))
+        continue;
       hit = &cfg;
       key = pattern;
       break;

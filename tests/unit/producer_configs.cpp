@@ -121,10 +121,11 @@ TEST(CtPerModule, IgnoredOrUntargetedOrAmbiguousExpertsRefused) {
   qc["config_groups"]["group_2"] = other;
   expect_error([&] { quant_for_module(config_with(qc), kGate); }, ErrorCode::kUnsupported, kGate,
                "ambiguous");
-  // A Python-only construct is refused naming the field, never matched differently.
+  // A construct outside the regex subset moepack matches like Python's re (model/python_regex.h)
+  // is refused naming the field, never matched differently: malformed input, exit 3 (issue 28).
   qc = ct_two_groups();
   qc["config_groups"]["group_1"]["targets"] = {"re:(?P<x>.*)experts"};
-  expect_error([&] { quant_for_module(config_with(qc), kGate); }, ErrorCode::kUnsupported, "",
+  expect_error([&] { quant_for_module(config_with(qc), kGate); }, ErrorCode::kBadConfig, "",
                "config_groups.group_1.targets");
 }
 
