@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Proves that a build changes nothing in what convert writes but the manifest keys that
-# manifest_versions 2 and 3 added or dropped: for every conversion bench/convert_bytes.sh makes, run
+# manifest_versions 2, 3 and 4 added or dropped: for every conversion bench/convert_bytes.sh makes, run
 # by NEW and by BASE (a build from before, e.g. main at 173dce8),
 #   - every file other than config.json and moepack.json has the same SHA-256 (tensors, index,
 #     copied files), and the same conversions are refused;
 #   - moepack.json is the same JSON once NEW's added keys are removed: top-level "serving" and
 #     "config" (the digests of config.json's fields), each layer's "param_roles", and
-#     "manifest_version" (3 in NEW, 1 in BASE), and BASE's source.name (the last component of SRC
-#     as spelled, which version 3 dropped);
+#     "manifest_version" (4 in NEW, 1 in BASE), NEW's source.tensor_sha256 (the source's
+#     fingerprint, version 4: present, a SHA-256 per source tensor), and BASE's source.name (the
+#     last component of SRC as spelled, which version 3 dropped);
 #   - config.json is the same JSON but for quantization_config.manifest_sha256, which in each is
 #     the SHA-256 of its own moepack.json (checked).
 # Usage: bench/compare_manifests.sh NEW_MOEPACK BASE_MOEPACK [WORKDIR]
@@ -73,11 +74,15 @@ for rel in sorted({os.path.dirname(p) for p in json_new if p.endswith("/moepack.
     _, cn = load("new-json", rel + "/config.json")
     _, cb = load("base-json", rel + "/config.json")
     problems = []
-    if mn.get("manifest_version") != 3 or mb.get("manifest_version") != 1:
+    if mn.get("manifest_version") != 4 or mb.get("manifest_version") != 1:
         problems.append(f"manifest_version NEW {mn.get('manifest_version')} BASE "
-                        f"{mb.get('manifest_version')} (expected 3 and 1)")
+                        f"{mb.get('manifest_version')} (expected 4 and 1)")
     if "name" in mn.get("source", {}):
         problems.append("NEW has source.name")
+    fingerprint = mn.get("source", {}).pop("tensor_sha256", None)
+    if not isinstance(fingerprint, dict) or not fingerprint or not all(
+            isinstance(v, str) and len(v) == 64 for v in fingerprint.values()):
+        problems.append("NEW lacks source.tensor_sha256 (a SHA-256 per source tensor)")
     mb.get("source", {}).pop("name", None)
     for k in ADDED_TOP:
         if k not in mn:

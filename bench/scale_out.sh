@@ -31,7 +31,7 @@ seq 0 $((n - 1)) | parallel -j "$jobs" "$M" convert "$src" "$work/split" --shard
   --threads 1 >/dev/null
 sync
 t2=$(now)
-"$M" merge "$work/split" --threads "$jobs" >/dev/null
+"$M" merge "$work/split" --source "$src" --threads "$jobs" >/dev/null
 sync
 t3=$(now)
 diff -r "$work/one" "$work/split"

@@ -81,13 +81,21 @@ ResidentMemory PeakMemorySampler::stop() {
   return m;
 }
 
-void prefetch_mapped(const void* data, size_t len) {
+void advise_willneed(const void* data, size_t len) {
   if (len == 0) return;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
   const uintptr_t end = reinterpret_cast<uintptr_t>(data) + len;
   // Advice only: a failure (e.g. memory not from mmap in tests) changes nothing.
   (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+}
+
+void prefetch_mapped(const void* data, size_t len) {
+  if (len == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + len;
+  advise_willneed(data, len);
   volatile unsigned char sink = 0;
   for (uintptr_t p = std::max(begin, reinterpret_cast<uintptr_t>(data)); p < end;
        p = (p & ~(page - 1)) + page)

@@ -49,5 +49,8 @@ class PeakMemorySampler {
 // that later reads them does not stop on page faults or disk reads. Touches nothing else and
 // changes no byte; a no-op for len == 0.
 void prefetch_mapped(const void* data, size_t len);
+// Only the advice (madvise WILLNEED over the pages of the range): for a reader that then reads
+// every byte itself (convert's source hashing, pipeline/execute.cpp).
+void advise_willneed(const void* data, size_t len);
 
 }  // namespace moepack

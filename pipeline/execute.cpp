@@ -294,15 +294,53 @@ struct ConvertedChunk {
   bool ends_layer = false;
 };
 
-// The mapped source bytes a chunk's conversion reads: its experts' tensors (per-expert families),
-// or the experts' share of each fused tensor (experts are the leading dimension).
-void prefetch_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1) {
+// The SHA-256 of each source tensor a conversion reads, fed range by range in the order the
+// reader reads them (a fused tensor's experts arrive chunk after chunk). A range that starts
+// before what was fed already (a tensor named twice) feeds only its new bytes; one that starts
+// after it feeds the gap first, so every digest covers its tensor's bytes exactly once, in order.
+class SourceHasher {
+ public:
+  void feed(const TensorView& v, uint64_t begin, uint64_t end) {
+    State& st = states_[v.name];
+    begin = st.next;  // bytes fed already are skipped, a gap is fed first: all in order, once
+    if (end <= begin) return;
+    // The advice for the range, then one read of every byte (the hash): what the pages of the
+    // prefetch used to be brought in by, now with the bytes used.
+    advise_willneed(v.data + begin, end - begin);
+    st.sha.update(v.data + begin, end - begin);
+    st.next = end;
+  }
+  // Feeds the rest of each named tensor and returns name -> SHA-256 (hex) of all of them.
+  std::map<std::string, std::string> finish(const Checkpoint& ckpt,
+                                            const std::set<std::string>& names) {
+    std::map<std::string, std::string> out;
+    for (const std::string& name : names) {
+      const TensorView v = ckpt.view(name);
+      feed(v, 0, v.nbytes);
+      out[name] = states_[name].sha.hex_digest();
+    }
+    return out;
+  }
+
+ private:
+  struct State {
+    Sha256 sha;
+    uint64_t next = 0;  // bytes fed so far
+  };
+  std::map<std::string, State> states_;
+};
+
+// The mapped source bytes a chunk's conversion reads, read once into the hasher (which brings
+// their pages in ahead of the converting thread): its experts' tensors (per-expert families), or
+// the experts' share of each fused tensor (experts are the leading dimension).
+void read_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1,
+                SourceHasher& hasher) {
   if (!L.experts.empty()) {
     for (int64_t e = e0; e < e1 && e < static_cast<int64_t>(L.experts.size()); ++e)
       for (const auto& proj : L.experts[static_cast<size_t>(e)])
         for (const auto& [suffix, name] : proj) {
           const TensorView v = ckpt.view(name);
-          prefetch_mapped(v.data, v.nbytes);
+          hasher.feed(v, 0, v.nbytes);
         }
     return;
   }
@@ -310,9 +348,8 @@ void prefetch_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64
   for (const auto* fused : {&L.fused_gate_up, &L.fused_down})
     for (const auto& [suffix, name] : *fused) {
       const TensorView v = ckpt.view(name);
-      const uint64_t b = v.nbytes * static_cast<uint64_t>(e0) / E;
-      const uint64_t e = v.nbytes * static_cast<uint64_t>(e1) / E;
-      prefetch_mapped(v.data + b, e - b);
+      hasher.feed(v, v.nbytes * static_cast<uint64_t>(e0) / E,
+                  v.nbytes * static_cast<uint64_t>(e1) / E);
     }
 }
 
@@ -357,8 +394,8 @@ PlannedWork planned_work(const Plan& plan, const Checkpoint& ckpt,
   return w;
 }
 
-// The three threads of write_planned_tensors and what they share: the reader prefetches the
-// source pages of chunk n+1, the calling thread converts chunk n, the writer writes the
+// The three threads of write_planned_tensors and what they share: the reader reads (hashes) the
+// source bytes of chunk n+1, the calling thread converts chunk n, the writer writes the
 // copy-through tensors and then chunk n-1. The destructor stops and joins the other two however
 // the caller's scope is left -- also when starting the second one fails (out of memory), since a
 // joinable std::thread must never be destroyed.
@@ -376,13 +413,18 @@ class ChunkPipeline {
 
   // Runs every chunk through; busy time per stage is added to stage_seconds. Rethrows the
   // converter's error (after stopping the others) or the writer's.
-  void run(std::map<std::string, double>& stage_seconds) {
+  // Returns the SHA-256 of every source tensor of the converted layers (the reader's).
+  std::map<std::string, std::string> run(std::map<std::string, double>& stage_seconds) {
     writer_thread_ = std::thread([this] { write_all(); });
-    reader_thread_ = std::thread([this] { prefetch_ahead(); });
+    reader_thread_ = std::thread([this] { read_ahead(); });
     convert_all(stage_seconds);
+    // Every chunk is converted: the reader may run to its end (it hashes what it has not yet).
+    if (reader_thread_.joinable()) reader_thread_.join();
     stop();
     for (const auto& [stage, s] : writer_seconds_) stage_seconds[stage] += s;
     if (writer_error_) std::rethrow_exception(writer_error_);
+    if (reader_error_) std::rethrow_exception(reader_error_);
+    return std::move(source_sha_);
   }
 
  private:
@@ -428,20 +470,26 @@ class ChunkPipeline {
     }
   }
 
-  // The reader: prefetches the source pages of chunk n+1 while chunk n is converted.
-  void prefetch_ahead() {
-    for (size_t n = 0; n < work_.chunks.size(); ++n) {
-      {
-        std::unique_lock<std::mutex> lock(read_mu_);
-        read_cv_.wait(lock, [&] { return stop_reading_ || n <= converting_ + 1; });
-        if (stop_reading_) return;
+  // The reader: reads (hashes) the source bytes of chunk n+1 while chunk n is converted, so the
+  // converting thread finds their pages in memory and convert reads the source once for both.
+  void read_ahead() {
+    try {
+      SourceHasher hasher;
+      std::set<std::string> names;
+      for (size_t n = 0; n < work_.chunks.size(); ++n) {
+        {
+          std::unique_lock<std::mutex> lock(read_mu_);
+          read_cv_.wait(lock, [&] { return stop_reading_ || n <= converting_ + 1; });
+          if (stop_reading_) return;
+        }
+        const ChunkRef& c = work_.chunks[n];
+        const MoeLayer& L = ckpt_.moe_layers()[static_cast<size_t>(c.pl->index)];
+        read_chunk(ckpt_, L, c.e0, c.e1, hasher);
+        if (c.ends_layer) names.insert(L.source_tensors.begin(), L.source_tensors.end());
       }
-      const ChunkRef& c = work_.chunks[n];
-      try {
-        prefetch_chunk(ckpt_, ckpt_.moe_layers()[static_cast<size_t>(c.pl->index)], c.e0, c.e1);
-      } catch (...) {
-        // Only advice: the converting thread meets (and reports) any real problem itself.
-      }
+      source_sha_ = hasher.finish(ckpt_, names);
+    } catch (...) {
+      reader_error_ = std::current_exception();
     }
   }
 
@@ -478,7 +526,10 @@ class ChunkPipeline {
       c.ends_layer = ref.ends_layer;
       const bool taken = queue_.push(std::move(c));
       lap("write_wait");
-      if (!taken) break;  // the writer failed: its error is rethrown by run()
+      if (!taken) {  // the writer failed: its error is rethrown by run()
+        stop();
+        break;
+      }
     }
   }
 
@@ -512,7 +563,8 @@ class ChunkPipeline {
   // kChunksInFlight = the chunk being converted + one queued + the one being written.
   BoundedQueue<ConvertedChunk> queue_{static_cast<size_t>(kChunksInFlight - 2)};
   std::map<std::string, double> writer_seconds_;
-  std::exception_ptr writer_error_;
+  std::exception_ptr writer_error_, reader_error_;
+  std::map<std::string, std::string> source_sha_;  // the reader's, once it has ended
   std::mutex read_mu_;
   std::condition_variable read_cv_;
   size_t converting_ = 0;  // index of the chunk the converting thread is on
@@ -522,15 +574,25 @@ class ChunkPipeline {
 
 }  // namespace
 
-void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
-                           const std::vector<size_t>& tensors, const ProgressFn& progress,
-                           std::map<std::string, double>& stage_seconds) {
-  ChunkPipeline pipeline(plan, ckpt, writer, planned_work(plan, ckpt, tensors), progress);
-  pipeline.run(stage_seconds);
+std::map<std::string, std::string> write_planned_tensors(
+    const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
+    const std::vector<size_t>& tensors, const ProgressFn& progress,
+    std::map<std::string, double>& stage_seconds) {
+  const PlannedWork work = planned_work(plan, ckpt, tensors);
+  std::vector<std::string> copies;
+  for (const PlannedTensor* t : work.copies) copies.push_back(t->name);
+  ChunkPipeline pipeline(plan, ckpt, writer, work, progress);
+  std::map<std::string, std::string> source_sha = pipeline.run(stage_seconds);
+  // A copy-through tensor is written with the source's bytes: the SHA-256 the writer computed
+  // while writing it is the source tensor's.
+  const std::map<std::string, std::string> written = writer.checksums();
+  for (const std::string& name : copies) source_sha[name] = written.at(name);
+  return source_sha;
 }
 
 void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir,
-                            const std::map<std::string, std::string>& checksums) {
+                            const std::map<std::string, std::string>& checksums,
+                            const std::map<std::string, std::string>& source_sha) {
   // Other files, then config.json with a moepack block, then the manifest.
   for (const auto& rel : plan.copied_files) {
     const fs::path dst = fs::path(dir) / rel;
@@ -543,7 +605,7 @@ void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std:
   }
   // The manifest's bytes first: config.json's quantization_config carries their digest, so a
   // server can tell that the config and the manifest belong together.
-  const std::string manifest = manifest_text(build_manifest(plan, ckpt, checksums));
+  const std::string manifest = manifest_text(build_manifest(plan, ckpt, checksums, source_sha));
   json cfg = output_config(ckpt.config().raw, plan.config_patch);
   cfg["quantization_config"]["manifest_sha256"] = sha256_hex(manifest.data(), manifest.size());
   for (const auto& [name, text] :
@@ -564,10 +626,11 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt, const Progr
   ShardedWriter writer(out.path(), plan.shards);
   std::vector<size_t> all(plan.tensors.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  write_planned_tensors(plan, ckpt, writer, all, progress, r.stage_seconds);
+  const std::map<std::string, std::string> source_sha =
+      write_planned_tensors(plan, ckpt, writer, all, progress, r.stage_seconds);
   const auto t_finish = std::chrono::steady_clock::now();
   writer.finish();
-  write_config_and_files(plan, ckpt, out.path(), writer.checksums());
+  write_config_and_files(plan, ckpt, out.path(), writer.checksums(), source_sha);
   out.commit();
 
   const auto t1 = std::chrono::steady_clock::now();

@@ -79,20 +79,26 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
 // The steps execute_plan is made of, shared with the shard-parallel path (pipeline/parts.h).
 // Writes the planned tensors with these indices into plan.tensors through `writer`, which must
 // hold exactly them; busy time per stage is added to stage_seconds. Three threads overlap:
-// a reader prefetches the mapped source pages of chunk n+1, the calling thread converts chunk n
+// a reader reads the mapped source bytes of chunk n+1 once, hashing each source tensor (which
+// brings their pages in for the converter), the calling thread converts chunk n
 // (convert_chunk, itself multi-threaded), a writer checksums and writes chunk n-1 (after the
 // copy-through tensors, straight from the mapped source). At most kChunksInFlight converted
 // chunks exist at once, so memory is bounded by chunks, not layers. The bytes written and
 // their order per tensor are those of the plain one-chunk-after-the-other loop, so the output
 // does not depend on the overlap or the thread count.
 constexpr int kChunksInFlight = 3;  // being converted, queued, being written
-void write_planned_tensors(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
-                           const std::vector<size_t>& tensors, const ProgressFn& progress,
-                           std::map<std::string, double>& stage_seconds);
+// Returns the SHA-256 of every source tensor those tensors were made from (the source fingerprint
+// moepack.json records): the converted layers' tensors as the reader hashed them, the copied ones
+// as the writer hashed them while writing their (identical) bytes. No byte is read twice for it.
+std::map<std::string, std::string> write_planned_tensors(
+    const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer,
+    const std::vector<size_t>& tensors, const ProgressFn& progress,
+    std::map<std::string, double>& stage_seconds);
 // The source's other files, config.json (the source's with plan.config_patch set and the
 // manifest's SHA-256 in quantization_config) and moepack.json (tensor SHA-256s from
-// `checksums`), into DIR.
+// `checksums`, the source's from `source_sha`), into DIR.
 void write_config_and_files(const Plan& plan, const Checkpoint& ckpt, const std::string& dir,
-                            const std::map<std::string, std::string>& checksums);
+                            const std::map<std::string, std::string>& checksums,
+                            const std::map<std::string, std::string>& source_sha);
 
 }  // namespace moepack

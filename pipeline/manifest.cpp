@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "core/threads.h"
 #include "core/version.h"
 #include "formats/parallel.h"
 #include "io/json_file.h"
@@ -84,7 +85,8 @@ ManifestParallel manifest_parallel(const Plan& plan, const Checkpoint& ckpt, con
 }  // namespace
 
 Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
-                        const std::map<std::string, std::string>& sha) {
+                        const std::map<std::string, std::string>& sha,
+                        const std::map<std::string, std::string>& source_sha) {
   Manifest m;
   m.tool = {"moepack", moepack_version_string()};
   m.source.format = plan.source_format;
@@ -92,6 +94,12 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
   m.source.quantization_config = ckpt.config().quant_raw;
   m.source.model_type = ckpt.config().model_type;
   m.source.tensor_bytes = ckpt.total_tensor_bytes();
+  for (const std::string& name : ckpt.tensor_names()) {
+    auto it = source_sha.find(name);
+    if (it == source_sha.end())
+      throw Error(ErrorCode::kInternal, "", name, "no SHA-256 of this source tensor recorded");
+    m.source.tensor_sha256[name] = it->second;
+  }
   m.target_quant_params = plan.target_quant;
   if (!plan.options.quantize.empty())
     m.quantize = ManifestQuantize{plan.options.quantize, plan.options.mx_recipe};
@@ -222,6 +230,7 @@ json to_json(const Manifest& m) {
                  {"model_type", m.source.model_type},
                  {"tensor_bytes", m.source.tensor_bytes}};
   if (m.manifest_version < 3) j["source"]["name"] = m.source.name;
+  if (m.manifest_version >= 4) j["source"]["tensor_sha256"] = m.source.tensor_sha256;
   j["target_quant_params"] = quant_params_json(m.target_quant_params);
   if (m.quantize) j["quantize"] = {{"format", m.quantize->format}, {"recipe", m.quantize->recipe}};
   j["backend"] = m.backend;
@@ -476,6 +485,13 @@ ManifestLayer parse_layer(const JsonField& f,
   return l;
 }
 
+bool is_sha256_hex(const json& v) {
+  if (!v.is_string() || v.get_ref<const std::string&>().size() != 64) return false;
+  for (char c : v.get_ref<const std::string&>())
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
 // manifest_version, tool and source: what wrote the manifest, and from what.
 void parse_provenance(const JsonField& root, Manifest& m) {
   m.manifest_version = parse_manifest_version(root["manifest_version"]);
@@ -492,6 +508,15 @@ void parse_provenance(const JsonField& root, Manifest& m) {
   m.source.quantization_config = source["quantization_config"].value();
   m.source.model_type = source["model_type"].str();
   m.source.tensor_bytes = source["tensor_bytes"].size();
+  if (m.manifest_version >= 4) {
+    const JsonField digests = source["tensor_sha256"];
+    digests.expect_object();
+    for (auto it = digests.value().begin(); it != digests.value().end(); ++it) {
+      if (!is_sha256_hex(it.value()))
+        digests.member(it.key()).fail("expected a SHA-256 (64 lowercase hex digits)");
+      m.source.tensor_sha256[it.key()] = it.value().get<std::string>();
+    }
+  }
 }
 
 // target_quant_params, quantize, backend, layout, target_arch, vllm_target, act_dtype, options
@@ -574,13 +599,6 @@ void parse_contents(const JsonField& root, Manifest& m) {
   const size_t n = layers.array_size();
   if (n == 0) layers.fail("empty: a converted checkpoint has at least one MoE layer");
   for (size_t i = 0; i < n; ++i) m.layers.push_back(parse_layer(layers.item(i), m.tensors));
-}
-
-bool is_sha256_hex(const json& v) {
-  if (!v.is_string() || v.get_ref<const std::string&>().size() != 64) return false;
-  for (char c : v.get_ref<const std::string&>())
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
 }
 
 // "config" (manifest_version >= 3): config_digests of config.json -- per field a SHA-256, or per
@@ -705,6 +723,36 @@ Manifest parse_fields(const JsonField& root) {
 }
 
 }  // namespace
+
+void check_source_fingerprint(const Checkpoint& ckpt,
+                              const std::map<std::string, std::string>& recorded, int threads,
+                              const std::string& recorded_by) {
+  const std::vector<std::string>& names = ckpt.tensor_names();
+  for (const std::string& name : names)
+    if (!recorded.count(name))
+      throw Error(ErrorCode::kBadConfig, recorded_by, name,
+                  "no SHA-256 recorded for this source tensor: not the source that was converted");
+  for (const auto& [name, sha] : recorded)
+    if (!ckpt.has_tensor(name))
+      throw Error(ErrorCode::kBadConfig, recorded_by, name,
+                  "recorded as a source tensor, but the source " + ckpt.dir() + " has none");
+  std::vector<std::string> got(names.size());
+  parallel_for(static_cast<int64_t>(names.size()), threads, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const TensorView v = ckpt.view(names[static_cast<size_t>(i)]);
+      got[static_cast<size_t>(i)] = sha256_hex(v.data, v.nbytes);
+    }
+  });
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& want = recorded.at(names[i]);
+    if (got[i] != want)
+      throw Error(ErrorCode::kBadValue, (fs::path(ckpt.dir()) / ckpt.shard_of(names[i])).string(),
+                  names[i],
+                  "bytes differ from the source that was converted: SHA-256 " +
+                      got[i].substr(0, 16) + "..., " + recorded_by + " recorded " +
+                      want.substr(0, 16) + "... (the source was edited since, or is another copy)");
+  }
+}
 
 std::string manifest_path(const std::string& dir) {
   return (fs::path(dir) / "moepack.json").string();

@@ -29,8 +29,10 @@ class Checkpoint;  // model/checkpoint.h
 // 3: binds the artifact (pipeline/artifact.h): "config", a SHA-256 per field of the config.json
 //    convert wrote; drops source.name (the last component of however SRC was spelled: output
 //    bytes depend only on the source's bytes).
-// Versions 1 and 2 still read, for verify and inspect.
-constexpr int kManifestVersion = 3;
+// 4: the source's fingerprint, source.tensor_sha256: the SHA-256 of every source tensor, hashed
+//    by convert while it read them (merge and verify --source check it).
+// Versions 1 to 3 still read, for verify and inspect.
+constexpr int kManifestVersion = 4;
 // Far above any real manifest (tens of MB for the largest models); bounds what a hostile
 // moepack.json can make the reader allocate.
 constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
@@ -49,6 +51,9 @@ struct ManifestSource {
   nlohmann::json quantization_config;  // the source's, as found (null when it had none)
   std::string model_type;
   uint64_t tensor_bytes = 0;
+  // manifest_version >= 4: every source tensor's name -> SHA-256 (64 lowercase hex digits) of its
+  // bytes as convert read them.
+  std::map<std::string, std::string> tensor_sha256;
 };
 
 // Present when the conversion quantised unquantised experts (--quantize).
@@ -163,9 +168,11 @@ struct Manifest {
 // A rank's digest: SHA-256 over "<name> <sha256>\n" of `tensors` (name order).
 std::string rank_digest(const std::map<std::string, std::string>& sha256_by_tensor);
 
-// What a conversion following PLAN records; sha256_by_tensor holds every output tensor's.
+// What a conversion following PLAN records; sha256_by_tensor holds every output tensor's,
+// source_sha256 every source tensor's (ckpt.tensor_names(); kInternal naming one missing).
 Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
-                        const std::map<std::string, std::string>& sha256_by_tensor);
+                        const std::map<std::string, std::string>& sha256_by_tensor,
+                        const std::map<std::string, std::string>& source_sha256);
 nlohmann::json to_json(const Manifest& manifest);
 nlohmann::json to_json(const ManifestLayer& layer);      // one entry of "layers"
 nlohmann::json to_json(const ManifestServing& serving);  // "serving"
@@ -173,6 +180,16 @@ nlohmann::json to_json(const ManifestServing& serving);  // "serving"
 // the SHA-256 of these).
 std::string manifest_text(const Manifest& manifest);
 void write_manifest(const std::string& path, const Manifest& manifest);
+
+// Checks the source against a recorded fingerprint (Manifest::source.tensor_sha256, or what the
+// parts of a --shard split recorded): every source tensor is recorded and hashes (SHA-256, with
+// `threads` workers) to its record, and nothing else is recorded. The first difference in
+// ckpt.tensor_names() order throws: kBadValue naming the source shard file and the tensor when
+// the bytes differ (a source edited, or another copy than the one converted), kBadConfig when a
+// tensor is unrecorded or a recorded one is absent. `recorded_by` names the record in messages.
+void check_source_fingerprint(const Checkpoint& ckpt,
+                              const std::map<std::string, std::string>& recorded, int threads,
+                              const std::string& recorded_by);
 
 // DIR/moepack.json.
 std::string manifest_path(const std::string& dir);

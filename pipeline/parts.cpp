@@ -26,7 +26,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kPartFormatVersion = 1;
+// 2: no source path; source_tensors, the SHA-256 of every source tensor the task read.
+constexpr int kPartFormatVersion = 2;
 constexpr const char* kPartTensorsFile = "part.safetensors";
 constexpr const char* kPartJsonFile = "part.json";
 // part.json lists one entry per output tensor of a unit: far below this for any real model.
@@ -100,23 +101,21 @@ json source_identity(const Checkpoint& ckpt) {
 struct PartRecord {
   std::string dir, file;  // the part directory and its part.json
   int64_t unit = -1, units = 0;
-  std::string digest, source;
+  std::string digest;
   json options;
   std::vector<std::pair<std::string, std::string>> tensors;  // name, sha256, in file order
+  std::map<std::string, std::string> source_tensors;         // what the task read: name -> sha256
 };
 
 [[noreturn]] void bad_part(const std::string& file, const std::string& message) {
   throw Error(ErrorCode::kBadConfig, file, "", message);
 }
 
-PartRecord read_part_json(const std::string& dir) {
+// Every field of a part.json (already read as JSON), checked.
+PartRecord parse_part_record(const json& j, const std::string& dir, const std::string& file) {
   PartRecord r;
   r.dir = dir;
-  r.file = dir + "/" + kPartJsonFile;
-  const json j = read_json_file(
-      r.file, {.if_missing = "missing: the part is incomplete (written by `convert --shard` last, "
-                             "after its tensors)",
-               .max_bytes = kMaxPartJsonBytes});
+  r.file = file;
   const JsonField root(j, "", r.file);
   const JsonField version = root["moepack_part"];
   if (version.integer(INT64_MIN, INT64_MAX) != kPartFormatVersion)
@@ -125,7 +124,6 @@ PartRecord read_part_json(const std::string& dir) {
   r.unit = root["unit"].integer(0, kMaxShards - 1);
   r.units = root["units"].integer(1, kMaxShards);
   r.digest = root["plan_digest"].str();
-  r.source = root["source"].str();
   r.options = root["options"].value();
   const JsonField tensors = root["tensors"];
   for (size_t i = 0, n = tensors.array_size(); i < n; ++i) {
@@ -139,12 +137,33 @@ PartRecord read_part_json(const std::string& dir) {
           sha.path() + ": expected 64 lowercase hex digits, got " + json_excerpt(sha.value()));
     r.tensors.emplace_back(name, sha.str());
   }
+  const JsonField sources = root["source_tensors"];
+  sources.expect_object();
+  for (auto it = sources.value().begin(); it != sources.value().end(); ++it) {
+    const JsonField sha = sources.member(it.key());
+    if (sha.str().size() != 64 ||
+        sha.str().find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw Error(
+          ErrorCode::kBadConfig, r.file, it.key(),
+          sha.path() + ": expected 64 lowercase hex digits, got " + json_excerpt(sha.value()));
+    r.source_tensors[it.key()] = sha.str();
+  }
   return r;
+}
+
+PartRecord read_part_json(const std::string& dir) {
+  const std::string file = dir + "/" + kPartJsonFile;
+  const json j = read_json_file(
+      file, {.if_missing = "missing: the part is incomplete (written by `convert --shard` last, "
+                           "after its tensors)",
+             .max_bytes = kMaxPartJsonBytes});
+  return parse_part_record(j, dir, file);
 }
 
 void write_part_json(const std::string& path, const Plan& plan, const std::string& digest,
                      const ShardSpec& spec, const WorkUnit& unit,
-                     const std::map<std::string, std::string>& sha) {
+                     const std::map<std::string, std::string>& sha,
+                     const std::map<std::string, std::string>& source_sha) {
   json tensors = json::array();
   for (size_t i : unit.tensors) {
     const PlannedTensor& t = plan.tensors[i];
@@ -160,13 +179,13 @@ void write_part_json(const std::string& path, const Plan& plan, const std::strin
   const json j = {{"moepack_part", kPartFormatVersion},
                   {"tool", {{"name", "moepack"}, {"version", moepack_version_string()}}},
                   {"plan_digest", digest},
-                  {"source", fs::absolute(plan.options.src).lexically_normal().string()},
                   {"options", part_options_json(plan.options)},
                   {"unit", spec.index},
                   {"units", spec.count},
                   {"tensor_bytes", unit.bytes},
                   {"layers", unit.modules},
-                  {"tensors", tensors}};
+                  {"tensors", tensors},
+                  {"source_tensors", source_sha}};
   std::ofstream f(path);
   f << j.dump(2) << "\n";
   if (!f) throw Error(ErrorCode::kIo, path, "", "write failed");
@@ -194,6 +213,11 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 }  // namespace
+
+void validate_part_json(const json& j, const std::string& file) {
+  const PartRecord r = parse_part_record(j, "", file);
+  part_options_from_json(r.options, file);
+}
 
 ShardSpec parse_shard_spec(const std::string& text) {
   const size_t slash = text.find('/');
@@ -296,11 +320,13 @@ json units_json(const Plan& plan, const std::vector<WorkUnit>& units) {
 }
 
 std::string plan_digest(const Plan& plan, const Checkpoint& ckpt) {
-  std::map<std::string, std::string> no_checksums;
+  std::map<std::string, std::string> no_checksums, no_source_checksums;
   for (const auto& t : plan.tensors) no_checksums[t.name] = std::string(64, '0');
-  const json identity = {{"manifest", to_json(build_manifest(plan, ckpt, no_checksums))},
-                         {"config", output_config(ckpt.config().raw, plan.config_patch)},
-                         {"source", source_identity(ckpt)}};
+  for (const auto& name : ckpt.tensor_names()) no_source_checksums[name] = std::string(64, '0');
+  const json identity = {
+      {"manifest", to_json(build_manifest(plan, ckpt, no_checksums, no_source_checksums))},
+      {"config", output_config(ckpt.config().raw, plan.config_patch)},
+      {"source", source_identity(ckpt)}};
   const std::string text = identity.dump();
   return sha256_hex(text.data(), text.size());
 }
@@ -401,10 +427,12 @@ PartResult execute_part(const Plan& plan, const Checkpoint& ckpt, const ShardSpe
   }
   AtomicOutputDir out(r.dir, plan.options.force, {plan.options.src});
   ShardedWriter writer(out.path(), layout);
-  write_planned_tensors(plan, ckpt, writer, r.unit.tensors, progress, r.convert.stage_seconds);
+  const std::map<std::string, std::string> source_sha =
+      write_planned_tensors(plan, ckpt, writer, r.unit.tensors, progress, r.convert.stage_seconds);
   const auto t_finish = std::chrono::steady_clock::now();
   writer.finish();
-  write_part_json(out.path() + "/" + kPartJsonFile, plan, digest, spec, r.unit, writer.checksums());
+  write_part_json(out.path() + "/" + kPartJsonFile, plan, digest, spec, r.unit, writer.checksums(),
+                  source_sha);
   out.commit();
   const auto t1 = std::chrono::steady_clock::now();
   r.convert.stage_seconds["finish"] += std::chrono::duration<double>(t1 - t_finish).count();
@@ -536,6 +564,33 @@ Plan plan_of_parts(const std::vector<PartRecord>& records, const ConvertOptions&
   return plan;
 }
 
+// The source fingerprint the parts recorded together (each source tensor read by one task), checked
+// against the source merge reads now: tasks that read different copies of SRC, or a source edited
+// in the middle of a tensor since, are refused naming the source file and the tensor.
+std::map<std::string, std::string> check_parts_read_this_source(
+    const std::vector<PartRecord>& records, const Checkpoint& ckpt, int threads) {
+  std::map<std::string, std::string> all;
+  std::map<std::string, const PartRecord*> reader;
+  for (const PartRecord& r : records)
+    for (const auto& [name, sha] : r.source_tensors) {
+      if (reader.count(name))
+        throw Error(ErrorCode::kBadConfig, r.file, name,
+                    "source_tensors: also read by " + reader[name]->file +
+                        ": each source tensor belongs to one part");
+      reader[name] = &r;
+      all[name] = sha;
+    }
+  try {
+    check_source_fingerprint(ckpt, all, threads,
+                             fs::path(records.front().dir).parent_path().string());
+  } catch (const Error& e) {
+    auto it = reader.find(e.tensor());
+    const std::string by = it == reader.end() ? "" : " (read by " + it->second->dir + ")";
+    throw Error(e.code(), e.file(), e.tensor(), e.message() + by);
+  }
+  return all;
+}
+
 // One output tensor to copy from a part, with the SHA-256 its part recorded.
 struct MergeTask {
   size_t part;
@@ -584,9 +639,13 @@ MergeResult merge_parts(const MergeOptions& opts) {
     throw Error(ErrorCode::kBadConfig, root, "",
                 "no parts directory: run `moepack convert SRC " + opts.dst +
                     " --shard I/N` for every I first");
+  if (opts.source.empty())
+    throw Error(ErrorCode::kUsage,
+                "merge needs --source SRC: the parts record no path (output bytes and parts do "
+                "not depend on where SRC is), only the SHA-256 of every source tensor they read");
   const auto [n, present] = complete_split(root, opts.dst);
   const std::vector<PartRecord> records = read_part_records(root, n, present);
-  res.source = opts.source.empty() ? records.front().source : opts.source;
+  res.source = opts.source;
   ConvertOptions co = part_options_from_json(records.front().options, records.front().file);
   co.src = res.source;
   co.dst = opts.dst;
@@ -594,6 +653,8 @@ MergeResult merge_parts(const MergeOptions& opts) {
   co.threads = opts.threads;
   const auto ckpt = Checkpoint::open(res.source);
   const Plan plan = plan_of_parts(records, co, *ckpt);
+  const std::map<std::string, std::string> source_sha =
+      check_parts_read_this_source(records, *ckpt, plan.threads);
   std::vector<SafetensorsFile> files;
   const std::vector<MergeTask> tasks = merge_tasks(plan, n, records, files);
 
@@ -617,7 +678,7 @@ MergeResult merge_parts(const MergeOptions& opts) {
                   "delete " +
                       records[t.part].dir + " and run its task again");
   writer.finish();
-  write_config_and_files(plan, *ckpt, out.path(), sha);
+  write_config_and_files(plan, *ckpt, out.path(), sha, source_sha);
   out.commit();
   files.clear();
   if (opts.remove_parts) fs::remove_all(root, ec);

@@ -5,7 +5,8 @@
 //   DST.parts/                      parts_dir(DST)
 //     0-of-4/                       part_dir_name(0, 4): one unit, written atomically
 //       part.safetensors            the unit's output tensors, in plan order
-//       part.json                   plan digest, unit, flags, source, per tensor bytes + SHA-256
+//       part.json                   plan digest, unit, flags, per tensor bytes + SHA-256, and the
+//                                   SHA-256 of every source tensor the task read (no path)
 //     1-of-4/ ...
 //   DST/                            merge: the plan's shards, index, config.json, moepack.json
 //
@@ -50,15 +51,19 @@ nlohmann::json units_json(const Plan& plan, const std::vector<WorkUnit>& units);
 // SHA-256 (hex) of everything that decides the output bytes: the manifest the plan would write
 // (tool and layout versions, flags, layers, tensors, shards, files), the patched config.json,
 // and the source's identity (config, every shard's name, size and tensor table, other files'
-// names and sizes, and a digest of the first and last 64 KiB of every shard's data). The rest of
-// the tensor data is not read: a source edited in place only in the middle of a shard, keeping
-// headers and sizes, is not noticed (docs/scale-out.md).
+// names and sizes, and a digest of the first and last 64 KiB of every shard's data): a cheap
+// early check. The rest of the tensor data is not read here; each task hashes the source tensors
+// it reads (part.json "source_tensors") and merge checks them all against the source.
 std::string plan_digest(const Plan& plan, const Checkpoint& ckpt);
 
 // The convert flags that decide the output bytes, as recorded in part.json and read back by
 // merge. Threads, chunk size and --force do not change bytes and are not recorded.
 nlohmann::json part_options_json(const ConvertOptions& o);
 ConvertOptions part_options_from_json(const nlohmann::json& j, const std::string& file);
+
+// Checks every field of a part.json already parsed as JSON, as merge reads it (kBadConfig naming
+// FILE and the field). The fuzz target tests/fuzz/part_json_fuzz.cpp drives it.
+void validate_part_json(const nlohmann::json& j, const std::string& file);
 
 std::string parts_dir(const std::string& dst);            // "DST.parts"
 std::string part_dir_name(int64_t index, int64_t count);  // "i-of-n"
@@ -78,7 +83,7 @@ PartResult execute_part(const Plan& plan, const Checkpoint& ckpt, const ShardSpe
 
 struct MergeOptions {
   std::string dst;
-  std::string source;  // "" = the source recorded in the parts
+  std::string source;  // SRC (required: the parts record no path, only what they read)
   bool force = false;
   bool remove_parts = false;  // delete DST.parts after the output is in place
   int threads = 0;
@@ -94,10 +99,12 @@ struct MergeResult {
 };
 
 // Checks that parts_dir(dst) holds every part of one split, each complete and from the plan the
-// source and the recorded flags give now, then writes the plan's output atomically (same shards,
-// index, config.json and moepack.json as execute_plan), verifying every tensor against the
-// checksum its part recorded. A missing, duplicated, foreign, unfinished or corrupted part throws
-// an invalid-input error (exit 3) naming it, before anything is published.
+// source and the recorded flags give now, and that the source's tensors hash (SHA-256) to what the
+// parts recorded reading (kBadValue naming the source file and tensor otherwise), then writes the
+// plan's output atomically (same shards, index, config.json and moepack.json as execute_plan),
+// verifying every tensor against the checksum its part recorded. A missing, duplicated, foreign,
+// unfinished or corrupted part throws an invalid-input error (exit 3) naming it, before anything is
+// published.
 MergeResult merge_parts(const MergeOptions& opts);
 
 }  // namespace moepack

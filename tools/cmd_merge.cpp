@@ -1,4 +1,4 @@
-// moepack merge DST [--source SRC] [--force] [--remove-parts] [--threads N] [--json]
+// moepack merge DST --source SRC [--force] [--remove-parts] [--threads N] [--json]
 #include <iostream>
 
 #include "core/error.h"
@@ -13,7 +13,9 @@ Runner add_merge(CLI::App& app, Globals& g) {
                  "Output directory of the sharded conversion (the parts are in DST.parts/)")
       ->required();
   app.add_option("--source", o->source,
-                 "Source checkpoint, where it is not at the path the parts recorded");
+                 "Source checkpoint the parts were converted from (its tensors must hash to what "
+                 "the parts recorded reading)")
+      ->required();
   app.add_flag("--force", o->force, "Replace an existing output directory");
   app.add_flag("--remove-parts", o->remove_parts, "Delete DST.parts/ once the output is in place");
   app.add_option("--threads", o->threads,
@@ -21,7 +23,7 @@ Runner add_merge(CLI::App& app, Globals& g) {
       ->check(integer_at_least(0))
       ->capture_default_str();
   return [o, &g] {
-    if (!o->source.empty()) o->source = resolve_checkpoint_arg(o->source, g);
+    o->source = resolve_checkpoint_arg(o->source, g);
     CommandRun run(g.progress, stderr_is_terminal(), g.json, "merge");
     o->progress = run.fn();
     const MergeResult r = merge_parts(*o);

@@ -1278,6 +1278,23 @@ IntegrityCheck check_config_bound(const Manifest& m, const std::string& dst,
   return c;
 }
 
+// The source fingerprint (manifest_version >= 4): --source holds the bytes convert read (exit 3
+// naming the source file and tensor otherwise); the report names the source by it.
+void check_source_bytes(const Manifest& manifest, const std::string& mpath, const Checkpoint& src,
+                        int threads, VerifyReport& r) {
+  if (manifest.manifest_version < 4) {
+    r.source_identity = "given (manifest_version " + std::to_string(manifest.manifest_version) +
+                        " records no source fingerprint)";
+    return;
+  }
+  check_source_fingerprint(src, manifest.source.tensor_sha256, threads,
+                           mpath + " (source.tensor_sha256)");
+  const std::string all = json(manifest.source.tensor_sha256).dump();
+  r.source_identity = "the " + std::to_string(manifest.source.tensor_sha256.size()) +
+                      " tensors convert read (SHA-256 of their SHA-256s " +
+                      sha256_hex(all.data(), all.size()) + ")";
+}
+
 // "olmoe: softmax top-4 renormalised", for the report.
 std::string describe_router(const ref::RouterConfig& c) {
   std::string s = c.family + ": ";
@@ -1323,7 +1340,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (!opts.source.empty()) {
     src = Checkpoint::open(opts.source);
     check_manifest_covers_source(manifest, mpath, *src);
+    check_source_bytes(manifest, mpath, *src, resolve_threads(opts.threads), r);
   }
+  r.artifact_identity = "moepack.json SHA-256 " + manifest_file_sha256(opts.dst);
   r.integrity.push_back(check_config_bound(manifest, opts.dst, src.get()));
   if (!r.integrity.back().passed) {
     r.notes.push_back(

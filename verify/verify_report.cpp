@@ -436,16 +436,16 @@ std::string render_html(const VerifyReport& r) {
   std::ostringstream s;
   s << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
     << "<title>moepack verify: " << (r.passed ? "PASSED" : "FAILED")
-    << (r.destination.empty() ? "" : " - " + esc(r.destination)) << "</title>\n<style>" << kCss
-    << "</style>\n</head>\n<body>\n";
+    << (r.artifact_identity.empty() ? "" : " - " + esc(r.artifact_identity)) << "</title>\n<style>"
+    << kCss << "</style>\n</head>\n<body>\n";
   s << "<h1>moepack verify <span class=\"badge " << (r.passed ? "pass" : "fail") << "\">"
     << (r.passed ? "PASSED" : "FAILED") << "</span></h1>\n";
   s << "<dl class=\"meta\">";
   auto meta = [&](const char* k, const std::string& v) {
     if (!v.empty()) s << "<dt>" << k << "</dt><dd>" << esc(v) << "</dd>";
   };
-  meta("source", r.source);
-  meta("destination", r.destination);
+  meta("artifact", r.artifact_identity);
+  meta("source", r.source_identity);
   meta("backend", r.backend);
   meta("model", r.model);
   meta("tool version", r.tool_version);

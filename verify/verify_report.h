@@ -76,10 +76,13 @@ LayerResult make_layer_result(int64_t layer, const std::string& backend, int64_t
 
 struct VerifyReport {
   std::string tool_version;
-  std::string source;       // SRC path
-  std::string destination;  // DST path
-  std::string backend;      // target layout name
-  std::string model;        // architecture / model_type, for the title
+  std::string source;       // SRC path (stdout only: text and --json)
+  std::string destination;  // DST path (stdout only)
+  // What the HTML report (a file: no machine path in it) names instead of the paths: the
+  // artifact by its moepack.json's SHA-256, the source by the fingerprint it was checked against.
+  std::string artifact_identity, source_identity;
+  std::string backend;  // target layout name
+  std::string model;    // architecture / model_type, for the title
   // What the numerical check computed, by the model type (model/routing.h): "olmoe: softmax top-4"
   // and "silu"; empty with --skip-numerical.
   std::string router, activation;

@@ -61,7 +61,7 @@ case $recipe in
     # already written stay and are skipped when the recipe runs again.
     seq 0 $((n - 1)) | parallel --halt now,fail=1 -j "$jobs" \
       "$(quoted "$MOEPACK" convert "$src" "$dst") --shard {}/$n $(quoted "${flags[@]}")"
-    exec "$MOEPACK" merge "$dst"
+    exec "$MOEPACK" merge "$dst" --source "$src"
     ;;
   slurm)
     mkdir -p "$(dirname "$dst")"  # Slurm opens the --output files there before moepack runs
@@ -71,12 +71,12 @@ case $recipe in
     convert_job=${convert_job%%;*}
     merge_job=$(sbatch --parsable --job-name=moepack-merge --dependency="afterok:$convert_job" \
       --kill-on-invalid-dep=yes --output="$dst.merge-%j.log" \
-      --wrap="$(quoted "$MOEPACK" merge "$dst")")
+      --wrap="$(quoted "$MOEPACK" merge "$dst" --source "$src")")
     echo "convert=$convert_job merge=${merge_job%%;*}"
     ;;
   k8s)
     convert_cmd="$(quoted moepack convert "$src" "$dst") --shard \"\$JOB_COMPLETION_INDEX/$n\" $(quoted "${flags[@]}")"
-    merge_cmd="$(quoted moepack merge "$dst")"
+    merge_cmd="$(quoted moepack merge "$dst" --source "$src")"
     job() {  # name, completions (= parallelism), extra spec lines, command
       cat <<EOF
 apiVersion: batch/v1

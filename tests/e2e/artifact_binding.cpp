@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -117,7 +118,7 @@ TEST_F(ArtifactBinding, UntouchedArtifactIsIntactAndVerifies) {
   ASSERT_EQ(moepack_cli("inspect --json " + dst_, &out, &err), 0) << err;
   const json j = json::parse(out);
   EXPECT_EQ(j["moepack"]["intact"]["ok"], true) << j["moepack"]["intact"].dump();
-  EXPECT_EQ(read(dst_ + "/moepack.json")["manifest_version"], 3);
+  EXPECT_EQ(read(dst_ + "/moepack.json")["manifest_version"], 4);
 }
 
 TEST_F(ArtifactBinding, EveryConfigEditFailsVerifyNamingTheField) {
@@ -209,6 +210,54 @@ TEST_F(ArtifactBinding, EverySpellingOfSrcAndDstGivesTheSameBytes) {
   ASSERT_EQ(moepack_cli("merge " + t + "/m --source " + src_ + "/", &out, &err), 0) << out << err;
   EXPECT_EQ(slurp(t + "/m/moepack.json"), manifest);
   EXPECT_EQ(slurp(t + "/m/config.json"), slurp(dst_ + "/config.json"));
+}
+
+// Every regular file under ROOT (relative path -> bytes).
+std::map<std::string, std::string> tree(const std::string& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) files[fs::relative(e.path(), root).string()] = slurp(e.path());
+  return files;
+}
+
+// Issue 28, bytes depend only on bytes: two copies of the source at different places, spelled
+// differently, give the same bytes in every file convert --shard, merge and convert write -- the
+// parts' part.json and part.safetensors included -- and no file holds a path of this machine.
+// Parts from one copy merge under the other.
+TEST_F(ArtifactBinding, TwoCopiesOfTheSourceGiveTheSameBytesInEveryFile) {
+  const std::string t = tmp_.path;
+  const std::string copy = t + "/elsewhere/deeper/src-copy";
+  fs::create_directories(t + "/elsewhere/deeper");
+  fs::copy(src_, copy, fs::copy_options::recursive);
+  const std::string copy_spelled = t + "/elsewhere/./deeper/../deeper/src-copy/";
+  std::string out, err;
+  for (const auto& [s, d] :
+       {std::pair<std::string, std::string>{src_, t + "/x1"}, {copy_spelled, t + "/x2"}}) {
+    ASSERT_EQ(moepack_cli("convert " + s + " " + d + "/single", &out, &err), 0) << err;
+    for (const char* shard : {"0/3", "1/3", "2/3"})
+      ASSERT_EQ(moepack_cli("convert " + s + " " + d + "/m --shard " + shard, &out, &err), 0)
+          << err;
+  }
+  EXPECT_EQ(tree(t + "/x1/m.parts"), tree(t + "/x2/m.parts"));
+  EXPECT_EQ(tree(t + "/x1/single"), tree(dst_));
+  EXPECT_EQ(tree(t + "/x2/single"), tree(dst_));
+  // Crossed: the parts of each copy merged under the other.
+  ASSERT_EQ(moepack_cli("merge " + t + "/x1/m --source " + copy_spelled, &out, &err), 0) << err;
+  ASSERT_EQ(moepack_cli("merge " + t + "/x2/m --source " + src_, &out, &err), 0) << err;
+  EXPECT_EQ(tree(t + "/x1/m"), tree(dst_));
+  EXPECT_EQ(tree(t + "/x2/m"), tree(dst_));
+  // No path of this machine in any file written (the temporary folders' roots cover every path
+  // involved), nor in verify's report.
+  ASSERT_EQ(moepack_cli("verify " + t + "/x2/m --source " + copy + " --tokens 4 --report " + t +
+                            "/x2/report.html",
+                        &out, &err),
+            0)
+      << err;
+  for (const std::string& root : {t + "/x1", t + "/x2"})
+    for (const auto& [rel, bytes] : tree(root)) {
+      EXPECT_EQ(bytes.find(t), std::string::npos) << root << "/" << rel << " names " << t;
+      EXPECT_EQ(bytes.find(dir_->path), std::string::npos) << root << "/" << rel;
+    }
 }
 
 }  // namespace

@@ -220,7 +220,10 @@ TEST_F(Leftovers, LongOutputNamesWork) {
                           nullptr, &err),
               0)
         << err;
-  ASSERT_EQ(run_command(moepack_bin() + " merge " + sharded + " --remove-parts", nullptr, &err), 0)
+  ASSERT_EQ(
+      run_command(moepack_bin() + " merge " + sharded + " --source " + src_ + " --remove-parts",
+                  nullptr, &err),
+      0)
       << err;
   EXPECT_EQ(run_command(moepack_bin() + " verify " + dst + " --tokens 4"), 0);
   EXPECT_EQ(run_command("cmp " + dst + "/moepack.json " + sharded + "/moepack.json"), 0);

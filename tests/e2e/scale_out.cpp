@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 
+#include "io/safetensors.h"
 #include "pipeline/execute.h"
 #include "pipeline/parts.h"
 #include "synth/synth.h"
@@ -162,6 +163,7 @@ TEST(ScaleOut, PartsPlusMergeEqualConvert) {
       }
       MergeOptions m;
       m.dst = dst;
+      m.source = src;
       m.threads = 2;
       m.remove_parts = true;
       const MergeResult r = merge_parts(m);
@@ -207,8 +209,10 @@ class ScaleOutCli : public ::testing::Test {
   // hang (a FIFO opened for reading) fails as exit 124.
   void expect_merge_fails(const std::vector<std::string>& words) {
     std::string out, err;
-    EXPECT_EQ(
-        run_command("timeout 120 " + moepack_bin() + " merge " + dst_ + " --json", &out, &err), 3)
+    EXPECT_EQ(run_command("timeout 120 " + moepack_bin() + " merge " + dst_ + " --source " + src_ +
+                              " --json",
+                          &out, &err),
+              3)
         << err;
     for (const auto& w : words) EXPECT_NE(err.find(w), std::string::npos) << w << " in: " << err;
     const json j = json::parse(out, nullptr, false);
@@ -254,11 +258,12 @@ TEST_F(ScaleOutCli, RerunIsIdempotentAndMergeMatchesConvert) {
   ASSERT_EQ(moepack_cli("convert " + src_ + " " + dst_ + kFlags + " --shard 1/3 --json", &out), 0);
   EXPECT_TRUE(json::parse(out)["skipped"].get<bool>()) << out;
   EXPECT_EQ(fs::last_write_time(p1), before);
-  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 0);
   expect_same_tree(dst_, ref_);
-  EXPECT_TRUE(fs::exists(parts_dir(dst_)));                 // kept without --remove-parts
-  EXPECT_EQ(moepack_cli("merge " + dst_), 2);               // output exists
-  EXPECT_EQ(moepack_cli("merge " + dst_ + " --force"), 0);  // replaced, same bytes
+  EXPECT_TRUE(fs::exists(parts_dir(dst_)));                          // kept without --remove-parts
+  EXPECT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 2);  // output exists
+  EXPECT_EQ(moepack_cli("merge " + dst_ + " --source " + src_ + " --force"),
+            0);  // replaced, same bytes
   expect_same_tree(dst_, ref_);
   EXPECT_EQ(moepack_cli("verify " + dst_ + " --source " + src_ + " --tokens 4"), 0);
 }
@@ -284,7 +289,7 @@ TEST_F(ScaleOutCli, HalfWrittenByKilledTask) {
   expect_merge_fails({"2-of-3", "unfinished"});
   ASSERT_EQ(part(2), 0);
   fs::remove_all(root / "2-of-3.moepack-tmp-4242-00000000beef");
-  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 0);
   expect_same_tree(dst_, ref_);
 }
 
@@ -297,7 +302,7 @@ TEST_F(ScaleOutCli, PartWithoutPartJson) {
   // Re-running the task refuses the damaged part without --force, replaces it with it.
   EXPECT_EQ(part(0), 2);
   ASSERT_EQ(part(0, " --force"), 0);
-  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 0);
   expect_same_tree(dst_, ref_);
 }
 
@@ -374,7 +379,15 @@ TEST_F(ScaleOutCli, PartJsonNotARegularFileOrMistyped) {
   const std::vector<std::pair<std::function<void(json&)>, std::string>> mistyped = {
       {[](json& j) { j["unit"] = "1"; }, "part.json: unit: expected an integer, got \"1\""},
       {[](json& j) { j["unit"] = -1; }, "part.json: unit: must be between 0 and"},
-      {[](json& j) { j["moepack_part"] = 2; }, "part.json: moepack_part: unknown part format"},
+      {[](json& j) { j["moepack_part"] = 1; }, "part.json: moepack_part: unknown part format"},
+      {[](json& j) { j["source_tensors"] = json::array(); },
+       "part.json: source_tensors: expected an object"},
+      {[](json& j) { j["source_tensors"].begin().value() = "ABC"; },
+       "expected 64 lowercase hex digits, got \"ABC\""},
+      {[](json& j) { j["source_tensors"].begin().value() = std::string(64, 'a'); },
+       "bytes differ from the source that was converted"},
+      {[](json& j) { j["source_tensors"].erase(j["source_tensors"].begin().key()); },
+       "no SHA-256 recorded for this source tensor"},
       {[](json& j) { j.erase("plan_digest"); }, "part.json: plan_digest: missing"},
       {[](json& j) { j["tensors"] = json::object(); },
        "part.json: tensors: expected an array, got an object"},
@@ -405,7 +418,14 @@ TEST_F(ScaleOutCli, PartJsonNotARegularFileOrMistyped) {
   }
   for (int64_t i = 0; i < 3; ++i)
     std::ofstream(part_json(i)) << good[static_cast<size_t>(i)].dump();
-  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
+  // A source tensor claimed by two parts.
+  json twice = good[1];
+  const std::string claimed = good[0]["source_tensors"].begin().key();
+  twice["source_tensors"][claimed] = good[0]["source_tensors"][claimed];
+  std::ofstream(part_json(1)) << twice.dump();
+  expect_merge_fails({claimed, "also read by", "each source tensor belongs to one part"});
+  std::ofstream(part_json(1)) << good[1].dump();
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 0);
   expect_same_tree(dst_, ref_);
 }
 
@@ -438,7 +458,7 @@ TEST_F(ScaleOutCli, PartWithOtherFlags) {
   EXPECT_EQ(part(1, "", &err), 2);
   EXPECT_NE(err.find("another plan"), std::string::npos) << err;
   ASSERT_EQ(part(1, " --force"), 0);
-  ASSERT_EQ(moepack_cli("merge " + dst_), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 0);
   expect_same_tree(dst_, ref_);
 }
 
@@ -463,12 +483,91 @@ TEST_F(ScaleOutCli, DuplicatedPart) {
 TEST_F(ScaleOutCli, SourceChangedSincePartsWereMade) {
   all_parts();
   std::ofstream(fs::path(src_) / "config.json", std::ios::app) << "\n";  // same JSON, other bytes
-  ASSERT_EQ(moepack_cli("merge " + dst_), 0);  // identity is the parsed config: still the same plan
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_),
+            0);  // identity is the parsed config: still the same plan
   expect_same_tree(dst_, ref_);
   fs::remove_all(dst_);
   // Another tokenizer-side file changes the output.
   std::ofstream(fs::path(src_) / "generation_config.json") << "{\"changed\": true}\n";
   expect_merge_fails({"another plan"});
+}
+
+// Flips one byte in the middle of the first source tensor (of `wanted`, when given) lying more than
+// 64 KiB from both ends of its shard's data, where the plan digest's samples do not look. Returns
+// the tensor's name and its shard's file name ("" when there is none).
+std::pair<std::string, std::string> flip_middle_byte(const std::string& src,
+                                                     const std::set<std::string>& wanted = {}) {
+  constexpr uint64_t kMargin = uint64_t{64} << 10;
+  for (const auto& entry : fs::directory_iterator(src)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    uint64_t offset = 0;
+    std::string name;
+    {
+      const SafetensorsFile f = SafetensorsFile::open(entry.path().string());
+      uint64_t data_len = 0;
+      for (const auto& e : f.entries()) data_len = std::max(data_len, e.end);
+      for (const auto& e : f.entries())
+        if (e.begin > kMargin && e.end + kMargin < data_len && e.end > e.begin &&
+            (wanted.empty() || wanted.count(e.name))) {
+          name = e.name;
+          offset = f.file_size() - data_len + (e.begin + e.end) / 2;
+          break;
+        }
+    }
+    if (name.empty()) continue;
+    std::fstream io(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(offset));
+    const char c = static_cast<char>(io.get() ^ 0x10);
+    io.seekp(static_cast<std::streamoff>(offset));
+    io.put(c);
+    return {name, entry.path().filename().string()};
+  }
+  return {"", ""};
+}
+
+// Issue 28: the plan digest samples only the first and last 64 KiB of each shard. Each task records
+// the SHA-256 of every source tensor it reads (part.json source_tensors) and merge checks them all
+// against the source: a task that read another copy of SRC, edited in the middle of a tensor it
+// read, or a source edited so after the tasks, is refused naming the source file and the tensor.
+TEST_F(ScaleOutCli, SourceDiffersInTheMiddleOfATensor) {
+  ASSERT_EQ(part(1), 0);
+  std::set<std::string> read_by_1;
+  const json part1 = read_json_file(fs::path(parts_dir(dst_)) / "1-of-3" / "part.json");
+  for (const auto& [name, sha] : part1["source_tensors"].items()) read_by_1.insert(name);
+  ASSERT_FALSE(read_by_1.empty());
+  fs::remove_all(fs::path(parts_dir(dst_)) / "1-of-3");
+  const std::string copy = tmp_ / "copy";
+  fs::copy(src_, copy, fs::copy_options::recursive);
+  const auto [tensor, shard] = flip_middle_byte(copy, read_by_1);
+  ASSERT_FALSE(tensor.empty()) << "no tensor of part 1 lies in the middle of a shard";
+  ASSERT_EQ(part(0), 0);
+  ASSERT_EQ(part(2), 0);
+  ASSERT_EQ(moepack_cli("convert " + copy + " " + dst_ + kFlags + " --shard 1/3"), 0);
+  expect_merge_fails({"bytes differ from the source that was converted", shard, tensor, "1-of-3"});
+  // Under --source COPY every part read what the copy holds (parts 0 and 2 read tensors the two
+  // copies share): the merge is the copy's conversion, which verify checks against the copy.
+  std::string err;
+  ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + copy, nullptr, &err), 0) << err;
+  EXPECT_NE(read_bytes(fs::path(dst_) / "moepack.json"),
+            read_bytes(fs::path(ref_) / "moepack.json"));
+  EXPECT_EQ(moepack_cli("verify " + dst_ + " --source " + copy + " --tokens 4"), 0);
+  fs::remove_all(dst_);
+
+  // Every part from SRC, then SRC edited in the middle of a tensor: merge and verify --source of
+  // the single convert both refuse it, naming the file and the tensor.
+  fs::remove_all(parts_dir(dst_));
+  all_parts();
+  const auto [edited, edited_shard] = flip_middle_byte(src_);
+  ASSERT_FALSE(edited.empty());
+  expect_merge_fails({"bytes differ from the source that was converted", edited_shard, edited});
+  std::string out;
+  EXPECT_EQ(moepack_cli("verify " + ref_ + " --source " + src_ + " --tokens 4", &out, &err), 3)
+      << out;
+  EXPECT_NE(err.find(edited_shard), std::string::npos) << err;
+  EXPECT_NE(err.find(edited), std::string::npos) << err;
+  // merge without --source: the parts record no path to fall back on.
+  EXPECT_EQ(moepack_cli("merge " + dst_, nullptr, &err), 2);
+  EXPECT_NE(err.find("--source"), std::string::npos) << err;
 }
 
 TEST_F(ScaleOutCli, BadShardFlag) {
@@ -516,7 +615,7 @@ TEST(ScaleOutKill, TaskKilledWhileWriting) {
     GTEST_SKIP() << "the task finished before it could be killed";
   ASSERT_TRUE(seen);
   std::string err;
-  EXPECT_EQ(moepack_cli("merge " + dst, nullptr, &err), 3);
+  EXPECT_EQ(moepack_cli("merge " + dst + " --source " + src, nullptr, &err), 3);
   EXPECT_NE(err.find("1-of-2 (only an unfinished temporary: its task was killed"),
             std::string::npos)
       << err;
@@ -524,7 +623,7 @@ TEST(ScaleOutKill, TaskKilledWhileWriting) {
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --threads 1 --shard 1/2"), 0);
   for (const auto& e : fs::directory_iterator(root))
     EXPECT_EQ(e.path().filename().string().find(".moepack-"), std::string::npos) << e.path();
-  ASSERT_EQ(moepack_cli("merge " + dst), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst + " --source " + src), 0);
   expect_same_tree(dst, ref);
 }
 

@@ -40,7 +40,7 @@ assert "moepack convert " in args and f'--shard "$JOB_COMPLETION_INDEX/{n}"' in 
 m = merge["spec"]
 assert m["completions"] == 1 and "completionMode" not in m
 margs = m["template"]["spec"]["containers"][0]["args"][0]
-dst = args.split()[3]
-assert margs.strip() == f"moepack merge {dst}", (margs, dst)
+src, dst = args.split()[2:4]
+assert margs.strip() == f"moepack merge {dst} --source {src}", (margs, src, dst)
 print(f"PASS: Indexed Job of {n} tasks -> --shard I/{n}, then merge {dst}")
 PY

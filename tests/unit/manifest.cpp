@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/sha256.h"
 #include "model/checkpoint.h"
 #include "pipeline/execute.h"
 #include "pipeline/parts.h"
@@ -182,7 +183,15 @@ TEST_F(RealManifest, BuildToJsonParseToJsonIsTheFileByteForByte) {
     // build_manifest from the plan gives the same struct the conversion wrote.
     std::map<std::string, std::string> sha;
     for (const auto& [name, t] : read.tensors) sha[name] = t.sha256;
-    EXPECT_EQ(to_json(build_manifest(c->plan, *c->ckpt, sha)).dump(2) + "\n", text);
+    // The source fingerprint is the SHA-256 of each source tensor's bytes, computed here apart
+    // from convert's reader (which hashed them while reading the source).
+    std::map<std::string, std::string> source_sha;
+    for (const std::string& name : c->ckpt->tensor_names()) {
+      const TensorView v = c->ckpt->view(name);
+      source_sha[name] = sha256_hex(v.data, v.nbytes);
+    }
+    EXPECT_EQ(read.source.tensor_sha256, source_sha);
+    EXPECT_EQ(to_json(build_manifest(c->plan, *c->ckpt, sha, source_sha)).dump(2) + "\n", text);
 
     EXPECT_EQ(read.manifest_version, kManifestVersion);
     EXPECT_EQ(read.backend, c->plan.backend);
@@ -309,6 +318,13 @@ std::vector<Mutation> mutations(const json& good) {
        "source.format: unknown quantization method \"q4_k_m\""},
       {"source tensor_bytes", [](json& m) { m["source"]["tensor_bytes"] = -1; },
        "source.tensor_bytes: must be non-negative, got -1"},
+      {"source fingerprint missing", [](json& m) { m["source"].erase("tensor_sha256"); },
+       "source.tensor_sha256: missing"},
+      {"source fingerprint not hex",
+       [](json& m) { m["source"]["tensor_sha256"].begin().value() = "ABC"; },
+       "source.tensor_sha256[\"lm_head.weight\"]: expected a SHA-256"},
+      {"source fingerprint array", [](json& m) { m["source"]["tensor_sha256"] = json::array(); },
+       "source.tensor_sha256: expected an object"},
       {"source quantization_config", [](json& m) { m["source"].erase("quantization_config"); },
        "source.quantization_config: missing"},
       {"source method", [](json& m) { m["source"]["quant_params"]["method"] = "int3"; },
@@ -498,6 +514,7 @@ TEST_F(RealManifest, Version1ReadsWithoutServingAndRoles) {
     m["manifest_version"] = 1;
     m.erase("serving");
     m.erase("config");
+    m["source"].erase("tensor_sha256");
     m["source"]["name"] = "src";
     for (auto& l : m["layers"]) l.erase("param_roles");
     const Manifest got = parse_manifest(m, "v1/moepack.json");
@@ -516,6 +533,7 @@ TEST_F(RealManifest, Version2ReadsWithSourceNameWithoutConfig) {
   EXPECT_FALSE(m["source"].contains("name"));
   m["manifest_version"] = 2;
   m.erase("config");
+  m["source"].erase("tensor_sha256");
   m["source"]["name"] = "Qwen3-30B-A3B-GPTQ";
   const Manifest got = parse_manifest(m, "v2/moepack.json");
   EXPECT_EQ(got.source.name, "Qwen3-30B-A3B-GPTQ");
@@ -528,6 +546,19 @@ TEST_F(RealManifest, Version2ReadsWithSourceNameWithoutConfig) {
   } catch (const Error& e) {
     EXPECT_EQ(e.message(), "source.name: missing") << e.message();
   }
+}
+
+// A manifest written before version 4 (no source fingerprint) still reads and writes back as it
+// was; version 4 requires it.
+TEST_F(RealManifest, Version3ReadsWithoutSourceFingerprint) {
+  json m = gptq_json();
+  ASSERT_TRUE(m["source"]["tensor_sha256"].is_object());
+  EXPECT_FALSE(m["source"]["tensor_sha256"].empty());
+  m["manifest_version"] = 3;
+  m["source"].erase("tensor_sha256");
+  const Manifest got = parse_manifest(m, "v3/moepack.json");
+  EXPECT_TRUE(got.source.tensor_sha256.empty());
+  EXPECT_EQ(to_json(got).dump(2), m.dump(2));
 }
 
 TEST_F(RealManifest, EveryDefectIsBadConfigNamingTheField) {

@@ -40,6 +40,8 @@ VerifyReport sample_report() {
   r.tool_version = "0.1.0";
   r.source = "/models/src <a&b>";
   r.destination = "/models/dst \"quoted\" 'x'";
+  r.source_identity = "fingerprint <a&b>";
+  r.artifact_identity = "moepack.json \"quoted\" 'x'";
   r.backend = "marlin";
   r.model = "<script>alert(1)</script>";
   r.integrity.push_back({"sha256 model.safetensors", true, ""});
@@ -167,8 +169,10 @@ TEST(VerifyReport, HtmlIsSelfContainedAndEscaped) {
   // Escaped user strings; no script or markup injected.
   EXPECT_EQ(h.find("<script"), std::string::npos);
   EXPECT_NE(h.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
-  EXPECT_NE(h.find("/models/src &lt;a&amp;b&gt;"), std::string::npos);
-  EXPECT_NE(h.find("&quot;quoted&quot; &#39;x&#39;"), std::string::npos);
+  EXPECT_NE(h.find("fingerprint &lt;a&amp;b&gt;"), std::string::npos);
+  EXPECT_NE(h.find("moepack.json &quot;quoted&quot; &#39;x&#39;"), std::string::npos);
+  // The report is a file: it names the artifact and the source by content, never by path.
+  EXPECT_EQ(h.find("/models/"), std::string::npos);
   EXPECT_NE(h.find("missing key &lt;layout&gt;"), std::string::npos);
   EXPECT_NE(h.find("dense &amp; skipped"), std::string::npos);
   // No external resources.

@@ -225,7 +225,7 @@ def test_refuses_manifest_version_1(plugin, artifacts):
 
     edit_manifest(d, to_v1)
     with pytest.raises(Exception, match=r"moepack\.json: manifest_version 1: this moepack-vllm "
-                                        r"reads \[2, 3\]"):
+                                        r"reads \[2, 3, 4\]"):
         h.engine_config(str(d))
 
 

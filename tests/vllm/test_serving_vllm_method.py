@@ -96,7 +96,7 @@ def moepack_layers(model):
 def test_fp8_block_artifact_exports_path_a(artifacts):
     _, dst = artifacts.get(*FP8)
     m = json.loads((dst / "moepack.json").read_text())
-    assert m["manifest_version"] == 3 and m["backend"] == "trtllm-fp8-block"
+    assert m["manifest_version"] == 4 and m["backend"] == "trtllm-fp8-block"
     assert m["serving"] == {"path": "vllm-method", "vllm_method": "Fp8MoEMethod",
                             "vllm_backend": "Fp8MoeBackend.FLASHINFER_TRTLLM", "archs": ["sm100"]}
     for L in m["layers"]:

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 VLLM_TARGETS = ("0.33",)
 # moepack.json versions this plugin reads: 2 is the first that exports "serving" and
 # "param_roles" (a version 1 manifest has neither); 3 adds "config", the digests that bind
-# config.json (moepack verify checks them), and drops source.name -- nothing the plugin reads.
-MANIFEST_VERSIONS = (2, 3)
+# config.json (moepack verify checks them), and drops source.name -- nothing the plugin reads;
+# 4 adds source.tensor_sha256, the source's fingerprint (merge and verify --source check it).
+MANIFEST_VERSIONS = (2, 3, 4)
 
 SERVING_PATHS = ("none", "vllm-method", "kernel-builder")
 
