@@ -564,7 +564,8 @@ Plan plan_of_parts(const std::vector<PartRecord>& records, const ConvertOptions&
   return plan;
 }
 
-// The source fingerprint the parts recorded together (each source tensor read by one task), checked
+// The source fingerprint the parts recorded together (a source tensor read by several tasks -- the
+// ranks of one layer of a parallel output -- with one SHA-256), checked
 // against the source merge reads now: tasks that read different copies of SRC, or a source edited
 // in the middle of a tensor since, are refused naming the source file and the tensor.
 std::map<std::string, std::string> check_parts_read_this_source(
@@ -573,10 +574,13 @@ std::map<std::string, std::string> check_parts_read_this_source(
   std::map<std::string, const PartRecord*> reader;
   for (const PartRecord& r : records)
     for (const auto& [name, sha] : r.source_tensors) {
-      if (reader.count(name))
-        throw Error(ErrorCode::kBadConfig, r.file, name,
+      // Parts of a parallel output may share a layer (one rank each): they read its tensors alike.
+      auto seen = all.find(name);
+      if (seen != all.end() && seen->second != sha)
+        throw Error(ErrorCode::kBadValue, r.file, name,
                     "source_tensors: also read by " + reader[name]->file +
-                        ": each source tensor belongs to one part");
+                        " with another SHA-256: the tasks read different copies of the source");
+      if (seen != all.end()) continue;
       reader[name] = &r;
       all[name] = sha;
     }

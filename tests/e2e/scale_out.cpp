@@ -418,12 +418,12 @@ TEST_F(ScaleOutCli, PartJsonNotARegularFileOrMistyped) {
   }
   for (int64_t i = 0; i < 3; ++i)
     std::ofstream(part_json(i)) << good[static_cast<size_t>(i)].dump();
-  // A source tensor claimed by two parts.
+  // A source tensor two parts say they read with different bytes.
   json twice = good[1];
   const std::string claimed = good[0]["source_tensors"].begin().key();
-  twice["source_tensors"][claimed] = good[0]["source_tensors"][claimed];
+  twice["source_tensors"][claimed] = std::string(64, 'b');
   std::ofstream(part_json(1)) << twice.dump();
-  expect_merge_fails({claimed, "also read by", "each source tensor belongs to one part"});
+  expect_merge_fails({claimed, "also read by", "another SHA-256", "different copies"});
   std::ofstream(part_json(1)) << good[1].dump();
   ASSERT_EQ(moepack_cli("merge " + dst_ + " --source " + src_), 0);
   expect_same_tree(dst_, ref_);
