@@ -275,11 +275,11 @@ TEST(MessagesFlags, MergeProgressAndSummary) {
   }
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --shard 1/2 --json", &out, &err), 0);
   expect_run_json(json::parse(out)["run"], false, false, "skipped");
-  expect_progress("merge " + dst, " --force", "merge", "tensors");
-  ASSERT_EQ(moepack_cli("merge " + dst + " --force", &out, &err), 0);
+  expect_progress("merge " + dst + " --source " + src, " --force", "merge", "tensors");
+  ASSERT_EQ(moepack_cli("merge " + dst + " --source " + src + " --force", &out, &err), 0);
   EXPECT_EQ(err.find("moepack: merge:"), std::string::npos) << "a short run stays quiet: " << err;
   expect_summary(out, " in 2 part(s) -> ", "merged");
-  ASSERT_EQ(moepack_cli("merge " + dst + " --force --json", &out, &err), 0);
+  ASSERT_EQ(moepack_cli("merge " + dst + " --source " + src + " --force --json", &out, &err), 0);
   expect_run_json(json::parse(out)["run"], true, true,
                   "merged, every tensor equal to its part's SHA-256");
 }

@@ -157,6 +157,7 @@ TEST(Parallel, RanksVerifyChunkFreeAndMergeLikeConvert) {
       execute_part(make_plan(*ckpt, options_for(c, src, dst)), *ckpt, {i, 3});
     MergeOptions m;
     m.dst = dst;
+    m.source = src;
     m.remove_parts = true;
     merge_parts(m);
     expect_same_tree(dst, ref);
