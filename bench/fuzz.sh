@@ -9,10 +9,14 @@
 # BIN_DIR holds the fuzz_* binaries; RUNS is -runs=N per target (10000000 for the issue's 10 M);
 # JOBS targets run at once (default: nproc); MAX_SECONDS bounds each (-max_total_time; default
 # none). Under OUT: one log per target, its grown corpus, any finding (crash-*, leak-*,
-# timeout-*, oom-*), and summary.tsv / summary.md: executions, seconds, exec/s, coverage (cov and
+# timeout-*, oom-*; copied under OUT/regressions/ in tests/fuzz/regressions' layout), and
+# summary.tsv / summary.md: executions, seconds, exec/s, coverage (cov and
 # ft from libFuzzer's final stats), corpus size and findings per target. Exit 1 on any finding.
 # Where the repository is not next to BIN_DIR (the device's .fuzz/ carry), FUZZ_DATA names the
-# folder holding corpus/ and dict/ (default: tests/fuzz beside this script).
+# folder holding corpus/ and dict/ (default: tests/fuzz beside this script). FORKS="NAME=K ..."
+# runs target NAME (as the summary names it: moe_discovery, unpack_gptq, ...) in libFuzzer's fork
+# mode on K processes (-fork=K; -runs then bounds their sum), so that a slow target gets more
+# cores; JOBS counts targets, not processes, so size JOBS + the extra forks to the cores.
 set -uo pipefail
 bin=$(realpath "${1:?usage: fuzz.sh BIN_DIR RUNS OUT [JOBS] [MAX_SECONDS]}")
 runs=${2:?RUNS}
@@ -24,8 +28,9 @@ data=${FUZZ_DATA:-$here/../tests/fuzz}
 mkdir -p "$out"
 out=$(realpath "$out")
 
-# Source codec rows for fuzz_unpack (formats/registry.cpp source_codecs()).
-codecs="gptq awq ct-pack-quantized ct-int-quantized ct-mxfp8 modelopt-mxfp8 fp8-block ct-fp8-block"
+# Source codec rows for fuzz_unpack, as the binary's registry lists them (formats/registry.cpp
+# source_codecs()), so that a new row is fuzzed without editing this script.
+codecs=$(MOEPACK_FUZZ_CODEC=list "$bin/fuzz_unpack") || { echo "fuzz_unpack: no codec list" >&2; exit 2; }
 targets=()
 for t in safetensors index hf_config quant_config manifest part_json moe_discovery; do
   targets+=("$t")
@@ -43,6 +48,9 @@ run_one() {  # target[:codec]
   [ -f "$data/dict/$t.dict" ] && dict=("-dict=$data/dict/$t.dict")
   local limit=()
   [ "$max" != 0 ] && limit=("-max_total_time=$max")
+  local forks
+  forks=$(tr ' ' '\n' <<<"${FORKS:-}" | awk -F= -v n="$name" '$1 == n { print $2 }')
+  [ -n "$forks" ] && [ "$forks" -gt 1 ] && limit+=("-fork=$forks")
   local t0 t1
   t0=$(date +%s.%N)
   MOEPACK_FUZZ_CODEC=$codec "$bin/fuzz_$t" "$dir/corpus" "${dict[@]}" "-runs=$runs" "${limit[@]}" \
@@ -53,9 +61,21 @@ run_one() {  # target[:codec]
   echo "$rc $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" >"$dir/status"
 }
 export -f run_one
-export out data runs max bin
+export out data runs max bin FORKS
 
 printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'run_one {}'
+
+# Findings in the layout of tests/fuzz/regressions (each a reproducer the replay tests run through
+# the same entry point; a pinned codec's under MOEPACK_FUZZ_CODEC=<row>/): copy OUT/regressions/*
+# into tests/fuzz/regressions/ and the finding is a failing test until it is fixed.
+for spec in "${targets[@]}"; do
+  t=${spec%%:*}
+  codec=""
+  [[ $spec == *:* ]] && codec=${spec#*:}
+  src=$out/$t${codec:+_$codec}/findings
+  dst=$out/regressions/$t${codec:+/MOEPACK_FUZZ_CODEC=$codec}
+  if [ -n "$(ls -A "$src" 2>/dev/null)" ]; then mkdir -p "$dst" && cp "$src"/* "$dst/"; fi
+done
 
 # Summary: executions (stat::number_of_executed_units), time, exec/s, cov and ft of libFuzzer's
 # last status line, corpus entries, findings.
@@ -69,8 +89,10 @@ status=0
     name=$t${codec:+_$codec}
     dir=$out/$name
     read -r rc secs <"$dir/status"
+    # Fork mode prints no final stats: its last status line (#N: ...) counts every process' runs.
     execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$dir/log.txt" | tail -1 | awk '{print $2}')
     last=$(grep -E '^#[0-9]+' "$dir/log.txt" | tail -1)
+    [ -n "$execs" ] || execs=$(echo "$last" | grep -oE '^#[0-9]+' | tr -d '#')
     cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}')
     ft=$(echo "$last" | grep -o 'ft: [0-9]*' | awk '{print $2}')
     corpus=$(find "$dir/corpus" -type f | wc -l)

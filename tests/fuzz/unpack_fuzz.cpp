@@ -60,8 +60,17 @@ void mutate(moepack::TensorMap& tm, uint8_t how) {
 
 }  // namespace
 
+// MOEPACK_FUZZ_CODEC=<row> pins a row (unset: the input's first byte picks one); =list prints the
+// rows, one a line, and exits (bench/fuzz.sh runs one target per row). Called again by the replay
+// driver (replay_main.cpp) when a reproducer's folder sets the variable.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* name = std::getenv("MOEPACK_FUZZ_CODEC")) {
+  g_pinned = nullptr;
+  const char* name = std::getenv("MOEPACK_FUZZ_CODEC");
+  if (name && std::strcmp(name, "list") == 0) {
+    for (const auto& row : moepack::source_codecs()) std::printf("%s\n", row.name);
+    std::exit(0);
+  }
+  if (name && *name) {
     for (const auto& row : moepack::source_codecs())
       if (std::strcmp(row.name, name) == 0) g_pinned = &row;
     if (!g_pinned) {
