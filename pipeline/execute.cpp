@@ -294,53 +294,99 @@ struct ConvertedChunk {
   bool ends_layer = false;
 };
 
-// The SHA-256 of each source tensor a conversion reads, fed range by range in the order the
-// reader reads them (a fused tensor's experts arrive chunk after chunk). A range that starts
-// before what was fed already (a tensor named twice) feeds only its new bytes; one that starts
-// after it feeds the gap first, so every digest covers its tensor's bytes exactly once, in order.
+// The SHA-256 of each source tensor a conversion reads, hashed in the order the reader reads
+// them (a fused tensor's experts arrive chunk after chunk). The reader queues a chunk's ranges and
+// hashes them on several threads: SHA-256 is sequential within a tensor but not across tensors,
+// so each queued tensor's range is hashed whole by one thread and the tensors are split between
+// threads by bytes. A range that ends before what was queued already (a tensor named twice) adds
+// nothing; one that starts after it queues the gap first, so every digest covers its tensor's
+// bytes exactly once, in order, whatever the thread count.
 class SourceHasher {
  public:
-  void feed(const TensorView& v, uint64_t begin, uint64_t end) {
-    State& st = states_[v.name];
-    begin = st.next;  // bytes fed already are skipped, a gap is fed first: all in order, once
-    if (end <= begin) return;
-    // The advice for the range, then one read of every byte (the hash): what the pages of the
-    // prefetch used to be brought in by, now with the bytes used.
-    advise_willneed(v.data + begin, end - begin);
-    st.sha.update(v.data + begin, end - begin);
-    st.next = end;
+  explicit SourceHasher(int threads) : threads_(std::max(1, threads)) {}
+
+  // Queues v's bytes up to `end` that are not queued yet.
+  void add(const TensorView& v, uint64_t end) {
+    State& st = states_[v.name];  // the reader thread alone inserts, between hash_queued() calls
+    if (end <= st.queued) return;
+    const auto [at, fresh] = batch_index_.emplace(&st, batch_.size());
+    if (fresh)
+      batch_.push_back({&st, v.data, st.queued, end});
+    else
+      batch_[at->second].end = end;  // contiguous with the tensor's queued range
+    st.queued = end;
   }
-  // Feeds the rest of each named tensor and returns name -> SHA-256 (hex) of all of them.
+
+  // Hashes everything queued, on up to `threads` threads; each range is read once (the advice for
+  // its pages, then every byte into its tensor's SHA-256), which also brings the pages in for the
+  // converting thread.
+  void hash_queued() {
+    std::vector<uint64_t> first(batch_.size());  // offset of each range in the batch's bytes
+    uint64_t total = 0;
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      first[i] = total;
+      total += batch_[i].end - batch_[i].begin;
+    }
+    const int64_t workers =
+        std::min<int64_t>(threads_, static_cast<int64_t>(std::max<size_t>(1, batch_.size())));
+    parallel_for(workers, static_cast<int>(workers), [&](int64_t b, int64_t e) {
+      for (int64_t w = b; w < e; ++w) {
+        // Worker w hashes the ranges that start in its share of the batch's bytes.
+        const uint64_t lo = total * static_cast<uint64_t>(w) / static_cast<uint64_t>(workers);
+        const uint64_t hi = total * static_cast<uint64_t>(w + 1) / static_cast<uint64_t>(workers);
+        for (size_t i = 0; i < batch_.size(); ++i)
+          if (first[i] >= lo && first[i] < hi) hash(batch_[i]);
+      }
+    });
+    batch_.clear();
+    batch_index_.clear();
+  }
+
+  // Hashes the rest of each named tensor and returns name -> SHA-256 (hex) of all of them.
   std::map<std::string, std::string> finish(const Checkpoint& ckpt,
                                             const std::set<std::string>& names) {
-    std::map<std::string, std::string> out;
     for (const std::string& name : names) {
       const TensorView v = ckpt.view(name);
-      feed(v, 0, v.nbytes);
-      out[name] = states_[name].sha.hex_digest();
+      add(v, v.nbytes);
     }
+    hash_queued();
+    std::map<std::string, std::string> out;
+    for (const std::string& name : names) out[name] = states_[name].sha.hex_digest();
     return out;
   }
 
  private:
   struct State {
     Sha256 sha;
-    uint64_t next = 0;  // bytes fed so far
+    uint64_t queued = 0;  // bytes queued (and, after hash_queued, hashed) so far
   };
+  struct Range {
+    State* state;
+    const uint8_t* data;  // the tensor's first byte
+    uint64_t begin, end;
+  };
+  static void hash(const Range& r) {
+    advise_willneed(r.data + r.begin, r.end - r.begin);
+    r.state->sha.update(r.data + r.begin, r.end - r.begin);
+  }
+
+  int threads_;
   std::map<std::string, State> states_;
+  std::vector<Range> batch_;
+  std::map<const State*, size_t> batch_index_;
 };
 
-// The mapped source bytes a chunk's conversion reads, read once into the hasher (which brings
-// their pages in ahead of the converting thread): its experts' tensors (per-expert families), or
-// the experts' share of each fused tensor (experts are the leading dimension).
-void read_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1,
-                SourceHasher& hasher) {
+// Queues the mapped source bytes a chunk's conversion reads into the hasher: its experts'
+// tensors (per-expert families), or the experts' share of each fused tensor (experts are the
+// leading dimension).
+void queue_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e1,
+                 SourceHasher& hasher) {
   if (!L.experts.empty()) {
     for (int64_t e = e0; e < e1 && e < static_cast<int64_t>(L.experts.size()); ++e)
       for (const auto& proj : L.experts[static_cast<size_t>(e)])
         for (const auto& [suffix, name] : proj) {
           const TensorView v = ckpt.view(name);
-          hasher.feed(v, 0, v.nbytes);
+          hasher.add(v, v.nbytes);
         }
     return;
   }
@@ -348,8 +394,7 @@ void read_chunk(const Checkpoint& ckpt, const MoeLayer& L, int64_t e0, int64_t e
   for (const auto* fused : {&L.fused_gate_up, &L.fused_down})
     for (const auto& [suffix, name] : *fused) {
       const TensorView v = ckpt.view(name);
-      hasher.feed(v, v.nbytes * static_cast<uint64_t>(e0) / E,
-                  v.nbytes * static_cast<uint64_t>(e1) / E);
+      hasher.add(v, v.nbytes * static_cast<uint64_t>(e1) / E);
     }
 }
 
@@ -474,7 +519,7 @@ class ChunkPipeline {
   // converting thread finds their pages in memory and convert reads the source once for both.
   void read_ahead() {
     try {
-      SourceHasher hasher;
+      SourceHasher hasher(plan_.threads);
       std::set<std::string> names;
       for (size_t n = 0; n < work_.chunks.size(); ++n) {
         {
@@ -484,7 +529,8 @@ class ChunkPipeline {
         }
         const ChunkRef& c = work_.chunks[n];
         const MoeLayer& L = ckpt_.moe_layers()[static_cast<size_t>(c.pl->index)];
-        read_chunk(ckpt_, L, c.e0, c.e1, hasher);
+        queue_chunk(ckpt_, L, c.e0, c.e1, hasher);
+        hasher.hash_queued();
         if (c.ends_layer) names.insert(L.source_tensors.begin(), L.source_tensors.end());
       }
       source_sha_ = hasher.finish(ckpt_, names);
