@@ -1295,6 +1295,17 @@ void check_source_bytes(const Manifest& manifest, const std::string& mpath, cons
                       sha256_hex(all.data(), all.size()) + ")";
 }
 
+// --source, opened and checked against the manifest: every tensor and file covered, and its
+// bytes the ones convert read. Null without --source.
+std::unique_ptr<Checkpoint> open_source(const VerifyOptions& opts, const Manifest& manifest,
+                                        const std::string& mpath, VerifyReport& r) {
+  if (opts.source.empty()) return nullptr;
+  std::unique_ptr<Checkpoint> src = Checkpoint::open(opts.source);
+  check_manifest_covers_source(manifest, mpath, *src);
+  check_source_bytes(manifest, mpath, *src, resolve_threads(opts.threads), r);
+  return src;
+}
+
 // "olmoe: softmax top-4 renormalised", for the report.
 std::string describe_router(const ref::RouterConfig& c) {
   std::string s = c.family + ": ";
@@ -1336,12 +1347,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   r.backend = manifest.backend;
   const TargetLayout& layout = manifest_layout(manifest, mpath);
   check_layout_records(manifest, layout, mpath);
-  std::unique_ptr<Checkpoint> src;
-  if (!opts.source.empty()) {
-    src = Checkpoint::open(opts.source);
-    check_manifest_covers_source(manifest, mpath, *src);
-    check_source_bytes(manifest, mpath, *src, resolve_threads(opts.threads), r);
-  }
+  const std::unique_ptr<Checkpoint> src = open_source(opts, manifest, mpath, r);
   r.artifact_identity = "moepack.json SHA-256 " + manifest_file_sha256(opts.dst);
   r.integrity.push_back(check_config_bound(manifest, opts.dst, src.get()));
   if (!r.integrity.back().passed) {

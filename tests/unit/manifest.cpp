@@ -274,6 +274,53 @@ std::vector<Mutation> serving_and_role_mutations() {
   };
 }
 
+// Defects of the provenance: the source (its fingerprint included), the target's parameters, the
+// quantize recipe, the notes, the config.json digests.
+std::vector<Mutation> provenance_mutations() {
+  return {
+      {"source format", [](json& m) { m["source"]["format"] = "q4_k_m"; },
+       "source.format: unknown quantization method \"q4_k_m\""},
+      {"source tensor_bytes", [](json& m) { m["source"]["tensor_bytes"] = -1; },
+       "source.tensor_bytes: must be non-negative, got -1"},
+      {"source fingerprint missing", [](json& m) { m["source"].erase("tensor_sha256"); },
+       "source.tensor_sha256: missing"},
+      {"source fingerprint not hex",
+       [](json& m) { m["source"]["tensor_sha256"].begin().value() = "ABC"; },
+       "source.tensor_sha256[\"lm_head.weight\"]: expected a SHA-256"},
+      {"source fingerprint array", [](json& m) { m["source"]["tensor_sha256"] = json::array(); },
+       "source.tensor_sha256: expected an object"},
+      {"source quantization_config", [](json& m) { m["source"].erase("quantization_config"); },
+       "source.quantization_config: missing"},
+      {"source method", [](json& m) { m["source"]["quant_params"]["method"] = "int3"; },
+       "source.quant_params.method: unknown quantization method \"int3\""},
+      {"target method", [](json& m) { m["target_quant_params"]["method"] = 4; },
+       "target_quant_params.method: expected a string, got 4"},
+      {"target bits", [](json& m) { m["target_quant_params"]["bits"] = 4.5; },
+       "target_quant_params.bits: expected an integer, got 4.5"},
+      {"quantize recipe",
+       [](json& m) {
+         m["quantize"] = {{"format", "mxfp8"}, {"recipe", "x"}};
+       },
+       "quantize.recipe: expected one of mxfp8/flashinfer, mxfp8/modelopt"},
+      {"quantize format",
+       [](json& m) {
+         m["quantize"] = {{"format", "nf4"}, {"recipe", "x"}};
+       },
+       "quantize.format: expected one of mxfp8/flashinfer, mxfp8/modelopt"},
+      {"deviations", [](json& m) { m["deviations_from_vllm"] = {1}; },
+       "deviations_from_vllm[0]: expected a string"},
+      {"files", [](json& m) { m["files"] = "tokenizer.json"; }, "files: expected an array"},
+      {"no config", [](json& m) { m.erase("config"); }, "config: missing"},
+      {"config array", [](json& m) { m["config"] = json::array(); }, "config: expected an object"},
+      {"config digest short", [](json& m) { m["config"]["model_type"] = "abc"; },
+       "config[\"model_type\"]: expected a SHA-256 (64 lowercase hex digits) or an object of them"},
+      {"config member digest", [](json& m) { m["config"]["quantization_config"]["backend"] = 1; },
+       "config[\"quantization_config\"][\"backend\"]: expected a SHA-256"},
+      {"config without quantization_config",
+       [](json& m) { m["config"].erase("quantization_config"); }, "config: no quantization_config"},
+  };
+}
+
 std::vector<Mutation> mutations(const json& good) {
   const std::string t = "tensors[\"" + kW13 + "\"]";
   const std::string first_param = good["layers"][0]["params"][0];
@@ -314,38 +361,6 @@ std::vector<Mutation> mutations(const json& good) {
        "layers[0].inter_padded: must be >= 128, got 64"},
       {"layout version", [](json& m) { m["layout"]["version"] = -1; },
        "layout.version: must be between 0 and"},
-      {"source format", [](json& m) { m["source"]["format"] = "q4_k_m"; },
-       "source.format: unknown quantization method \"q4_k_m\""},
-      {"source tensor_bytes", [](json& m) { m["source"]["tensor_bytes"] = -1; },
-       "source.tensor_bytes: must be non-negative, got -1"},
-      {"source fingerprint missing", [](json& m) { m["source"].erase("tensor_sha256"); },
-       "source.tensor_sha256: missing"},
-      {"source fingerprint not hex",
-       [](json& m) { m["source"]["tensor_sha256"].begin().value() = "ABC"; },
-       "source.tensor_sha256[\"lm_head.weight\"]: expected a SHA-256"},
-      {"source fingerprint array", [](json& m) { m["source"]["tensor_sha256"] = json::array(); },
-       "source.tensor_sha256: expected an object"},
-      {"source quantization_config", [](json& m) { m["source"].erase("quantization_config"); },
-       "source.quantization_config: missing"},
-      {"source method", [](json& m) { m["source"]["quant_params"]["method"] = "int3"; },
-       "source.quant_params.method: unknown quantization method \"int3\""},
-      {"target method", [](json& m) { m["target_quant_params"]["method"] = 4; },
-       "target_quant_params.method: expected a string, got 4"},
-      {"target bits", [](json& m) { m["target_quant_params"]["bits"] = 4.5; },
-       "target_quant_params.bits: expected an integer, got 4.5"},
-      {"quantize recipe",
-       [](json& m) {
-         m["quantize"] = {{"format", "mxfp8"}, {"recipe", "x"}};
-       },
-       "quantize.recipe: expected one of mxfp8/flashinfer, mxfp8/modelopt"},
-      {"quantize format",
-       [](json& m) {
-         m["quantize"] = {{"format", "nf4"}, {"recipe", "x"}};
-       },
-       "quantize.format: expected one of mxfp8/flashinfer, mxfp8/modelopt"},
-      {"deviations", [](json& m) { m["deviations_from_vllm"] = {1}; },
-       "deviations_from_vllm[0]: expected a string"},
-      {"files", [](json& m) { m["files"] = "tokenizer.json"; }, "files: expected an array"},
       {"empty layers", [](json& m) { m["layers"] = json::array(); }, "layers: empty"},
       {"layers object", [](json& m) { m["layers"] = json::object(); },
        "layers: expected an array, got an object"},
@@ -420,14 +435,6 @@ std::vector<Mutation> mutations(const json& good) {
       {"sources", [](json& m) { m["tensors"][kW13]["sources"] = {nullptr}; },
        t + ".sources[0]: expected a string, got null"},
       {"codec missing", [](json& m) { m["tensors"][kW13].erase("codec"); }, t + ".codec: missing"},
-      {"no config", [](json& m) { m.erase("config"); }, "config: missing"},
-      {"config array", [](json& m) { m["config"] = json::array(); }, "config: expected an object"},
-      {"config digest short", [](json& m) { m["config"]["model_type"] = "abc"; },
-       "config[\"model_type\"]: expected a SHA-256 (64 lowercase hex digits) or an object of them"},
-      {"config member digest", [](json& m) { m["config"]["quantization_config"]["backend"] = 1; },
-       "config[\"quantization_config\"][\"backend\"]: expected a SHA-256"},
-      {"config without quantization_config",
-       [](json& m) { m["config"].erase("quantization_config"); }, "config: no quantization_config"},
       {"non-ASCII value, long",
        [](json& m) { m["layers"][0]["experts"] = std::string(200, 'x') + "\xc3\xa9"; },
        "layers[0].experts: expected an integer, got \"xxxxxxxx"},
@@ -571,6 +578,7 @@ TEST_F(RealManifest, EveryDefectIsBadConfigNamingTheField) {
   test::TempDir dir;
   std::vector<Mutation> all = mutations(good);
   for (Mutation& mu : serving_and_role_mutations()) all.push_back(std::move(mu));
+  for (Mutation& mu : provenance_mutations()) all.push_back(std::move(mu));
   for (const Mutation& mu : all) {
     SCOPED_TRACE(mu.what);
     json m = good;
