@@ -446,10 +446,10 @@ def gptqmodel_shape(family):
 
 
 # Rows run only when named: their output is not committed (docs/producers.md says what each
-# gave). ct-nvfp4-qwen3, ct-w4a16-g32-llama4_text and gptqmodel-v2-sym-mixtral: the producer fails
-# on them here. GPTQModel 7.7.0 (transformers 5.23, defuser 0.0.28) stops on ernie4_5_moe,
-# glm4_moe_lite, mistral4, llama4 and llama4_text.
-NOT_COMMITTED = {"ct-nvfp4-qwen3", "ct-w4a16-g32-llama4_text", "gptqmodel-v2-sym-mixtral"}
+# gave). ct-nvfp4-qwen3 and ct-w4a16-g32-llama4_text: llm-compressor fails on them here.
+# GPTQModel 7.7.0 (transformers 5.23, defuser 0.0.28) stops on ernie4_5_moe, glm4_moe_lite,
+# mistral4, llama4 and llama4_text.
+NOT_COMMITTED = {"ct-nvfp4-qwen3", "ct-w4a16-g32-llama4_text"}
 NOT_COMMITTED |= {"gptqmodel-v1-sym-" + f for f in
                   ("ernie4_5_moe", "glm4_moe_lite", "mistral4", "llama4", "llama4_text")}
 
