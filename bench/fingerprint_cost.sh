@@ -10,7 +10,9 @@
 # Sources (made once in WORKDIR by the first build's synth; kept): qwen3, 9 layers x 32 experts,
 # H 1024, vocab 16000: GPTQ int4 g128 (I 768, ~429 MB) -> marlin sm90 and ModelOpt MXFP8 (I 384,
 # ~419 MB) -> trtllm-mxfp8 sm100, the cheapest (direct) paths, where a fixed cost per source byte
-# weighs most. THREADS (default 2) is convert's --threads.
+# weighs most, and the same GPTQ through the canonical form (--no-fast-path, "gptq-canonical").
+# PATHS (default "gptq mxfp8 gptq-canonical") picks among them; THREADS (default 2) is convert's
+# --threads.
 set -euo pipefail
 work=${1:?usage: fingerprint_cost.sh WORKDIR RUNS LABEL=MOEPACK...}
 runs=${2:?RUNS}
@@ -22,18 +24,20 @@ mkdir -p "$work"
 shape=(--family qwen3 --layers 9 --experts 32 --hidden 1024 --vocab 16000 --seed 1)
 [ -d "$work/src-gptq" ] || "$first" synth "$work/src-gptq" --format gptq --inter 768 "${shape[@]}" >/dev/null 2>&1
 [ -d "$work/src-mxfp8" ] || "$first" synth "$work/src-mxfp8" --format modelopt-mxfp8 --inter 384 "${shape[@]}" >/dev/null 2>&1
+paths=${PATHS:-gptq mxfp8 gptq-canonical}
 flags_gptq=(--backend marlin --target-arch sm90)
 flags_mxfp8=(--backend trtllm-mxfp8 --target-arch sm100)
+flags_gptq_canonical=(--backend marlin --target-arch sm90 --no-fast-path)
 cat "$work"/src-*/*.safetensors >/dev/null  # warm page cache
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)" >&2
 : >"$work/runs.tsv"
 for r in $(seq 1 "$runs"); do
-  for path in gptq mxfp8; do
+  for path in $paths; do
     for b in "${builds[@]}"; do
       label=${b%%=*} bin=${b#*=}
       dst=$work/dst-$path-$label
-      flags_var="flags_$path[@]"
-      /usr/bin/time -f "%e %U %S" -o "$work/time.txt" "$bin" convert "$work/src-$path" "$dst" \
+      flags_var="flags_${path//-/_}[@]"
+      /usr/bin/time -f "%e %U %S" -o "$work/time.txt" "$bin" convert "$work/src-${path%-canonical}" "$dst" \
         "${!flags_var}" --threads "$threads" --force >/dev/null 2>&1
       read -r wall user sys <"$work/time.txt"
       printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$path" "$label" "$r" "$wall" "$user" "$sys" >>"$work/runs.tsv"
@@ -42,7 +46,7 @@ for r in $(seq 1 "$runs"); do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-for path in gptq mxfp8; do
+for path in $paths; do
   for b in "${builds[@]:1}"; do
     cmp -s "$work/sums-$path-${builds[0]%%=*}.txt" "$work/sums-$path-${b%%=*}.txt" ||
       { echo "tensor files differ: $path ${builds[0]%%=*} vs ${b%%=*}" >&2; exit 1; }
