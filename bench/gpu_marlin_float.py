@@ -10,7 +10,12 @@ rounding (< 2e-2), at two batch sizes (moe block 8: the kernel's small-batch thr
 produce must fail (> 0.2): gate/up halves swapped; the scales as the checkpoint orders them
 (Marlin's permutation and, for E8M0 / NVFP4 scales, the pair swap undone); FP8's fused exponent
 bias dropped; MX's pair swap dropped; FP8 block's K groups reversed; NVFP4's global scale
-dropped.
+dropped. gpt-oss (marlin-mxfp4 from gpt-oss' MXFP4, the tiny published-format checkpoint of
+tests/gpt_oss): the hidden states padded to the layer's Hp, w13's rows interleaved (gate
+c1[:, 0::2], up c1[:, 1::2]), vLLM's swigluoai (gate clamped above at 7, up to [-7, 7],
+(up + 1) * gate * sigmoid(1.702 gate)) and both biases through the kernel's b_bias, against the
+fp32 gpt-oss MoE with the biases; corruptions: biases dropped, gate/up swapped (moepack's output
+of the source with every gate/up row pair exchanged, out_gate_up_swapped/).
 
   python3 gpu_marlin_float.py --so MOE_C_SO ARTIFACT_ROOT [--json OUT.json]
 
@@ -36,6 +41,10 @@ from gpu_marlin_kernel import align, read_safetensors  # noqa: E402
 # vllm.scalar_type ids in vLLM 0.33.0 (scalar_types.<name>.id): the kernel's b_type_id.
 FLOAT8_E4M3FN, FLOAT4_E2M1F = 2814749767172868, 562949953487106
 RIGHT_TOL, WRONG_MIN = 2e-2, 0.2
+# The tiny gpt-oss' biases are small beside its expert outputs: dropping them moves the MoE by
+# 0.13-0.14 in a CPU dry run (a stand-in op decoding the layout, tests/vllm/layouts.py), where
+# the right layout lands at 2e-3; 0.05 is 2.5x RIGHT_TOL.
+WRONG_MIN_OF = {"biases_dropped": 0.05}
 # ---- the source, decoded from its definition (fp32 [N, K]) ------------------------------------
 
 def e4m3(u8: torch.Tensor) -> torch.Tensor:
@@ -53,6 +62,28 @@ def e2m1(packed: torch.Tensor) -> torch.Tensor:
     """[N, K/2] bytes, the even k in the low nibble -> fp32 [N, K]."""
     codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(packed.shape[0], -1)
     return _E2M1[codes.long()]
+
+
+def gpt_oss_experts(src: dict, pre: str, E: int) -> list:
+    """gpt-oss' fused MXFP4 experts -> per expert (gate, up, down, gate bias, up bias, down bias)."""
+    def dense(proj, e):
+        blocks = src[pre + proj + "_blocks"][e]
+        n = blocks.shape[0]
+        s = e8m0(src[pre + proj + "_scales"][e])
+        return e2m1(blocks.reshape(n, -1)) * s.repeat_interleave(32, 1)
+    out = []
+    for e in range(E):
+        gu, b = dense("gate_up_proj", e), src[pre + "gate_up_proj_bias"][e].float()
+        out.append([gu[0::2], gu[1::2], dense("down_proj", e), b[0::2], b[1::2],
+                    src[pre + "down_proj_bias"][e].float()])
+    return out
+
+
+def gpt_oss_act(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """vLLM's swigluoai (alpha 1.702, limit 7.0) on fp32 gate and up."""
+    g = g.clamp(max=7.0)
+    u = u.clamp(min=-7.0, max=7.0)
+    return (u + 1) * g * torch.sigmoid(1.702 * g)
 
 
 def source_linear(src: dict, prefix: str, fmt: str) -> torch.Tensor:
@@ -115,20 +146,28 @@ def swap_halves(t: torch.Tensor) -> torch.Tensor:
 def kernel_moe(x, p: dict, topk_ids, topk_w, block: int, H: int, ip: int):
     op = torch.ops._moe_C.moe_wna16_marlin_gemm
     M, topk, E = x.shape[0], topk_ids.shape[1], p["w13"].shape[0]
+    gpt_oss = p.get("gpt_oss", False)
+    # gpt-oss: the layer pads the hidden states to the parameters' Hp and cuts the output back.
+    hp = p["w13"].shape[1] * 16 if gpt_oss else H
+    if hp != H:
+        x = F.pad(x, (0, hp - H))
     sorted_ids, expert_ids, ntok = align(topk_ids, block, E)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros(sms * 4, dtype=torch.int32, device="cuda")
     c1 = torch.empty(M * topk, 2 * ip, dtype=x.dtype, device="cuda")
-    c1 = op(x, c1, p["w13"], None, p["s13"], None, p.get("g13"), None, ws, sorted_ids,
-            expert_ids, ntok, topk_w, block, topk, False, p["type"], M, 2 * ip, H, False, True,
+    c1 = op(x, c1, p["w13"], p.get("b13"), p["s13"], None, p.get("g13"), None, ws, sorted_ids,
+            expert_ids, ntok, topk_w, block, topk, False, p["type"], M, 2 * ip, hp, False, True,
             False, -1, -1, -1)
-    act = (F.silu(c1[:, :ip].float()) * c1[:, ip:].float()).to(x.dtype)
+    if gpt_oss:
+        act = gpt_oss_act(c1[:, 0::2].float(), c1[:, 1::2].float()).to(x.dtype)
+    else:
+        act = (F.silu(c1[:, :ip].float()) * c1[:, ip:].float()).to(x.dtype)
     ws.zero_()
-    c2 = torch.empty(M * topk, H, dtype=x.dtype, device="cuda")
-    c2 = op(act, c2, p["w2"], None, p["s2"], None, p.get("g2"), None, ws, sorted_ids, expert_ids,
-            ntok, topk_w, block, 1, True, p["type"], M * topk, H, ip, False, True, False, -1, -1,
-            -1)
-    return c2.view(M, topk, H).float().sum(1)
+    c2 = torch.empty(M * topk, hp, dtype=x.dtype, device="cuda")
+    c2 = op(act, c2, p["w2"], p.get("b2"), p["s2"], None, p.get("g2"), None, ws, sorted_ids,
+            expert_ids, ntok, topk_w, block, 1, True, p["type"], M * topk, hp, ip, False, True,
+            False, -1, -1, -1)
+    return c2.view(M, topk, hp)[..., :H].float().sum(1)
 
 
 def layout_params(out: dict, P: str, layout: str, act: torch.dtype) -> dict:
@@ -155,12 +194,19 @@ def layout_params(out: dict, P: str, layout: str, act: torch.dtype) -> dict:
         if nv:  # the processed decode global per expert, as vLLM's Marlin NVFP4 path holds it
             p["g13"] = out[P + "w13_weight_scale_2"].float().cuda()
             p["g2"] = out[P + "w2_weight_scale_2"].float().cuda()
+        if P + "w13_bias" in out:  # gpt-oss: the permuted biases, bf16, as the kernel's b_bias
+            p.update(gpt_oss=True, b13=out[P + "w13_bias"].cuda(), b2=out[P + "w2_bias"].cuda())
         return p
     raise ValueError(f"no kernel operands for {layout}")
 
 
-def corruptions(p: dict, act: torch.dtype) -> dict:
-    """name -> corrupted operands. Scale tensors are bit-manipulated as raw bytes."""
+def corruptions(p: dict, act: torch.dtype, swapped: dict | None = None) -> dict:
+    """name -> corrupted operands. Scale tensors are bit-manipulated as raw bytes. gpt-oss:
+    `swapped` holds the operands of moepack's output of the gate/up-exchanged source."""
+    if p.get("gpt_oss"):
+        return {"gate_up_swapped": swapped,
+                "biases_dropped": dict(p, b13=torch.zeros_like(p["b13"]),
+                                       b2=torch.zeros_like(p["b2"]))}
     out = {"gate_up_swapped": dict(p, w13=swap_halves(p["w13"]), s13=swap_halves(p["s13"]))}
 
     def raw(t):
@@ -199,8 +245,16 @@ def check_case(root: Path, name: str) -> dict:
     act = torch.bfloat16 if meta["act"] == "bf16" else torch.float16
     p = layout_params(out, P, meta["layout"], act)
     pre = L["module"] + ".experts."
-    W = [[source_linear(src, f"{pre}{e}.{proj}.", meta["format"]).cuda()
-          for proj in ("gate_proj", "up_proj", "down_proj")] for e in range(E)]
+    gpt_oss = meta["format"] == "gpt-oss"
+    swapped = None
+    if gpt_oss:
+        W = [[t.cuda() for t in ex] for ex in gpt_oss_experts(src, pre, E)]
+        swapped = layout_params(
+            read_safetensors(case / "out_gate_up_swapped" / "model.safetensors"), P,
+            meta["layout"], act)
+    else:
+        W = [[source_linear(src, f"{pre}{e}.{proj}.", meta["format"]).cuda()
+              for proj in ("gate_proj", "up_proj", "down_proj")] + [None] * 3 for e in range(E)]
     rec = {"case": name, "format": meta["format"], "layout": meta["layout"], "E": E, "H": H,
            "I": I, "Ip": ip, "act": meta["act"], "runs": []}
     torch.manual_seed(0)
@@ -221,7 +275,11 @@ def check_case(root: Path, name: str) -> dict:
                 if rows.numel() == 0:
                     continue
                 h = xs[rows]
-                y = (F.silu(h @ W[e][0].T) * (h @ W[e][1].T)) @ W[e][2].T
+                if gpt_oss:
+                    g, u = h @ W[e][0].T + W[e][3], h @ W[e][1].T + W[e][4]
+                    y = gpt_oss_act(g, u) @ W[e][2].T + W[e][5]
+                else:
+                    y = (F.silu(h @ W[e][0].T) * (h @ W[e][1].T)) @ W[e][2].T
                 ref[rows] += topk_w[rows, j:j + 1] * y
         t0 = time.time()
         y = kernel_moe(x, p, topk_ids, topk_w, block, H, ip)
@@ -229,11 +287,12 @@ def check_case(root: Path, name: str) -> dict:
         err = float((y - ref).norm() / ref.norm())
         run = {"M": M, "block": block, "err": err, "first_call_s": round(time.time() - t0, 2),
                "corruptions": {}}
-        for cname, bad in corruptions(p, act).items():
+        for cname, bad in corruptions(p, act, swapped).items():
             yb = kernel_moe(x, bad, topk_ids, topk_w, block, H, ip)
             run["corruptions"][cname] = float((yb - ref).norm() / ref.norm())
         rec["runs"].append(run)
-    ok = all(r["err"] < RIGHT_TOL and all(v > WRONG_MIN or v != v for v in r["corruptions"].values())
+    ok = all(r["err"] < RIGHT_TOL and
+             all(v > WRONG_MIN_OF.get(k, WRONG_MIN) or v != v for k, v in r["corruptions"].items())
              for r in rec["runs"])
     rec["passed"] = ok
     return rec

@@ -44,6 +44,7 @@ ct-nvfp4        --hidden=192:--inter=96   marlin-nvfp4  bf16  sm86
 ct-nvfp4        --hidden=256:--inter=128  marlin-nvfp4  bf16  sm90
 ct-mxfp4        --hidden=256:--inter=64   marlin-mxfp4  bf16  sm80
 ct-mxfp4        --hidden=128:--inter=128  marlin-mxfp4  bf16  sm90
+gpt-oss         fixture                   marlin-mxfp4  bf16  sm80
 CASES
 }
 
@@ -57,17 +58,47 @@ prepare() {
   grep -qx "$sum" <<<"$KNOWN_SHA256" || { echo "unknown _moe_C library (sha256 $sum)"; exit 3; }
   echo "$sum  moe.so" >"$carry/moe.sha256"
   rm "$carry/moe.so" && cp "$xz" "$carry/moe.so.xz"
-  case_list | while read -r fmt dims layout act arch; do
+  # CASE_FILTER (an extended regex over the case lines, e.g. ^gpt-oss) prepares some cases only.
+  case_list | grep -E "${CASE_FILTER:-.}" | while read -r fmt dims layout act arch; do
     local name=$fmt-${dims//[-=:]/}-$act-$arch
     local d=$carry/artifacts/$name
     mkdir -p "$d"
-    "$bin" synth "$d/src" --format "$fmt" --family qwen3 --layers 2 --experts 4 --vocab 128 \
-      --seed 5 --dtype "$act" ${dims//:/ } --threads 1 >/dev/null || exit 1
+    if [ "$fmt" = gpt-oss ]; then
+      # The tiny gpt-oss in the published format (tests/gpt_oss: E 4, H = I = 64, padded by
+      # vLLM's Marlin path to 256 / 128), and the same with every gate/up row pair exchanged
+      # (blocks, scales, biases) converted too: the "gate/up swapped" corruption.
+      cp -r "$repo/tests/gpt_oss/fixtures/mxfp4" "$d/src" || exit 1
+      cp -r "$d/src" "$d/src_swapped" || exit 1
+      python3 - "$d/src_swapped/model.safetensors" <<'PY' || exit 1
+import json, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+size = {"U8": 1, "BF16": 2, "F16": 2, "F32": 4}
+for name, t in json.loads(data[8:8 + n]).items():
+    if name == "__metadata__" or ".gate_up_proj_" not in name:
+        continue
+    b, e = (8 + n + o for o in t["data_offsets"])
+    row = size[t["dtype"]]
+    for d in t["shape"][2:]:
+        row *= d
+    for r in range(b, e, 2 * row):  # rows 2j (gate j) and 2j + 1 (up j) exchanged
+        data[r:r + row], data[r + row:r + 2 * row] = data[r + row:r + 2 * row], data[r:r + row]
+open(path, "wb").write(data)
+PY
+      "$bin" convert "$d/src_swapped" "$d/out_gate_up_swapped" --backend "$layout" \
+        --target-arch "$arch" --threads 1 >/dev/null || exit 1
+      rm -rf "$d/src_swapped"
+    else
+      "$bin" synth "$d/src" --format "$fmt" --family qwen3 --layers 2 --experts 4 --vocab 128 \
+        --seed 5 --dtype "$act" ${dims//:/ } --threads 1 >/dev/null || exit 1
+    fi
     "$bin" convert "$d/src" "$d/out" --backend "$layout" --target-arch "$arch" --act-dtype "$act" \
       --threads 1 >/dev/null || exit 1
     "$bin" verify "$d/out" --source "$d/src" --tokens 16 >/dev/null || { echo "$name: verify failed"; exit 1; }
     # Only the experts travel (the rest of the checkpoint is copied through, untouched).
-    for f in "$d/src/model.safetensors" "$d/out/model.safetensors"; do
+    for f in "$d"/{src,out,out_gate_up_swapped}/model.safetensors; do
+      [ -f "$f" ] || continue
       python3 - "$f" <<'PY' || exit 1
 import json, struct, sys
 path = sys.argv[1]

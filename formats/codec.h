@@ -151,6 +151,13 @@ enum class MoeProj : uint8_t { kW13, kW2 };
 struct MoeExperts {
   QuantTensor w13;  // [E, 2I, H] (gated) or [E, I, H]
   QuantTensor w2;   // [E, H, I]
+  // Expert biases (gpt-oss' gate_up_proj_bias / down_proj_bias, vLLM's w13_bias / w2_bias), added
+  // to each projection's output: raw little-endian values of bias_dtype, w13_bias [E, N] in w13's
+  // row order ([gate; up]), w2_bias [E, H]. Both empty for experts without biases; a layout that
+  // carries none refuses experts that have them (layout_refuses_biases).
+  DType bias_dtype = DType::kBF16;
+  std::vector<uint8_t> w13_bias, w2_bias;
+  bool has_biases() const { return !w13_bias.empty() || !w2_bias.empty(); }
 };
 
 // What a target layout decides on without reading bytes: one projection's encoding and extents,
@@ -368,6 +375,8 @@ enum class ParamRole : uint8_t {
   kW2SortIndices,
   kW13GlobalScale,  // a second-level per-expert scale (vLLM's NVFP4 Marlin w13_weight_scale_2)
   kW2GlobalScale,
+  kW13Bias,  // expert biases added to the projection's output (gpt-oss; vLLM's w13_bias)
+  kW2Bias,
 };
 // "w13_weight", "w2_scale", "w13_sort_indices", ...: the role's name in moepack.json.
 const char* param_role_name(ParamRole r);

@@ -18,8 +18,10 @@
 namespace moepack {
 namespace {
 
-// The families of bytes, one per row.
-enum class Family { kFp8, kMxfp8, kNvfp4, kMxfp4 };
+// The families of bytes, one per row; marlin-mxfp4 has two: compressed-tensors MXFP4
+// (prepare_moe_fp4_layer_for_marlin) and gpt-oss' (GptOssMxfp4MoEMethod's MARLIN backend:
+// prepare_moe_mxfp4_layer_for_marlin on the loader's padded, interleaved w13, with the biases).
+enum class Family { kFp8, kMxfp8, kNvfp4, kMxfp4, kGptOss };
 
 struct FamilyInfo {
   const char* layout;  // the row's name
@@ -34,16 +36,22 @@ FamilyInfo info(Family f) {
       return {"marlin-mxfp8", "MXFP8", 8};
     case Family::kNvfp4:
       return {"marlin-nvfp4", "NVFP4", 4};
+    case Family::kGptOss:
+      return {"marlin-mxfp4", "gpt-oss MXFP4", 4};
     default:
       return {"marlin-mxfp4", "MXFP4", 4};
   }
 }
 bool is_fp4(Family f) {
-  return f == Family::kNvfp4 || f == Family::kMxfp4;
+  return f == Family::kNvfp4 || f == Family::kMxfp4 || f == Family::kGptOss;
 }
 // Families whose scales are E8M0 codes.
 bool is_mx(Family f) {
-  return f == Family::kMxfp8 || f == Family::kMxfp4;
+  return f == Family::kMxfp8 || f == Family::kMxfp4 || f == Family::kGptOss;
+}
+// marlin-mxfp4's family for the source method of the options.
+Family mxfp4_family(const LayoutOptions& o) {
+  return o.source_method == QuantMethod::kGptOssMxfp4 ? Family::kGptOss : Family::kMxfp4;
 }
 
 std::string num(int64_t v) {
@@ -72,6 +80,9 @@ bool family_takes(Family f, QuantMethod m) {
     case Family::kNvfp4:
       // ModelOptNvFp4FusedMoE, CompressedTensorsW4A4Nvfp4MoEMethod (W4A4 and A16).
       return m == QuantMethod::kModeloptNvfp4 || m == QuantMethod::kCtNvfp4;
+    case Family::kGptOss:
+      // GptOssMxfp4MoEMethod (convert_gpt_oss_weight_to_mxfp4_moe_kernel_format, MARLIN).
+      return m == QuantMethod::kGptOssMxfp4;
     default:
       // CompressedTensorsW4A4Mxfp4MoEMethod (prepare_moe_fp4_layer_for_marlin).
       return m == QuantMethod::kCtMxfp4;
@@ -89,9 +100,13 @@ int64_t groups_over(Family f, int64_t k) {
 
 // The intermediate size the parameters carry: FP8 / MXFP8 the next multiple of lcm(64, group)
 // (marlin_moe_padded_intermediate); NVFP4 the next multiple of 64 where H % 128 == 0, else of 128
-// (prepare_nvfp4_moe_layer_for_marlin); MXFP4 none (prepare_moe_fp4_layer_for_marlin).
+// (prepare_nvfp4_moe_layer_for_marlin); MXFP4 none (prepare_moe_fp4_layer_for_marlin); gpt-oss
+// the next multiple of 128 (mxfp4_round_up_hidden_size_and_intermediate_size, MARLIN, before
+// create_weights: the loader copies the checkpoint into the first rows / columns of zeros).
 int64_t padded_inter_of(Family f, int64_t hidden, int64_t inter) {
   switch (f) {
+    case Family::kGptOss:
+      return round_up(inter, 128);
     case Family::kFp8:
       return marlin_padded_intermediate(inter, kFp8Block);
     case Family::kMxfp8:
@@ -101,6 +116,12 @@ int64_t padded_inter_of(Family f, int64_t hidden, int64_t inter) {
     default:
       return inter;
   }
+}
+
+// The hidden size the parameters carry: gpt-oss the next multiple of 256 (the same rounding, on
+// CUDA; the layer pads the hidden states and cuts the output back), every other family H.
+int64_t padded_hidden_of(Family f, int64_t hidden) {
+  return f == Family::kGptOss ? round_up(hidden, 256) : hidden;
 }
 
 // vLLM's parameter names (without the prefix).
@@ -247,9 +268,13 @@ std::vector<std::string> unsupported_reasons(Family f, const LayoutOptions& o, c
   proj_reasons(f, x.w13, "w13", &why);
   proj_reasons(f, x.w2, "w2", &why);
   const int64_t H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, H, I);
+  const int64_t hp = padded_hidden_of(f, H);
   const int64_t shards = o.gated ? 2 : 1;
   if (I <= 0 || H <= 0 || x.experts < 1) return why;
-  if (H % 64 != 0) why.push_back("H=" + num(H) + " is not a multiple of 64 (Marlin tiles)");
+  if (f == Family::kGptOss && H % kMxBlock != 0)
+    why.push_back("H=" + num(H) + " is not a multiple of 32 (MXFP4 blocks along w13's K)");
+  if (f != Family::kGptOss && H % 64 != 0)
+    why.push_back("H=" + num(H) + " is not a multiple of 64 (Marlin tiles)");
   if (f == Family::kFp8 && H % kFp8Block != 0)
     why.push_back("H=" + num(H) + " is not a multiple of 128: w13 would hold ceil(H/128) scale " +
                   "groups and the kernel reads group H/G, which has no FP8 instance");
@@ -260,18 +285,18 @@ std::vector<std::string> unsupported_reasons(Family f, const LayoutOptions& o, c
     why.push_back("I=" + num(I) + " is not a multiple of 32 (" + fi.what + " blocks along w2's K)");
   if (f == Family::kNvfp4 && I % kNvBlock != 0)
     why.push_back("I=" + num(I) + " is not a multiple of 16 (NVFP4 blocks along w2's K)");
-  if (!o.gated && f == Family::kMxfp4)
+  if (!o.gated && (f == Family::kMxfp4 || f == Family::kGptOss))
     why.push_back(
         "non-gated layer: prepare_moe_fp4_layer_for_marlin takes w13 as gate and up "
         "(n = 2I)");
   if (!o.gated && ip != I && f != Family::kNvfp4)
     why.push_back("non-gated layer with I=" + num(I) + " padded to " + num(ip) +
                   ": vLLM's float Marlin padding assumes gate and up shards");
-  if (!marlin_float_gemm_runs(shards * ip, H))
-    why.push_back("w13 GEMM n=" + num(shards * ip) + ", k=" + num(H) +
+  if (!marlin_float_gemm_runs(shards * ip, hp))
+    why.push_back("w13 GEMM n=" + num(shards * ip) + ", k=" + num(hp) +
                   ": no thread configuration of the shipped Marlin MoE kernel takes it");
-  if (!marlin_float_gemm_runs(H, ip))
-    why.push_back("w2 GEMM n=H=" + num(H) + ", k=Ip=" + num(ip) +
+  if (!marlin_float_gemm_runs(hp, ip))
+    why.push_back("w2 GEMM n=H=" + num(hp) + ", k=Ip=" + num(ip) +
                   ": no thread configuration of the shipped Marlin MoE kernel takes it (n % 128 "
                   "with k % 64, or n % 64 with k % 128)");
   return why;
@@ -295,26 +320,34 @@ struct ProjGeom {
   int64_t n = 0, k = 0, np = 0, kp = 0;
   int64_t inter = 0, ip = 0;  // real and padded I
   bool pad_rows = false;      // w13: each shard of ip rows holds inter real ones
+  // gpt-oss w13: physical row 2j is gate j, 2j + 1 up j (the checkpoint's interleave, which
+  // vLLM keeps), rows 2I.. padding.
+  bool interleaved = false;
   int64_t row(int64_t r) const {
-    if (!pad_rows) return r;
+    if (interleaved) return r < 2 * inter ? (r % 2) * inter + r / 2 : -1;
+    if (!pad_rows) return r < n ? r : -1;
     const int64_t s = r / ip, i = r % ip;
     return i < inter ? s * inter + i : -1;
   }
   int64_t col(int64_t c) const { return c < k ? c : -1; }
 };
 
-ProjGeom geom(MoeProj p, int64_t H, int64_t I, int64_t ip, bool gated) {
+ProjGeom geom(Family f, MoeProj p, int64_t H, int64_t I, int64_t ip, bool gated) {
   ProjGeom g;
   g.inter = I;
   g.ip = ip;
+  const int64_t hp = padded_hidden_of(f, H);
   if (p == MoeProj::kW13) {
     const int64_t shards = gated ? 2 : 1;
     g.n = shards * I;
     g.np = shards * ip;
-    g.k = g.kp = H;
+    g.k = H;
+    g.kp = hp;
     g.pad_rows = true;
+    g.interleaved = f == Family::kGptOss;
   } else {
-    g.n = g.np = H;
+    g.n = H;
+    g.np = hp;
     g.k = I;
     g.kp = ip;
   }
@@ -426,6 +459,63 @@ Tensor pack_globals(const LayoutOptions& o, const QuantTensor& q, MoeProj p, int
   return t;
 }
 
+// ---- gpt-oss' expert biases ---------------------------------------------------------------------
+
+std::string bias_name(MoeProj p) {
+  return std::string(proj_name(p)) + "_bias";
+}
+
+// The biases of one projection as prepare_moe_mxfp4_layer_for_marlin leaves them: [E, np] in the
+// layer's params_dtype (bf16: GptOssMxfp4Config takes bf16 activations only), physical row r
+// holding the bias of logical row g.row(r) (the loader's interleaved rows, zeros in the padding),
+// then every 32 values permuted by marlin_permute_bias (get_scale_perms' scale_perm_single: the
+// 32-entry chunk permutation of ungrouped Marlin scales).
+Tensor pack_biases(const LayoutOptions& o, const MoeExperts& x, MoeProj p, const ProjGeom& g) {
+  const std::vector<uint8_t>& src = p == MoeProj::kW13 ? x.w13_bias : x.w2_bias;
+  const int64_t E = p == MoeProj::kW13 ? x.w13.experts : x.w2.experts;
+  const std::string name = o.prefix + bias_name(p);
+  if (x.bias_dtype != DType::kBF16)
+    throw Error(ErrorCode::kUnsupported, "", name,
+                std::string("expert biases in ") + dtype_name(x.bias_dtype) +
+                    ": vLLM 0.33's gpt-oss loader holds them in bf16 (moepack takes bf16 only)");
+  if (src.size() != static_cast<size_t>(E * g.n * 2))
+    throw Error(ErrorCode::kUnsupported, "", name,
+                "gpt-oss experts without their " + std::string(proj_name(p)) + " biases (" +
+                    num(static_cast<int64_t>(src.size())) + " bytes, want " + num(E * g.n * 2) +
+                    "): vLLM's gpt-oss layer always adds them");
+  Tensor t(name, DType::kBF16, {E, g.np});
+  for (int64_t e = 0; e < E; ++e) {
+    uint8_t* out = t.data.data() + e * g.np * 2;
+    for (int64_t r = 0; r < g.np; ++r) {
+      const int64_t lr = g.row(r);
+      if (lr >= 0) std::memcpy(out + r * 2, src.data() + (e * g.n + lr) * 2, 2);
+    }
+    marlin_permute_scales(out, 1, g.np, 2, false);
+  }
+  return t;
+}
+
+// The biases back to [E, n] in logical row order; the padding must be zero.
+std::vector<uint8_t> unpack_biases(const Tensor& t, const ProjGeom& g, int64_t E) {
+  std::vector<uint8_t> out(static_cast<size_t>(E * g.n * 2));
+  std::vector<uint8_t> m(static_cast<size_t>(g.np * 2));
+  for (int64_t e = 0; e < E; ++e) {
+    std::memcpy(m.data(), t.data.data() + e * g.np * 2, m.size());
+    marlin_unpermute_scales(m.data(), 1, g.np, 2, false);
+    for (int64_t r = 0; r < g.np; ++r) {
+      const int64_t lr = g.row(r);
+      if (lr >= 0)
+        std::memcpy(&out[static_cast<size_t>((e * g.n + lr) * 2)], &m[static_cast<size_t>(r * 2)],
+                    2);
+      else if (m[static_cast<size_t>(r * 2)] != 0 || m[static_cast<size_t>(r * 2 + 1)] != 0)
+        throw Error(ErrorCode::kBadValue, "", t.name,
+                    "expert " + num(e) + ": the bias of padding row " + num(r) +
+                        " is not zero (vLLM pads with zeros)");
+    }
+  }
+  return out;
+}
+
 struct PackedProj {
   Tensor weight, scales, globals;  // globals: NVFP4 only
 };
@@ -456,9 +546,10 @@ std::vector<Tensor> pack(Family f, const LayoutOptions& o, const MoeExperts& x) 
   refuse(f, o, x);
   const int64_t H = x.w13.k, I = x.w2.k, ip = padded_inter_of(f, H, I);
   PackedProj w13 =
-      pack_projection(f, o, x.w13, MoeProj::kW13, geom(MoeProj::kW13, H, I, ip, o.gated));
-  PackedProj w2 = pack_projection(f, o, x.w2, MoeProj::kW2, geom(MoeProj::kW2, H, I, ip, o.gated));
-  // vLLM's order: both weights, then both scales (then NVFP4's global scales).
+      pack_projection(f, o, x.w13, MoeProj::kW13, geom(f, MoeProj::kW13, H, I, ip, o.gated));
+  PackedProj w2 =
+      pack_projection(f, o, x.w2, MoeProj::kW2, geom(f, MoeProj::kW2, H, I, ip, o.gated));
+  // vLLM's order: both weights, then both scales (then NVFP4's global scales, gpt-oss' biases).
   std::vector<Tensor> out;
   out.push_back(std::move(w13.weight));
   out.push_back(std::move(w2.weight));
@@ -468,14 +559,17 @@ std::vector<Tensor> pack(Family f, const LayoutOptions& o, const MoeExperts& x) 
     out.push_back(std::move(w13.globals));
     out.push_back(std::move(w2.globals));
   }
+  if (f == Family::kGptOss)
+    for (MoeProj p : {MoeProj::kW13, MoeProj::kW2})
+      out.push_back(pack_biases(o, x, p, geom(f, p, H, I, ip, o.gated)));
   return out;
 }
 
 std::vector<ParamSpec> param_specs(Family f, const LayoutOptions& o, const MoeShape& x) {
   const int64_t E = x.experts, H = x.hidden(), I = x.inter(), ip = padded_inter_of(f, H, I);
   const int pf = 32 / info(f).bits;
-  const ProjGeom g13 = geom(MoeProj::kW13, H, I, ip, o.gated),
-                 g2 = geom(MoeProj::kW2, H, I, ip, o.gated);
+  const ProjGeom g13 = geom(f, MoeProj::kW13, H, I, ip, o.gated),
+                 g2 = geom(f, MoeProj::kW2, H, I, ip, o.gated);
   const QuantMethod m = o.source_method;
   std::vector<ParamSpec> out = {{o.prefix + weight_name(MoeProj::kW13),
                                  DType::kI32,
@@ -499,6 +593,12 @@ std::vector<ParamSpec> param_specs(Family f, const LayoutOptions& o, const MoeSh
     out.push_back(
         {o.prefix + global_name(MoeProj::kW2), DType::kF32, {E}, ParamRole::kW2GlobalScale});
   }
+  if (f == Family::kGptOss) {
+    out.push_back(
+        {o.prefix + bias_name(MoeProj::kW13), DType::kBF16, {E, g13.np}, ParamRole::kW13Bias});
+    out.push_back(
+        {o.prefix + bias_name(MoeProj::kW2), DType::kBF16, {E, g2.np}, ParamRole::kW2Bias});
+  }
   return out;
 }
 
@@ -509,6 +609,7 @@ struct LayerView {
   const Tensor* weight[2] = {nullptr, nullptr};
   const Tensor* scales[2] = {nullptr, nullptr};
   const Tensor* globals[2] = {nullptr, nullptr};  // NVFP4
+  const Tensor* biases[2] = {nullptr, nullptr};   // gpt-oss
   int sf_log2[2] = {0, 0};                        // NVFP4: the layer's rescale exponents
   ProjGeom g[2];
 };
@@ -537,17 +638,29 @@ LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) 
       wna16::expect_dtype(*L.globals[i], L.globals[i]->name, {DType::kF32});
       L.sf_log2[i] = scale_factor_log2_of(o, p);
     }
+    if (f == Family::kGptOss) {
+      L.biases[i] = &require_tensor(params, o.prefix + bias_name(p), fi.layout);
+      wna16::expect_dtype(*L.biases[i], L.biases[i]->name, {DType::kBF16});
+    }
     if (L.weight[i]->shape.size() != 3 || L.scales[i]->shape.size() != 3)
       throw Error(ErrorCode::kBadShape, "", L.weight[i]->name,
                   "weight " + shape_str(L.weight[i]->shape) + " and scales " +
                       shape_str(L.scales[i]->shape) + " must be 3-D [E, ...]");
   }
   const int pf = 32 / fi.bits;
-  const int64_t E = L.weight[0]->shape[0], H = L.weight[0]->shape[1] * 16,
+  const int64_t E = L.weight[0]->shape[0], hp = L.weight[0]->shape[1] * 16,
                 ip = L.weight[1]->shape[1] * 16;
-  if (H % 64 != 0 || ip % 64 != 0 || (f == Family::kFp8 && H % kFp8Block != 0))
+  if (hp % 64 != 0 || ip % 64 != 0 || (f == Family::kFp8 && hp % kFp8Block != 0))
     throw Error(ErrorCode::kBadShape, "", L.weight[0]->name,
-                "H=" + num(H) + ", Ip=" + num(ip) + " are not Marlin " + fi.what + " extents");
+                "H=" + num(hp) + ", Ip=" + num(ip) + " are not Marlin " + fi.what + " extents");
+  int64_t H = hp;
+  if (o.hidden > 0 && o.hidden != hp) {
+    if (o.hidden > hp || padded_hidden_of(f, o.hidden) != hp)
+      throw Error(ErrorCode::kBadShape, "", L.weight[0]->name,
+                  "parameters carry H=" + num(hp) + ", which is not how vLLM 0.33 pads the " +
+                      "layer's H=" + num(o.hidden) + " for " + fi.layout);
+    H = o.hidden;
+  }
   int64_t I = ip;
   if (o.inter > 0 && o.inter != ip) {
     if (o.inter > ip || padded_inter_of(f, H, o.inter) != ip)
@@ -561,10 +674,11 @@ LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) 
   L.inter = I;
   L.ip = ip;
   for (int i = 0; i < 2; ++i) {
-    const ProjGeom g = geom(i == 0 ? MoeProj::kW13 : MoeProj::kW2, H, I, ip, o.gated);
+    const ProjGeom g = geom(f, i == 0 ? MoeProj::kW13 : MoeProj::kW2, H, I, ip, o.gated);
     wna16::expect_shape(*L.weight[i], L.weight[i]->name, {E, g.kp / 16, g.np * 16 / pf});
     wna16::expect_shape(*L.scales[i], L.scales[i]->name, {E, groups_over(f, g.kp), g.np});
     if (L.globals[i]) wna16::expect_shape(*L.globals[i], L.globals[i]->name, {E});
+    if (L.biases[i]) wna16::expect_shape(*L.biases[i], L.biases[i]->name, {E, g.np});
     L.g[i] = g;
   }
   return L;
@@ -697,6 +811,8 @@ MoeExperts unpack(Family f, const LayoutOptions& o, const TensorMap& params) {
       }
     });
     if (f == Family::kNvfp4) unpack_globals(o, L, i, qs[i]);
+    if (f == Family::kGptOss)
+      (i == 0 ? x.w13_bias : x.w2_bias) = unpack_biases(*L.biases[i], g, L.experts);
   }
   return x;
 }
@@ -719,7 +835,8 @@ reader::ProjReader make_reader(Family f, const LayoutOptions& o, const TensorMap
                                        : static_cast<int32_t>(reader::kScaleE8m0);
   m.grouped_scales = groups_over(f, g.kp) > 1 ? 1 : 0;
   m.pair_swap = f == Family::kFp8 ? 0 : 1;
-  m.padded_w13 = proj == MoeProj::kW13 && L.inter != L.ip ? 1 : 0;
+  m.padded_w13 = proj == MoeProj::kW13 && L.inter != L.ip && !g.interleaved ? 1 : 0;
+  m.interleaved_w13 = g.interleaved ? 1 : 0;
   m.scale_mult = f == Family::kFp8 ? 1.0f / fp8_bias(o.act_dtype) : 1.0f;
   m.global_mult = 1.0f;
   m.global_scale = nullptr;
@@ -857,24 +974,28 @@ std::map<std::string, std::string> marlin_nvfp4_decide_layer(const LayoutOptions
 
 std::vector<std::string> marlin_mxfp4_unsupported_reasons(const LayoutOptions& o,
                                                           const MoeShape& x) {
-  return unsupported_reasons(Family::kMxfp4, o, x);
+  return unsupported_reasons(mxfp4_family(o), o, x);
 }
 std::vector<ParamSpec> marlin_mxfp4_param_specs(const LayoutOptions& o, const MoeShape& x) {
-  return param_specs(Family::kMxfp4, o, x);
+  return param_specs(mxfp4_family(o), o, x);
 }
 std::vector<Tensor> pack_marlin_mxfp4_moe(const LayoutOptions& o, const MoeExperts& x) {
-  return pack(Family::kMxfp4, o, x);
+  return pack(mxfp4_family(o), o, x);
 }
 MoeExperts unpack_marlin_mxfp4_moe(const LayoutOptions& o, const TensorMap& params) {
-  return unpack(Family::kMxfp4, o, params);
+  return unpack(mxfp4_family(o), o, params);
 }
 reader::ProjReader marlin_mxfp4_make_reader(const LayoutOptions& o, const TensorMap& params,
                                             MoeProj proj, const ParamLocator& locate) {
-  return make_reader(Family::kMxfp4, o, params, proj, locate);
+  return make_reader(mxfp4_family(o), o, params, proj, locate);
 }
 std::vector<std::string> marlin_mxfp4_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
-  // Byte-identical to prepare_moe_fp4_layer_for_marlin (bf16; fp16 is refused).
+  // Byte-identical to prepare_moe_fp4_layer_for_marlin / prepare_moe_mxfp4_layer_for_marlin
+  // (bf16; fp16 is refused).
   return {};
+}
+int64_t marlin_mxfp4_padded_inter(const LayoutOptions& o, const MoeShape& x) {
+  return padded_inter_of(mxfp4_family(o), x.hidden(), x.inter());
 }
 
 }  // namespace moepack

@@ -87,8 +87,14 @@ std::map<std::string, std::string> marlin_nvfp4_decide_layer(const LayoutOptions
                                                              const LayerExperts& layer);
 
 // ---- marlin-mxfp4 -------------------------------------------------------------------------------
-// (gpt-oss' MXFP4 through prepare_moe_mxfp4_layer_for_marlin adds single-permuted biases: one
-// more source method in family_takes and the bias parameters, not another row.)
+// Two source methods, one row: compressed-tensors MXFP4 (prepare_moe_fp4_layer_for_marlin, no
+// padding) and gpt-oss' MXFP4 (GptOssMxfp4MoEMethod on MARLIN: the loader copies the checkpoint
+// into parameters padded to Hp = H rounded up to 256 and Ip = I up to 128, w13's rows kept in the
+// checkpoint's gate/up interleave (row 2j gate j, 2j + 1 up j, rows 2I.. zero), then
+// prepare_moe_mxfp4_layer_for_marlin, whose tiles and scales are those above on the padded
+// extents, adds the biases:
+//   w13_bias BF16 [E, 2Ip]  each expert's interleaved, zero-padded bias, every 32 values permuted
+//   w2_bias  BF16 [E, Hp]   by marlin_permute_bias (scale_perm_single)
 std::vector<std::string> marlin_mxfp4_unsupported_reasons(const LayoutOptions& opts,
                                                           const MoeShape& shape);
 std::vector<ParamSpec> marlin_mxfp4_param_specs(const LayoutOptions& opts, const MoeShape& shape);
@@ -99,6 +105,7 @@ reader::ProjReader marlin_mxfp4_make_reader(const LayoutOptions& opts,
                                             const ParamLocator& locate);
 std::vector<std::string> marlin_mxfp4_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeShape& shape);
+int64_t marlin_mxfp4_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
 
 // Every float Marlin row: 16-bit activations in the activation dtype (fused_marlin_moe takes the
 // hidden states as they are).

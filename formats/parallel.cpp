@@ -231,6 +231,14 @@ std::vector<std::string> parallel_reasons(const TargetLayout& row, const LayoutO
                   "expert parallelism its MoE tp_size is 1)");
     return why;
   }
+  if (lo.source_method == QuantMethod::kGptOssMxfp4) {
+    // vLLM's gpt-oss loader narrows the interleaved gate/up rows in pairs and loads w2's bias
+    // on rank 0 only (_load_weights_mxfp4); moepack's parallel writers do not model that.
+    why.push_back(
+        "gpt-oss experts (interleaved gate/up, expert biases) are written for one rank "
+        "only: vLLM 0.33's gpt-oss loader splits them its own way (_load_weights_mxfp4)");
+    return why;
+  }
   if (row.tensor_parallel.unsupported) {
     why.push_back(std::string(row.name) + " is not written for " + p.describe() + ": " +
                   row.tensor_parallel.unsupported);

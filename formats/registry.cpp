@@ -444,7 +444,7 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
       {.name = "marlin-mxfp4",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP4 weights, bf16 activations)",
        .layout_version = 1,
-       .schemes = {"mxfp4"},
+       .schemes = {"mxfp4", "gpt-oss-mxfp4"},
        .archs = every_arch,
        .unsupported_reasons = marlin_mxfp4_unsupported_reasons,
        .param_specs = marlin_mxfp4_param_specs,
@@ -454,8 +454,15 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        .act_quant = marlin_float_act_quant,
        .make_reader = marlin_mxfp4_make_reader,
        .deviations_from_vllm = marlin_mxfp4_deviations_from_vllm,
-       // CompressedTensorsW4A4Mxfp4MoEMethod does not declare supports_pre_processed_weights.
+       .padded_inter = marlin_mxfp4_padded_inter,
+       // CompressedTensorsW4A4Mxfp4MoEMethod does not declare supports_pre_processed_weights, nor
+       // does GptOssMxfp4MoEMethod (Mxfp4MoEMethod, which does, is not what gpt-oss loads).
        .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .sources = {QuantMethod::kGptOssMxfp4},
+                         .path = S::kNone,
+                         .reason = "the plugin has no builder for gpt-oss' biased, interleaved "
+                                   "Marlin MXFP4 experts yet"},
+                        {.target = VllmTarget::kV0_33,
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}},
        .tensor_parallel = float_marlin_tp},
@@ -617,6 +624,8 @@ const std::vector<ParamRoleRow>& param_role_rows() {
       {ParamRole::kW2SortIndices, "w2_sort_indices"},
       {ParamRole::kW13GlobalScale, "w13_global_scale"},
       {ParamRole::kW2GlobalScale, "w2_global_scale"},
+      {ParamRole::kW13Bias, "w13_bias"},
+      {ParamRole::kW2Bias, "w2_bias"},
   };
   return rows;
 }

@@ -1232,6 +1232,33 @@ Tensor expert_slice(const TensorView& v, int64_t e, const std::string& suffix) {
   return t;
 }
 
+// The raw BF16 biases of experts [e0, e1) into m (w13's de-interleaved into [gate; up]), each
+// value checked finite; discovery checked both tensors' dtype and shape (size_gpt_oss_mxfp4_layer).
+void load_gpt_oss_bias_bytes(const Checkpoint& ckpt, const MoeLayer& layer, int64_t e0, int64_t e1,
+                             MoeExperts* m) {
+  const int64_t E = e1 - e0, H = layer.hidden, I = layer.inter;
+  m->bias_dtype = DType::kBF16;
+  for (int p = 0; p < 2; ++p) {
+    const TensorView v = ckpt.view((p == 0 ? layer.fused_gate_up : layer.fused_down).at("bias"));
+    const int64_t n = p == 0 ? 2 * I : H;
+    if (v.dtype != DType::kBF16 || v.shape != Shape{layer.num_experts, n})
+      throw Error(ErrorCode::kBadShape, file_of(ckpt, v.name), v.name,
+                  std::string(dtype_name(v.dtype)) + " " + shape_str(v.shape) + ", expected BF16 " +
+                      shape_str(Shape{layer.num_experts, n}));
+    std::vector<uint8_t>& out = p == 0 ? m->w13_bias : m->w2_bias;
+    out.resize(static_cast<size_t>(E * n * 2));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t src = (e0 + e) * n + (p == 0 ? gpt_oss_interleaved_row(r, I) : r);
+        const uint8_t* b = v.data + src * 2;
+        if (!std::isfinite(bf16_to_float(static_cast<uint16_t>(b[0] | (b[1] << 8)))))
+          throw Error(ErrorCode::kBadValue, file_of(ckpt, v.name), v.name,
+                      "non-finite bias at index " + std::to_string(src));
+        std::memcpy(&out[static_cast<size_t>((e * n + r) * 2)], b, 2);
+      }
+  }
+}
+
 // gpt-oss MXFP4 experts [e0, e1): each expert's slices of <proj>_blocks / _scales through the
 // codec, then w13's interleaved gate/up rows (codes and scale rows) into [gate; up].
 MoeExperts load_gpt_oss_mxfp4(const Checkpoint& ckpt, const MoeLayer& layer,
@@ -1271,6 +1298,7 @@ MoeExperts load_gpt_oss_mxfp4(const Checkpoint& ckpt, const MoeLayer& layer,
   });
   m.w13.check_consistent(layer.param_prefix + "gate_up_proj");
   m.w2.check_consistent(layer.param_prefix + "down_proj");
+  load_gpt_oss_bias_bytes(ckpt, layer, e0, e1, &m);
   return m;
 }
 

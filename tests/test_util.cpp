@@ -348,6 +348,41 @@ MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o, cons
   return {marlin_nvfp4_view(x.w13, o.act_dtype), marlin_nvfp4_view(x.w2, o.act_dtype)};
 }
 
+MoeExperts slice_moe_experts(const MoeExperts& x, int64_t first, int64_t end) {
+  MoeExperts s;
+  s.w13 = slice_experts(x.w13, first, end);
+  s.w2 = slice_experts(x.w2, first, end);
+  s.bias_dtype = x.bias_dtype;
+  const auto cut = [&](const std::vector<uint8_t>& v) {
+    if (v.empty()) return std::vector<uint8_t>{};
+    const size_t per = v.size() / static_cast<size_t>(x.w13.experts);
+    return std::vector<uint8_t>(v.begin() + static_cast<std::ptrdiff_t>(first * per),
+                                v.begin() + static_cast<std::ptrdiff_t>(end * per));
+  };
+  s.w13_bias = cut(x.w13_bias);
+  s.w2_bias = cut(x.w2_bias);
+  return s;
+}
+
+void add_declared_biases(Rng& rng, const std::vector<ParamSpec>& declared, MoeExperts* x) {
+  bool biased = false;
+  for (const ParamSpec& p : declared)
+    biased = biased || p.role == ParamRole::kW13Bias || p.role == ParamRole::kW2Bias;
+  if (!biased) return;
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  x->bias_dtype = DType::kBF16;
+  for (auto [v, count] : {std::make_pair(&x->w13_bias, x->w13.experts * x->w13.n),
+                          std::make_pair(&x->w2_bias, x->w2.experts * x->w2.n)}) {
+    v->resize(static_cast<size_t>(count * 2));
+    for (int64_t i = 0; i < count; ++i) {
+      float b = u(rng);
+      if (b == 0.0f) b = 1.0f;
+      const uint16_t h = float_to_bf16(b);
+      std::memcpy(v->data() + i * 2, &h, 2);
+    }
+  }
+}
+
 MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions opts) {
   MoeExperts x;
   opts.act_order = s.w13.act_order;

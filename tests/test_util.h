@@ -118,6 +118,11 @@ MoeExperts random_moe_experts(Rng& rng, const MoeShape& s, RandomTensorOptions o
 
 // Experts [first, end) of q alone (codes, scales, zeros and g_idx sliced along the experts).
 QuantTensor slice_experts(const QuantTensor& q, int64_t first, int64_t end);
+// Experts [first, end) of x: both projections and the expert biases.
+MoeExperts slice_moe_experts(const MoeExperts& x, int64_t first, int64_t end);
+// Random finite nonzero BF16 expert biases (|b| < 4) in x where `declared` has bias parameters
+// (ParamRole::kW13Bias / kW2Bias: gpt-oss through marlin-mxfp4), none otherwise.
+void add_declared_biases(Rng& rng, const std::vector<ParamSpec>& declared, MoeExperts* x);
 // x as the whole layer a TargetLayout::decide_layer reads (LayerExperts): load(a, b) returns the
 // slice [a, b) of x; `loads`, when given, counts the calls.
 LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads = nullptr);

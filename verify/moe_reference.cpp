@@ -145,9 +145,16 @@ namespace {
 using Slots = std::vector<std::vector<int64_t>>;
 
 // Fills o->slot_out for the slots of experts [first, last) from the reference in double.
+// Expert e's bias of one projection: the chunk's (indexed from `first`) or the spec's, or null.
+const float* bias_of(const std::vector<float>* chunk, const float* spec_bias, int64_t e,
+                     int64_t first, int64_t width) {
+  if (chunk) return chunk->empty() ? nullptr : chunk->data() + (e - first) * width;
+  return spec_bias ? spec_bias + e * width : nullptr;
+}
+
 void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& slots,
                      const float* x, const ExpertWeightsFn& weights, int64_t first, int64_t last,
-                     MoeOutput* o) {
+                     const ChunkBiases* biases, MoeOutput* o) {
   const int64_t H = spec.hidden, I = spec.intermediate, N = spec.w13_rows();
   parallel_for(last - first, spec.threads, [&](int64_t b, int64_t end) {
     MatD xe, h, a, y;
@@ -165,9 +172,10 @@ void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& s
         check_weight(w13, N, H, e, "w13");
         matmul_double_weight(xe, w13, N, H, &h);
       }
-      if (spec.w13_bias)
+      if (const float* b13 =
+              bias_of(biases ? &biases->ref_w13 : nullptr, spec.w13_bias, e, first, N))
         for (int64_t r = 0; r < m; ++r)
-          for (int64_t n = 0; n < N; ++n) h(r, n) += static_cast<double>(spec.w13_bias[e * N + n]);
+          for (int64_t n = 0; n < N; ++n) h(r, n) += static_cast<double>(b13[n]);
       a.resize(m, I);
       apply_activation<double>(spec, h.data(), m, a.data());
       {
@@ -175,9 +183,9 @@ void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& s
         check_weight(w2, H, I, e, "w2");
         matmul_double_weight(a, w2, H, I, &y);
       }
-      if (spec.w2_bias)
+      if (const float* b2 = bias_of(biases ? &biases->ref_w2 : nullptr, spec.w2_bias, e, first, H))
         for (int64_t r = 0; r < m; ++r)
-          for (int64_t c = 0; c < H; ++c) y(r, c) += static_cast<double>(spec.w2_bias[e * H + c]);
+          for (int64_t c = 0; c < H; ++c) y(r, c) += static_cast<double>(b2[c]);
       for (int64_t r = 0; r < m; ++r)
         std::copy(y.row(r).data(), y.row(r).data() + H,
                   o->slot_out.data() + es[static_cast<size_t>(r)] * H);
@@ -187,7 +195,8 @@ void reference_slots(const MoeSpec& spec, const Routing& routing, const Slots& s
 
 // Fills o->slot_out for the slots of experts [first, last) through the backend's matmul.
 void backend_slots(const MoeSpec& spec, const Routing& routing, const Slots& slots, const float* x,
-                   const ExpertMatmulFn& matmul, int64_t first, int64_t last, MoeOutput* o) {
+                   const ExpertMatmulFn& matmul, int64_t first, int64_t last,
+                   const ChunkBiases* biases, MoeOutput* o) {
   const int64_t H = spec.hidden, I = spec.intermediate, N = spec.w13_rows();
   parallel_for(last - first, spec.threads, [&](int64_t b, int64_t end) {
     std::vector<float> xe, h, a, y;
@@ -203,18 +212,17 @@ void backend_slots(const MoeSpec& spec, const Routing& routing, const Slots& slo
       // NaN-filled outputs expose a backend that leaves part of y unwritten.
       h.assign(static_cast<size_t>(m * N), std::nanf(""));
       matmul(static_cast<int>(e), MoeProj::kW13, xe.data(), m, h.data());
-      if (spec.w13_bias)
+      if (const float* b13 =
+              bias_of(biases ? &biases->got_w13 : nullptr, spec.w13_bias, e, first, N))
         for (int64_t r = 0; r < m; ++r)
-          for (int64_t n = 0; n < N; ++n)
-            h[static_cast<size_t>(r * N + n)] += spec.w13_bias[e * N + n];
+          for (int64_t n = 0; n < N; ++n) h[static_cast<size_t>(r * N + n)] += b13[n];
       a.resize(static_cast<size_t>(m * I));
       apply_activation<float>(spec, h.data(), m, a.data());
       y.assign(static_cast<size_t>(m * H), std::nanf(""));
       matmul(static_cast<int>(e), MoeProj::kW2, a.data(), m, y.data());
-      if (spec.w2_bias)
+      if (const float* b2 = bias_of(biases ? &biases->got_w2 : nullptr, spec.w2_bias, e, first, H))
         for (int64_t r = 0; r < m; ++r)
-          for (int64_t c = 0; c < H; ++c)
-            y[static_cast<size_t>(r * H + c)] += spec.w2_bias[e * H + c];
+          for (int64_t c = 0; c < H; ++c) y[static_cast<size_t>(r * H + c)] += b2[c];
       for (int64_t r = 0; r < m; ++r) {
         double* dst = o->slot_out.data() + es[static_cast<size_t>(r)] * H;
         for (int64_t c = 0; c < H; ++c)
@@ -277,7 +285,7 @@ MoeOutput moe_reference(const MoeSpec& spec, const Routing& routing, const float
   spec.validate();
   MoeOutput o = make_output(spec, routing);
   reference_slots(spec, routing, slots_per_expert(routing, spec.experts), x, weights, 0,
-                  spec.experts, &o);
+                  spec.experts, nullptr, &o);
   combine_slots(routing, &o);
   return o;
 }
@@ -294,7 +302,7 @@ MoeOutput moe_via_expert_matmul(const MoeSpec& spec, const Routing& routing, con
   spec.validate();
   MoeOutput o = make_output(spec, routing);
   backend_slots(spec, routing, slots_per_expert(routing, spec.experts), x, matmul, 0, spec.experts,
-                &o);
+                nullptr, &o);
   combine_slots(routing, &o);
   return o;
 }
@@ -383,13 +391,22 @@ void ChunkedMoeLayerCheck::start(Routing routing) {
 }
 
 void ChunkedMoeLayerCheck::evaluate(int64_t first, int64_t last, const ExpertWeightsFn& weights,
-                                    const ExpertMatmulFn& matmul) {
+                                    const ExpertMatmulFn& matmul, const ChunkBiases* biases) {
   if (first < 0 || last > spec_.experts || first > last)
     throw Error(ErrorCode::kInternal, "", "experts",
                 "expert range [" + std::to_string(first) + ", " + std::to_string(last) +
                     ") outside the layer's " + std::to_string(spec_.experts));
-  reference_slots(spec_, routing_, slots_, x_, weights, first, last, &ref_);
-  backend_slots(spec_, routing_, slots_, x_, matmul, first, last, &got_);
+  if (biases)
+    for (const auto& [v, width] : {std::make_pair(&biases->ref_w13, spec_.w13_rows()),
+                                   {&biases->ref_w2, spec_.hidden},
+                                   {&biases->got_w13, spec_.w13_rows()},
+                                   {&biases->got_w2, spec_.hidden}})
+      if (!v->empty() && static_cast<int64_t>(v->size()) != (last - first) * width)
+        throw Error(ErrorCode::kBadShape, "", "expert biases",
+                    std::to_string(v->size()) + " bias values for " + std::to_string(last - first) +
+                        " experts of " + std::to_string(width));
+  reference_slots(spec_, routing_, slots_, x_, weights, first, last, biases, &ref_);
+  backend_slots(spec_, routing_, slots_, x_, matmul, first, last, biases, &got_);
 }
 
 MoeLayerCheck ChunkedMoeLayerCheck::finish() {

@@ -140,6 +140,14 @@ MoeLayerCheck check_moe_layer(const MoeSpec& spec, const RouterConfig& router, c
 // computed once; each evaluate() fills the slots of its experts on both sides; finish() combines
 // and compares. The result equals check_moe_layer's for any split of [0, E) into ranges (each
 // expert evaluated exactly once); experts never evaluated contribute zero outputs.
+// One chunk's expert biases (gpt-oss), indexed from the chunk's first expert: w13 [e, w13_rows()]
+// in w13's row order, w2 [e, H]; an empty vector is no bias. The reference adds ref_*, the backend
+// side got_* (the layout's own, as unpack decodes them), so that a layout that loses or moves
+// its biases fails the numerical check too.
+struct ChunkBiases {
+  std::vector<float> ref_w13, ref_w2, got_w13, got_w2;
+};
+
 class ChunkedMoeLayerCheck {
  public:
   // Throws kBadShape when the router does not match the spec (as check_moe_layer).
@@ -149,9 +157,10 @@ class ChunkedMoeLayerCheck {
                        const std::vector<float>& correction_bias);
   // A routing computed already (route_layer) of the experts' input x [T, H] (kept by pointer).
   ChunkedMoeLayerCheck(const MoeSpec& spec, Routing routing, const float* x);
-  // Experts [first, last): the callbacks receive layer-wide expert ids.
+  // Experts [first, last): the callbacks receive layer-wide expert ids. `biases` (or null: the
+  // spec's): the chunk's expert biases, the reference's and the backend's apart.
   void evaluate(int64_t first, int64_t last, const ExpertWeightsFn& weights,
-                const ExpertMatmulFn& matmul);
+                const ExpertMatmulFn& matmul, const ChunkBiases* biases = nullptr);
   MoeLayerCheck finish();  // once
 
  private:

@@ -361,6 +361,41 @@ std::vector<RoundTripCheck> compare_quant(int64_t layer, const std::string& whic
   return out;
 }
 
+// The expert biases of a chunk, bit for bit (either side having them: one without is every
+// element missing).
+std::vector<RoundTripCheck> compare_biases(int64_t layer, const MoeExperts& got,
+                                           const MoeExperts& want, int64_t first_expert) {
+  std::vector<RoundTripCheck> out;
+  if (!got.has_biases() && !want.has_biases()) return out;
+  const std::string base = "layer " + std::to_string(layer) + " ";
+  const int eb = dtype_bits(want.bias_dtype) / 8;
+  if (got.bias_dtype != want.bias_dtype) {
+    RoundTripCheck c;
+    c.name = base + "bias dtype";
+    c.mismatches = 1;
+    RoundTripMismatch m;
+    m.layer = layer;
+    m.tensor = "biases";
+    m.got = dtype_name(got.bias_dtype);
+    m.want = dtype_name(want.bias_dtype);
+    c.first_mismatch = m;
+    return {c};
+  }
+  out.push_back(compare_per_expert(base + "w13 bias", layer, got.w13_bias, want.w13_bias,
+                                   want.w13.experts, eb, first_expert));
+  out.push_back(compare_per_expert(base + "w2 bias", layer, got.w2_bias, want.w2_bias,
+                                   want.w2.experts, eb, first_expert));
+  return out;
+}
+
+// Biases as float [E, N] / [E, H] (empty without).
+std::vector<float> bias_floats(const std::vector<uint8_t>& raw, DType dt) {
+  const int eb = dtype_bits(dt) / 8;
+  std::vector<float> out(raw.size() / static_cast<size_t>(eb));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = element_as_float(raw.data() + i * eb, dt);
+  return out;
+}
+
 // A layer's round-trip checks summed over its chunks of experts (first mismatch: the first
 // chunk's that has one).
 class LayerRoundTrip {
@@ -514,25 +549,50 @@ struct LayerJob {
   std::vector<float> x, expert_x;
 };
 
-// Expert biases (gpt-oss' gate_up_proj_bias / down_proj_bias, vLLM's w13_bias / w2_bias): no
-// layout row carries them yet, so the MoE an artifact of such experts serves cannot be computed
-// as vLLM computes it (the reference would run without them). Refused (exit 4), never verified
-// with the wrong MoE.
-void refuse_expert_biases(const Output& out, const Checkpoint* src, const ManifestLayer& ml) {
+// Expert biases (gpt-oss' gate_up_proj_bias / down_proj_bias, vLLM's w13_bias / w2_bias) are
+// computed where the layout carries them (parameters of the bias roles, which unpack decodes and
+// verify adds to each projection's output). Elsewhere the MoE such experts serve cannot be
+// computed as vLLM computes it (the reference would run without them): refused (exit 4), never
+// verified with the wrong MoE -- a source whose experts have biases converted to a layout without
+// them, or bias tensors beside converted experts that are not the layout's parameters.
+bool layout_carries_biases(const ManifestLayer& ml) {
+  for (const auto& nr : ml.param_roles)
+    if (nr.second == ParamRole::kW13Bias || nr.second == ParamRole::kW2Bias) return true;
+  return false;
+}
+
+void refuse_expert_biases(const Output& out, const Manifest& manifest, const Checkpoint* src,
+                          const ManifestLayer& ml) {
+  if (layout_carries_biases(ml)) return;
   if (src)
     for (const auto& L : src->moe_layers())
       if (L.module == ml.module && !load_expert_biases(*src, L).empty())
         throw Error(ErrorCode::kUnsupported, src->dir(), L.param_prefix + "gate_up_proj_bias",
-                    "the source's experts of " + ml.module +
-                        " carry biases, which no moepack layout carries: the MoE they serve "
-                        "cannot be computed as vLLM does");
+                    "the source's experts of " + ml.module + " carry biases, which the layout " +
+                        manifest.backend +
+                        " does not carry: the MoE they serve cannot be computed as vLLM does");
   for (const char* suffix : {"gate_up_proj_bias", "down_proj_bias", "w13_bias", "w2_bias",
                              "routed_experts.w13_bias", "routed_experts.w2_bias"}) {
     const std::string name = ml.module + ".experts." + suffix;
     if (out.where.count(name))
       throw Error(ErrorCode::kUnsupported, "", name,
-                  "expert biases beside the converted experts of " + ml.module +
-                      ": moepack computes no layout's MoE with them");
+                  "expert biases beside the converted experts of " + ml.module + ", which " +
+                      manifest.backend + " does not carry: moepack computes no MoE with them");
+  }
+}
+
+// Every layer: refuse_expert_biases, and biased layers on the device (the CUDA runtime (kernels/
+// moe_runtime.h) adds no expert biases: such a layer is computed on the CPU only, never on the
+// device without them).
+void refuse_unverifiable_biases(const Output& out, const Manifest& manifest, const Checkpoint* src,
+                                const VerifyOptions& opts) {
+  for (const ManifestLayer& ml : manifest.layers) {
+    refuse_expert_biases(out, manifest, src, ml);
+    if (opts.device == "cuda" && !opts.skip_numerical && layout_carries_biases(ml))
+      throw Error(ErrorCode::kUnsupported, "", ml.module + ".experts",
+                  "--device cuda: the experts of " + ml.module +
+                      " carry biases (gpt-oss), which moepack's CUDA MoE runtime does not add; "
+                      "verify them with --device cpu");
   }
 }
 
@@ -723,6 +783,7 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
   } else {
     c.checks.push_back(compare_quant(layer_no, "w13", c.decoded.w13, c.source.w13, e0));
     c.checks.push_back(compare_quant(layer_no, "w2", c.decoded.w2, c.source.w2, e0));
+    c.checks.push_back(compare_biases(layer_no, c.decoded, c.source, e0));
   }
   // The served model computes with scales in the layout's dtype (vLLM's loader rounds an
   // fp16 checkpoint's scales to bf16 for bf16 serving); the reference does the same, so
@@ -838,17 +899,22 @@ void verify_layers_cpu(LayerRun& run) {
       auto weights = [&](int64_t e, MoeProj p) {
         return dequantize_expert(p == MoeProj::kW13 ? reference.w13 : reference.w2, e - e0);
       };
+      // Expert biases: the reference's (the source's) and the layout's as unpack decodes them.
+      const ref::ChunkBiases biases = {bias_floats(reference.w13_bias, reference.bias_dtype),
+                                       bias_floats(reference.w2_bias, reference.bias_dtype),
+                                       bias_floats(c.decoded.w13_bias, c.decoded.bias_dtype),
+                                       bias_floats(c.decoded.w2_bias, c.decoded.bias_dtype)};
       try {
         // The layout's readers over this chunk, built once (each validates the whole chunk).
         if (job.par) {
-          numeric->evaluate(e0, e1, weights, rank_matmul(run, job, c));
+          numeric->evaluate(e0, e1, weights, rank_matmul(run, job, c), &biases);
           continue;
         }
         const reader::ProjReader w13 =
             run.layout->make_reader(job.lo, c.params, MoeProj::kW13, host_param);
         const reader::ProjReader w2 =
             run.layout->make_reader(job.lo, c.params, MoeProj::kW2, host_param);
-        numeric->evaluate(e0, e1, weights, ref::reader_matmul(w13, w2, e0));
+        numeric->evaluate(e0, e1, weights, ref::reader_matmul(w13, w2, e0), &biases);
         run.progress(li, e1);
       } catch (const Error& e) {
         run.broken(ml, experts_label("evaluation", e0, e1), e);
@@ -1397,7 +1463,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (src) r.integrity.push_back(check_copied_tensors(manifest, out, *src));
   r.integrity.push_back(check_carried_files(manifest, opts.dst, src.get()));
 
-  for (const ManifestLayer& ml : manifest.layers) refuse_expert_biases(out, src.get(), ml);
+  refuse_unverifiable_biases(out, manifest, src.get(), opts);
   // 3. Per layer, by chunks of experts: decode, exact round trip, numerical check.
   LayerRun run{&out, src.get(), &layout, recipe, &manifest, threads, &opts, router, activation, &r};
   for (const ManifestLayer& ml : manifest.layers) {

@@ -226,6 +226,9 @@ struct MarlinFloatParams {
   int32_t grouped_scales;     // 64-permutation (more than one group), else the 32 one
   int32_t pair_swap;          // every 4 permuted scales stored as (0, 2, 1, 3)
   int32_t padded_w13;         // as MarlinParams::padded_w13
+  // gpt-oss: logical w13 row n (gate j = n < inter, up j = n - inter) sits at physical row 2j
+  // (gate) or 2j + 1 (up), the checkpoint's interleave vLLM keeps
+  int32_t interleaved_w13;
   float scale_mult, global_mult;
   int64_t kp, np;               // physical K and N
   int64_t groups;               // G
@@ -627,9 +630,16 @@ MOEPACK_HD float marlin_float_scale(const MarlinFloatParams& p, int64_t e, int64
   return scale_at(base, pos, t) * p.scale_mult;
 }
 
+// The physical row of logical row n (w13's padding or gpt-oss' interleave).
+MOEPACK_HD int64_t marlin_float_row(const MarlinFloatParams& p, int64_t n) {
+  if (p.interleaved_w13) return n < p.inter ? 2 * n : 2 * (n - p.inter) + 1;
+  if (p.padded_w13) return n + (n / p.inter) * (p.padded_inter - p.inter);
+  return n;
+}
+
 MOEPACK_HD float kind_weight(const MarlinFloatParams& p, const ProjReader&, int64_t e, int64_t n,
                              int64_t kk) {
-  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  n = marlin_float_row(p, n);
   const int64_t g = p.group_size > 0 ? kk / p.group_size : 0;
   int word = 0, field = 0;
   marlin::word_field_of(p.bits, false, kk, n, &word, &field);
@@ -645,7 +655,7 @@ MOEPACK_HD float kind_weight(const MarlinFloatParams& p, const ProjReader&, int6
 // The row with the (word, field) of each tile row and one scale per group hoisted.
 MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r, int64_t e,
                                 int64_t n, float* w) {
-  if (p.padded_w13) n += (n / p.inter) * (p.padded_inter - p.inter);
+  n = marlin_float_row(p, n);
   int word[16], field[16];
   for (int k = 0; k < 16; ++k) marlin::word_field_of(p.bits, false, k, n, &word[k], &field[k]);
   const uint32_t mask = (1u << p.bits) - 1u;

@@ -254,7 +254,10 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
               << (gated ? " gated" : " relu2");
         SCOPED_TRACE(trace.str());
         ++cases;
-        const MoeExperts experts = test::random_moe_experts(rng, s, ro);
+        MoeExperts experts = test::random_moe_experts(rng, s, ro);
+        // A layout that carries expert biases (gpt-oss) packs them; the readers compared here
+        // read the weights (the runtime adds no biases; verify's CPU path does).
+        test::add_declared_biases(rng, row.param_specs(o, s), &experts);
         // A decision over the whole layer, as make_plan makes it.
         if (row.decide_layer)
           o.layer_decisions = row.decide_layer(o, s, test::whole_layer(experts, 2));

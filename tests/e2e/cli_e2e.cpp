@@ -611,6 +611,46 @@ TEST(VerifyCatches, MarlinGateUpSwapped) {
   expect_verify_fails_naming_layer(c.dst, c.src, 1);
 }
 
+// gpt-oss through marlin-mxfp4 (the tiny published-format checkpoint, tests/gpt_oss): biases
+// dropped (zeros, as a converter that forgot them would write) and the gate and up biases swapped
+// (adjacent in the interleaved rows, and marlin_permute_bias keeps pairs (2i, 2i + 1) adjacent)
+// fail the round trip and the numerical check of that layer, on the CPU (the CUDA runtime
+// refuses biased layers: GptOssE2e).
+TEST(VerifyCatches, GptOssBiasesDroppedOrGateUpSwapped) {
+  const std::string src = test::source_dir() + "/tests/gpt_oss/fixtures/mxfp4";
+  const std::string p = "model.layers.1.mlp.experts.routed_experts.";
+  const std::vector<std::pair<std::string, Transform>> cases = {
+      {p + "w13_bias",
+       [](std::vector<uint8_t>& b, const Shape&) { std::fill(b.begin(), b.end(), 0); }},
+      {p + "w2_bias",
+       [](std::vector<uint8_t>& b, const Shape&) { std::fill(b.begin(), b.end(), 0); }},
+      {p + "w13_bias", [](std::vector<uint8_t>& b, const Shape&) {
+         for (size_t i = 0; i + 3 < b.size(); i += 4) {
+           std::swap(b[i], b[i + 2]);
+           std::swap(b[i + 1], b[i + 3]);
+         }
+       }}};
+  for (const auto& [tensor, fn] : cases) {
+    SCOPED_TRACE(tensor);
+    TempDir tmp;
+    const std::string dst = tmp / "dst";
+    ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm80"), 0);
+    corrupt(dst, tensor, fn);
+    std::string out, err;
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src + " --json", &out, &err), 1)
+        << out << err;
+    const json v = json::parse(out, nullptr, false);
+    ASSERT_FALSE(v.is_discarded()) << out;
+    bool round_trip_failed = false, layer_failed = false;
+    for (const auto& c : v["round_trip"])
+      if (c["passed"] == false) round_trip_failed = true;
+    for (const auto& l : v["layers"])
+      if (l["layer"] == 1) layer_failed = l["passed"] == false;
+    EXPECT_TRUE(round_trip_failed) << v["round_trip"].dump();
+    EXPECT_TRUE(layer_failed) << v["layers"].dump();
+  }
+}
+
 // Every scale of w13 changed: the round trip counts mismatching scales against the scales
 // compared, never bytes against elements ("12398 of 8192 differ", issue 29), and the first
 // mismatch shows whole scale values.

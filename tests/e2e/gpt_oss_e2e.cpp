@@ -1,7 +1,8 @@
 // gpt-oss through the CLI on the tiny checkpoint in the published format (tests/gpt_oss): inspect
-// reads and validates it (every expert decoded), convert refuses it with exit 4 naming what vLLM
-// 0.33 runs for it on the target arch, and a config that disagrees with the tensors exits 3
-// naming config.json.
+// reads and validates it (every expert decoded), convert writes marlin-mxfp4 where vLLM 0.33 runs
+// Marlin for it (sm80/86/89/120; sm90 with --backend marlin-mxfp4) and verify checks it with the
+// biases, and refuses it with exit 4 naming what vLLM 0.33 runs elsewhere; a config that
+// disagrees with the tensors exits 3 naming config.json.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kernels/moepack_cuda.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -43,10 +45,8 @@ TEST(GptOssE2e, ConvertNamesWhatVllmRunsPerArch) {
     const char* backend;
     const char* layout;
   };
-  for (const Case& k :
-       {Case{"sm90", "TRITON", "triton-mxfp4"},
-        Case{"sm100", "FLASHINFER_TRTLLM_MXFP4_BF16", "trtllm-mxfp4"},
-        Case{"sm80", "MARLIN", "marlin-mxfp4"}, Case{"sm120", "MARLIN", "marlin-mxfp4"}}) {
+  for (const Case& k : {Case{"sm90", "TRITON", "triton-mxfp4"},
+                        Case{"sm100", "FLASHINFER_TRTLLM_MXFP4_BF16", "trtllm-mxfp4"}}) {
     SCOPED_TRACE(k.arch);
     test::TempDir tmp;
     std::string out, err;
@@ -59,6 +59,76 @@ TEST(GptOssE2e, ConvertNamesWhatVllmRunsPerArch) {
     EXPECT_TRUE(contains(err, std::string("no ") + k.layout + " layout yet")) << err;
     EXPECT_FALSE(fs::exists(tmp / "out"));
   }
+}
+
+// Where vLLM 0.33 runs MARLIN for gpt-oss, auto writes marlin-mxfp4 with the biases, named and
+// shaped as GptOssMxfp4MoEMethod leaves the layer (H = I = 64 padded to 256 / 128), and verify
+// checks it exactly against the source (round trip of codes, scales and biases; the MoE with the
+// biases and the clamped SwiGLU).
+TEST(GptOssE2e, ConvertsToMarlinWhereVllmRunsMarlinAndVerifies) {
+  for (const char* arch : {"sm80", "sm86", "sm89", "sm120"}) {
+    SCOPED_TRACE(arch);
+    test::TempDir tmp;
+    const std::string dst = tmp / "out";
+    std::string out, err;
+    ASSERT_EQ(
+        test::moepack_cli("convert " + kMxfp4 + " " + dst + " --target-arch " + arch, &out, &err),
+        0)
+        << err;
+    const nlohmann::json m = test::read_json_file(dst + "/moepack.json");
+    EXPECT_EQ(m["backend"], "marlin-mxfp4");
+    const std::string p = "model.layers.1.mlp.experts.routed_experts.";
+    struct Want {
+      const char* name;
+      const char* dtype;
+      std::vector<int64_t> shape;
+      const char* role;
+    };
+    for (const Want& w : {Want{"w13_weight", "I32", {4, 16, 512}, "w13_weight"},
+                          Want{"w2_weight", "I32", {4, 8, 512}, "w2_weight"},
+                          Want{"w13_weight_scale", "F8_E8M0", {4, 8, 256}, "w13_scale"},
+                          Want{"w2_weight_scale", "F8_E8M0", {4, 4, 256}, "w2_scale"},
+                          Want{"w13_bias", "BF16", {4, 256}, "w13_bias"},
+                          Want{"w2_bias", "BF16", {4, 256}, "w2_bias"}}) {
+      const nlohmann::json& t = m["tensors"][p + w.name];
+      EXPECT_EQ(t["dtype"], w.dtype) << w.name;
+      EXPECT_EQ(t["shape"].get<std::vector<int64_t>>(), w.shape) << w.name;
+    }
+    std::string report;
+    EXPECT_EQ(test::moepack_cli("verify " + dst + " --source " + kMxfp4 + " --json", &report, &err),
+              0)
+        << err << report;
+    const nlohmann::json v = nlohmann::json::parse(report);
+    bool bias_checked = false;
+    for (const auto& c : v["round_trip"])
+      bias_checked = bias_checked || c["name"] == "layer 1 w13 bias";
+    EXPECT_TRUE(bias_checked) << report;
+    // The CUDA runtime adds no biases: the device path refuses the layers (or there is none).
+    EXPECT_EQ(test::moepack_cli("verify " + dst + " --device cuda", &out, &err), 4) << err;
+    EXPECT_TRUE(contains(err, cuda_device_info().available ? "carry biases" : "no CUDA")) << err;
+  }
+}
+
+// On sm90 vLLM runs the OAI Triton kernels: auto refuses (above), --backend marlin-mxfp4 writes
+// Marlin's layout (what vLLM runs there with --moe-backend marlin), and inspect says what vLLM's
+// own oracle would pick and why.
+TEST(GptOssE2e, Sm90WritesMarlinOnlyWhenAsked) {
+  test::TempDir tmp;
+  std::string out, err;
+  ASSERT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "out") +
+                                  " --target-arch sm90 --backend marlin-mxfp4",
+                              &out, &err),
+            0)
+      << err;
+  EXPECT_TRUE(contains(out, "would pick triton") && contains(out, "TRITON")) << out;
+  EXPECT_EQ(test::moepack_cli("verify " + (tmp / "out") + " --source " + kMxfp4, &out, &err), 0)
+      << err << out;
+  ASSERT_EQ(test::moepack_cli("inspect " + kMxfp4 + " --target-arch sm90 --backend marlin-mxfp4",
+                              &out, &err),
+            0)
+      << err;
+  EXPECT_TRUE(contains(out, "TRITON")) << out;
+  EXPECT_TRUE(contains(out, "--moe-backend marlin")) << out;
 }
 
 TEST(GptOssE2e, Bf16VariantIsReadAndRefusedForConversion) {

@@ -10,6 +10,8 @@
 // refused by the row instead (the kernel check on the H100 raised for exactly these).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +44,9 @@ struct FamilyRow {
   const char* family;
   QuantMethod method;
   const char* layout;
+  // The codec that reads the fixture's inputs, where it is not `method`'s (mxfp4_oracle: vLLM's
+  // gpt-oss path fed compressed-tensors-named tensors).
+  QuantMethod read_as = QuantMethod::kNone;
 };
 const FamilyRow* family_row(const std::string& family) {
   static const FamilyRow rows[] = {
@@ -52,6 +57,9 @@ const FamilyRow* family_row(const std::string& family) {
       {"nvfp4_modelopt", QuantMethod::kModeloptNvfp4, "marlin-nvfp4"},
       {"nvfp4_ct", QuantMethod::kCtNvfp4, "marlin-nvfp4"},
       {"mxfp4_ct", QuantMethod::kCtMxfp4, "marlin-mxfp4"},
+      // convert_gpt_oss_weight_to_mxfp4_moe_kernel_format -> prepare_moe_mxfp4_layer_for_marlin
+      // with biases: moepack's gpt-oss source through marlin-mxfp4.
+      {"mxfp4_oracle", QuantMethod::kGptOssMxfp4, "marlin-mxfp4", QuantMethod::kCtMxfp4},
   };
   for (const auto& r : rows)
     if (family == r.family) return &r;
@@ -125,6 +133,42 @@ MoeExperts read_source(const SafetensorsFile& f, const SourceCodec& codec, const
   return x;
 }
 
+// The mxfp4_oracle fixtures hand prepare_moe_mxfp4_layer_for_marlin w13 = the stacked
+// [gate_proj; up_proj] rows (and their biases) as they are; in gpt-oss, w13's rows are the
+// checkpoint's interleave, which marlin-mxfp4 writes from the canonical [gate; up]. The canonical
+// experts whose interleave is those rows: gate j = stacked row 2j, up j = stacked row 2j + 1.
+// The biases: each expert's gate_proj.bias, up_proj.bias (stacked, then taken the same way) and
+// down_proj.bias, BF16.
+void as_gpt_oss_rows(const SafetensorsFile& f, MoeExperts* x) {
+  QuantTensor& w = x->w13;
+  const int64_t E = w.experts, N = w.n, K = w.k, G = w.groups(), I = N / 2;
+  const QuantTensor stacked = w;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t from = r < I ? 2 * r : 2 * (r - I) + 1;
+      std::memcpy(&w.codes[static_cast<size_t>((e * N + r) * K)],
+                  &stacked.codes[static_cast<size_t>((e * N + from) * K)], static_cast<size_t>(K));
+      std::memcpy(&w.scales[static_cast<size_t>((e * N + r) * G)],
+                  &stacked.scales[static_cast<size_t>((e * N + from) * G)], static_cast<size_t>(G));
+    }
+  if (!f.contains("model.layers.0.mlp.experts.0.gate_proj.bias")) return;  // a case without
+  x->bias_dtype = DType::kBF16;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string pre = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+    std::vector<uint8_t> b13;
+    for (const char* proj : {"gate_proj", "up_proj"}) {
+      const TensorView v = f.view(pre + proj + ".bias");
+      b13.insert(b13.end(), v.data, v.data + v.nbytes);
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t from = r < I ? 2 * r : 2 * (r - I) + 1;
+      x->w13_bias.insert(x->w13_bias.end(), b13.begin() + from * 2, b13.begin() + from * 2 + 2);
+    }
+    const TensorView d = f.view(pre + "down_proj.bias");
+    x->w2_bias.insert(x->w2_bias.end(), d.data, d.data + d.nbytes);
+  }
+}
+
 class MarlinFloatGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MarlinFloatGolden, PackEqualsVllmByteForByte) {
@@ -135,7 +179,8 @@ TEST_P(MarlinFloatGolden, PackEqualsVllmByteForByte) {
   ASSERT_TRUE(j["error"].is_null()) << "vLLM itself refused: " << j["error"];
   const FamilyRow* fr = family_row(cs["family"]);
   if (!fr) GTEST_SKIP() << cs["family"] << ": no moepack row reads this family yet";
-  const SourceCodec* codec = find_source_codec(fr->method);
+  const SourceCodec* codec =
+      find_source_codec(fr->read_as != QuantMethod::kNone ? fr->read_as : fr->method);
   const TargetLayout* row = find_target_layout(fr->layout);
   ASSERT_NE(codec, nullptr);
   ASSERT_NE(row, nullptr);
@@ -145,7 +190,8 @@ TEST_P(MarlinFloatGolden, PackEqualsVllmByteForByte) {
   q.dtype = act;  // the model dtype
   const int64_t E = cs["E"], H = cs["H"], I = cs["I"];
   const SafetensorsFile f = SafetensorsFile::open(fixture_dir() + "/" + c + ".safetensors");
-  const MoeExperts x = read_source(f, *codec, q, E);
+  MoeExperts x = read_source(f, *codec, q, E);
+  if (fr->method == QuantMethod::kGptOssMxfp4) as_gpt_oss_rows(f, &x);
   const std::string prefix = "model.layers.0.mlp.experts.routed_experts.";
   LayoutOptions o =
       LayoutOptions::for_layer(fr->method, act, true, false, VllmTarget::kV0_33, prefix, I, 1);
@@ -195,6 +241,15 @@ TEST_P(MarlinFloatGolden, PackEqualsVllmByteForByte) {
   const MoeExperts back = row->unpack(o, params);
   EXPECT_EQ(back.w13.codes, x.w13.codes);
   EXPECT_EQ(back.w2.codes, x.w2.codes);
+  EXPECT_EQ(back.w13_bias, x.w13_bias);
+  EXPECT_EQ(back.w2_bias, x.w2_bias);
+}
+
+// The gpt-oss fixture with biases is among the cases (prepare_moe_mxfp4_layer_for_marlin's
+// marlin_permute_bias on the H100), so the test above compares moepack's biases with vLLM's.
+TEST(MarlinFloatGolden, GptOssBiasFixtureIsPresent) {
+  const std::vector<std::string> all = cases();
+  EXPECT_NE(std::find(all.begin(), all.end(), "mxfp4_oracle_E2_H256_I128_bf16_bias"), all.end());
 }
 
 INSTANTIATE_TEST_SUITE_P(Vllm033H100, MarlinFloatGolden, ::testing::ValuesIn(cases()),
