@@ -315,7 +315,7 @@ LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads) 
     EXPECT_TRUE(0 <= a && a < b && b <= x.w13.experts && b - a <= max_per_load)
         << "load(" << a << ", " << b << ")";
     if (loads) ++*loads;
-    return MoeExperts{slice_experts(x.w13, a, b), slice_experts(x.w2, a, b)};
+    return slice_moe_experts(x, a, b);
   };
   return l;
 }

@@ -337,7 +337,9 @@ TEST(CheckMoeLayer, QuantisedLayerThroughDequantizeExpert) {
     q.check_consistent("test");
     return q;
   };
-  MoeExperts layer{make_q(2 * I, H, 1), make_q(H, I, 2)};
+  MoeExperts layer;
+  layer.w13 = make_q(2 * I, H, 1);
+  layer.w2 = make_q(H, I, 2);
   // The backend's own layout: codes transposed to [E, K, N], scales as float [E, G, N].
   struct Packed {
     int64_t n, k, groups;
