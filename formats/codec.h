@@ -345,7 +345,9 @@ struct LayoutOptions {
   // by name: made once per layer at plan time over all its experts, never per chunk, so that
   // every chunk of a layer is packed alike; recorded per layer in moepack.json
   // ("layout_decisions") and given back to unpack and the reader by verify. Empty for layouts
-  // without decide_layer.
+  // without decide_layer. In a tensor- or expert-parallel output the decisions are each rank's,
+  // made over that rank's share of the layer (vLLM 0.33 post-processes each rank's slice alone),
+  // and recorded per rank (moepack.json layers[i].ranks[r]).
   std::map<std::string, std::string> layer_decisions;
 
   // The one way the pipeline makes them for a layer (plan, oracle, verify); tests may also set
@@ -543,15 +545,18 @@ struct TargetLayout {
   std::vector<VllmServing> vllm_serving = {};
   // Optional (nullptr: none): decisions that depend on the codes of the whole layer (all its
   // experts), which no chunk can make alone -- Humming recodes a projection none of whose codes
-  // is 0. make_plan calls it once per layer; the result is LayoutOptions::layer_decisions for
-  // every chunk's pack, recorded in moepack.json and given back to unpack and make_reader.
+  // is 0. make_plan calls it once per layer (once per rank of a parallel output, on the rank's
+  // share: its tensor-parallel split or its experts); the result is LayoutOptions::layer_decisions
+  // for every chunk's pack, recorded in moepack.json and given back to unpack and make_reader.
   std::map<std::string, std::string> (*decide_layer)(const LayoutOptions&, const MoeShape&,
                                                      const LayerExperts&) = nullptr;
   // Optional (nullptr: none): what the serving runtime needs beside the parameters (Humming: its
   // version, the SM and each sublayer's LayerConfig), as ordered (key, text) pairs computed from
   // the options (decisions included) and the shape. Recorded per layer in moepack.json
-  // ("layout_config"); verify recomputes it and refuses an artifact whose record differs, naming
-  // the key (and the field, where both texts are JSON objects).
+  // ("layout_config"; per rank of a parallel output, from the rank's options, decisions and
+  // shape: Humming's num_experts, shape_n and padding are the rank's); verify recomputes it and
+  // refuses an artifact whose record differs, naming the key (and the field, where both texts are
+  // JSON objects).
   std::vector<std::pair<std::string, std::string>> (*layer_config)(const LayoutOptions&,
                                                                    const MoeShape&) = nullptr;
   // How vLLM 0.33 splits the layer's experts over tensor-parallel ranks (see

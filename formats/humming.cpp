@@ -239,9 +239,9 @@ std::vector<ParamSpec> humming_param_specs(const LayoutOptions& opts, const MoeS
 }
 
 std::vector<std::string> humming_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
-  // The bytes and the LayerConfig are vLLM 0.33's at tensor_parallel_size 1 without expert
-  // parallelism (the only deployment the plugin serves): the recode decision over all experts is
-  // then vLLM's own.
+  // The bytes and the LayerConfig are vLLM 0.33's: at tensor_parallel_size 1 without expert
+  // parallelism the recode decision over all experts is vLLM's own, and for a parallel output
+  // make_plan decides per rank over the rank's share, as each rank of vLLM does.
   return {};
 }
 

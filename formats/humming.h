@@ -17,8 +17,10 @@
 // The codes the tiles hold, per sublayer:
 //   - sign-magnitude float{b}e0m{b-1} where the sublayer is symmetric and none of its codes (all
 //     local experts, all N, all K) is 0 (HummingWeightSchema.convert_symmetric_integer_weight):
-//     c' = |c - 2^(b-1)| | (c < 2^(b-1)) << (b-1); a decision of the WHOLE layer, made once by
-//     humming_decide_layer and carried in LayoutOptions::layer_decisions ("w13_b_dtype",
+//     c' = |c - 2^(b-1)| | (c < 2^(b-1)) << (b-1); a decision of the WHOLE layer (of a rank's
+//     share of it in a tensor- or expert-parallel output: each rank of vLLM decides on its
+//     slice), made once by humming_decide_layer and carried in LayoutOptions::layer_decisions
+//     ("w13_b_dtype",
 //     "w2_b_dtype": "uint4" / "uint8" / "float4e0m3" / "float8e0m7");
 //   - else for bf16 activations and 8-bit codes the int2fp preprocessing of weight_repack_nk:
 //     c' = c >= z ? c - z : 2^b - 1 - c, z = the zero code of (n, group) or 2^(b-1), applied

@@ -142,6 +142,9 @@ MoeExperts tp_canonical_split(const MoeExperts& whole, bool gated, int tp, int r
       const int64_t sto = e * rows13p + s * ip / sbn;
       copy_items(w13.scales, sfrom, out.w13.scales, sto, ip / sbn, G13 * sb13);
     }
+  // NVFP4's second-level scales are per expert (and per gate/up shard): every rank holds them.
+  out.w13.global_scales = w13.global_scales;
+  out.w13.global_shards = w13.global_shards;
   // w2: K columns [rank ip, (rank + 1) ip) and their groups; one group (channelwise) stays whole.
   out.w2 = QuantTensor(w2.spec(), E, w2.n, ip);
   const int64_t G2 = w2.groups(), G2p = out.w2.groups(), sb2 = w2.scale_bytes();
@@ -153,6 +156,8 @@ MoeExperts tp_canonical_split(const MoeExperts& whole, bool gated, int tp, int r
   if (!w2.symmetric)
     for (int64_t row = 0; row < E * w2.n; ++row)
       copy_items(w2.zeros, row * G2 + g0, out.w2.zeros, row * G2p, G2p, 1);
+  out.w2.global_scales = w2.global_scales;
+  out.w2.global_shards = w2.global_shards;
   out.w13.check_consistent("w13 of rank " + num(rank));
   out.w2.check_consistent("w2 of rank " + num(rank));
   return out;
@@ -168,6 +173,11 @@ MoeExperts tp_canonical_merge(const std::vector<MoeExperts>& ranks, bool gated) 
   out.w13 = QuantTensor(r13.spec(), E, shards * I, H);
   out.w13.g_idx = r13.g_idx;
   out.w2 = QuantTensor(r2.spec(), E, r2.n, I);
+  // Every rank holds the experts' second-level scales whole: rank 0's.
+  out.w13.global_scales = r13.global_scales;
+  out.w13.global_shards = r13.global_shards;
+  out.w2.global_scales = r2.global_scales;
+  out.w2.global_shards = r2.global_shards;
   const int64_t G13 = r13.groups(), sb13 = r13.scale_bytes();
   const int64_t rows13 = out.w13.scale_rows(), rows13p = r13.scale_rows();
   const int64_t G2 = out.w2.groups(), G2p = r2.groups(), sb2 = r2.scale_bytes();
@@ -294,6 +304,8 @@ QuantTensor concat_experts(const std::vector<QuantTensor>& parts) {
     out.scales.insert(out.scales.end(), q.scales.begin(), q.scales.end());
     out.zeros.insert(out.zeros.end(), q.zeros.begin(), q.zeros.end());
     out.g_idx.insert(out.g_idx.end(), q.g_idx.begin(), q.g_idx.end());
+    out.global_scales.insert(out.global_scales.end(), q.global_scales.begin(),
+                             q.global_scales.end());
   }
   out.check_consistent("concatenated experts");
   return out;
@@ -320,6 +332,7 @@ QuantTensor select_experts(const QuantTensor& q, const std::vector<int64_t>& ids
   pick(q.scales, out.scales);
   pick(q.zeros, out.zeros);
   pick(q.g_idx, out.g_idx);
+  pick(q.global_scales, out.global_scales);
   out.check_consistent("selected experts");
   return out;
 }

@@ -254,49 +254,47 @@ const std::vector<SourceCodec>& source_codecs() {
 
 namespace {
 
-// vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming). Its kernel runs on every
-// arch vLLM's Humming experts take (capability 7.5 and up); its LayerConfig names the exact
-// SM, and moepack writes it for SM90 only (humming_unsupported_reasons).
-TargetLayout humming_row(const std::vector<TargetArch>& every_arch) {
-  using S = ServingPath;
-  return {
-      .name = "humming",
-      .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
-      .layout_version = 1,
-      .schemes = {"wna16"},
-      .archs = every_arch,
-      .unsupported_reasons = humming_unsupported_reasons,
-      .param_specs = humming_param_specs,
-      .pack = pack_humming_moe,
-      .unpack = unpack_humming_moe,
-      .reader_kind = reader::Kind::kHumming,
-      .act_quant = humming_act_quant,
-      .make_reader = humming_make_reader,
-      .deviations_from_vllm = humming_deviations_from_vllm,
-      // vLLM 0.33's WNA16 MoE methods run convert_to_humming_moe_kernel_format in
-      // process_weights_after_loading and have no pre-processed path; the plugin builds vLLM's
-      // Humming experts itself from the parameters and the recorded LayerConfigs.
-      .vllm_serving = {{.target = VllmTarget::kV0_33,
-                        .path = S::kKernelBuilder,
-                        .kernel_builder = "wna16-humming"}},
-      .decide_layer = humming_decide_layer,
-      .layer_config = humming_layer_config,
-      // decide_layer judges the whole layer's codes; under vLLM 0.33's tensor or expert
-      // parallelism each rank converts its own slice and decides on it, which is not modelled.
-      .tensor_parallel = {.unsupported = "Humming's per-layer decisions (decide_layer) are made "
-                                         "on the whole layer's codes; a rank of vLLM 0.33 "
-                                         "decides on its own slice, which moepack does not "
-                                         "model"}};
-}
-
-}  // namespace
-
-namespace {
 // The rows every vLLM 0.33 loader narrows by tp_rank and post-processes as a layer of I / tp
 // (formats/parallel.h's canonical split).
 TensorParallelSplit canonical_tensor_parallel() {
   return {.reasons = tp_canonical_reasons, .split = tp_canonical_split};
 }
+
+// vLLM 0.33's first WNA16 choice on SM90 (prioritize_humming). Its kernel runs on every
+// arch vLLM's Humming experts take (capability 7.5 and up); its LayerConfig names the exact
+// SM, and moepack writes it for SM90 only (humming_unsupported_reasons).
+TargetLayout humming_row(const std::vector<TargetArch>& every_arch) {
+  using S = ServingPath;
+  return {.name = "humming",
+          .kernel = "vLLM 0.33's Humming MoE kernel (humming-kernels 0.1.19)",
+          .layout_version = 1,
+          .schemes = {"wna16"},
+          .archs = every_arch,
+          .unsupported_reasons = humming_unsupported_reasons,
+          .param_specs = humming_param_specs,
+          .pack = pack_humming_moe,
+          .unpack = unpack_humming_moe,
+          .reader_kind = reader::Kind::kHumming,
+          .act_quant = humming_act_quant,
+          .make_reader = humming_make_reader,
+          .deviations_from_vllm = humming_deviations_from_vllm,
+          // vLLM 0.33's WNA16 MoE methods run convert_to_humming_moe_kernel_format in
+          // process_weights_after_loading and have no pre-processed path; the plugin builds vLLM's
+          // Humming experts itself from the parameters and the recorded LayerConfigs.
+          .vllm_serving = {{.target = VllmTarget::kV0_33,
+                            .path = S::kKernelBuilder,
+                            .kernel_builder = "wna16-humming"}},
+          .decide_layer = humming_decide_layer,
+          .layer_config = humming_layer_config,
+          // Under tensor or expert parallelism each rank of vLLM 0.33 converts its own slice (the
+          // loader's narrowing, or its local experts) with convert_to_humming_moe_kernel_format:
+          // decide_layer and layer_config are then the rank's (make_plan calls them per rank).
+          .tensor_parallel = canonical_tensor_parallel()};
+}
+
+}  // namespace
+
+namespace {
 
 // FlashInfer's TRT-LLM-Gen MoE rows (Blackwell).
 std::vector<TargetLayout> trtllm_layouts(const std::vector<TargetArch>& sm100) {
@@ -434,13 +432,11 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        .vllm_serving = {{.target = VllmTarget::kV0_33,
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}},
-       // The rescale factor of every projection's block scales is the layer's (all experts).
+       // The rescale factor of every projection's block scales is the layer's (all its experts).
        .decide_layer = marlin_nvfp4_decide_layer,
        // vLLM 0.33 computes that factor on each rank's slice (_nvfp4_compute_scale_factor after
-       // the loader's narrowing), which moepack's whole-layer decision does not model.
-       .tensor_parallel = {.unsupported = "marlin-nvfp4's block-scale rescale factor is a "
-                                          "whole-layer decision; a rank of vLLM 0.33 computes "
-                                          "it on its own slice, which moepack does not model"}},
+       // the loader's narrowing, or over its local experts): make_plan decides per rank.
+       .tensor_parallel = float_marlin_tp},
       {.name = "marlin-mxfp4",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP4 weights, bf16 activations)",
        .layout_version = 1,

@@ -100,25 +100,14 @@ std::vector<Tensor> pack_ranks(const Plan& plan, const PlannedLayer& pl, const M
   const Parallelism& par = plan.options.parallel;
   const TargetLayout& row = *plan.layout;
   const int ranks = par.ranks();
-  const int64_t E = pl.shape.experts;
-  const LayoutOptions lo = rank_layout_options(pl.layout_options, par);
   std::vector<Tensor> out;
   for (int r = 0; r < ranks; ++r) {
-    std::vector<Tensor> packed;
-    if (par.tensor > 1) {
-      packed =
-          row.pack(lo, row.tensor_parallel.split(experts, pl.layout_options.gated, par.tensor, r));
-    } else {
-      // The rank's experts among [e0, e1), in global order (= its local order, both placements).
-      std::vector<int64_t> ids;
-      for (int64_t g : par.rank_experts(E, r))
-        if (g >= e0 && g < e1) ids.push_back(g - e0);
-      if (ids.empty()) continue;
-      MoeExperts mine;
-      mine.w13 = select_experts(experts.w13, ids);
-      mine.w2 = select_experts(experts.w2, ids);
-      packed = row.pack(lo, mine);
-    }
+    // The rank's split, or its experts among [e0, e1) in global order (= its local order, both
+    // placements), packed with the rank's options and decisions.
+    const MoeExperts mine =
+        rank_share_of(row, par, pl.layout_options.gated, pl.shape.experts, experts, r, e0, e1);
+    if (mine.w13.experts == 0) continue;
+    std::vector<Tensor> packed = row.pack(planned_rank_options(pl, par, r), mine);
     for (Tensor& t : packed) {
       t.name = rank_tensor_key(r, ranks, t.name);
       out.push_back(std::move(t));

@@ -134,9 +134,21 @@ Manifest build_manifest(const Plan& plan, const Checkpoint& ckpt,
     }
     ml.deviations_from_vllm = pl.deviations;
     ml.layout_decisions = pl.layout_options.layer_decisions;
-    if (plan.layout->layer_config)
+    const Parallelism& par = plan.options.parallel;
+    if (plan.layout->layer_config && par.whole())
       for (auto& [k, v] : plan.layout->layer_config(pl.layout_options, pl.shape))
         ml.layout_config[k] = std::move(v);
+    // A parallel output: each rank's decisions and configuration (its options and shape).
+    if (!par.whole() && (plan.layout->decide_layer || plan.layout->layer_config))
+      for (int r = 0; r < par.ranks(); ++r) {
+        ManifestLayer::RankLayout rl;
+        const LayoutOptions lo = planned_rank_options(pl, par, r);
+        rl.layout_decisions = lo.layer_decisions;
+        if (plan.layout->layer_config)
+          for (auto& [k, v] : plan.layout->layer_config(lo, rank_shape(pl.shape, par, r)))
+            rl.layout_config[k] = std::move(v);
+        ml.rank_layouts.push_back(std::move(rl));
+      }
     m.layers.push_back(std::move(ml));
   }
   m.config = config_digests(output_config(ckpt.config().raw, plan.config_patch));
@@ -174,6 +186,15 @@ LayoutOptions layout_options_of(const Manifest& m, const ManifestLayer& ml, int 
   return lo;
 }
 
+LayoutOptions rank_options_of(const Manifest& m, const ManifestLayer& ml, int rank, int threads) {
+  LayoutOptions lo = layout_options_of(m, ml, threads);
+  if (!m.parallel) return lo;
+  lo = rank_layout_options(lo, m.parallel->parallel);
+  if (rank >= 0 && static_cast<size_t>(rank) < ml.rank_layouts.size())
+    lo.layer_decisions = ml.rank_layouts[static_cast<size_t>(rank)].layout_decisions;
+  return lo;
+}
+
 std::string rank_digest(const std::map<std::string, std::string>& sha) {
   std::string text;
   for (const auto& [name, digest] : sha) text += name + " " + digest + "\n";
@@ -205,6 +226,14 @@ json to_json(const ManifestLayer& l) {
   }
   if (!l.layout_decisions.empty()) j["layout_decisions"] = l.layout_decisions;
   if (!l.layout_config.empty()) j["layout_config"] = l.layout_config;
+  for (size_t r = 0; r < l.rank_layouts.size(); ++r) {
+    json jr = {{"rank", r}};
+    if (!l.rank_layouts[r].layout_decisions.empty())
+      jr["layout_decisions"] = l.rank_layouts[r].layout_decisions;
+    if (!l.rank_layouts[r].layout_config.empty())
+      jr["layout_config"] = l.rank_layouts[r].layout_config;
+    j["ranks"].push_back(std::move(jr));
+  }
   return j;
 }
 
@@ -482,6 +511,17 @@ ManifestLayer parse_layer(const JsonField& f,
   l.deviations_from_vllm = f["deviations_from_vllm"].strings();
   l.layout_decisions = parse_string_map(f, "layout_decisions");
   l.layout_config = parse_string_map(f, "layout_config");
+  if (f.has("ranks")) {  // a parallel output's per-rank records (counted against "parallel")
+    const JsonField ranks = f["ranks"];
+    for (size_t r = 0; r < ranks.array_size(); ++r) {
+      const JsonField jr = ranks.item(r);
+      jr.expect_object();
+      if (jr["rank"].integer(0, kMaxParallelRanks) != static_cast<int64_t>(r))
+        jr["rank"].fail("expected " + std::to_string(r));
+      l.rank_layouts.push_back(
+          {parse_string_map(jr, "layout_decisions"), parse_string_map(jr, "layout_config")});
+    }
+  }
   return l;
 }
 
@@ -716,6 +756,14 @@ Manifest parse_fields(const JsonField& root) {
   parse_target(root, m);
   parse_contents(root, m);
   if (root.has("parallel")) m.parallel = parse_parallel(root["parallel"], m);
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const size_t n = m.layers[i].rank_layouts.size();
+    const size_t want = m.parallel ? static_cast<size_t>(m.parallel->parallel.ranks()) : 0;
+    if (n != 0 && n != want)
+      root["layers"].item(i)["ranks"].fail("expected " + std::to_string(want) +
+                                           " entries (one per rank of \"parallel\"), got " +
+                                           std::to_string(n));
+  }
   check_layers_cover_tensors(root, m);
   if (m.manifest_version >= 2) parse_layer_roles(root, m);
   if (m.manifest_version >= 3) m.config = parse_config_digests(root["config"]);

@@ -100,6 +100,14 @@ struct ManifestLayer {
   // from the file, for layouts without those hooks.
   std::map<std::string, std::string> layout_decisions;
   std::map<std::string, std::string> layout_config;
+  // A parallel output of a layout with those hooks: the same per rank ("ranks", one entry per
+  // rank of Manifest::parallel), each rank's decisions over its share of the layer and its
+  // configuration for its shape; the layer-level two are then empty. Empty otherwise.
+  struct RankLayout {
+    std::map<std::string, std::string> layout_decisions;
+    std::map<std::string, std::string> layout_config;
+  };
+  std::vector<RankLayout> rank_layouts;
 };
 
 struct ManifestShard {
@@ -205,6 +213,10 @@ Manifest read_manifest(const std::string& dir);
 // target's method, activation dtype, gated, --vllm-w13-scale-size-k, vLLM target, target arch,
 // the layer's parameter prefix, real H and I, and its recorded layout decisions.
 LayoutOptions layout_options_of(const Manifest& manifest, const ManifestLayer& layer, int threads);
+// Rank `rank`'s of a parallel output: the rank's intermediate size (rank_layout_options) and its
+// recorded decisions (layer.rank_layouts). layout_options_of for a whole-experts output.
+LayoutOptions rank_options_of(const Manifest& manifest, const ManifestLayer& layer, int rank,
+                              int threads);
 
 nlohmann::json quant_params_json(const QuantParams& q);
 // Inverse of quant_params_json (for verify: the source params the conversion used). Throws

@@ -255,6 +255,46 @@ void choose_conversion_path(const Plan& plan, PlannedLayer& pl) {
 // Everything the plan decides for one MoE layer (after the checks of plan_options): refined
 // source params, act-order, backend, layout options and shape, conversion path, deviations and
 // chunks.
+// Rank `rank`'s share of a planned layer for the layout's decide_layer: the tensor-parallel split
+// of every chunk, or the rank's experts (a run of consecutive global ids loaded at a time: the
+// whole share under linear placement, one expert under round_robin). Under tensor parallelism
+// every rank reads the layer: a layout that reads all its experts to decide (marlin-nvfp4) reads
+// the layer once per rank at plan time.
+LayerExperts rank_layer_experts(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
+                                int rank) {
+  const Parallelism& par = plan.options.parallel;
+  LayerExperts layer;
+  layer.max_per_load = pl.experts_per_chunk;
+  if (par.tensor > 1) {
+    layer.experts = pl.shape.experts;
+    layer.load = [&plan, &ckpt, &pl, rank](int64_t e0, int64_t e1) {
+      return plan.layout->tensor_parallel.split(load_planned_experts(plan, ckpt, pl, e0, e1),
+                                                pl.layout_options.gated,
+                                                plan.options.parallel.tensor, rank);
+    };
+    return layer;
+  }
+  const std::vector<int64_t> ids = par.rank_experts(pl.shape.experts, rank);
+  layer.experts = static_cast<int64_t>(ids.size());
+  layer.load = [&plan, &ckpt, &pl, ids](int64_t a, int64_t b) {
+    std::vector<QuantTensor> w13, w2;
+    for (int64_t i = a; i < b;) {
+      int64_t j = i + 1;
+      while (j < b && ids[static_cast<size_t>(j)] == ids[static_cast<size_t>(j) - 1] + 1) ++j;
+      MoeExperts run = load_planned_experts(plan, ckpt, pl, ids[static_cast<size_t>(i)],
+                                            ids[static_cast<size_t>(j) - 1] + 1);
+      w13.push_back(std::move(run.w13));
+      w2.push_back(std::move(run.w2));
+      i = j;
+    }
+    MoeExperts out;
+    out.w13 = concat_experts(w13);
+    out.w2 = concat_experts(w2);
+    return out;
+  };
+  return layer;
+}
+
 PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
   const MoeLayer& L = ckpt.moe_layers()[li];
   const ConvertOptions& opts = plan.options;
@@ -305,8 +345,14 @@ PlannedLayer plan_layer(const Checkpoint& ckpt, Plan& plan, size_t li) {
       canonical_expert_bytes(pl.shape.w13.n, L.hidden, L.inter, plan.quantize_recipe != nullptr));
   pl.chunks = (L.num_experts + pl.experts_per_chunk - 1) / pl.experts_per_chunk;
   // Decisions of the whole layer (all its experts), made here once so that every chunk packs
-  // alike: the layout reads experts, at most a chunk at a time.
-  if (plan.layout->decide_layer) {
+  // alike: the layout reads experts, at most a chunk at a time. A parallel output's are each
+  // rank's, over its share (vLLM 0.33 post-processes each rank's slice alone).
+  if (plan.layout->decide_layer && !opts.parallel.whole()) {
+    for (int r = 0; r < opts.parallel.ranks(); ++r)
+      pl.rank_decisions.push_back(plan.layout->decide_layer(rank_layout_options(lo, opts.parallel),
+                                                            rank_shape(pl.shape, opts.parallel, r),
+                                                            rank_layer_experts(plan, ckpt, pl, r)));
+  } else if (plan.layout->decide_layer) {
     LayerExperts layer;
     layer.experts = L.num_experts;
     layer.max_per_load = pl.experts_per_chunk;
@@ -331,8 +377,7 @@ std::vector<PlannedTensor> layer_param_tensors(const Checkpoint& ckpt, const Pla
   const Parallelism& par = opts.parallel;
   const int ranks = par.whole() ? 1 : par.ranks();
   for (int r = 0; r < ranks; ++r) {
-    const LayoutOptions lo =
-        par.whole() ? pl.layout_options : rank_layout_options(pl.layout_options, par);
+    const LayoutOptions lo = planned_rank_options(pl, par, r);
     const MoeShape shape = par.whole() ? pl.shape : rank_shape(pl.shape, par, r);
     for (const ParamSpec& t : plan.layout->param_specs(lo, shape)) {
       PlannedTensor pt;
@@ -416,6 +461,29 @@ MoeExperts load_planned_experts(const Plan& plan, const Checkpoint& ckpt, const 
   return experts;
 }
 
+LayoutOptions planned_rank_options(const PlannedLayer& pl, const Parallelism& par, int rank) {
+  if (par.whole()) return pl.layout_options;
+  LayoutOptions lo = rank_layout_options(pl.layout_options, par);
+  if (rank >= 0 && static_cast<size_t>(rank) < pl.rank_decisions.size())
+    lo.layer_decisions = pl.rank_decisions[static_cast<size_t>(rank)];
+  return lo;
+}
+
+MoeExperts rank_share_of(const TargetLayout& row, const Parallelism& par, bool gated,
+                         int64_t layer_experts, const MoeExperts& experts, int rank, int64_t e0,
+                         int64_t e1) {
+  if (par.tensor > 1) return row.tensor_parallel.split(experts, gated, par.tensor, rank);
+  std::vector<int64_t> ids;
+  for (int64_t g : par.rank_experts(layer_experts, rank))
+    if (g >= e0 && g < e1) ids.push_back(g - e0);
+  MoeExperts out;
+  out.w13.experts = out.w2.experts = 0;
+  if (ids.empty()) return out;
+  out.w13 = select_experts(experts.w13, ids);
+  out.w2 = select_experts(experts.w2, ids);
+  return out;
+}
+
 Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts) {
   Plan plan = plan_options(ckpt, opts);
   std::map<int64_t, std::vector<PlannedTensor>> layer_params;
@@ -470,9 +538,12 @@ json Plan::to_json() const {
          {"conversion", l.direct ? json{{"path", "direct"}, {"direct_path", l.direct->name}}
                                  : json{{"path", "canonical"}, {"why", l.canonical_why}}},
          {"deviations_from_vllm", l.deviations}});
-  for (size_t i = 0; i < layers.size(); ++i)
+  for (size_t i = 0; i < layers.size(); ++i) {
     if (!layers[i].layout_options.layer_decisions.empty())
       j["layers"][i]["layout_decisions"] = layers[i].layout_options.layer_decisions;
+    for (const auto& d : layers[i].rank_decisions)  // a parallel output: each rank's
+      j["layers"][i]["rank_layout_decisions"].push_back(d);
+  }
   j["tensors"] = json::array();
   uint64_t converted = 0, copied = 0;
   for (const auto& t : tensors) {
@@ -558,11 +629,19 @@ std::string Plan::to_text() const {
     else
       s << "canonical (" << layers.front().canonical_why << ")\n";
     // Layout decisions from each layer's codes (Humming's recode), counted per distinct value.
+    // A parallel output's are per rank: counted per (layer, rank).
     std::map<std::string, int64_t> decided;
-    for (const auto& l : layers)
+    size_t made = 0;
+    for (const auto& l : layers) {
+      made += l.rank_decisions.empty() ? 1 : l.rank_decisions.size();
       for (const auto& [k, v] : l.layout_options.layer_decisions) ++decided[k + " " + v];
+      for (const auto& d : l.rank_decisions)
+        for (const auto& [k, v] : d) ++decided[k + " " + v];
+    }
+    const bool per_rank = !layers.front().rank_decisions.empty();
     for (const auto& [kv, n] : decided)
-      s << "  layout decision " << kv << " (" << n << " of " << layers.size() << " layers)\n";
+      s << "  layout decision " << kv << " (" << n << " of " << made
+        << (per_rank ? " layer ranks)\n" : " layers)\n");
     s << "  oracle (" << layers.front().module << "):\n" << layers.front().decision.explain();
   }
   s << "  converted tensors:\n";

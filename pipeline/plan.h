@@ -96,8 +96,12 @@ struct PlannedLayer {
   bool act_order_w13 = false, act_order_w2 = false;
   MoeShape shape;            // what the layout was judged and sized on
   int64_t inter_padded = 0;  // the I the parameters carry (> shape.inter() where the target pads)
-  LayoutOptions layout_options;   // exactly what pack takes for this layer (with the layout's
-                                  // decisions over the whole layer: layer_decisions)
+  LayoutOptions layout_options;  // exactly what pack takes for this layer (with the layout's
+                                 // decisions over the whole layer: layer_decisions)
+  // A parallel output of a layout with decisions (TargetLayout::decide_layer): each rank's,
+  // made over the rank's share of the layer as vLLM 0.33 post-processes each rank's slice alone
+  // (layout_options.layer_decisions stays empty: no rank holds the whole layer). Empty otherwise.
+  std::vector<std::map<std::string, std::string>> rank_decisions;
   int64_t experts_per_chunk = 0;  // experts converted at once (--chunk-size, kMinChunksPerLayer)
   int64_t chunks = 0;
   // The direct fast path that converts this layer's chunks (byte-identical to the canonical
@@ -160,5 +164,17 @@ Plan make_plan(const Checkpoint& ckpt, const ConvertOptions& opts);
 // what a layout's decide_layer reads at plan time.
 MoeExperts load_planned_experts(const Plan& plan, const Checkpoint& ckpt, const PlannedLayer& pl,
                                 int64_t e0, int64_t e1);
+
+// The options rank `rank` of a parallel output packs layer `pl` with: the layer's, with the
+// rank's intermediate size (rank_layout_options) and its own decisions (rank_decisions). The
+// layer's own options for whole experts.
+LayoutOptions planned_rank_options(const PlannedLayer& pl, const Parallelism& par, int rank);
+
+// Rank `rank`'s share of experts [e0, e1) of a whole layer's `experts` (global ids): its
+// tensor-parallel split by the layout's rule, or under expert parallelism the rank's experts
+// among them in its local order (0 experts, no bytes, when it holds none of them).
+MoeExperts rank_share_of(const TargetLayout& row, const Parallelism& par, bool gated,
+                         int64_t layer_experts, const MoeExperts& experts, int rank, int64_t e0,
+                         int64_t e1);
 
 }  // namespace moepack

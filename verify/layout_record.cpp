@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/parallel.h"
 
 namespace moepack {
 namespace {
@@ -52,19 +53,19 @@ std::string arch_names(const std::vector<TargetArch>& archs) {
   return s;
 }
 
-void check_layer(const Manifest& m, const TargetLayout& layout, size_t i, const std::string& file) {
-  const ManifestLayer& ml = m.layers[i];
-  const std::string at = "layers[" + std::to_string(i) + "].";
-  if (!layout.decide_layer && !ml.layout_decisions.empty())
+// One record (a layer's, or one rank's of a parallel output) against what the layout derives
+// for options `lo` (its decisions included) and `shape`; `at` is the record's field path.
+void check_record(const std::string& file, const std::string& at, const TargetLayout& layout,
+                  const std::map<std::string, std::string>& decisions,
+                  const std::map<std::string, std::string>& config, const LayoutOptions& lo,
+                  const MoeShape& shape) {
+  if (!layout.decide_layer && !decisions.empty())
     refuse(file, at + "layout_decisions: layout " + layout.name + " makes no decisions");
   if (!layout.layer_config) {
-    if (!ml.layout_config.empty())
+    if (!config.empty())
       refuse(file, at + "layout_config: layout " + layout.name + " records no configuration");
     return;
   }
-  const LayoutOptions lo = layout_options_of(m, ml, 1);
-  const MoeShape shape =
-      moe_shape_for(m.target_quant_params, ml.experts, ml.hidden, ml.inter, ml.gated);
   std::vector<std::pair<std::string, std::string>> want;
   try {
     want = layout.layer_config(lo, shape);
@@ -72,16 +73,46 @@ void check_layer(const Manifest& m, const TargetLayout& layout, size_t i, const 
     refuse(file, at + (e.tensor().empty() ? "" : e.tensor() + ": ") + e.message());
   }
   for (const auto& [key, text] : want) {
-    const auto it = ml.layout_config.find(key);
-    if (it == ml.layout_config.end())
+    const auto it = config.find(key);
+    if (it == config.end())
       refuse(file, at + "layout_config." + key + ": missing (expected \"" + text + "\")");
     compare_text(file, at + "layout_config." + key, it->second, text);
   }
-  for (const auto& recorded : ml.layout_config) {
+  for (const auto& recorded : config) {
     const std::string& key = recorded.first;
     // A named copy: C++17 lambdas cannot capture a structured binding (clang rejects it).
     if (std::none_of(want.begin(), want.end(), [&](const auto& w) { return w.first == key; }))
       refuse(file, at + "layout_config." + key + ": not a key layout " + layout.name + " records");
+  }
+}
+
+void check_layer(const Manifest& m, const TargetLayout& layout, size_t i, const std::string& file) {
+  const ManifestLayer& ml = m.layers[i];
+  const std::string at = "layers[" + std::to_string(i) + "].";
+  const MoeShape shape =
+      moe_shape_for(m.target_quant_params, ml.experts, ml.hidden, ml.inter, ml.gated);
+  if (!m.parallel) {
+    check_record(file, at, layout, ml.layout_decisions, ml.layout_config,
+                 layout_options_of(m, ml, 1), shape);
+    return;
+  }
+  // A parallel output: each rank decided on its share and is configured for its shape.
+  const Parallelism& par = m.parallel->parallel;
+  if (!ml.layout_decisions.empty() || !ml.layout_config.empty())
+    refuse(file, at + (ml.layout_decisions.empty() ? "layout_config" : "layout_decisions") +
+                     ": a parallel output records them per rank (" + at + "ranks)");
+  const bool records = layout.decide_layer || layout.layer_config;
+  if (records && ml.rank_layouts.size() != static_cast<size_t>(par.ranks()))
+    refuse(file, at + "ranks: layout " + layout.name +
+                     " records its decisions and configuration "
+                     "per rank; expected " +
+                     std::to_string(par.ranks()) + " entries, got " +
+                     std::to_string(ml.rank_layouts.size()));
+  for (size_t r = 0; r < ml.rank_layouts.size(); ++r) {
+    const ManifestLayer::RankLayout& rl = ml.rank_layouts[r];
+    check_record(file, at + "ranks[" + std::to_string(r) + "].", layout, rl.layout_decisions,
+                 rl.layout_config, rank_options_of(m, ml, static_cast<int>(r), 1),
+                 rank_shape(shape, par, static_cast<int>(r)));
   }
 }
 

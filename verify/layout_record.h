@@ -20,6 +20,9 @@ namespace moepack {
 //   - a layer's layout_config differs from layout.layer_config(options, shape) for the manifest's
 //     options, the layer's extents and its recorded decisions (every key; inside a JSON object
 //     every field; and then the exact text, which Humming keys its kernels with).
+//   - a parallel output: the same per rank (layers[i].ranks[r], one entry per rank where the
+//     layout records anything, none at layer level), against the rank's options (its I, its
+//     recorded decisions) and shape (its I, its experts).
 void check_layout_records(const Manifest& manifest, const TargetLayout& layout,
                           const std::string& manifest_file);
 

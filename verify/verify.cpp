@@ -538,10 +538,10 @@ struct LayerJob {
   ref::MoeSpec spec;
   std::vector<TensorView> views;
   // A parallel output (Manifest::parallel): each rank's parameter views (views stays empty) and
-  // the options its layout was packed with.
+  // the options its layout was packed with (the rank's I and its own recorded decisions).
   const Parallelism* par = nullptr;
   std::vector<std::vector<TensorView>> rank_views;
-  LayoutOptions rank_lo;
+  std::vector<LayoutOptions> rank_lo;
   int64_t chunk = 1;
   // The router and the hidden states; the experts' input where the router changes it
   // (route_layer: Llama-4 scales it by the weight), else empty.
@@ -623,7 +623,8 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   job.chunk = run.src ? std::max<int64_t>(1, convert_chunk / 2) : convert_chunk;
   if (manifest.parallel) {
     job.par = &manifest.parallel->parallel;
-    job.rank_lo = rank_layout_options(job.lo, *job.par);
+    for (int r = 0; r < job.par->ranks(); ++r)
+      job.rank_lo.push_back(rank_options_of(manifest, ml, r, run.threads));
     job.rank_views.resize(static_cast<size_t>(job.par->ranks()));
   }
   for (const auto& p : ml.params) {
@@ -699,7 +700,8 @@ void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk&
       t.name = rank_tensor_name(key);
       mine.emplace(t.name, std::move(t));
     }
-    c.rank_decoded[static_cast<size_t>(r)] = run.layout->unpack(job.rank_lo, mine);
+    c.rank_decoded[static_cast<size_t>(r)] =
+        run.layout->unpack(job.rank_lo[static_cast<size_t>(r)], mine);
   }
   if (par.tensor > 1) {
     c.decoded = tp_canonical_merge(c.rank_decoded, job.lo.gated);
@@ -720,22 +722,6 @@ void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk&
     }
     *outs[static_cast<size_t>(proj)] = concat_experts(singles);
   }
-}
-
-// Rank r's share of a chunk of whole-layer experts (the source's): what its parameters must
-// decode to.
-MoeExperts rank_share(const LayerRun& run, const LayerJob& job, const MoeExperts& whole, int r,
-                      int64_t e0, int64_t e1) {
-  const Parallelism& par = *job.par;
-  if (par.tensor > 1) return run.layout->tensor_parallel.split(whole, job.lo.gated, par.tensor, r);
-  std::vector<int64_t> ids;
-  for (int64_t g : par.rank_experts(job.ml->experts, r))
-    if (g >= e0 && g < e1) ids.push_back(g - e0);
-  MoeExperts out;
-  if (ids.empty()) return out;
-  out.w13 = select_experts(whole.w13, ids);
-  out.w2 = select_experts(whole.w2, ids);
-  return out;
 }
 
 // Errors reading the source propagate (input errors); a layout that does not decode is
@@ -773,7 +759,9 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     // Every rank's bytes exactly: its decoding against its share of the source (vLLM 0.33's
     // split of the source chunk for tensor parallel, its experts for expert parallel).
     for (size_t r = 0; r < c.rank_decoded.size(); ++r) {
-      const MoeExperts want = rank_share(run, job, c.source, static_cast<int>(r), e0, e1);
+      const MoeExperts want = rank_share_of(*run.layout, *job.par, job.lo.gated, job.ml->experts,
+                                            c.source, static_cast<int>(r), e0, e1);
+      if (want.w13.experts == 0 && c.rank_params[r].empty()) continue;  // none of its experts
       const std::string rank = rank_dir_name(static_cast<int>(r), job.par->ranks()) + " ";
       c.checks.push_back(compare_quant(layer_no, rank + "w13", c.rank_decoded[r].w13, want.w13,
                                        job.par->tensor > 1 ? e0 : 0));
@@ -825,8 +813,9 @@ ref::ExpertMatmulFn rank_matmul(const LayerRun& run, const LayerJob& job, const 
   std::vector<int64_t> first(c.rank_params.size(), 0);
   for (size_t r = 0; r < c.rank_params.size(); ++r) {
     if (c.rank_params[r].empty()) continue;
-    readers[r] = {run.layout->make_reader(job.rank_lo, c.rank_params[r], MoeProj::kW13, host_param),
-                  run.layout->make_reader(job.rank_lo, c.rank_params[r], MoeProj::kW2, host_param)};
+    const LayoutOptions& lo = job.rank_lo[r];
+    readers[r] = {run.layout->make_reader(lo, c.rank_params[r], MoeProj::kW13, host_param),
+                  run.layout->make_reader(lo, c.rank_params[r], MoeProj::kW2, host_param)};
     first[r] = par.local_before(E, static_cast<int>(r), e0);
   }
   return [=](int e, MoeProj p, const float* x, int64_t m, float* y) {

@@ -46,17 +46,26 @@ void expect_same_tree(const fs::path& got, const fs::path& want) {
 }
 
 struct Case {
-  std::string format, arch;
+  std::string format, arch, backend;
   SynthOptions synth;
   Parallelism par;
 };
 
 Case random_case(std::mt19937_64& rng) {
-  const std::vector<std::string> formats = {"gptq",     "gptq-asym", "awq",
-                                            "ct-w4a16", "fp8-block", "modelopt-mxfp8"};
+  const std::vector<std::string> formats = {
+      "gptq", "gptq-asym", "awq", "ct-w4a16", "fp8-block", "modelopt-mxfp8", "modelopt-nvfp4"};
   Case c;
   c.format = formats[rng() % formats.size()];
   c.arch = c.format == "fp8-block" || c.format == "modelopt-mxfp8" ? "sm100" : "sm90";
+  // On sm90 vLLM 0.33 (and auto) picks Humming for WNA16 (asymmetric GPTQ: Marlin refuses it,
+  // auto picks triton-wna16); Marlin half the time. NVFP4: marlin-nvfp4 on sm80 (both decide
+  // per rank: Humming's recode, NVFP4's rescale factor).
+  c.backend = "auto";
+  if (c.arch == "sm90" && c.format != "gptq-asym") c.backend = rng() % 2 ? "marlin" : "humming";
+  if (c.format == "modelopt-nvfp4") {
+    c.arch = "sm80";
+    c.backend = "marlin-nvfp4";
+  }
   c.synth.format = c.format;
   c.synth.family = rng() % 2 ? "qwen3" : "deepseek";
   c.synth.layers = 2;
@@ -81,9 +90,7 @@ ConvertOptions options_for(const Case& c, const std::string& src, const std::str
   o.src = src;
   o.dst = dst;
   o.target_arch = parse_target_arch(c.arch);
-  // On sm90 vLLM 0.33 (and auto) picks Humming for WNA16, which is not written for parallelism.
-  // (Asymmetric GPTQ: Marlin refuses it, auto picks triton-wna16.)
-  o.backend = c.arch == "sm90" && c.format != "gptq-asym" ? "marlin" : "auto";
+  o.backend = c.backend;
   o.vllm_target = VllmTarget::kV0_33;
   o.parallel = c.par;
   o.threads = 1;
@@ -120,7 +127,7 @@ TEST(Parallel, RanksVerifyChunkFreeAndMergeLikeConvert) {
   int converted = 0;
   for (int trial = 0; trial < 10; ++trial) {
     const Case c = random_case(rng);
-    SCOPED_TRACE(c.format + " E=" + std::to_string(c.synth.experts) +
+    SCOPED_TRACE(c.format + " -> " + c.backend + " E=" + std::to_string(c.synth.experts) +
                  " H=" + std::to_string(c.synth.hidden) + " I=" + std::to_string(c.synth.inter) +
                  " " + c.par.describe());
     TempDir tmp;
@@ -170,11 +177,11 @@ TEST(Parallel, RanksVerifyChunkFreeAndMergeLikeConvert) {
 // intermediate_size_per_partition): each rank pads its own I / tp (MXFP8: 192 / 2 = 96 -> 128,
 // where the whole layer's 192 needs no padding), verify
 // --source passes every rank, and what vLLM refuses per rank (FP8 block_n = 128 straddling two
-// ranks) exits 4; Humming is refused for parallelism, naming why.
-TEST(Parallel, FloatMarlinPadsPerRankAndHummingIsRefused) {
+// ranks) exits 4.
+TEST(Parallel, FloatMarlinPadsPerRank) {
   TempDir tmp;
   std::string out, err;
-  const std::string mx = tmp / "mx", fp8 = tmp / "fp8", gptq = tmp / "gptq";
+  const std::string mx = tmp / "mx", fp8 = tmp / "fp8";
   ASSERT_EQ(
       moepack_cli("synth " + mx + " --format modelopt-mxfp8 --experts 3 --hidden 256 --inter 192"),
       0);
@@ -212,17 +219,85 @@ TEST(Parallel, FloatMarlinPadsPerRankAndHummingIsRefused) {
   EXPECT_NE(err.find("w13: a block of 128 rows sharing a scale would straddle two ranks"),
             std::string::npos)
       << err;
+}
 
+// The layouts with per-layer decisions (Humming's recode, NVFP4 Marlin's block-scale rescale)
+// decide per rank, on the rank's share, as each rank of vLLM 0.33 post-processes its slice alone:
+// every layer records one entry per rank (layers[i].ranks[r]: its decisions, and Humming's
+// LayerConfig for the rank's shape: E local experts, N = 2 I / tp padded to 256), none at layer
+// level; verify --source passes every rank and refuses a rank's record that disagrees, naming it.
+// (bench/humming/check_parallel_shapes.py checks the Humming ranks against humming's own
+// transform of each rank's slice; tests/vllm/test_serving_parallel.py serves them.)
+TEST(Parallel, HummingAndNvfp4DecidePerRank) {
+  TempDir tmp;
+  std::string out, err;
+  const std::string gptq = tmp / "gptq", fp4 = tmp / "fp4";
   ASSERT_EQ(moepack_cli("synth " + gptq + " --format gptq --experts 4 --inter 256"), 0);
-  EXPECT_EQ(moepack_cli("convert " + gptq + " " + tmp / "h" +
-                            " --vllm-target 0.33 --target-arch sm90 --backend humming"
-                            " --tensor-parallel-size 2",
-                        &out, &err),
-            4);
-  EXPECT_NE(err.find("humming is not written for tensor parallel 2: Humming's per-layer decisions"),
+  struct Run {
+    std::string flags;
+    int ranks;
+    int64_t local_experts, shape_n13;
+  };
+  for (const Run& run : {Run{"--tensor-parallel-size 2", 2, 4, 256},
+                         Run{"--expert-parallel 3 --expert-placement round_robin", 3, 0, 512}}) {
+    SCOPED_TRACE(run.flags);
+    const std::string dst = tmp / ("h" + std::to_string(run.ranks));
+    ASSERT_EQ(
+        moepack_cli("convert " + gptq + " " + dst +
+                        " --vllm-target 0.33 --target-arch sm90 --backend humming " + run.flags,
+                    &out, &err),
+        0)
+        << err;
+    const json m = read_json_file(dst + "/moepack.json");
+    for (const auto& L : m["layers"]) {
+      EXPECT_FALSE(L.contains("layout_decisions") || L.contains("layout_config"));
+      ASSERT_EQ(L["ranks"].size(), static_cast<size_t>(run.ranks));
+      for (int r = 0; r < run.ranks; ++r) {
+        const json& rec = L["ranks"][static_cast<size_t>(r)];
+        EXPECT_EQ(rec["rank"], r);
+        EXPECT_TRUE(rec["layout_decisions"].contains("w13_b_dtype"));
+        const json lc = json::parse(rec["layout_config"]["w13_layer_config"].get<std::string>());
+        // round_robin over 3 ranks of 4 experts: ranks hold 2, 1, 1.
+        EXPECT_EQ(lc["num_experts"], run.local_experts ? run.local_experts : (r == 0 ? 2 : 1));
+        EXPECT_EQ(lc["shape_n"], run.shape_n13);
+      }
+    }
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + gptq, &out), 0) << out;
+  }
+  // A rank's record edited: verify names the rank's field.
+  const std::string manifest = tmp / "h2/moepack.json";
+  json m = read_json_file(manifest);
+  json lc = json::parse(
+      m["layers"][0]["ranks"][1]["layout_config"]["w2_layer_config"].get<std::string>());
+  lc["num_experts"] = 7;
+  m["layers"][0]["ranks"][1]["layout_config"]["w2_layer_config"] = lc.dump();
+  std::ofstream(manifest) << m.dump(2);
+  EXPECT_NE(moepack_cli("verify " + tmp / "h2" + " --source " + gptq, &out, &err), 0);
+  EXPECT_NE((out + err).find("layers[0].ranks[1].layout_config.w2_layer_config.num_experts"),
             std::string::npos)
-      << err;
-  EXPECT_FALSE(fs::exists(tmp / "h"));
+      << out << err;
+
+  ASSERT_EQ(
+      moepack_cli("synth " + fp4 + " --format modelopt-nvfp4 --experts 4 --hidden 256 --inter 256"),
+      0);
+  for (const char* flags : {"--tensor-parallel-size 2", "--expert-parallel 2"}) {
+    SCOPED_TRACE(flags);
+    const std::string dst = tmp / "n";
+    fs::remove_all(dst);
+    ASSERT_EQ(
+        moepack_cli("convert " + fp4 + " " + dst +
+                        " --vllm-target 0.33 --target-arch sm80 --backend marlin-nvfp4 " + flags,
+                    &out, &err),
+        0)
+        << err;
+    const json mn = read_json_file(dst + "/moepack.json");
+    for (const auto& L : mn["layers"]) {
+      ASSERT_EQ(L["ranks"].size(), 2u);
+      for (const auto& rec : L["ranks"])
+        EXPECT_TRUE(rec["layout_decisions"].contains("w13_nvfp4_scale_factor_log2"));
+    }
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + fp4, &out), 0) << out;
+  }
 }
 
 TEST(Parallel, ChangedByteInOneRankFailsVerify) {

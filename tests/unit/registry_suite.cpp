@@ -593,18 +593,26 @@ std::vector<float> reader_out(const TargetLayout& row, const LayoutOptions& o,
   return y;
 }
 
+// `o` with the row's decisions over experts `x` of shape `s` (TargetLayout::decide_layer), as
+// make_plan gives them: the whole layer's, or in a parallel output a rank's over its share.
+LayoutOptions decided(const TargetLayout& row, LayoutOptions o, const MoeShape& s,
+                      const MoeExperts& x) {
+  if (row.decide_layer) o.layer_decisions = row.decide_layer(o, s, test::whole_layer(x, 1));
+  return o;
+}
+
 // One layer at tensor-parallel size tp: each rank's parameters are the row's pack of the rank's
 // split (param_specs of the rank's shape describe them, unpack gives the split back), and the
 // ranks' outputs assemble the whole layer's: w13 rows [gate_r; up_r] are the whole w13's rows bit
 // for bit, and the sum over ranks of w2's partial outputs (what vLLM's all-reduce adds) is the
 // whole w2's output up to float summation order.
-void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutOptions& o,
+void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutOptions& o_in,
                                 const MoeShape& s, const MoeExperts& x, int tp) {
   Parallelism p;
   p.tensor = tp;
+  const LayoutOptions o = decided(row, o_in, s, x);
   const std::vector<Tensor> whole = row.pack(o, x);
   const TensorMap whole_params = by_name(whole);
-  const LayoutOptions ro = rank_layout_options(o, p);
   const int64_t I = s.inter(), ip = I / tp, H = s.hidden(), m = 2;
   const int64_t shards = o.gated ? 2 : 1;
   const int64_t e = std::uniform_int_distribution<int64_t>(0, s.experts - 1)(rng);
@@ -619,13 +627,18 @@ void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutO
   for (int r = 0; r < tp; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(tp));
     const MoeExperts xr = row.tensor_parallel.split(x, o.gated, tp, r);
+    // The rank's own decisions, over its slice (vLLM 0.33 post-processes it alone).
+    const LayoutOptions ro = decided(row, rank_layout_options(o_in, p), rank_shape(s, p, r), xr);
     const std::vector<Tensor> packed = row.pack(ro, xr);
     EXPECT_EQ(row.param_specs(ro, rank_shape(s, p, r)), specs_of(packed))
         << "param_specs of the rank's shape";
     const TensorMap params = by_name(packed);
     const MoeExperts back = row.unpack(ro, params);
-    expect_same_quant(back.w13, xr.w13, "unpack(rank).w13");
-    expect_same_quant(back.w2, xr.w2, "unpack(rank).w2");
+    // (the rank's split as the layout reads it: NVFP4 Marlin's global scales,
+    // test::as_layout_reads)
+    const MoeExperts reads = test::as_layout_reads(row, ro, xr);
+    expect_same_quant(back.w13, reads.w13, "unpack(rank).w13");
+    expect_same_quant(back.w2, reads.w2, "unpack(rank).w2");
     const std::vector<float> h = reader_out(row, ro, params, MoeProj::kW13, e, xh, m, shards * ip);
     for (int64_t t = 0; t < m; ++t)
       for (int64_t sh = 0; sh < shards; ++sh)
@@ -653,20 +666,22 @@ void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutO
 }
 
 // Expert parallel: each rank's parameters are the whole layer's rows of its experts, in the order
-// of vLLM's expert map, for both placements (ranks pack their experts alone).
-void check_expert_parallel_case(const TargetLayout& row, const LayoutOptions& o,
+// of vLLM's expert map, for both placements (ranks pack their experts alone). A row with
+// decisions makes them over the rank's experts; the whole layer is then packed with the rank's.
+void check_expert_parallel_case(const TargetLayout& row, const LayoutOptions& o, const MoeShape& s,
                                 const MoeExperts& x, int ep, ExpertPlacement placement) {
   Parallelism p;
   p.expert = ep;
   p.placement = placement;
-  const std::vector<Tensor> whole = row.pack(o, x);
   const int64_t E = x.w13.experts;
   for (int r = 0; r < ep; ++r) {
     const std::vector<int64_t> ids = p.rank_experts(E, r);
     MoeExperts xr;
     xr.w13 = select_experts(x.w13, ids);
     xr.w2 = select_experts(x.w2, ids);
-    const std::vector<Tensor> packed = row.pack(o, xr);
+    const LayoutOptions ro = decided(row, o, rank_shape(s, p, r), xr);
+    const std::vector<Tensor> packed = row.pack(ro, xr);
+    const std::vector<Tensor> whole = row.pack(ro, x);
     ASSERT_EQ(packed.size(), whole.size());
     for (size_t i = 0; i < packed.size(); ++i) {
       const size_t per = whole[i].data.size() / static_cast<size_t>(E);
@@ -738,7 +753,7 @@ TEST_P(TargetLayoutRows, TensorAndExpertParallelRanksAssembleTheWholeLayer) {
             continue;
           }
           ++ep_cases;
-          check_expert_parallel_case(row, o, x, 2, pl);
+          check_expert_parallel_case(row, o, s, x, 2, pl);
         }
       }
     }

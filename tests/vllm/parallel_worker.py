@@ -6,7 +6,8 @@ the first MoE block run on fixed hidden states with the CPU stand-ins of test_se
 for the CUDA-only Marlin ops. vLLM's own all-reduce (gloo) sums the ranks' partial outputs.
 
 Run by test_serving_parallel.py, once per rank:
-  parallel_worker.py DST SRC RANK WORLD PORT OUT [tp | ep | ep-round_robin] [wna16 | float]
+  parallel_worker.py DST SRC RANK WORLD PORT OUT [tp | ep | ep-round_robin]
+                    [wna16 | float | humming]
 Writes OUT (torch.save): the rank's loaded expert parameters, the source's as stock vLLM loads
 them on the rank (load_source_as_vllm), the safetensors files vLLM's loader opened for tensors,
 the block's input, its rank-local (pre-all-reduce) and all-reduced outputs, and the routing the
@@ -52,6 +53,76 @@ def load_source_as_vllm(source: str, over: dict) -> dict:
         auto_gptq.select_wna16_moe_backend, base_loader.process_weights_after_loading = saved
 
 
+def pretend_hopper_with_emulated_humming():
+    """kind "humming": test_serving_humming.py's pretend_hopper stubs (vLLM's Humming experts
+    selectable, locks on the CPU, the GPU's SM 90) and bench/humming/humming_emu.py's CPU
+    emulation of humming's three CUDA weight kernels with an H100's DeviceInfo, so that stock
+    vLLM's own Humming post-processing of the source runs on this rank's slice (humming_emu
+    equals the real kernels on the H100, 23/23)."""
+    from pathlib import Path
+
+    import torch
+    from vllm.model_executor.layers.fused_moe.experts import fused_humming_moe
+
+    from moepack_vllm import humming_builder
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "humming"))
+    import humming.tune as htune
+    import humming_emu
+
+    humming_emu.install()
+    fused_humming_moe.HummingExpertsBase._supports_current_device = staticmethod(lambda: True)
+    fused_humming_moe.create_humming_locks = lambda device: torch.zeros(132 * 8,
+                                                                        dtype=torch.int32)
+    humming_builder.device_sm = lambda: 90
+    htune.get_device_index = lambda device=None: 0
+
+
+def load_source_as_vllm_humming(source: str, over: dict) -> dict:
+    """The source checkpoint's expert parameters as stock vLLM 0.33 holds them on this rank after
+    process_weights_after_loading on an H100: its GPTQ MoE method, RoutedExperts.weight_loader
+    narrowing by tp_rank / the expert map, then its oracle's pick on sm90 (HUMMING, with the
+    experts class vLLM's select_wna16_moe_backend takes for the deployment: indexed without EP,
+    grouped with EP) and its own Humming post-processing of the rank's slice."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.oracle.int_wna16 import (
+        WNA16MoEBackend,
+        backend_to_kernel_cls,
+    )
+    from vllm.model_executor.layers.quantization import auto_gptq
+    from vllm.model_executor.model_loader import get_model
+
+    def pick(config, *a, **k):
+        import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+        fmt = mk.FusedMoEActivationFormat.Standard
+        for cls in backend_to_kernel_cls(WNA16MoEBackend.HUMMING):
+            if cls.is_supported_config(cls, config, a[0] if a else None, None, fmt)[0]:
+                return WNA16MoEBackend.HUMMING, cls
+        raise AssertionError("no Humming experts class for this deployment")
+
+    import vllm.platforms as vp
+    from vllm.platforms.interface import DeviceCapability
+
+    # check_and_fallback_input_schema asks the platform for the SM (an H100's, for the source
+    # model only: the plugin's model is built on vLLM's CPU platform as it is).
+    saved = auto_gptq.select_wna16_moe_backend, vp.current_platform.get_device_capability
+    auto_gptq.select_wna16_moe_backend = pick
+    vp.current_platform.get_device_capability = lambda *a, **k: DeviceCapability(9, 0)
+    try:
+        cfg = h.engine_config(source, **over)
+        with set_current_vllm_config(cfg):
+            model = get_model(vllm_config=cfg)
+        out = {n: p.data.clone() for n, p in model.named_parameters() if ".experts." in n}
+        for n, m in model.named_modules():
+            if hasattr(m, "humming_configs"):
+                out[n + ".humming_configs"] = {k: v.to_str() for k, v in
+                                               m.humming_configs.items()}
+        return out
+    finally:
+        auto_gptq.select_wna16_moe_backend, vp.current_platform.get_device_capability = saved
+
+
 def float_marlin_stand_ins():
     """test_serving_marlin_float.py's setting for the float Marlin layouts: its stand-ins, and
     pretend_ampere's two stubs (MarlinExperts runs here; vLLM's CPU FP8 experts do not), with
@@ -90,6 +161,8 @@ def main(dst: str, source: str, rank: int, world: int, port: int, out: str,
     from vllm.model_executor.model_loader import default_loader, get_model
 
     moepack_vllm.register()
+    if kind == "humming":
+        pretend_hopper_with_emulated_humming()
     stand = float_marlin_stand_ins() if kind == "float" else StandIns(_Patch())
     files: list[str] = []
     iterate = default_loader.safetensors_weights_iterator
@@ -107,12 +180,24 @@ def main(dst: str, source: str, rank: int, world: int, port: int, out: str,
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
         initialize_model_parallel(world, 1)
-    source_params = load_source_as_vllm(source, over) if kind == "wna16" else {}
+    source_params = (load_source_as_vllm(source, over) if kind == "wna16" else
+                     load_source_as_vllm_humming(source, over) if kind == "humming" else {})
     default_loader.safetensors_weights_iterator = recording_iterator
     with set_current_vllm_config(cfg):
         model = get_model(vllm_config=cfg)
     manifest = json.loads(open(f"{dst}/moepack.json").read())
     L = manifest["layers"][0]
+    params = {n: p.data.clone() for n, p in model.named_parameters() if ".experts." in n}
+    qc = model.get_submodule(L["module"] + ".experts.routed_experts").quant_method
+    if kind == "humming":  # no forward: humming's kernels are JIT-compiled for a GPU
+        experts = model.get_submodule(L["module"] + ".experts.routed_experts")
+        torch.save({"params": params, "source": source_params, "files": files,
+                    "rank": qc.manifest.rank,
+                    "humming_configs": {k: v.to_str() for k, v in
+                                        experts.humming_configs.items()},
+                    "experts_cls": type(qc.moe_kernel.fused_experts).__name__
+                    if hasattr(qc, "moe_kernel") else None}, out)
+        return
     block = model.get_submodule(L["module"])
     torch.manual_seed(0)
     x = torch.randn(16, L["hidden"]).to(torch.bfloat16)
@@ -127,8 +212,6 @@ def main(dst: str, source: str, rank: int, world: int, port: int, out: str,
     tp_group.all_reduce = recording_all_reduce
     with set_current_vllm_config(cfg), set_forward_context(None, cfg, num_tokens=x.shape[0]):
         y = block(x).float()
-    params = {n: p.data.clone() for n, p in model.named_parameters() if ".experts." in n}
-    qc = model.get_submodule(L["module"] + ".experts.routed_experts").quant_method
     torch.save({"params": params, "source": source_params, "files": files, "x": x, "y": y,
                 "partial": partial,
                 "topk_ids": stand.topk_ids, "topk_weights": stand.topk_weights,

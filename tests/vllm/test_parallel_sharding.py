@@ -175,3 +175,66 @@ def test_refuses_what_vllm_refuses(tmp_path):
                            capture_output=True, text=True)
         assert r.returncode == 4, r.stderr
         assert words in r.stderr
+
+
+NVFP4_CASES = [(2, 1, "linear"), (4, 1, "linear"), (1, 2, "linear"), (1, 3, "round_robin")]
+
+
+@pytest.mark.parametrize("tp,ep,placement", NVFP4_CASES)
+def test_nvfp4_rank_scale_factor_is_vllms_on_the_rank_slice(tmp_path, tp, ep, placement):
+    """marlin-nvfp4 per rank: the block-scale rescale factor 2^k each rank records
+    (layers[i].ranks[r].layout_decisions) is what vLLM 0.33's own _nvfp4_compute_scale_factor
+    gives on that rank: the compressed-tensors NVFP4 source's block scales loaded by vLLM's
+    RoutedExperts.weight_loader for the rank (narrowed by tp_rank, or the rank's experts), in
+    the serving dtype, per projection over the rank's local experts (as
+    prepare_nvfp4_moe_layer_for_marlin computes it). verify --source then checks the rank's
+    bytes against its share of the source with that factor."""
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import (
+        _nvfp4_compute_scale_factor,
+    )
+
+    rng = random.Random(f"nvfp4-{tp}-{ep}-{placement}")
+    ipp, hidden = 64 * rng.randint(1, 3), 128 * rng.randint(1, 2)
+    inter, experts = ipp * tp, rng.randint(max(ep, 2), max(ep, 2) + 4)
+    src, art = tmp_path / "src", tmp_path / "art"
+    subprocess.run([MOEPACK, "synth", str(src), "--format", "ct-nvfp4", "--layers", "2",
+                    "--experts", str(experts), "--hidden", str(hidden), "--inter", str(inter),
+                    "--vocab", "256", "--seed", str(rng.randint(0, 99))],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([MOEPACK, "convert", str(src), str(art), "--vllm-target", "0.33",
+                    "--target-arch", "sm80", "--backend", "marlin-nvfp4",
+                    "--tensor-parallel-size", str(tp), "--expert-parallel", str(ep),
+                    "--expert-placement", placement], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([MOEPACK, "verify", str(art), "--source", str(src)], check=True,
+                   stdout=subprocess.DEVNULL)
+    manifest = json.loads((art / "moepack.json").read_text())
+    source = {}
+    for f in sorted(src.glob("*.safetensors")):
+        source.update(load_file(str(f)))
+    factors = set()
+    for layer in manifest["layers"]:
+        prefix = layer["module"] + ".experts"
+        for rank in range(max(tp, ep)):
+            loader = vllm_rank_loader(tp, rank, ep, placement, experts, inter)
+            E = loader.local_experts
+            params = {}
+            for stem, shape in (("w13", (E, 2 * ipp, hidden // 16)),
+                                ("w2", (E, hidden, ipp // 16))):
+                p = torch.nn.Parameter(torch.zeros(shape, dtype=torch.float8_e4m3fn),
+                                       requires_grad=False)
+                p.quant_method = "group"
+                params[stem] = p
+            for g in range(experts):
+                for proj, shard in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+                    stem = "w2" if shard == "w2" else "w13"
+                    loader.weight_loader(params[stem], source[f"{prefix}.{g}.{proj}.weight_scale"],
+                                         f"experts.{stem}_weight_scale", shard, g)
+            rec = layer["ranks"][rank]["layout_decisions"]
+            for stem in ("w13", "w2"):
+                sf = _nvfp4_compute_scale_factor(params[stem].data.to(torch.bfloat16),
+                                                 torch.bfloat16)
+                k = round(torch.log2(torch.tensor(float(sf))).item())
+                assert rec[f"{stem}_nvfp4_scale_factor_log2"] == str(k), \
+                    f"{layer['module']} rank {rank} {stem}: recorded {rec}, vLLM computes 2^{k}"
+                factors.add((layer["module"], stem, k))
+    print(f"tp {tp} ep {ep} {placement}: per-rank factors {sorted(factors)}")

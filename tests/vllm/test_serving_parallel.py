@@ -175,6 +175,10 @@ def test_round_robin_artifact_where_vllm_places_linearly_is_refused(artifacts, t
     ("fp8-block", "sm80", "marlin-fp8", {"inter": 256}),
     # ModelOpt MXFP8: the marlin-float builder (path b); I / 2 = 96, padded to 128 per rank.
     ("modelopt-mxfp8", "sm89", "marlin-mxfp8", {"inter": 192}),
+    # NVFP4: each rank's block-scale rescale factor 2^k from its own slice (and its processed
+    # global scales divided by it); ModelOpt I / 2 = 96 padded to 128 per rank.
+    ("modelopt-nvfp4", "sm80", "marlin-nvfp4", {"inter": 192}),
+    ("ct-nvfp4", "sm86", "marlin-nvfp4", {"inter": 256}),
 ])
 def test_float_marlin_tensor_parallel_served_per_rank(artifacts, tmp_path, fmt, arch, backend,
                                                       synth):
@@ -204,3 +208,48 @@ def test_float_marlin_tensor_parallel_served_per_rank(artifacts, tmp_path, fmt, 
     assert err < RIGHT_TOL
     for r in results:
         assert float((r["partial"][-1] - ref).norm() / ref.norm()) > 10 * err
+
+
+@pytest.mark.parametrize("mode,flags,experts_cls", [
+    ("tp", ("--tensor-parallel-size", "2"), "HummingIndexedExperts"),
+    ("ep", ("--expert-parallel", "2", "--expert-placement", "linear"), "HummingGroupedExperts"),
+])
+def test_humming_artifact_served_per_rank(artifacts, tmp_path, mode, flags, experts_cls):
+    """sm90's default layout (humming) at TP 2 / EP 2, two processes in one gloo group, with
+    test_serving_humming.py's stubs and humming's CUDA weight kernels emulated on the CPU
+    (bench/humming/humming_emu.py). Per rank: the plugin loads the rank's files only, byte for
+    byte; stock vLLM 0.33 building the GPTQ *source* at the same degree (its loader's narrowing,
+    its sm90 pick HUMMING with the experts class its oracle takes for the deployment, its own
+    Humming post-processing of the rank's slice) holds the same tensors, byte for byte, and the
+    same LayerConfig strings, which are the rank's record in moepack.json (layers[i].ranks[r]);
+    the plugin serves the layer with vLLM's Humming experts of that class. No forward: humming's
+    kernels are JIT-compiled for a GPU."""
+    src, dst = artifacts.get("gptq", "qwen3", *flags, **SHAPE)
+    manifest = json.loads((dst / "moepack.json").read_text())
+    assert manifest["backend"] == "humming"
+    results = run_ranks(src, dst, tmp_path, mode, kind="humming")
+    for rank, res in enumerate(results):
+        n = check_rank(dst, manifest, res, rank, 2)
+        compared = 0
+        for L in manifest["layers"]:
+            base = f"{L['module']}.experts.routed_experts."
+            tag = f"rank{rank:02d}-of-02/{L['param_prefix']}"
+            for name in L["params"]:
+                if not name.startswith(tag):
+                    continue
+                got, want = res["params"][base + name[len(tag):]], res["source"][base +
+                                                                                  name[len(tag):]]
+                assert got.dtype == want.dtype and got.shape == want.shape, name
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
+                    f"{name}: differs from stock vLLM's Humming post-processing on rank {rank}"
+                compared += 1
+            rec = L["ranks"][rank]["layout_config"]
+            stock = res["source"][base.rstrip(".") + ".humming_configs"]
+            for sub in ("w13", "w2"):
+                assert rec[f"{sub}_layer_config"] == stock[sub], f"{L['module']} {sub}"
+        first = manifest["layers"][0]["ranks"][rank]["layout_config"]
+        assert res["humming_configs"] == {s: first[f"{s}_layer_config"] for s in ("w13", "w2")}
+        assert res["experts_cls"] == experts_cls
+        print(f"humming {mode} rank {rank}: {n} parameters byte-identical to its files, "
+              f"{compared} equal to stock vLLM's own Humming post-processing of the source on "
+              f"the rank; served by {res['experts_cls']}")

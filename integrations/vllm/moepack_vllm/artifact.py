@@ -169,6 +169,9 @@ class Layer:
     # parameters (Humming: "w13_b_dtype"; "kernel_version", "sm_version", "w13_layer_config", ...).
     layout_decisions: dict = field(default_factory=dict)
     layout_config: dict = field(default_factory=dict)
+    # Where those two are in moepack.json: "layers[i]", or "layers[i].ranks[r]" for a rank of a
+    # parallel artifact.
+    record: str = ""
 
 
 def rank_dir_name(rank: int, ranks: int) -> str:
@@ -346,14 +349,27 @@ def _layer(i: int, L: dict, tensors: dict, path: str, rank: int | None = None,
         raise ArtifactError(f"{path}: layers[{i}].param_roles: no role for {sorted(missing)}")
     if parallel is not None and not params:
         raise ArtifactError(f"{path}: layers[{i}].params: none of {mine}")
+    # The layout's decisions and its runtime configuration (Humming's LayerConfig strings): the
+    # layer's, or in a parallel artifact the rank's own ("ranks"[r]: each rank decided on its
+    # share of the layer and is configured for its shape, as vLLM 0.33 post-processes each
+    # rank's slice alone).
+    record, where = L, f"layers[{i}]"
+    if parallel is not None and "ranks" in L:
+        recs = L["ranks"]
+        if not isinstance(recs, list) or len(recs) != parallel.size:
+            raise ArtifactError(f"{path}: layers[{i}].ranks: expected one entry per rank "
+                                f"({parallel.size})")
+        record, where = recs[rank or 0], f"layers[{i}].ranks[{rank or 0}]"
+        if not isinstance(record, dict) or record.get("rank") != (rank or 0):
+            raise ArtifactError(f"{path}: {where}.rank: expected {rank or 0}")
     extra = {}
     for key in ("layout_decisions", "layout_config"):
-        value = L.get(key, {})
+        value = record.get(key, {})
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise ArtifactError(f"{path}: layers[{i}].{key}: expected an object of strings")
+            raise ArtifactError(f"{path}: {where}.{key}: expected an object of strings")
         extra[key] = value
     return Layer(L["module"], prefix, experts, L["hidden"], inter, L["gated"], params, roles, i,
-                 **extra)
+                 record=where, **extra)
 
 
 def _parallel(p: dict, block: Block, path: str) -> Parallel:

@@ -75,7 +75,7 @@ def check_layout_config(manifest, art, dtype_name: str, device_sm: int | None,
     """Checks one layer's recorded Humming configuration against this humming, this GPU and
     the layer's parameters; returns {"w13": dict, "w2": dict} of the recorded LayerConfig JSON.
     Every refusal names the manifest field."""
-    where = f"{manifest.path}: layers[{art.index}].layout_config"
+    where = f"{manifest.path}: {art.record or f'layers[{art.index}]'}.layout_config"
     cfg = art.layout_config
     for key in ("kernel_package", "kernel_version", "sm_version", "w13_layer_config",
                 "w2_layer_config"):
@@ -217,7 +217,8 @@ class Wna16HummingBuilder:
             recorded = self.method.art.layout_config[f"{sub}_layer_config"]
             if lc.to_str() != recorded:
                 raise ArtifactError(
-                    f"{self.method.manifest.path}: layers[{self.method.art.index}].layout_config."
+                    f"{self.method.manifest.path}: "
+                    f"{self.method.art.record or f'layers[{self.method.art.index}]'}.layout_config."
                     f"{sub}_layer_config: humming {installed_humming_version()} writes this "
                     f"LayerConfig as {lc.to_str()}, the artifact records {recorded}")
             out[sub] = lc
