@@ -58,6 +58,8 @@ def align(topk_ids: torch.Tensor, block: int, E: int):
         pad = (-len(idx)) % block
         ids += idx + [len(flat)] * pad
         experts += [e] * ((len(idx) + pad) // block)
+    if not ids:  # no slot on these experts (an expert-parallel rank): one padding block
+        ids, experts = [len(flat)] * block, [0]
     mk = lambda v: torch.tensor(v, dtype=torch.int32, device="cuda")  # noqa: E731
     return mk(ids), mk(experts), mk([len(ids)])
 
@@ -67,21 +69,28 @@ def by_kernel_order(t):
     return t[0], t[2], t[4], t[1], t[3], t[5]
 
 
-def kernel_moe(x, w13, s13, z13, w2, s2, z2, topk_ids, topk_w, type_id, I, H):
-    """The plugin's kernel path, with vLLM's binary doing both GEMMs."""
+def kernel_moe(x, w13, s13, z13, w2, s2, z2, topk_ids, topk_w, type_id, I=None, H=None,
+               block=8, g13=None, g2=None):
+    """The plugin's kernel path, with vLLM's binary doing both GEMMs: gemm1 over w13,
+    silu(gate) * up, gemm2 over w2 with the router weights, top-k sum (fp32 [M, H]). I (the
+    intermediate size the parameters carry, padded) defaults to w2's K (w2 [E, I/16, ...]), H
+    to x's width; g13 / g2 are NVFP4's processed global scales. Shared by the Marlin, float Marlin
+    (bench/gpu_marlin_float.py) and tensor/expert-parallel (gpu_parallel_kernel.py) GPU runs."""
     op = torch.ops._moe_C.moe_wna16_marlin_gemm
     M, topk, E = x.shape[0], topk_ids.shape[1], w13.shape[0]
-    block = 8
+    I = w2.shape[1] * 16 if I is None else I  # noqa: E741
+    H = x.shape[1] if H is None else H
     sorted_ids, expert_ids, ntok = align(topk_ids, block, E)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros(sms * 4, dtype=torch.int32, device="cuda")
     c1 = torch.empty(M * topk, 2 * I, dtype=x.dtype, device="cuda")
-    c1 = op(x, c1, w13, None, s13, None, None, z13, ws, sorted_ids, expert_ids, ntok, topk_w,
+    c1 = op(x, c1, w13, None, s13, None, g13, z13, ws, sorted_ids, expert_ids, ntok, topk_w,
             block, topk, False, type_id, M, 2 * I, H, False, True, False, -1, -1, -1)
     act = (F.silu(c1[:, :I].float()) * c1[:, I:].float()).to(x.dtype)
     ws.zero_()
-    c2 = torch.empty(M * topk, H, dtype=x.dtype, device="cuda")
-    c2 = op(act, c2, w2, None, s2, None, None, z2, ws, sorted_ids, expert_ids, ntok, topk_w,
+    # zeros: rows of slots no block covers stay 0 (an expert-parallel rank's padding block)
+    c2 = torch.zeros(M * topk, H, dtype=x.dtype, device="cuda")
+    c2 = op(act, c2, w2, None, s2, None, g2, z2, ws, sorted_ids, expert_ids, ntok, topk_w,
             block, 1, True, type_id, M * topk, H, I, False, True, False, -1, -1, -1)
     return c2.view(M, topk, H).float().sum(1)
 
