@@ -86,6 +86,7 @@ prepare() {
   grep -qx "$sum" <<<"$KNOWN_SHA256" || { echo "unknown _moe_C library (sha256 $sum)"; exit 3; }
   echo "$sum  moe.so" >"$carry/moe.sha256"
   rm "$carry/moe.so" && cp "$xz" "$carry/moe.so.xz"
+  "$bin" --version >"$carry/moepack.version"  # which build wrote the cases
   sources | while read -r s fmt E H I g dt; do
     local gs=()
     [ "$g" != 0 ] && gs=(--group-size "$g")
@@ -143,6 +144,7 @@ run() {
   python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     "$carry/moe.so.xz" "$w/moe.so"
   (cd "$w" && sha256sum -c "$carry/moe.sha256") >>"$out/env.txt" 2>&1 || { cat "$out/env.txt"; exit 3; }
+  cat "$carry/moepack.version" >>"$out/env.txt" 2>/dev/null
   cat "$out/env.txt"
   timeout "${PARALLEL_TIMEOUT:-420}" python3 "$repo/tests/vllm/gpu_parallel_kernel.py" "$w/moe.so" \
     "$carry/cases" --json "$out/parallel.json" 2>&1 | tee "$out/parallel.log"

@@ -141,16 +141,18 @@ def check_forward(src: Path, manifest: dict, results: list[dict]) -> float:
     return err
 
 
-@pytest.mark.parametrize("mode,flags", [
-    ("tp", ("--tensor-parallel-size", "2")),
-    ("ep", ("--expert-parallel", "2", "--expert-placement", "linear")),
-])
-def test_parallel_artifact_served_per_rank(artifacts, tmp_path, mode, flags):
-    src, dst = artifacts.get("gptq", "qwen3", "--backend", "marlin", *flags, **SHAPE)
+@pytest.mark.parametrize("mode,flags,world,shape", [
+    ("tp", ("--tensor-parallel-size", "2"), 2, SHAPE),
+    ("ep", ("--expert-parallel", "2", "--expert-placement", "linear"), 2, SHAPE),
+    # Four processes in one gloo group (I = 512: I / 4 = 128 keeps the group on one rank).
+    ("tp", ("--tensor-parallel-size", "4"), 4, {"inter": 512}),
+], ids=["tp2", "ep2", "tp4"])
+def test_parallel_artifact_served_per_rank(artifacts, tmp_path, mode, flags, world, shape):
+    src, dst = artifacts.get("gptq", "qwen3", "--backend", "marlin", *flags, **shape)
     manifest = json.loads((dst / "moepack.json").read_text())
-    results = run_ranks(src, dst, tmp_path, mode)
+    results = run_ranks(src, dst, tmp_path, mode, world=world)
     for rank, res in enumerate(results):
-        n = check_rank(dst, manifest, res, rank, 2)
+        n = check_rank(dst, manifest, res, rank, world)
         m = check_against_vllm_source(manifest, res)
         print(f"{mode} rank {rank}: {n} parameters byte-identical to its files, {m} decoded equal "
               f"to vLLM's own loading of the source; files read: "
