@@ -16,7 +16,8 @@
 # Cases: Marlin int4 (GPTQ, AWQ) at TP 2/4/8 and EP 2/3/4, including group 128 with I/tp = 128
 # written twice, with the kernel's w13 scale permutation (must pass) and with vLLM 0.33's own
 # loader permutation (--vllm-w13-scale-size-k: size_k = I/tp, the channelwise permutation; must
-# fail), per-rank Marlin padding (I/tp = 160 -> 192); float Marlin at TP 2/4 and EP 2: FP8 block
+# fail; H = 256 so that the right size_k, H, differs from I/tp: at H = 128 both permutations are
+# the same bytes and the pair proves nothing, as the first H200 run of 2026-11-26 showed), per-rank Marlin padding (I/tp = 160 -> 192); float Marlin at TP 2/4 and EP 2: FP8 block
 # (marlin-fp8), MXFP8 (marlin-mxfp8, I/tp = 96 padded to 128 per rank), MXFP4 (marlin-mxfp4),
 # NVFP4 (marlin-nvfp4, each rank's own block-scale rescale factor). Humming (sm90's default) is
 # not run here: its kernel needs humming-kernels' NVRTC JIT (.humming/run_moepack.sh); its ranks
@@ -34,8 +35,8 @@ KNOWN_SHA256="99682a5814b3081de7e4e95cc2c1cf1ba8f6139514ac4c5563dbad16c229a4c0
 # name format E H I group dtype
 sources() {
   cat <<'SRC'
-a  gptq            4 128 512  128 bf16
-b  gptq            4 128 1024 128 bf16
+a  gptq            4 256 512  128 bf16
+b  gptq            4 256 1024 128 bf16
 c  gptq            4 128 320  32  bf16
 d  awq             4 128 512  128 bf16
 f8 fp8-block       4 128 512  0   bf16
@@ -95,6 +96,10 @@ prepare() {
   done
   cases | while IFS='|' read -r head flags; do
     read -r c s layout expect note <<<"$head"
+    # CASE_FILTER (an extended regex on the case name) prepares a subset: the whole carry (~31
+    # MiB) does not fit beside the tree (~42 MB) in one device call's 64 MiB, so the int4 and the
+    # float cases go in two calls (CASE_FILTER='^[abcd]-' and CASE_FILTER='^(f8|mx|n4|c4|m4)-').
+    [[ $c =~ ${CASE_FILTER:-.} ]] || continue
     local d=$carry/cases/$c fmt bits=4 arch=sm90
     fmt=$(sources | awk -v s="$s" '$1 == s {print $2}')
     [ "$layout" != marlin ] && arch=sm80
@@ -111,6 +116,10 @@ prepare() {
     printf '{"src": "../_src-%s", "decode": "%s", "bits": %d%s, "act": "bf16", "expect": "%s", "note": "%s"}\n' \
       "$s" "$decode" "$bits" "$extra" "$expect" "$note" >"$d/case.json"
   done || exit 1
+  # The sources no prepared case reads stay behind (CASE_FILTER).
+  for src in "$carry"/cases/_src-*; do
+    grep -qs "\"src\": \"../$(basename "$src")\"" "$carry"/cases/*/case.json || rm -rf "$src"
+  done
   # Only the experts travel (the rest of each checkpoint is copied through, untouched).
   find "$carry/cases" -name '*.safetensors' | while read -r f; do
     python3 - "$f" <<'PY' || exit 1
