@@ -52,7 +52,8 @@ enum class QuantMethod : uint8_t {
   kCtIntQuantized,   // compressed-tensors int-quantized W8A8 int8, weight I8 [N, K]
   kCtMxfp8,          // compressed-tensors mxfp8-quantized
   kModeloptMxfp8,    // ModelOpt MXFP8, weight F8_E4M3 [N, K], weight_scale U8 [N, K/32]
-  kModeloptFp8,      // ModelOpt FP8 per-tensor (recognised, not converted)
+  kModeloptFp8,      // ModelOpt FP8 per-tensor, weight F8_E4M3 [N, K], weight_scale F32 [],
+                     // input_scale F32 []
   kFp8Block,         // DeepSeek-style FP8 block, weight_scale_inv F32 [N/128, K/128]
   kCtFp8Block,       // compressed-tensors FP8_BLOCK, weight_scale BF16/F16 [N/128, K/128]
   kModeloptNvfp4,    // ModelOpt NVFP4, weight U8 [N, K/2], weight_scale F8_E4M3 [N, K/16],
@@ -63,6 +64,8 @@ enum class QuantMethod : uint8_t {
                      // weight_scale U8 E8M0 [N, K/32]
   kGptOssMxfp4,      // gpt-oss quant_method mxfp4, fused <proj>_blocks U8 [E, N, K/32, 16],
                      // <proj>_scales U8 E8M0 [E, N, K/32], gate/up rows interleaved
+  kCtFp8Channel,     // compressed-tensors float-quantized channel, weight_scale [N, 1]
+  kCtFp8Tensor,      // compressed-tensors float-quantized tensor, weight_scale [1], input_scale
 };
 // The method's name in manifests and messages ("gptq", "compressed-tensors-pack-quantized").
 const char* quant_method_name(QuantMethod m);

@@ -18,10 +18,12 @@
 namespace moepack {
 namespace {
 
-// The families of bytes, one per row; marlin-mxfp4 has two: compressed-tensors MXFP4
-// (prepare_moe_fp4_layer_for_marlin) and gpt-oss' (GptOssMxfp4MoEMethod's MARLIN backend:
-// prepare_moe_mxfp4_layer_for_marlin on the loader's padded, interleaved w13, with the biases).
-enum class Family { kFp8, kMxfp8, kNvfp4, kMxfp4, kGptOss };
+// The families of bytes, one per row; marlin-fp8 has two: block scales (kFp8) and one scale per
+// output channel or per tensor (kFp8Scaled), which differ in the scale grouping and the padding;
+// marlin-mxfp4 has two: compressed-tensors MXFP4 (prepare_moe_fp4_layer_for_marlin) and gpt-oss'
+// (GptOssMxfp4MoEMethod's MARLIN backend: prepare_moe_mxfp4_layer_for_marlin on the loader's
+// padded, interleaved w13, with the biases).
+enum class Family { kFp8, kFp8Scaled, kMxfp8, kNvfp4, kMxfp4, kGptOss };
 
 struct FamilyInfo {
   const char* layout;  // the row's name
@@ -32,6 +34,8 @@ FamilyInfo info(Family f) {
   switch (f) {
     case Family::kFp8:
       return {"marlin-fp8", "FP8", 8};
+    case Family::kFp8Scaled:
+      return {"marlin-fp8", "FP8 channel / per-tensor", 8};
     case Family::kMxfp8:
       return {"marlin-mxfp8", "MXFP8", 8};
     case Family::kNvfp4:
@@ -41,6 +45,19 @@ FamilyInfo info(Family f) {
     default:
       return {"marlin-mxfp4", "MXFP4", 4};
   }
+}
+// The FP8 families: e4m3 codes, scales in the activation dtype with the fused exponent bias.
+bool is_fp8(Family f) {
+  return f == Family::kFp8 || f == Family::kFp8Scaled;
+}
+// compressed-tensors FP8 tensor and ModelOpt FP8: one scale per Linear, w13 requantised to one
+// per expert (process_fp8_weight_tensor_strategy_moe).
+bool is_per_tensor(QuantMethod m) {
+  return m == QuantMethod::kCtFp8Tensor || m == QuantMethod::kModeloptFp8;
+}
+// marlin-fp8's family for a source method.
+Family fp8_family(QuantMethod m) {
+  return m == QuantMethod::kCtFp8Channel || is_per_tensor(m) ? Family::kFp8Scaled : Family::kFp8;
 }
 bool is_fp4(Family f) {
   return f == Family::kNvfp4 || f == Family::kMxfp4 || f == Family::kGptOss;
@@ -75,6 +92,9 @@ bool family_takes(Family f, QuantMethod m) {
   switch (f) {
     case Family::kFp8:
       return m == QuantMethod::kFp8Block || m == QuantMethod::kCtFp8Block;
+    case Family::kFp8Scaled:
+      // CompressedTensorsW8A8Fp8MoEMethod (channel, tensor), ModelOptFp8MoEMethod.
+      return m == QuantMethod::kCtFp8Channel || is_per_tensor(m);
     case Family::kMxfp8:
       return m == QuantMethod::kModeloptMxfp8 || m == QuantMethod::kCtMxfp8;
     case Family::kNvfp4:
@@ -91,6 +111,7 @@ bool family_takes(Family f, QuantMethod m) {
 
 // The scale group along K (0: one group over all of K).
 int64_t scale_group(Family f) {
+  if (f == Family::kFp8Scaled) return 0;
   return f == Family::kFp8 ? kFp8Block : f == Family::kNvfp4 ? kNvBlock : kMxBlock;
 }
 int64_t groups_over(Family f, int64_t k) {
@@ -109,6 +130,8 @@ int64_t padded_inter_of(Family f, int64_t hidden, int64_t inter) {
       return round_up(inter, 128);
     case Family::kFp8:
       return marlin_padded_intermediate(inter, kFp8Block);
+    case Family::kFp8Scaled:
+      return marlin_padded_intermediate(inter, -1);  // g = 1: the next multiple of 64
     case Family::kMxfp8:
       return round_up(inter, 64);
     case Family::kNvfp4:
@@ -134,7 +157,7 @@ std::string scale_name(Family f, QuantMethod m, MoeProj p) {
   return std::string(proj_name(p)) + (inv ? "_weight_scale_inv" : "_weight_scale");
 }
 DType scale_dtype(Family f, const LayoutOptions& o) {
-  if (f == Family::kFp8) return o.act_dtype;
+  if (is_fp8(f)) return o.act_dtype;
   return f == Family::kNvfp4 ? DType::kF8_E4M3 : DType::kF8_E8M0;
 }
 // NVFP4's processed global scale, one F32 per expert (vLLM's w13_weight_scale_2 /
@@ -143,7 +166,7 @@ std::string global_name(MoeProj p) {
   return std::string(proj_name(p)) + "_weight_scale_2";
 }
 int scale_bytes(Family f) {
-  return f == Family::kFp8 ? 2 : 1;
+  return is_fp8(f) ? 2 : 1;
 }
 
 // fp8_fused_exponent_bias_into_scales: 2^(2^(t-1) - 2^3), t = 8 exponent bits (bf16), 5 (fp16).
@@ -236,6 +259,12 @@ void proj_reasons(Family f, const ProjShape& s, const char* p, std::vector<std::
                      "Marlin MoE kernel has FP8 instances for group 128 and channelwise only");
     if (q.scale_block_n != kFp8Block)
       why->push_back(w + ": FP8 block_n=" + num(q.scale_block_n) + " (moepack's FP8 codecs: 128)");
+    if (!wna16::is_float_scale_dtype(q.scale_dtype))
+      why->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype));
+  } else if (f == Family::kFp8Scaled) {
+    if (q.group_size > 0 || q.scale_block_n != 1)
+      why->push_back(w + ": not one FP8 scale per output channel (group " + num(q.group_size) +
+                     ", scale_block_n " + num(q.scale_block_n) + ")");
     if (!wna16::is_float_scale_dtype(q.scale_dtype))
       why->push_back(w + std::string(": scale dtype ") + dtype_name(q.scale_dtype));
   } else if (f == Family::kNvfp4) {
@@ -422,7 +451,7 @@ void pack_expert_scales(Family f, const LayoutOptions& o, const QuantTensor& q, 
     for (int64_t gi = 0; gi < Gq; ++gi) {
       const uint8_t* src = q.scales.data() + ((e * rows + lr / q.scale_block_n) * Gq + gi) * qb;
       uint8_t* dst = out + (gi * g.np + r) * eb;
-      if (f == Family::kFp8) {
+      if (is_fp8(f)) {
         const uint16_t h = fp8_stored_scale(src, q.scale_dtype, o.act_dtype, what);
         std::memcpy(dst, &h, 2);
       } else if (f == Family::kNvfp4) {
@@ -436,7 +465,7 @@ void pack_expert_scales(Family f, const LayoutOptions& o, const QuantTensor& q, 
       }
     }
   }
-  permute_scale_matrix(out, G, g.np, eb, f != Family::kFp8);
+  permute_scale_matrix(out, G, g.np, eb, !is_fp8(f));
 }
 
 // NVFP4's processed global scale of each expert: the decode global times 2^119 (bf16) / 2^7
@@ -516,6 +545,38 @@ std::vector<uint8_t> unpack_biases(const Tensor& t, const ProjGeom& g, int64_t E
   return out;
 }
 
+// process_fp8_weight_tensor_strategy_moe (fp8_utils.py), run by vLLM 0.33's per-tensor FP8 MoE
+// methods before prepare_fp8_moe_layer_for_marlin: w13 keeps one scale per expert, m = the larger
+// of the gate's and the up's, and both shards are requantised to it. Per shard with scale s:
+// per_tensor_dequantize = the code in fp16 times s (a 0-d CUDA tensor, so s is rounded to fp16
+// first; the product rounded to fp16), then static_scaled_fp8_quant = that fp16 value times
+// (1.0f / m) in fp32, clamped to +-448, to e4m3 round-to-nearest-even. The codes change (the
+// shard with the smaller scale, and any value the fp16 steps round or flush); the GPU fixtures
+// (tests/golden/marlin_float, the _tiny_scale case) decide the fp16 rounding of s.
+QuantTensor requantize_per_tensor_w13(const QuantTensor& q, int64_t inter) {
+  QuantTensor out = q;
+  const int eb = q.scale_bytes();
+  const int64_t K = q.k;
+  for (int64_t e = 0; e < q.experts; ++e) {
+    const uint8_t* gate = q.scales.data() + (e * q.n) * eb;
+    const uint8_t* up = q.scales.data() + (e * q.n + inter) * eb;
+    const float sg = scale_to_float(gate, q.scale_dtype), su = scale_to_float(up, q.scale_dtype);
+    const uint8_t* max_bytes = su > sg ? up : gate;
+    const float m = std::max(sg, su), inv_m = 1.0f / m;
+    for (int shard = 0; shard < 2; ++shard) {
+      const float s16 = f16_to_float(float_to_f16(shard == 0 ? sg : su));
+      const int64_t r0 = e * q.n + shard * inter;
+      for (int64_t i = r0 * K; i < (r0 + inter) * K; ++i) {
+        const float dq = f16_to_float(float_to_f16(e4m3_to_float(q.codes[i]) * s16));
+        out.codes[i] = float_to_e4m3_satfinite(std::fmin(std::fmax(dq * inv_m, -448.0f), 448.0f));
+      }
+    }
+    for (int64_t r = 0; r < q.n; ++r)
+      std::memcpy(out.scales.data() + (e * q.n + r) * eb, max_bytes, static_cast<size_t>(eb));
+  }
+  return out;
+}
+
 struct PackedProj {
   Tensor weight, scales, globals;  // globals: NVFP4 only
 };
@@ -545,8 +606,10 @@ PackedProj pack_projection(Family f, const LayoutOptions& o, const QuantTensor& 
 std::vector<Tensor> pack(Family f, const LayoutOptions& o, const MoeExperts& x) {
   refuse(f, o, x);
   const int64_t H = x.w13.k, I = x.w2.k, ip = padded_inter_of(f, H, I);
-  PackedProj w13 =
-      pack_projection(f, o, x.w13, MoeProj::kW13, geom(f, MoeProj::kW13, H, I, ip, o.gated));
+  const bool requant = f == Family::kFp8Scaled && is_per_tensor(o.source_method) && o.gated;
+  const QuantTensor requantized = requant ? requantize_per_tensor_w13(x.w13, I) : QuantTensor{};
+  PackedProj w13 = pack_projection(f, o, requant ? requantized : x.w13, MoeProj::kW13,
+                                   geom(f, MoeProj::kW13, H, I, ip, o.gated));
   PackedProj w2 =
       pack_projection(f, o, x.w2, MoeProj::kW2, geom(f, MoeProj::kW2, H, I, ip, o.gated));
   // vLLM's order: both weights, then both scales (then NVFP4's global scales, gpt-oss' biases).
@@ -627,7 +690,7 @@ LayerView read_layer(Family f, const LayoutOptions& o, const TensorMap& params) 
     L.weight[i] = &require_tensor(params, o.prefix + weight_name(p), fi.layout);
     L.scales[i] = &require_tensor(params, o.prefix + scale_name(f, o.source_method, p), fi.layout);
     wna16::expect_dtype(*L.weight[i], L.weight[i]->name, {DType::kI32});
-    if (f == Family::kFp8)
+    if (is_fp8(f))
       wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {o.act_dtype});
     else if (f == Family::kNvfp4)
       wna16::expect_dtype(*L.scales[i], L.scales[i]->name, {DType::kF8_E4M3, DType::kU8});
@@ -715,7 +778,7 @@ void unpack_expert_scales(Family f, const LayoutOptions& o, const LayerView& L, 
   const int eb = scale_bytes(f);
   std::vector<uint8_t> m(st.data.begin() + e * G * g.np * eb,
                          st.data.begin() + (e + 1) * G * g.np * eb);
-  unpermute_scale_matrix(m.data(), G, g.np, eb, f != Family::kFp8);
+  unpermute_scale_matrix(m.data(), G, g.np, eb, !is_fp8(f));
   std::vector<uint8_t> seen(static_cast<size_t>(rows * Gq), 0);
   for (int64_t r = 0; r < g.np; ++r)
     for (int64_t gi = 0; gi < G; ++gi) {
@@ -738,7 +801,7 @@ void unpack_expert_scales(Family f, const LayoutOptions& o, const LayerView& L, 
                           " (nvfp4_marlin_process_scales writes 0 or a value of at least 2)");
         val[0] = static_cast<uint8_t>(c);
       }
-      if (f == Family::kFp8) {
+      if (is_fp8(f)) {
         uint16_t h;
         std::memcpy(&h, v, 2);
         const bool bf16 = o.act_dtype == DType::kBF16;
@@ -768,8 +831,9 @@ QuantSpec canonical_spec(Family f, const LayoutOptions& o) {
   s.symmetric = true;
   s.group_size = scale_group(f);
   s.scale_block_n = 1;
-  if (f == Family::kFp8) {
-    s.scale_block_n = kFp8Block;
+  if (is_fp8(f)) {
+    s.group_size = f == Family::kFp8 ? kFp8Block : -1;
+    s.scale_block_n = f == Family::kFp8 ? kFp8Block : 1;
     s.scale_dtype = o.act_dtype;
   } else if (f == Family::kNvfp4) {
     s.scale_dtype = DType::kF8_E4M3;
@@ -830,14 +894,14 @@ reader::ProjReader make_reader(Family f, const LayoutOptions& o, const TensorMap
   m.qweight = static_cast<const uint32_t*>(locate_param(locate, params, L.weight[i]->name));
   m.scales = locate_param(locate, params, L.scales[i]->name);
   m.bits = info(f).bits;
-  m.scale_type = f == Family::kFp8     ? reader_scale_type(o.act_dtype, L.scales[i]->name)
+  m.scale_type = is_fp8(f)             ? reader_scale_type(o.act_dtype, L.scales[i]->name)
                  : f == Family::kNvfp4 ? static_cast<int32_t>(reader::kScaleS0e5m3)
                                        : static_cast<int32_t>(reader::kScaleE8m0);
   m.grouped_scales = groups_over(f, g.kp) > 1 ? 1 : 0;
-  m.pair_swap = f == Family::kFp8 ? 0 : 1;
+  m.pair_swap = is_fp8(f) ? 0 : 1;
   m.padded_w13 = proj == MoeProj::kW13 && L.inter != L.ip && !g.interleaved ? 1 : 0;
   m.interleaved_w13 = g.interleaved ? 1 : 0;
-  m.scale_mult = f == Family::kFp8 ? 1.0f / fp8_bias(o.act_dtype) : 1.0f;
+  m.scale_mult = is_fp8(f) ? 1.0f / fp8_bias(o.act_dtype) : 1.0f;
   m.global_mult = 1.0f;
   m.global_scale = nullptr;
   if (f == Family::kNvfp4) {
@@ -870,28 +934,28 @@ reader::ActQuant marlin_float_act_quant(const LayoutOptions& opts) {
 // ---- marlin-fp8 ---------------------------------------------------------------------------------
 
 std::vector<std::string> marlin_fp8_unsupported_reasons(const LayoutOptions& o, const MoeShape& x) {
-  return unsupported_reasons(Family::kFp8, o, x);
+  return unsupported_reasons(fp8_family(o.source_method), o, x);
 }
 std::vector<ParamSpec> marlin_fp8_param_specs(const LayoutOptions& o, const MoeShape& x) {
-  return param_specs(Family::kFp8, o, x);
+  return param_specs(fp8_family(o.source_method), o, x);
 }
 std::vector<Tensor> pack_marlin_fp8_moe(const LayoutOptions& o, const MoeExperts& x) {
-  return pack(Family::kFp8, o, x);
+  return pack(fp8_family(o.source_method), o, x);
 }
 MoeExperts unpack_marlin_fp8_moe(const LayoutOptions& o, const TensorMap& params) {
-  return unpack(Family::kFp8, o, params);
+  return unpack(fp8_family(o.source_method), o, params);
 }
 reader::ProjReader marlin_fp8_make_reader(const LayoutOptions& o, const TensorMap& params,
                                           MoeProj proj, const ParamLocator& locate) {
-  return make_reader(Family::kFp8, o, params, proj, locate);
+  return make_reader(fp8_family(o.source_method), o, params, proj, locate);
 }
 std::vector<std::string> marlin_fp8_deviations_from_vllm(const LayoutOptions&, const MoeShape&) {
   // Byte-identical to prepare_fp8_moe_layer_for_marlin for every layer the row takes
   // (tests/golden/marlin_float.cpp, fixtures made by vLLM 0.33.0 on an H100).
   return {};
 }
-int64_t marlin_fp8_padded_inter(const LayoutOptions&, const MoeShape& x) {
-  return padded_inter_of(Family::kFp8, x.hidden(), x.inter());
+int64_t marlin_fp8_padded_inter(const LayoutOptions& o, const MoeShape& x) {
+  return padded_inter_of(fp8_family(o.source_method), x.hidden(), x.inter());
 }
 
 // ---- marlin-mxfp8 -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "formats/compressed_tensors.h"
 #include "formats/fp4.h"
 #include "formats/fp8_block.h"
+#include "formats/fp8_scaled.h"
 #include "formats/gptq.h"
 #include "formats/humming.h"
 #include "formats/marlin.h"
@@ -42,13 +43,15 @@ const std::vector<QuantMethodRow>& quant_method_rows() {
       {QuantMethod::kCtIntQuantized, "compressed-tensors-int-quantized", nullptr},
       {QuantMethod::kCtMxfp8, "compressed-tensors-mxfp8", nullptr},
       {QuantMethod::kModeloptMxfp8, "modelopt-mxfp8", nullptr},
-      {QuantMethod::kModeloptFp8, "modelopt-fp8", "fp8-per-tensor"},
+      {QuantMethod::kModeloptFp8, "modelopt-fp8", nullptr},
       {QuantMethod::kFp8Block, "fp8-block", nullptr},
       {QuantMethod::kCtFp8Block, "compressed-tensors-fp8-block", nullptr},
       {QuantMethod::kModeloptNvfp4, "modelopt-nvfp4", nullptr},
       {QuantMethod::kCtNvfp4, "compressed-tensors-nvfp4", nullptr},
       {QuantMethod::kCtMxfp4, "compressed-tensors-mxfp4", nullptr},
       {QuantMethod::kGptOssMxfp4, "gpt-oss-mxfp4", nullptr},
+      {QuantMethod::kCtFp8Channel, "compressed-tensors-fp8-channel", nullptr},
+      {QuantMethod::kCtFp8Tensor, "compressed-tensors-fp8-tensor", nullptr},
   };
   return rows;
 }
@@ -177,6 +180,49 @@ std::vector<SourceCodec> int_and_fp8_codecs() {
        .pack = pack_ct_fp8_block,
        .param_space = ct_fp8_block_param_space,
        .params_shown = {"block", "dynamic_input"}},
+      // FP8 with one scale per output channel / per tensor (formats/fp8_scaled.h): their own
+      // schemes, since vLLM 0.33's oracle orders each (weight, activation) key pair apart.
+      {.name = "ct-fp8-channel",
+       .method = QuantMethod::kCtFp8Channel,
+       .scheme = "fp8-channel",
+       .description = "compressed-tensors float-quantized FP8 channel (FP8_DYNAMIC: per-channel "
+                      "weight scales, dynamic per-token activations)",
+       .spec_for = fp8_scaled_spec_for,
+       .logical_shape = weight_logical_shape,
+       .refusals = ct_fp8_channel_refusals,
+       .required_suffixes = ct_fp8_channel_required_suffixes,
+       .optional_suffixes = ct_fp8_channel_optional_suffixes,
+       .unpack = unpack_ct_fp8_channel,
+       .pack = pack_ct_fp8_channel,
+       .param_space = ct_fp8_channel_param_space,
+       .params_shown = {"dynamic_input"}},
+      {.name = "ct-fp8-tensor",
+       .method = QuantMethod::kCtFp8Tensor,
+       .scheme = "fp8-tensor",
+       .description = "compressed-tensors float-quantized FP8 tensor (per-tensor weight and "
+                      "static input scales)",
+       .spec_for = fp8_scaled_spec_for,
+       .logical_shape = weight_logical_shape,
+       .refusals = fp8_tensor_refusals,
+       .required_suffixes = fp8_tensor_required_suffixes,
+       .optional_suffixes = fp8_tensor_optional_suffixes,
+       .unpack = unpack_fp8_tensor,
+       .pack = pack_fp8_tensor,
+       .param_space = ct_fp8_tensor_param_space,
+       .params_shown = {"dynamic_input"}},
+      {.name = "modelopt-fp8",
+       .method = QuantMethod::kModeloptFp8,
+       .scheme = "fp8-tensor",
+       .description = "modelopt FP8 (quant_algo FP8: per-tensor weight and input scales)",
+       .spec_for = fp8_scaled_spec_for,
+       .logical_shape = weight_logical_shape,
+       .refusals = fp8_tensor_refusals,
+       .required_suffixes = fp8_tensor_required_suffixes,
+       .optional_suffixes = fp8_tensor_optional_suffixes,
+       .unpack = unpack_fp8_tensor,
+       .pack = pack_fp8_tensor,
+       .param_space = modelopt_fp8_param_space,
+       .params_shown = {}},
   };
 }
 
@@ -367,7 +413,7 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
       {.name = "marlin-fp8",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (FP8 weights, 16-bit activations)",
        .layout_version = 1,
-       .schemes = {"fp8-block"},
+       .schemes = {"fp8-block", "fp8-channel", "fp8-tensor"},
        .archs = every_arch,
        .unsupported_reasons = marlin_fp8_unsupported_reasons,
        .param_specs = marlin_fp8_param_specs,
@@ -865,6 +911,69 @@ Fp8BlockBackends fp8_block_backends(const ArchSets& a) {
           .humming = humming};
 }
 
+// ModelOptFp8MoEMethod selects its backend with allow_vllm_cutlass=False (oracle/fp8.py
+// select_fp8_moe_backend); CompressedTensorsW8A8Fp8MoEMethod with True.
+std::vector<std::string> vllm_cutlass_fp8_refusals(const VllmTargetRow&, const QuantParams& q,
+                                                   const MoeShape&) {
+  if (q.method != QuantMethod::kModeloptFp8) return {};
+  return {"ModelOptFp8MoEMethod selects its backend with allow_vllm_cutlass=False"};
+}
+
+struct Fp8ScaledBackends {
+  VllmBackend trtllm, fi_cutlass, vllm_cutlass, triton, marlin, humming;
+};
+Fp8ScaledBackends fp8_scaled_backends(const ArchSets& a) {
+  // FP8 with per-channel or per-tensor weight scales (compressed-tensors channel / tensor,
+  // ModelOpt FP8): vLLM 0.33.0 Fp8MoeBackend (oracle/fp8.py), the same list as block FP8 with
+  // each expert class's _supports_quant_scheme for the pair: kFp8StaticChannelSym x
+  // kFp8DynamicTokenSym, kFp8StaticTensorSym x kFp8StaticTensorSym. DEEPGEMM takes block FP8
+  // only. Per-tensor sources reach every backend requantised (process_fp8_weight_tensor_strategy_
+  // moe runs before convert_to_fp8_moe_kernel_format).
+  const VllmBackend trtllm = {
+      .name = "FLASHINFER_TRTLLM",
+      .moe_backend = "flashinfer_trtllm",
+      .archs = a.sm100,  // TrtLlmFp8Experts: family 100; per-tensor static only
+      .layout = "trtllm-fp8-tensor",
+      .reads = "FlashInfer TRT-LLM-Gen's FP8 per-tensor layout (prepare_fp8_moe_layer_for_fi)"};
+  const VllmBackend fi_cutlass = {
+      .name = "FLASHINFER_CUTLASS",
+      .moe_backend = "flashinfer_cutlass",
+      // FlashInferExperts: per-tensor static FP8 on capability 9.0 and up (devices 90, 100, 120)
+      .archs = {TargetArch::kSm90, TargetArch::kSm100, TargetArch::kSm120},
+      .layout = "flashinfer-cutlass-fp8-tensor",
+      .reads = "FlashInfer CUTLASS's layout (prepare_fp8_moe_layer_for_fi)"};
+  const VllmBackend vllm_cutlass = {
+      .name = "VLLM_CUTLASS",
+      .moe_backend = "cutlass",
+      // CutlassExpertsFp8: cutlass_group_gemm_supported() (90 <= capability < 110)
+      .archs = {TargetArch::kSm90, TargetArch::kSm100},
+      .layout = nullptr,
+      .reads = "the FP8 weights and scales as loaded (per-tensor w13 requantised to one scale)",
+      .vllm_refusals = vllm_cutlass_fp8_refusals};
+  const VllmBackend triton = {
+      .name = "TRITON",
+      .moe_backend = "triton",
+      .archs = a.fp8_archs,  // TritonExperts: FP8 schemes where supports_fp8()
+      .layout = nullptr,
+      .reads = "the FP8 weights and scales as loaded (per-tensor w13 requantised to one scale)"};
+  const VllmBackend marlin = {.name = "MARLIN",
+                              .moe_backend = "marlin",
+                              .archs = a.every,
+                              .layout = "marlin-fp8",
+                              .reads = "Marlin's FP8 tiles (prepare_fp8_moe_layer_for_marlin)"};
+  const VllmBackend humming = {.name = "HUMMING",
+                               .moe_backend = "humming",
+                               .archs = a.every,
+                               .layout = "humming-fp8",
+                               .reads = kHummingReads};
+  return {.trtllm = trtllm,
+          .fi_cutlass = fi_cutlass,
+          .vllm_cutlass = vllm_cutlass,
+          .triton = triton,
+          .marlin = marlin,
+          .humming = humming};
+}
+
 struct Nvfp4Backends {
   VllmBackend trtllm, cutedsl, fi_cutlass, vllm_cutlass, marlin, humming, emulation;
 };
@@ -999,6 +1108,7 @@ VllmTargetRow vllm_033_row(const ArchSets& a) {
   const Int8Backends i = int8_backends(a);
   const Mxfp8Backends m = mxfp8_backends(a);
   const Fp8BlockBackends f = fp8_block_backends(a);
+  const Fp8ScaledBackends c = fp8_scaled_backends(a);
   const Nvfp4Backends n = nvfp4_backends(a);
   const Mxfp4Backends x = mxfp4_backends(a);
   VllmTargetRow row = {
@@ -1051,6 +1161,32 @@ VllmTargetRow vllm_033_row(const ArchSets& a) {
                      "prioritize_humming, then TRITON to the front for block FP8 on "
                      "capability 90 without expert parallelism",
            .auto_writes_only_vllm_pick = true},
+          {.scheme = "fp8-channel",
+           .archs = a.not_sm90,
+           .backends = {c.fi_cutlass, c.vllm_cutlass, c.triton, c.marlin, c.humming},
+           .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends "
+                     "(FLASHINFER_TRTLLM takes block FP8 and MXFP8 only, DEEPGEMM block FP8 "
+                     "only; AITER, XPU, CPU, HPC and the batched variants left out)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "fp8-channel",
+           .archs = a.sm90,
+           .backends = {c.fi_cutlass, c.vllm_cutlass, c.triton, c.humming, c.marlin},
+           .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends through "
+                     "prioritize_humming (HUMMING ahead of MARLIN on capability 90)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "fp8-tensor",
+           .archs = a.not_sm90,
+           .backends = {c.trtllm, c.fi_cutlass, c.vllm_cutlass, c.triton, c.marlin, c.humming},
+           .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends (static "
+                     "per-tensor activations; VLLM_CUTLASS for compressed-tensors only: "
+                     "ModelOpt passes allow_vllm_cutlass=False)",
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "fp8-tensor",
+           .archs = a.sm90,
+           .backends = {c.trtllm, c.fi_cutlass, c.vllm_cutlass, c.triton, c.humming, c.marlin},
+           .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends through "
+                     "prioritize_humming",
+           .auto_writes_only_vllm_pick = true},
           {.scheme = "nvfp4",
            .archs = a.not_sm90,
            .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.marlin, n.humming,
@@ -1086,6 +1222,7 @@ VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
   const Int8Backends i = int8_backends(a);
   const Mxfp8Backends m = mxfp8_backends(a);
   const Fp8BlockBackends f = fp8_block_backends(a);
+  const Fp8ScaledBackends c = fp8_scaled_backends(a);
   const Nvfp4Backends n = nvfp4_backends(a);
   const Mxfp4Backends x = mxfp4_backends(a);
   VllmTargetRow row = {
@@ -1125,6 +1262,16 @@ VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
            .backends = {f.triton, f.trtllm, f.cutlass, f.deep_gemm, f.marlin},
            .source = "assumed as for the other archs, with vLLM 0.33.0's TRITON first for "
                      "block FP8 on capability 90"},
+          {.scheme = "fp8-channel",
+           .archs = a.every,
+           .backends = {c.fi_cutlass, c.vllm_cutlass, c.triton, c.marlin},
+           .source = "assumed: the spec has no FP8 channel MoE order; vLLM 0.33.0's fp8.py order "
+                     "without HUMMING, which the spec's vLLM predates"},
+          {.scheme = "fp8-tensor",
+           .archs = a.every,
+           .backends = {c.trtllm, c.fi_cutlass, c.vllm_cutlass, c.triton, c.marlin},
+           .source = "assumed: the spec has no FP8 per-tensor MoE order; vLLM 0.33.0's fp8.py "
+                     "order without HUMMING"},
           {.scheme = "nvfp4",
            .archs = a.every,
            .backends = {n.trtllm, n.cutedsl, n.fi_cutlass, n.vllm_cutlass, n.marlin, n.emulation},

@@ -253,6 +253,15 @@ QuantParams normalize_ct_group(const json& qc, const std::string& name, const js
       p.group_size = p.block_k;
       return p;
     }
+    if (strategy == "channel" || strategy == "tensor") {
+      p.method = strategy == "channel" ? QuantMethod::kCtFp8Channel : QuantMethod::kCtFp8Tensor;
+      if (get_int(w, "num_bits", 8) != 8 || get_str(w, "type", "float") != "float")
+        bad(file, "weights", "FP8 " + strategy + " needs float 8-bit weights, got " + w.dump());
+      p.dynamic_input = !a.is_object() || get_bool(a, "dynamic", true, file);
+      p.bits = 8;
+      p.group_size = -1;
+      return p;
+    }
   }
   throw Error(ErrorCode::kUnsupported, file, "",
               "compressed-tensors format \"" + fmt + "\" with weights " + w.dump() +
@@ -364,6 +373,7 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
   if (up == "FP8") {
     p.method = QuantMethod::kModeloptFp8;
     p.bits = 8;
+    p.dynamic_input = false;  // ModelOpt FP8 calibrates static per-tensor input scales
     return p;
   }
   if (algo.empty()) bad(file, "quant_algo", "missing");

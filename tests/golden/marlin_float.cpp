@@ -52,6 +52,9 @@ const FamilyRow* family_row(const std::string& family) {
   static const FamilyRow rows[] = {
       {"fp8_block_deepseek", QuantMethod::kFp8Block, "marlin-fp8"},
       {"fp8_block_ct", QuantMethod::kCtFp8Block, "marlin-fp8"},
+      {"fp8_channel_ct", QuantMethod::kCtFp8Channel, "marlin-fp8"},
+      {"fp8_tensor_ct", QuantMethod::kCtFp8Tensor, "marlin-fp8"},
+      {"fp8_tensor_modelopt", QuantMethod::kModeloptFp8, "marlin-fp8"},
       {"mxfp8_modelopt", QuantMethod::kModeloptMxfp8, "marlin-mxfp8"},
       {"mxfp8_ct", QuantMethod::kCtMxfp8, "marlin-mxfp8"},
       {"nvfp4_modelopt", QuantMethod::kModeloptNvfp4, "marlin-nvfp4"},
@@ -224,6 +227,13 @@ TEST_P(MarlinFloatGolden, PackEqualsVllmByteForByte) {
     if (!out["kernel_reads"].get<bool>() && fr->method == QuantMethod::kCtNvfp4 &&
         name.find("global_scale") != std::string::npos)
       continue;
+    // Per-tensor FP8 methods keep the static activation scale, one F32 (the max over experts),
+    // which the Marlin W8A16 kernel never reads; moepack does not write it (docs/marlin_float.md).
+    const bool per_tensor =
+        fr->method == QuantMethod::kCtFp8Tensor || fr->method == QuantMethod::kModeloptFp8;
+    if (!out["kernel_reads"].get<bool>() && per_tensor &&
+        name.find("input_scale") != std::string::npos)
+      continue;
     auto it = by_name.find(name);
     ASSERT_NE(it, by_name.end()) << "moepack does not write " << name;
     const Tensor& t = *it->second;
@@ -239,7 +249,12 @@ TEST_P(MarlinFloatGolden, PackEqualsVllmByteForByte) {
   TensorMap params;
   for (const auto& t : got) params[t.name] = t;
   const MoeExperts back = row->unpack(o, params);
-  EXPECT_EQ(back.w13.codes, x.w13.codes);
+  // (per-tensor FP8: vLLM requantises w13 to one scale per expert; its bytes are compared above)
+  const bool requantised =
+      fr->method == QuantMethod::kCtFp8Tensor || fr->method == QuantMethod::kModeloptFp8;
+  if (!requantised) {
+    EXPECT_EQ(back.w13.codes, x.w13.codes);
+  }
   EXPECT_EQ(back.w2.codes, x.w2.codes);
   EXPECT_EQ(back.w13_bias, x.w13_bias);
   EXPECT_EQ(back.w2_bias, x.w2_bias);
