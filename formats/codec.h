@@ -566,6 +566,11 @@ struct TargetLayout {
   // TensorParallelSplit): required for --tensor-parallel-size above 1; the registry suite fails
   // for a row without it.
   TensorParallelSplit tensor_parallel = {};
+  // Optional (nullptr: vLLM serves the source's values): what vLLM's MoE method makes of the
+  // experts before the layout's own transform, where it changes values -- per-tensor FP8's w13
+  // requantised to one scale per expert (process_fp8_weight_tensor_strategy_moe). pack applies
+  // it; unpack gives it back; verify's reference and exact round trip compare against it.
+  MoeExperts (*vllm_loaded)(const LayoutOptions&, const MoeExperts&) = nullptr;
 };
 
 // `convert --quantize FORMAT --mx-recipe RECIPE`: unquantized experts quantised by moepack.

@@ -54,6 +54,10 @@ reader::ProjReader marlin_fp8_make_reader(const LayoutOptions& opts,
 std::vector<std::string> marlin_fp8_deviations_from_vllm(const LayoutOptions& opts,
                                                          const MoeShape& shape);
 int64_t marlin_fp8_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
+// Per-tensor FP8 sources (compressed-tensors tensor, ModelOpt FP8) of a gated layer: w13
+// requantised to one scale per expert as vLLM 0.33 does before prepare_fp8_moe_layer_for_marlin
+// (process_fp8_weight_tensor_strategy_moe); any other source as it is.
+MoeExperts marlin_fp8_vllm_loaded(const LayoutOptions& opts, const MoeExperts& experts);
 
 // ---- marlin-mxfp8 -------------------------------------------------------------------------------
 std::vector<std::string> marlin_mxfp8_unsupported_reasons(const LayoutOptions& opts,

@@ -427,17 +427,20 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        // Fp8MoEMethod (DeepSeek fp8 with weight_block_size) supports pre-processed weights for
        // every backend: under weights_already_processed() it only builds MarlinExperts from the
        // parameters prepare_fp8_moe_layer_for_marlin leaves, once its oracle picks MARLIN
-       // (--moe-backend marlin where vLLM would pick another). compressed-tensors' method does not.
+       // (--moe-backend marlin where vLLM would pick another). compressed-tensors' method and
+       // ModelOptFp8MoEMethod do not: the plugin's marlin-float builder.
        .vllm_serving = {{.target = VllmTarget::kV0_33,
                          .sources = {QuantMethod::kFp8Block},
                          .path = S::kVllmMethod,
                          .vllm_method = "Fp8MoEMethod",
                          .vllm_backend = "Fp8MoeBackend.MARLIN"},
                         {.target = VllmTarget::kV0_33,
-                         .sources = {QuantMethod::kCtFp8Block},
+                         .sources = {QuantMethod::kCtFp8Block, QuantMethod::kCtFp8Channel,
+                                     QuantMethod::kCtFp8Tensor, QuantMethod::kModeloptFp8},
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}},
-       .tensor_parallel = float_marlin_tp},
+       .tensor_parallel = float_marlin_tp,
+       .vllm_loaded = marlin_fp8_vllm_loaded},
       {.name = "marlin-mxfp8",
        .kernel = "vLLM 0.33's fused Marlin MoE kernel (MXFP8 weights, bf16 activations)",
        .layout_version = 1,
@@ -948,14 +951,14 @@ Fp8ScaledBackends fp8_scaled_backends(const ArchSets& a) {
       // CutlassExpertsFp8: cutlass_group_gemm_supported() (90 <= capability < 110)
       .archs = {TargetArch::kSm90, TargetArch::kSm100},
       .layout = nullptr,
-      .reads = "the FP8 weights and scales as loaded (per-tensor w13 requantised to one scale)",
+      .reads = "the FP8 weights and scales as loaded (a per-tensor w13 requantised to one scale)",
       .vllm_refusals = vllm_cutlass_fp8_refusals};
   const VllmBackend triton = {
       .name = "TRITON",
       .moe_backend = "triton",
       .archs = a.fp8_archs,  // TritonExperts: FP8 schemes where supports_fp8()
       .layout = nullptr,
-      .reads = "the FP8 weights and scales as loaded (per-tensor w13 requantised to one scale)"};
+      .reads = "the FP8 weights and scales as loaded (a per-tensor w13 requantised to one scale)"};
   const VllmBackend marlin = {.name = "MARLIN",
                               .moe_backend = "marlin",
                               .archs = a.every,
@@ -1163,14 +1166,14 @@ VllmTargetRow vllm_033_row(const ArchSets& a) {
            .auto_writes_only_vllm_pick = true},
           {.scheme = "fp8-channel",
            .archs = a.not_sm90,
-           .backends = {c.fi_cutlass, c.vllm_cutlass, c.triton, c.marlin, c.humming},
+           .backends = {c.vllm_cutlass, c.triton, c.marlin, c.humming},
            .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends "
-                     "(FLASHINFER_TRTLLM takes block FP8 and MXFP8 only, DEEPGEMM block FP8 "
-                     "only; AITER, XPU, CPU, HPC and the batched variants left out)",
+                     "(FLASHINFER_TRTLLM and FLASHINFER_CUTLASS take no channel FP8, DEEPGEMM "
+                     "block FP8 only; AITER, XPU, CPU, HPC and the batched variants left out)",
            .auto_writes_only_vllm_pick = true},
           {.scheme = "fp8-channel",
            .archs = a.sm90,
-           .backends = {c.fi_cutlass, c.vllm_cutlass, c.triton, c.humming, c.marlin},
+           .backends = {c.vllm_cutlass, c.triton, c.humming, c.marlin},
            .source = "vLLM 0.33.0 fused_moe/oracle/fp8.py, _get_priority_backends through "
                      "prioritize_humming (HUMMING ahead of MARLIN on capability 90)",
            .auto_writes_only_vllm_pick = true},
@@ -1264,7 +1267,7 @@ VllmTargetRow vllm_2026_05_row(const ArchSets& a) {
                      "block FP8 on capability 90"},
           {.scheme = "fp8-channel",
            .archs = a.every,
-           .backends = {c.fi_cutlass, c.vllm_cutlass, c.triton, c.marlin},
+           .backends = {c.vllm_cutlass, c.triton, c.marlin},
            .source = "assumed: the spec has no FP8 channel MoE order; vLLM 0.33.0's fp8.py order "
                      "without HUMMING, which the spec's vLLM predates"},
           {.scheme = "fp8-tensor",

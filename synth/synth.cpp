@@ -14,6 +14,7 @@
 #include "core/threads.h"
 #include "formats/codec.h"
 #include "formats/fp4.h"
+#include "formats/fp8_scaled.h"
 #include "formats/mxfp8.h"
 #include "formats/quantize.h"
 #include "io/atomic_dir.h"
@@ -163,6 +164,40 @@ json ct_fp8_block_config(const SynthOptions&, const QuantParams&) {
               {"output_activations", nullptr}}}}}};
 }
 
+// llm-compressor's FP8_DYNAMIC (channel weights, dynamic per-token activations) and FP8 (tensor
+// weights, static tensor activations) recipes (compressed-tensors float-quantized).
+json ct_fp8_scaled_config(bool channel) {
+  const json w = {{"num_bits", 8},     {"type", "float"},
+                  {"symmetric", true}, {"strategy", channel ? "channel" : "tensor"},
+                  {"dynamic", false},  {"observer", "minmax"}};
+  const json a = {{"num_bits", 8},      {"type", "float"},
+                  {"symmetric", true},  {"strategy", channel ? "token" : "tensor"},
+                  {"dynamic", channel}, {"observer", channel ? json() : json("minmax")}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"quantization_status", "compressed"},
+          {"ignore", json::array({"lm_head", "re:.*mlp.gate$"})},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", json::array({"Linear"})},
+              {"weights", w},
+              {"input_activations", a},
+              {"output_activations", nullptr}}}}}};
+}
+json ct_fp8_channel_config(const SynthOptions&, const QuantParams&) {
+  return ct_fp8_scaled_config(true);
+}
+json ct_fp8_tensor_config(const SynthOptions&, const QuantParams&) {
+  return ct_fp8_scaled_config(false);
+}
+
+json modelopt_fp8_config(const SynthOptions&, const QuantParams&) {
+  return {{"quant_method", "modelopt"},
+          {"quant_algo", "FP8"},
+          {"ignore", json::array({"lm_head", "*self_attn*", "*mlp.gate", "*shared_expert*"})},
+          {"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}}};
+}
+
 const char* torch_dtype_name(DType d) {
   return d == DType::kF16 ? "float16" : d == DType::kF32 ? "float32" : "bfloat16";
 }
@@ -281,6 +316,31 @@ QuantTensor quantize_ct_fp8_block_linear(const SynthOptions& o, const QuantParam
   return q;
 }
 
+// FP8 with one scale per output channel (block_n 1, block_k K) or per Linear (block N x K), the
+// per-row canonical form of formats/fp8_scaled.h; scales as compressed-tensors stores them (the
+// model dtype) or F32 (ModelOpt).
+QuantTensor quantize_fp8_scaled(const SynthOptions& o, const QuantParams& p, const float* w,
+                                int64_t n, int64_t k, bool per_tensor) {
+  const QuantTensor f32 = quantize_fp8_block(w, n, k, per_tensor ? n : 1, k);
+  QuantTensor q(fp8_scaled_spec_for(p), 1, n, k);
+  q.codes = f32.codes;
+  std::vector<uint8_t> rows(static_cast<size_t>(n * 4));
+  for (int64_t r = 0; r < n; ++r)
+    std::memcpy(rows.data() + r * 4, f32.scales.data() + (per_tensor ? 0 : r * 4), 4);
+  q.scale_dtype =
+      p.method == QuantMethod::kModeloptFp8 || o.dtype == DType::kF32 ? DType::kF32 : o.dtype;
+  q.scales = convert_scales(rows, DType::kF32, q.scale_dtype, "weight_scale");
+  return q;
+}
+QuantTensor quantize_fp8_channel_linear(const SynthOptions& o, const QuantParams& p, const float* w,
+                                        int64_t n, int64_t k, const std::string&) {
+  return quantize_fp8_scaled(o, p, w, n, k, false);
+}
+QuantTensor quantize_fp8_tensor_linear(const SynthOptions& o, const QuantParams& p, const float* w,
+                                       int64_t n, int64_t k, const std::string&) {
+  return quantize_fp8_scaled(o, p, w, n, k, true);
+}
+
 // One synth generator per --format: the params a real producer would write, its
 // quantization_config, any side file, and how it quantises a float matrix (a new source format
 // adds one row; docs/architecture.md).
@@ -319,6 +379,14 @@ json modelopt_side_file() {
            {{"quant_algo", "MXFP8"},
             {"kv_cache_quant_algo", "FP8"},
             {"group_size", 32},
+            {"exclude_modules", json::array({"lm_head"})}}}};
+}
+
+json modelopt_fp8_side_file() {
+  return {{"producer", {{"name", "modelopt"}, {"version", "0.41.0"}}},
+          {"quantization",
+           {{"quant_algo", "FP8"},
+            {"kv_cache_quant_algo", nullptr},
             {"exclude_modules", json::array({"lm_head"})}}}};
 }
 
@@ -441,6 +509,35 @@ std::vector<SynthGenerator> int_and_fp8_generators() {
        .symmetric = true,
        .quant_config = ct_fp8_block_config,
        .quantize = quantize_ct_fp8_block_linear},
+      {.format = "ct-fp8-channel",
+       .method = M::kCtFp8Channel,
+       .bits = 8,
+       .group_size = -1,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = ct_fp8_channel_config,
+       .quantize = quantize_fp8_channel_linear},
+      {.format = "ct-fp8-tensor",
+       .method = M::kCtFp8Tensor,
+       .bits = 8,
+       .group_size = -1,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = ct_fp8_tensor_config,
+       .quantize = quantize_fp8_tensor_linear},
+      {.format = "modelopt-fp8",
+       .method = M::kModeloptFp8,
+       .bits = 8,
+       .group_size = -1,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = modelopt_fp8_config,
+       .side_file = "hf_quant_config.json",
+       .side_file_json = modelopt_fp8_side_file,
+       .quantize = quantize_fp8_tensor_linear},
   };
 }
 

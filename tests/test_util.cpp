@@ -342,7 +342,10 @@ QuantTensor marlin_nvfp4_view(const QuantTensor& q, DType act) {
   return v;
 }
 
-MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o, const MoeExperts& x) {
+MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o,
+                           const MoeExperts& given) {
+  // What vLLM's method makes of the experts first (per-tensor FP8: w13 requantised).
+  const MoeExperts x = row.vllm_loaded ? row.vllm_loaded(o, given) : given;
   if (row.reader_kind != reader::Kind::kMarlinFloat || x.w13.global_scale == GlobalScale::kNone)
     return x;
   return {marlin_nvfp4_view(x.w13, o.act_dtype), marlin_nvfp4_view(x.w2, o.act_dtype)};
@@ -380,6 +383,18 @@ void add_declared_biases(Rng& rng, const std::vector<ParamSpec>& declared, MoeEx
       const uint16_t h = float_to_bf16(b);
       std::memcpy(v->data() + i * 2, &h, 2);
     }
+  }
+}
+
+void make_per_tensor_legal(QuantMethod m, MoeExperts* x) {
+  if (m != QuantMethod::kCtFp8Tensor && m != QuantMethod::kModeloptFp8) return;
+  const int64_t shards13 = x->w13.n == 2 * x->w2.k ? 2 : 1;
+  for (auto [q, rows] : {std::make_pair(&x->w13, x->w13.n / shards13), {&x->w2, x->w2.n}}) {
+    const int eb = q->scale_bytes();
+    for (int64_t e = 0; e < q->experts; ++e)
+      for (int64_t r = 0; r < q->n; ++r)
+        std::copy_n(q->scales.begin() + (e * q->n + r / rows * rows) * eb, eb,
+                    q->scales.begin() + (e * q->n + r) * eb);
   }
 }
 

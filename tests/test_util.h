@@ -134,9 +134,14 @@ LayerExperts whole_layer(const MoeExperts& x, int64_t max_per_load, int* loads =
 // (2^floor(log2(448 / largest scale)) over all experts, bf16 only) reads as 0. What marlin-nvfp4's
 // unpack must give back.
 QuantTensor marlin_nvfp4_view(const QuantTensor& q, DType act);
-// What a layout row's unpack gives back for x: x itself, except for the float Marlin rows on a
+// What a layout row's unpack gives back for x: x itself, except where vLLM changes values first
+// (the row's vllm_loaded: per-tensor FP8's requantised w13) and for the float Marlin rows on a
 // source with a global scale (marlin_nvfp4_view of each projection).
 MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o, const MoeExperts& x);
+// Random experts made legal for a per-tensor FP8 source (compressed-tensors tensor, ModelOpt FP8):
+// one scale per Linear, i.e. every row of each gate / up / down shard holds its first row's
+// scale, as load_moe_experts gives them. Other methods: unchanged.
+void make_per_tensor_legal(QuantMethod m, MoeExperts* x);
 
 // Layer extents: E in {1, 2, 3}, H a multiple of 128 in [128, 512], I a multiple of 128 in
 // [128, 512] or (one draw in four) an odd multiple of 64 (64, 192, 320), which layouts with

@@ -499,6 +499,7 @@ struct LayerRun {
   ref::Activation activation;
   VerifyReport* report;
   bool rounded_note = false;
+  bool requant_note = false;
   // Progress: each layer's parameter bytes and the bytes of the layers before it.
   std::vector<uint64_t> layer_bytes = {}, bytes_before = {};
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -677,7 +678,8 @@ struct PreparedChunk {
   bool has_source = false;
   std::vector<std::vector<RoundTripCheck>> checks;
   std::string rounded_from, rounded_to;  // the source scales' dtype and the served one
-  std::optional<Error> failure;          // the decode failed
+  bool vllm_changed = false;  // layout->vllm_loaded changed the source's codes (vLLM requantises)
+  std::optional<Error> failure;  // the decode failed
   const MoeExperts& reference() const { return has_source ? source : decoded; }
 };
 
@@ -755,6 +757,13 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     c.source = load_moe_experts(*run.src, *job.src_layer, run.threads, range);
   }
   c.has_source = true;
+  // What vLLM's MoE method serves where it changes the source's values before the layout's
+  // transform (per-tensor FP8: w13 requantised to one scale per expert): the reference is that.
+  if (run.layout->vllm_loaded) {
+    MoeExperts served = run.layout->vllm_loaded(job.lo, c.source);
+    c.vllm_changed = served.w13.codes != c.source.w13.codes || served.w2.codes != c.source.w2.codes;
+    c.source = std::move(served);
+  }
   if (job.par) {
     // Every rank's bytes exactly: its decoding against its share of the source (vLLM 0.33's
     // split of the source chunk for tensor parallel, its experts for expert parallel).
@@ -791,6 +800,12 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
 }
 
 void note_rounding(LayerRun& run, const PreparedChunk& c) {
+  if (c.vllm_changed && !run.requant_note) {
+    run.report->notes.push_back(
+        "vLLM requantises the source's w13 to one scale per expert (per-tensor FP8: "
+        "process_fp8_weight_tensor_strategy_moe); the reference uses the same codes");
+    run.requant_note = true;
+  }
   if (c.rounded_from.empty() || run.rounded_note) return;
   run.report->notes.push_back("source scales " + c.rounded_from + " are served as " + c.rounded_to +
                               "; the reference uses the same rounding");

@@ -180,6 +180,9 @@ enum class Base {
   kModeloptNvfp4,  // ModelOpt NVFP4 (weight_scale_2, a decode multiplier)
   kCtNvfp4,  // compressed-tensors nvfp4-pack-quantized (weight_global_scale, an encode divisor)
   kCtMxfp4,  // compressed-tensors mxfp4-pack-quantized
+  kCtFp8Channel,  // compressed-tensors float-quantized channel (FP8_DYNAMIC)
+  kCtFp8Tensor,   // compressed-tensors float-quantized tensor (FP8, static activations)
+  kModeloptFp8,   // ModelOpt FP8 (per-tensor weight and input scales)
 };
 
 struct Kind {
@@ -195,11 +198,13 @@ struct Kind {
 
 void add_trust_kinds(std::vector<Kind>& k);
 void add_fp4_kinds(std::vector<Kind>& k);
+void add_fp8_scaled_kinds(std::vector<Kind>& k);
 
 std::vector<Kind> kinds() {
   std::vector<Kind> k;
   add_trust_kinds(k);
   add_fp4_kinds(k);
+  add_fp8_scaled_kinds(k);
   const std::string cfg = "@/config.json", st = "@/model.safetensors";
   const std::string gate = std::string(kL) + "gate.weight";
 
@@ -995,6 +1000,90 @@ void add_fp4_kinds(std::vector<Kind>& k) {
        [](Tensor& t) { t.dtype = DType::kI8; }, 3, {"expected U8 (two e2m1 per byte)"});
 }
 
+// FP8 channel and per-tensor sources (formats/fp8_scaled.h): scales that are not finite and
+// positive, NaN codes, tensors whose shape or dtype disagrees with the format or the config: exit 3
+// naming the file and the tensor.
+void set_bf16(Tensor& t, size_t i, float v) {
+  const uint16_t h = float_to_bf16(v);
+  std::memcpy(t.data.data() + 2 * i, &h, 2);
+}
+void add_fp8_scaled_kinds(std::vector<Kind>& k) {
+  const std::string st = "@/model.safetensors";
+  auto kind = [&](const std::string& name, Base base, const std::string& tensor,
+                  std::function<void(Tensor&)> fn, std::vector<std::string> named) {
+    named.insert(named.begin(), {st, tensor});
+    k.push_back({name, base,
+                 [tensor, fn](const std::string& d) {
+                   edit_tensors(d, tensor, [&](auto& ts) { fn(find(ts, tensor)); });
+                 },
+                 3, named, true});
+  };
+  // Weight scales (compressed-tensors: the model dtype, bf16 here; ModelOpt: F32, 0-d).
+  kind("CtFp8ChannelNanScale", Base::kCtFp8Channel, X(1, "up_proj.weight_scale"),
+       [](Tensor& t) { set_bf16(t, 5, std::nanf("")); }, {"scale nan at index 5", "> 0"});
+  kind("CtFp8ChannelZeroScale", Base::kCtFp8Channel, X(2, "down_proj.weight_scale"),
+       [](Tensor& t) { set_bf16(t, 0, 0.0f); }, {"scale 0.000000 at index 0"});
+  kind("CtFp8TensorNegativeScale", Base::kCtFp8Tensor, X(3, "gate_proj.weight_scale"),
+       [](Tensor& t) { set_bf16(t, 0, -0.5f); }, {"scale -0.500000 at index 0"});
+  kind("ModeloptFp8InfScale", Base::kModeloptFp8, X(0, "down_proj.weight_scale"),
+       [](Tensor& t) { set_f32(t, INFINITY); }, {"scale inf at index 0"});
+  // A static input scale of 0 (synth writes none: ModelOpt's calibrated ones are added here, 0.5
+  // on every expert Linear but this one).
+  k.push_back({"ModeloptFp8ZeroInputScale",
+               Base::kModeloptFp8,
+               [](const std::string& d) {
+                 edit_tensors(d, X(2, "up_proj.weight"), [](auto& ts) {
+                   std::vector<Tensor> added;
+                   for (const Tensor& w : ts) {
+                     const std::string suffix = "_proj.weight";
+                     if (w.name.find(".mlp.experts.") == std::string::npos ||
+                         w.name.size() < suffix.size() ||
+                         w.name.compare(w.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+                       continue;
+                     const std::string base = w.name.substr(0, w.name.size() - 7);  // ".weight"
+                     Tensor t(base + ".input_scale", DType::kF32, {});
+                     set_f32(t, base + ".input_scale" == X(2, "up_proj.input_scale") ? 0.0f : 0.5f);
+                     added.push_back(std::move(t));
+                   }
+                   for (auto& t : added) ts.push_back(std::move(t));
+                 });
+               },
+               3,
+               {st, X(2, "up_proj.input_scale"), "scale 0.000000 at index 0"},
+               true});
+  kind("ModeloptFp8NanWeightCode", Base::kModeloptFp8, X(1, "gate_proj.weight"),
+       [](Tensor& t) { t.data.at(300) = 0xff; }, {"float8_e4m3fn code", "(NaN) at row"});
+  kind("CtFp8ChannelNanWeightCode", Base::kCtFp8Channel, X(3, "down_proj.weight"),
+       [](Tensor& t) { t.data.at(700) = 0x7f; }, {"float8_e4m3fn code", "(NaN) at row"});
+  // Shapes and dtypes the format does not have.
+  kind("CtFp8ChannelScaleWrongShape", Base::kCtFp8Channel, X(0, "gate_proj.weight_scale"),
+       [](Tensor& t) {
+         t = Tensor(t.name, t.dtype, {t.shape[0], 2});
+       },
+       {"expected [128, 1] (one scale per output channel)"});
+  kind("ModeloptFp8ScaleTwoValues", Base::kModeloptFp8, X(1, "down_proj.weight_scale"),
+       [](Tensor& t) { t = Tensor(t.name, t.dtype, {2}); }, {"one per-tensor scale"});
+  kind("ModeloptFp8ScaleNotF32", Base::kModeloptFp8, X(2, "gate_proj.weight_scale"),
+       [](Tensor& t) { t = Tensor(t.name, DType::kBF16, {}); }, {"dtype BF16, expected F32"});
+  kind("CtFp8TensorScaleWrongDtype", Base::kCtFp8Tensor, X(0, "up_proj.weight_scale"),
+       [](Tensor& t) { t = Tensor(t.name, DType::kI32, {1}); },
+       {"dtype I32, expected F32, BF16 or F16"});
+  kind("CtFp8TensorWeightNotFp8", Base::kCtFp8Tensor, X(1, "down_proj.weight"),
+       [](Tensor& t) { t.dtype = DType::kI8; }, {"expected F8_E4M3"});
+  // A weight that disagrees with the config / expert 0: found by opening the checkpoint.
+  k.push_back({"ModeloptFp8WeightNarrowerThanExpert0",
+               Base::kModeloptFp8,
+               [](const std::string& d) {
+                 const std::string tensor = X(2, "up_proj.weight");
+                 edit_tensors(d, tensor, [&](auto& ts) {
+                   Tensor& t = find(ts, tensor);
+                   t = Tensor(t.name, t.dtype, {t.shape[0], t.shape[1] - 16});
+                 });
+               },
+               3,
+               {st, X(2, "up_proj"), "expert 2 is [128, 240] where expert 0 is [128, 256]"}});
+}
+
 std::string base_args(Base b) {
   const std::string small = " --layers 2 --experts 4 --hidden 256 --inter 128 --seed 7 --threads 1";
   switch (b) {
@@ -1025,6 +1114,12 @@ std::string base_args(Base b) {
       return "--format ct-nvfp4" + small;
     case Base::kCtMxfp4:
       return "--format ct-mxfp4" + small;
+    case Base::kCtFp8Channel:
+      return "--format ct-fp8-channel" + small;
+    case Base::kCtFp8Tensor:
+      return "--format ct-fp8-tensor" + small;
+    case Base::kModeloptFp8:
+      return "--format modelopt-fp8" + small;
   }
   return "";
 }
@@ -1035,6 +1130,10 @@ bool is_fp8_base(Base b) {
 }
 bool is_fp4_base(Base b) {
   return b == Base::kModeloptNvfp4 || b == Base::kCtNvfp4 || b == Base::kCtMxfp4;
+}
+// FP8 with channel / per-tensor scales: vLLM 0.33 runs them through Marlin on sm80 (marlin-fp8).
+bool is_fp8_scaled_base(Base b) {
+  return b == Base::kCtFp8Channel || b == Base::kCtFp8Tensor || b == Base::kModeloptFp8;
 }
 // vLLM 0.33 runs the FP4 sources through Marlin on sm80. Until a layout row takes their scheme
 // convert refuses them there as unsupported (exit 4, nothing written) before reading the experts;
@@ -1054,12 +1153,12 @@ int convert_exit_code(const Kind& k) {
 std::string convert_args(Base b) {
   if (b == Base::kBf16) return " --quantize mxfp8 --target-arch sm100 --threads 1";
   if (is_fp8_base(b)) return " --target-arch sm100 --threads 1";
-  if (is_fp4_base(b)) return " --target-arch sm80 --threads 1";
+  if (is_fp4_base(b) || is_fp8_scaled_base(b)) return " --target-arch sm80 --threads 1";
   return b == Base::kGptqActOrder ? " --vllm-target 2026-05 --threads 1" : " --threads 1";
 }
 std::string inspect_args(Base b) {
   if (b == Base::kBf16 || is_fp8_base(b)) return " --target-arch sm100";
-  if (is_fp4_base(b)) return " --target-arch sm80";
+  if (is_fp4_base(b) || is_fp8_scaled_base(b)) return " --target-arch sm80";
   return b == Base::kGptqActOrder ? " --vllm-target 2026-05" : "";
 }
 

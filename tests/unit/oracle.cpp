@@ -64,6 +64,16 @@ QuantParams fp8_block() {
   q.block_n = q.block_k = 128;
   return q;
 }
+// FP8 with per-channel (compressed-tensors FP8_DYNAMIC) or per-tensor (ModelOpt FP8,
+// compressed-tensors FP8 with static activations) scales.
+QuantParams fp8_scaled(QuantMethod m) {
+  QuantParams q;
+  q.method = m;
+  q.bits = 8;
+  q.group_size = -1;
+  q.dynamic_input = m == QuantMethod::kCtFp8Channel;
+  return q;
+}
 QuantParams unquantized() {
   QuantParams q;
   q.method = QuantMethod::kNone;
@@ -171,6 +181,72 @@ std::vector<Case> float_marlin_cases() {
        "",
        {"trtllm-fp8-block", "none"},
        {{"none", "runs TRITON"}, {"none", "--backend marlin-fp8"}},
+       VllmTarget::kV0_33},
+      {"0.33: ct fp8 channel sm80 I=96 -> marlin-fp8 (I padded to 128)",
+       fp8_scaled(QuantMethod::kCtFp8Channel),
+       192,
+       96,
+       TargetArch::kSm80,
+       "auto",
+       "fp8-channel",
+       "marlin-fp8",
+       {"marlin-fp8"},
+       {},
+       VllmTarget::kV0_33},
+      {"0.33: ct fp8 channel sm90 -> nothing: vLLM's CUTLASS reads the checkpoint as loaded",
+       fp8_scaled(QuantMethod::kCtFp8Channel),
+       256,
+       128,
+       sm90,
+       "auto",
+       "fp8-channel",
+       "",
+       {"none"},
+       {{"none", "runs VLLM_CUTLASS"}, {"none", "--backend marlin-fp8"}},
+       VllmTarget::kV0_33},
+      {"0.33: modelopt fp8 sm86 -> marlin-fp8",
+       fp8_scaled(QuantMethod::kModeloptFp8),
+       256,
+       128,
+       TargetArch::kSm86,
+       "auto",
+       "fp8-tensor",
+       "marlin-fp8",
+       {"marlin-fp8"},
+       {},
+       VllmTarget::kV0_33},
+      {"0.33: modelopt fp8 sm89 -> nothing: Triton",
+       fp8_scaled(QuantMethod::kModeloptFp8),
+       256,
+       128,
+       TargetArch::kSm89,
+       "auto",
+       "fp8-tensor",
+       "",
+       {"none"},
+       {{"none", "runs TRITON"}},
+       VllmTarget::kV0_33},
+      {"0.33: ct fp8 tensor sm90 -> nothing: FlashInfer CUTLASS",
+       fp8_scaled(QuantMethod::kCtFp8Tensor),
+       256,
+       128,
+       sm90,
+       "auto",
+       "fp8-tensor",
+       "",
+       {"none"},
+       {{"none", "runs FLASHINFER_CUTLASS"}},
+       VllmTarget::kV0_33},
+      {"0.33: explicit marlin-fp8 for ct fp8 tensor on sm90 -> marlin-fp8",
+       fp8_scaled(QuantMethod::kCtFp8Tensor),
+       256,
+       128,
+       sm90,
+       "marlin-fp8",
+       "fp8-tensor",
+       "marlin-fp8",
+       {"marlin-fp8"},
+       {},
        VllmTarget::kV0_33},
       {"0.33: fp8 block H=192 -> marlin-fp8 refused (H % 128)",
        fp8_block(),
@@ -450,21 +526,16 @@ std::vector<Case> base_cases() {
        "",
        {"none"},
        {{"none", "--quantize mxfp8"}}},
-      {"modelopt fp8 per-tensor -> refused",
-       [] {
-         QuantParams q;
-         q.method = QuantMethod::kModeloptFp8;
-         q.bits = 8;
-         return q;
-       }(),
+      {"modelopt fp8 per-tensor on sm100 for 2026-05 -> refused (marlin-fp8 writes 0.33 only)",
+       fp8_scaled(QuantMethod::kModeloptFp8),
        256,
        128,
        sm100,
        "auto",
-       "fp8-per-tensor",
+       "fp8-tensor",
        "",
-       {"none"},
-       {{"none", ""}}},
+       {"marlin-fp8"},
+       {{"marlin-fp8", "--vllm-target 2026-05 is not written"}}},
   };
 }
 

@@ -224,7 +224,11 @@ TEST_P(SourceCodecRows, PackUnpackIdentityOnRandomLegalTensors) {
       trace << row.name << " {" << describe_params(params) << "} spec {" << spec_str(spec)
             << "} N=" << x.n << " K=" << x.k << seed_note();
       SCOPED_TRACE(trace.str());
-      const QuantTensor q = test::random_quant_tensor(rng, spec, 1, x.n, x.k, ro);
+      QuantTensor q = test::random_quant_tensor(rng, spec, 1, x.n, x.k, ro);
+      // A per-tensor FP8 codec holds one scale per Linear: canonically the same on every row.
+      if (params.method == QuantMethod::kCtFp8Tensor || params.method == QuantMethod::kModeloptFp8)
+        for (int64_t r = 1; r < q.n; ++r)
+          std::copy_n(q.scales.begin(), q.scale_bytes(), q.scales.begin() + r * q.scale_bytes());
       if (params.act_order && spec.groups(x.k) > 1) {
         ASSERT_FALSE(q.g_idx.empty()) << "act-order case without a g_idx";
       }
@@ -477,6 +481,7 @@ TEST_P(TargetLayoutRows, PackUnpackMatmulThreadsAndSlicesOnRandomLegalLayers) {
             ++supported;
             MoeExperts x = test::random_moe_experts(rng, s, ro);
             test::add_declared_biases(rng, row.param_specs(o, s), &x);
+            test::make_per_tensor_legal(params.method, &x);
             // A layout that decides from the whole layer's codes decides once, over x.
             if (row.decide_layer)
               o.layer_decisions = row.decide_layer(o, s, test::whole_layer(x, 1));
@@ -634,7 +639,7 @@ void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutO
         << "param_specs of the rank's shape";
     const TensorMap params = by_name(packed);
     const MoeExperts back = row.unpack(ro, params);
-    // (the rank's split as the layout reads it: NVFP4 Marlin's global scales,
+    // (the rank's split as the layout reads it: NVFP4 Marlin's global scales, per-tensor FP8's requantised w13,
     // test::as_layout_reads)
     const MoeExperts reads = test::as_layout_reads(row, ro, xr);
     expect_same_quant(back.w13, reads.w13, "unpack(rank).w13");
@@ -729,7 +734,8 @@ TEST_P(TargetLayoutRows, TensorAndExpertParallelRanksAssembleTheWholeLayer) {
         trace << row.name << " <- " << codec.name << " {" << describe_params(params) << "} E=" << E
               << " H=" << H << " I=" << I << (gated ? " gated" : " non-gated") << seed_note();
         SCOPED_TRACE(trace.str());
-        const MoeExperts x = test::random_moe_experts(rng, s, ro);
+        MoeExperts x = test::random_moe_experts(rng, s, ro);
+        test::make_per_tensor_legal(params.method, &x);
         for (int tp : {2, 4}) {
           Parallelism p;
           p.tensor = tp;

@@ -197,9 +197,30 @@ def source_float_linear(t: dict, name: str, fmt: str) -> torch.Tensor:
     if fmt in ("fp8-block", "ct-fp8-block"):
         s = t[name + (".weight_scale_inv" if fmt == "fp8-block" else ".weight_scale")].float()
         s = s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    elif fmt == "ct-fp8-channel":
+        s = t[name + ".weight_scale"].float().reshape(n, 1)
+    elif fmt in ("ct-fp8-tensor", "modelopt-fp8"):
+        s = t[name + ".weight_scale"].float().reshape(1, 1)
     elif fmt in ("modelopt-mxfp8", "ct-mxfp8"):
         s = torch.exp2(t[name + ".weight_scale"].view(torch.uint8).float() - 127.0)
         s = s.repeat_interleave(32, 1)
     else:
         raise ValueError(f"no float source decoder for {fmt}")
     return (w * s).t()
+
+
+def vllm_per_tensor_gate_up(t: dict, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate and up W [K, N] of one expert of a per-tensor FP8 source as vLLM 0.33 serves them:
+    process_fp8_weight_tensor_strategy_moe (fp8_utils.py) keeps one w13 scale, m = the larger of
+    the two, and requantises each shard: per_tensor_dequantize (codes and scale in fp16, the
+    product in fp16) then static_scaled_fp8_quant (x * (1 / m) in fp32, clamped to +-448, e4m3
+    round-to-nearest-even). From vLLM's functions and the H100 fixtures, not moepack's C++."""
+    s = [t[f"{prefix}{p}.weight_scale"].float().reshape(()) for p in ("gate_proj", "up_proj")]
+    m = torch.maximum(s[0], s[1])
+    out = []
+    for p, sp in zip(("gate_proj", "up_proj"), s):
+        q = t[f"{prefix}{p}.weight"].view(torch.float8_e4m3fn)
+        dq = q.to(torch.float16) * sp.to(torch.float16)
+        x = (dq.float() * (1.0 / m)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        out.append((x.float() * m).t())
+    return out[0], out[1]

@@ -35,7 +35,9 @@ def test_stock_vllm_refuses(artifacts, fmt, family):
 
 @pytest.mark.parametrize("fmt,arch", [("fp8-block", "sm80"), ("ct-fp8-block", "sm86"),
                                       ("modelopt-mxfp8", "sm89"), ("modelopt-nvfp4", "sm80"),
-                                      ("ct-nvfp4", "sm86"), ("ct-mxfp4", "sm89")])
+                                      ("ct-nvfp4", "sm86"), ("ct-mxfp4", "sm89"),
+                                      ("ct-fp8-channel", "sm80"), ("ct-fp8-tensor", "sm86"),
+                                      ("modelopt-fp8", "sm80")])
 def test_stock_vllm_refuses_float_marlin(artifacts, fmt, arch):
     """vLLM 0.33's float Marlin layouts (marlin-fp8, marlin-mxfp8, marlin-nvfp4, marlin-mxfp4):
     stock vLLM refuses them too."""

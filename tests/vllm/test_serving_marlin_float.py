@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 import vllm_harness as h
 from conftest import assert_byte_identical
-from layouts import marlin_float_weight, source_float_linear
+from layouts import marlin_float_weight, source_float_linear, vllm_per_tensor_gate_up
 from test_serving_forward import RIGHT_TOL, WRONG_MIN, StandIns
 
 
@@ -85,6 +85,13 @@ CASES = {
     "fp8-block": (("--target-arch", "sm80"), "marlin-fp8", "vllm-method", "Fp8MoEMethod", {}),
     "ct-fp8-block": (("--target-arch", "sm86"), "marlin-fp8", "kernel-builder", "marlin-float",
                      {}),
+    # FP8 channel / per-tensor: I padded (96 -> 128) for ModelOpt, w13 requantised by vLLM's rule.
+    "ct-fp8-channel": (("--target-arch", "sm80"), "marlin-fp8", "kernel-builder", "marlin-float",
+                       {}),
+    "ct-fp8-tensor": (("--target-arch", "sm86"), "marlin-fp8", "kernel-builder", "marlin-float",
+                      {}),
+    "modelopt-fp8": (("--target-arch", "sm80"), "marlin-fp8", "kernel-builder", "marlin-float",
+                     {"inter": 96}),
     "modelopt-mxfp8": (("--target-arch", "sm89"), "marlin-mxfp8", "kernel-builder",
                        "marlin-float", {"inter": 96}),
     # FP4 (issue 24): NVFP4 with I padded (96 -> 128), MXFP4 unpadded.
@@ -184,8 +191,12 @@ def reference(src, prefix, fmt, x, topk_ids, topk_weights):
         for j in range(topk_ids.shape[1]):
             p = f"{prefix}.{int(topk_ids[i, j])}."
             xi = x[i].float()
-            hmid = F.silu(xi @ source_float_linear(t, p + "gate_proj", fmt)) * (
-                xi @ source_float_linear(t, p + "up_proj", fmt))
+            if fmt in ("ct-fp8-tensor", "modelopt-fp8"):  # w13 as vLLM requantises it
+                gate, up = vllm_per_tensor_gate_up(t, p)
+            else:
+                gate = source_float_linear(t, p + "gate_proj", fmt)
+                up = source_float_linear(t, p + "up_proj", fmt)
+            hmid = F.silu(xi @ gate) * (xi @ up)
             out[i] += float(topk_weights[i, j]) * (hmid @ source_float_linear(
                 t, p + "down_proj", fmt))
     return out
@@ -222,7 +233,9 @@ def test_float_marlin_serves_and_forward_matches_source(plugin, artifacts, monke
         else:
             assert q.inner is None and q.builder.name == who
             if layout in ("marlin-fp8", "marlin-mxfp8"):
-                want = [1, 32] if layout == "marlin-mxfp8" else [128, 128]
+                want = [1, 32] if layout == "marlin-mxfp8" else \
+                    None if fmt in ("ct-fp8-channel", "ct-fp8-tensor", "modelopt-fp8") else \
+                    [128, 128]
                 assert q.builder.block_shape() == want
             assert q.moe_quant_config.w1_scale is q.param(mod, "w13_scale")
             if layout == "marlin-nvfp4":
@@ -245,6 +258,8 @@ def swap_gate_up(t, name):
 @pytest.mark.parametrize("fmt,what", [("modelopt-mxfp8", "gate-up"),
                                       ("modelopt-mxfp8", "pair-swap"),
                                       ("ct-fp8-block", "gate-up"),
+                                      ("ct-fp8-channel", "gate-up"),
+                                      ("modelopt-fp8", "gate-up"),
                                       ("modelopt-nvfp4", "gate-up"),
                                       ("ct-nvfp4", "global-scale"),
                                       ("ct-mxfp4", "pair-swap")])
@@ -291,6 +306,11 @@ def test_path_a_refused_where_vllms_oracle_picks_another_backend(plugin, artifac
     ("ct-fp8-block", 90, False),    # Hopper: Triton's FP8 W8A8 first
     ("ct-fp8-block", 89, False),    # Ada has FP8 MMA: Triton before Marlin
     ("ct-fp8-block", 86, True),     # no FP8 MMA: Marlin is stock's pick
+    ("ct-fp8-channel", 90, False),  # Hopper: vLLM's CUTLASS FP8 MoE
+    ("ct-fp8-channel", 80, True),
+    ("modelopt-fp8", 89, False),    # Ada: Triton FP8
+    ("ct-fp8-tensor", 100, False),  # Blackwell: FlashInfer
+    ("ct-fp8-tensor", 86, True),
 ])
 def test_float_marlin_where_stock_runs_a_faster_kernel_is_refused(
         plugin, artifacts, monkeypatch, pretend_ampere, fmt, cc, served):

@@ -67,6 +67,11 @@ def refuse_slower_than_stock(manifest: Manifest, where: str) -> None:
         f"(humming), or set {ALLOW_SLOWER_ENV}=1 to serve Marlin anyway")
 
 
+# FP8 sources with one scale per output channel or per tensor: no weight_block_size, one scale
+# group (the kernel runs them channelwise).
+FP8_UNBLOCKED = ("compressed-tensors-fp8-channel", "compressed-tensors-fp8-tensor", "modelopt-fp8")
+
+
 def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> None:
     """The same rule for the float Marlin layouts, from the layout the row wrote: on a GPU where
     vLLM 0.33's own oracle runs another kernel for the source, the plugin refuses the Marlin
@@ -75,7 +80,9 @@ def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> Non
     installed (compressed-tensors MXFP4 has no Humming path: Marlin below Blackwell). FP8 block
     (oracle/fp8.py): Triton's FP8 W8A8 kernel (FP8 tensor cores) comes before Marlin wherever
     supports_fp8() (capability 8.9 and up; on 9.0 the oracle moves it to the front); Marlin, a
-    16-bit-activation kernel, is vLLM's pick only on 8.0/8.6."""
+    16-bit-activation kernel, is vLLM's pick only on 8.0/8.6. FP8 channel / per-tensor
+    (compressed-tensors, ModelOpt FP8): Triton on 8.9; from 9.0 vLLM's CUTLASS (channel) or
+    FlashInfer's CUTLASS (per-tensor, static activations) come first; Marlin only on 8.0/8.6."""
     import os
 
     from vllm.model_executor.layers.quantization.utils.humming.priority import prefers_humming
@@ -89,6 +96,11 @@ def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> Non
     if manifest.layout in ("marlin-mxfp8", "marlin-nvfp4") and prefers_humming(cc) and \
             has_humming():
         stock = "Humming (prioritize_humming)"
+    elif manifest.layout == "marlin-fp8" and manifest.source_method in FP8_UNBLOCKED and cc >= 89:
+        stock = ("Triton's FP8 W8A8 kernel on FP8 tensor cores" if cc < 90 else
+                 "vLLM's CUTLASS FP8 MoE (CutlassExpertsFp8)" if
+                 manifest.source_method == "compressed-tensors-fp8-channel" else
+                 "FlashInfer's FP8 MoE (FLASHINFER_CUTLASS / FLASHINFER_TRTLLM)")
     elif manifest.layout == "marlin-fp8" and 89 <= cc < 100:
         stock = "Triton's FP8 W8A8 kernel on FP8 tensor cores"
     else:
@@ -154,8 +166,9 @@ class Wna16MarlinBuilder:
 class MarlinFloatBuilder:
     """vLLM 0.33's Marlin MoE kernel for float weights with 16-bit activations (MarlinExperts),
     built as vLLM's own methods build it after their prepare_*_for_marlin (docs/marlin_float.md):
-    FP8 block (scales in the activation dtype, block [128, 128]) and MXFP8 (E8M0, block [1, 32])
-    through the FP8 oracle's make_fp8_moe_kernel, backend MARLIN; NVFP4 (S0E5M3 block scales and
+    FP8 block (scales in the activation dtype, block [128, 128]), FP8 channel / per-tensor (one
+    scale group, no block shape; per-tensor w13 as vLLM requantises it) and MXFP8 (E8M0, block
+    [1, 32]) through the FP8 oracle's make_fp8_moe_kernel, backend MARLIN; NVFP4 (S0E5M3 block scales and
     the processed global scales, role w13/w2_global_scale) through make_nvfp4_moe_quant_config /
     make_nvfp4_moe_kernel, NvFp4MoeBackend.MARLIN, as ModelOptNvFp4FusedMoE and
     CompressedTensorsW4A4Nvfp4MoEMethod do; MXFP4 (E8M0) through make_mxfp4_moe_quant_config /
@@ -175,10 +188,14 @@ class MarlinFloatBuilder:
         self.family = {"marlin-nvfp4": "nvfp4",
                        "marlin-mxfp4": "mxfp4"}.get(method.manifest.layout, "fp8")
 
-    def block_shape(self) -> list[int]:
-        art = self.method.art
+    def block_shape(self) -> list[int] | None:
+        """weight_block_size as vLLM's method holds it: MXFP8 [1, 32], FP8 block [128, 128], FP8
+        channel / per-tensor None (CompressedTensorsW8A8Fp8MoEMethod, ModelOptFp8MoEMethod)."""
+        art, m = self.method.art, self.method.manifest
         dtype = art.params[art.roles["w13_scale"]][0]
-        return [1, 32] if dtype == "F8_E8M0" else [128, 128]
+        if dtype == "F8_E8M0":
+            return [1, 32]
+        return None if m.source_method in FP8_UNBLOCKED else [128, 128]
 
     def roles(self) -> set:
         base = {"w13_weight", "w2_weight", "w13_scale", "w2_scale"}
