@@ -4,13 +4,15 @@ Loads the wheel's `_moe_C_stable_libtorch.abi3.so` (the library only: no vLLM Py
 device's torch and runs the fused MoE the way vLLM's Marlin experts do -- gemm1 over w13 with
 `moe_wna16_marlin_gemm`, silu(gate) * up, gemm2 over w2 with the router weights, top-k sum --
 on each converted layer, against an fp32 MoE computed from the *source* checkpoint's tensors
-(decoded here from their definitions, not from the layout: FP8 block, MXFP8, NVFP4 and MXFP4). Every case must land at bf16/fp16
+(decoded here from their definitions, not from the layout: FP8 block, channel and per-tensor,
+MXFP8, NVFP4 and MXFP4; a per-tensor source's w13 requantised on the device as vLLM 0.33's
+process_fp8_weight_tensor_strategy_moe does, the values vLLM serves). Every case must land at bf16/fp16
 rounding (< 2e-2), at two batch sizes (moe block 8: the kernel's small-batch thread configs;
 64: the large-batch ones), and each corruption of moepack's output that a layout bug would
 produce must fail (> 0.2): gate/up halves swapped; the scales as the checkpoint orders them
 (Marlin's permutation and, for E8M0 / NVFP4 scales, the pair swap undone); FP8's fused exponent
-bias dropped; MX's pair swap dropped; FP8 block's K groups reversed; NVFP4's global scale
-dropped. gpt-oss (marlin-mxfp4 from gpt-oss' MXFP4, the tiny published-format checkpoint of
+bias dropped; MX's pair swap dropped; FP8 block's K groups reversed; FP8 channel's scales not
+permuted; NVFP4's global scale dropped. gpt-oss (marlin-mxfp4 from gpt-oss' MXFP4, the tiny published-format checkpoint of
 tests/gpt_oss): the hidden states padded to the layer's Hp, w13's rows interleaved (gate
 c1[:, 0::2], up c1[:, 1::2]), vLLM's swigluoai (gate clamped above at 7, up to [-7, 7],
 (up + 1) * gate * sigmoid(1.702 gate)) and both biases through the kernel's b_bias, against the
@@ -104,7 +106,30 @@ def source_linear(src: dict, prefix: str, fmt: str) -> torch.Tensor:
         return e4m3(w) * s
     if fmt in ("modelopt-mxfp8", "ct-mxfp8"):
         return e4m3(w) * e8m0(src[prefix + "weight_scale"]).repeat_interleave(32, 1)
+    if fmt == "ct-fp8-channel":  # weight_scale [N, 1]
+        return e4m3(w) * src[prefix + "weight_scale"].float().reshape(-1, 1)
+    if fmt in ("ct-fp8-tensor", "modelopt-fp8"):  # weight_scale [1] / []
+        return e4m3(w) * src[prefix + "weight_scale"].float().reshape(())
     raise ValueError(f"no source decoder for {fmt}")
+
+
+PER_TENSOR = ("ct-fp8-tensor", "modelopt-fp8")
+
+
+def vllm_per_tensor_gate_up(src: dict, pre: str) -> list:
+    """Gate and up of a per-tensor FP8 source as vLLM 0.33 serves them, computed on the device as
+    process_fp8_weight_tensor_strategy_moe computes them: m = max(gate scale, up scale); each
+    shard's codes to fp16 times its scale (a 0-d CUDA tensor: rounded to fp16), then
+    x * (1 / m) in fp32, clamped to +-448, to e4m3 (round to nearest even); served as e4m3 * m."""
+    s = [src[f"{pre}{p}.weight_scale"].float().reshape(()).cuda() for p in ("gate_proj", "up_proj")]
+    m = torch.maximum(s[0], s[1])
+    out = []
+    for p, sp in zip(("gate_proj", "up_proj"), s):
+        q = src[f"{pre}{p}.weight"].cuda().view(torch.float8_e4m3fn)
+        dq = q.to(torch.float16) * sp.to(torch.float16)
+        x = (dq.float() * (1.0 / m)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        out.append(x.float() * m)
+    return out
 
 
 # ---- Marlin's scale permutations (docs/marlin.md "Scales"), for the corruptions ----------------
@@ -223,6 +248,8 @@ def corruptions(p: dict, act: torch.dtype, swapped: dict | None = None) -> dict:
         # A 128-column block holds one value, so the in-row permutation alone is invisible.
         if G > 1:
             out["k_groups_reversed"] = dict(p, s13=s13.flip(1).contiguous())
+        elif p.get("per_channel"):  # one scale per column: the 32-entry permutation undone
+            out["scales_not_permuted"] = dict(p, s13=unpermute(s13, False).contiguous())
     else:
         r = raw(s13)
         out["pair_swap_dropped"] = dict(p, s13=back(pair_swap(r), s13))
@@ -255,6 +282,10 @@ def check_case(root: Path, name: str) -> dict:
     else:
         W = [[source_linear(src, f"{pre}{e}.{proj}.", meta["format"]).cuda()
               for proj in ("gate_proj", "up_proj", "down_proj")] + [None] * 3 for e in range(E)]
+        if meta["format"] in PER_TENSOR:  # what vLLM serves: w13 requantised to one scale
+            for e in range(E):
+                W[e][0], W[e][1] = vllm_per_tensor_gate_up(src, f"{pre}{e}.")
+    p["per_channel"] = meta["format"] == "ct-fp8-channel"
     rec = {"case": name, "format": meta["format"], "layout": meta["layout"], "E": E, "H": H,
            "I": I, "Ip": ip, "act": meta["act"], "runs": []}
     torch.manual_seed(0)

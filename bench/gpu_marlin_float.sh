@@ -45,6 +45,13 @@ ct-nvfp4        --hidden=256:--inter=128  marlin-nvfp4  bf16  sm90
 ct-mxfp4        --hidden=256:--inter=64   marlin-mxfp4  bf16  sm80
 ct-mxfp4        --hidden=128:--inter=128  marlin-mxfp4  bf16  sm90
 gpt-oss         fixture                   marlin-mxfp4  bf16  sm80
+ct-fp8-channel  --hidden=256:--inter=128  marlin-fp8    bf16  sm80
+ct-fp8-channel  --hidden=192:--inter=96   marlin-fp8    fp16  sm86
+ct-fp8-channel  --hidden=384:--inter=256  marlin-fp8    bf16  sm90
+ct-fp8-tensor   --hidden=256:--inter=128  marlin-fp8    bf16  sm86
+ct-fp8-tensor   --hidden=128:--inter=160  marlin-fp8    fp16  sm89
+modelopt-fp8    --hidden=256:--inter=96   marlin-fp8    bf16  sm80
+modelopt-fp8    --hidden=256:--inter=256  marlin-fp8    fp16  sm90
 CASES
 }
 
