@@ -180,8 +180,13 @@ std::vector<SourceCodec> int_and_fp8_codecs() {
        .pack = pack_ct_fp8_block,
        .param_space = ct_fp8_block_param_space,
        .params_shown = {"block", "dynamic_input"}},
-      // FP8 with one scale per output channel / per tensor (formats/fp8_scaled.h): their own
-      // schemes, since vLLM 0.33's oracle orders each (weight, activation) key pair apart.
+  };
+}
+
+// FP8 with one scale per output channel / per tensor (formats/fp8_scaled.h): their own schemes,
+// since vLLM 0.33's oracle orders each (weight, activation) key pair apart.
+std::vector<SourceCodec> fp8_scaled_codecs() {
+  return {
       {.name = "ct-fp8-channel",
        .method = QuantMethod::kCtFp8Channel,
        .scheme = "fp8-channel",
@@ -292,6 +297,7 @@ std::vector<SourceCodec> fp4_codecs() {
 const std::vector<SourceCodec>& source_codecs() {
   static const std::vector<SourceCodec> table = [] {
     std::vector<SourceCodec> v = int_and_fp8_codecs();
+    for (const SourceCodec& c : fp8_scaled_codecs()) v.push_back(c);
     for (const SourceCodec& c : fp4_codecs()) v.push_back(c);
     return v;
   }();

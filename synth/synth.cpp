@@ -509,6 +509,13 @@ std::vector<SynthGenerator> int_and_fp8_generators() {
        .symmetric = true,
        .quant_config = ct_fp8_block_config,
        .quantize = quantize_ct_fp8_block_linear},
+  };
+}
+
+// FP8 with per-channel or per-tensor scales (formats/fp8_scaled.h).
+std::vector<SynthGenerator> fp8_scaled_generators() {
+  using M = QuantMethod;
+  return {
       {.format = "ct-fp8-channel",
        .method = M::kCtFp8Channel,
        .bits = 8,
@@ -580,6 +587,7 @@ std::vector<SynthGenerator> fp4_generators() {
 const std::vector<SynthGenerator>& synth_generators() {
   static const std::vector<SynthGenerator> rows = [] {
     std::vector<SynthGenerator> v = int_and_fp8_generators();
+    for (const SynthGenerator& g : fp8_scaled_generators()) v.push_back(g);
     for (const SynthGenerator& g : fp4_generators()) v.push_back(g);
     return v;
   }();

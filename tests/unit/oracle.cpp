@@ -182,6 +182,24 @@ std::vector<Case> float_marlin_cases() {
        {"trtllm-fp8-block", "none"},
        {{"none", "runs TRITON"}, {"none", "--backend marlin-fp8"}},
        VllmTarget::kV0_33},
+      {"0.33: fp8 block H=192 -> marlin-fp8 refused (H % 128)",
+       fp8_block(),
+       192,
+       128,
+       TargetArch::kSm80,
+       "marlin-fp8",
+       "fp8-block",
+       "",
+       {"marlin-fp8"},
+       {{"marlin-fp8", "H=192 is not a multiple of 128"}},
+       VllmTarget::kV0_33},
+  };
+}
+
+// FP8 with per-channel or per-tensor scales (vLLM 0.33 fp8.py, docs/fp8_scaled.md).
+std::vector<Case> fp8_scaled_cases() {
+  const auto sm90 = TargetArch::kSm90;
+  return {
       {"0.33: ct fp8 channel sm80 I=96 -> marlin-fp8 (I padded to 128)",
        fp8_scaled(QuantMethod::kCtFp8Channel),
        192,
@@ -247,17 +265,6 @@ std::vector<Case> float_marlin_cases() {
        "marlin-fp8",
        {"marlin-fp8"},
        {},
-       VllmTarget::kV0_33},
-      {"0.33: fp8 block H=192 -> marlin-fp8 refused (H % 128)",
-       fp8_block(),
-       192,
-       128,
-       TargetArch::kSm80,
-       "marlin-fp8",
-       "fp8-block",
-       "",
-       {"marlin-fp8"},
-       {{"marlin-fp8", "H=192 is not a multiple of 128"}},
        VllmTarget::kV0_33},
   };
 }
@@ -542,6 +549,7 @@ std::vector<Case> base_cases() {
 std::vector<Case> cases() {
   std::vector<Case> all = base_cases();
   for (Case& c : float_marlin_cases()) all.push_back(std::move(c));
+  for (Case& c : fp8_scaled_cases()) all.push_back(std::move(c));
   return all;
 }
 
