@@ -425,11 +425,38 @@ TEST(HfConfigCt, FloatQuantizedBlock) {
   EXPECT_EQ(p.group_size, 128);
 }
 
-TEST(HfConfigCt, FloatQuantizedNonBlockRefusedWithList) {
-  const json w = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "channel"}};
+// A float-quantized strategy moepack reads no codec for (FP8 groups along K: vLLM 0.33 has no
+// MoE method for them) is refused with the list of what is read.
+TEST(HfConfigCt, FloatQuantizedGroupRefusedWithList) {
+  const json w = {{"num_bits", 8},
+                  {"type", "float"},
+                  {"symmetric", true},
+                  {"strategy", "group"},
+                  {"group_size", 128}};
   const Error e =
       expect_error([&] { norm(ct_config("float-quantized", w)); }, ErrorCode::kUnsupported);
   EXPECT_TRUE(contains(e.message(), supported_formats_text())) << e.message();
+}
+
+// llm-compressor's FP8_DYNAMIC (channel weights, dynamic per-token activations) and FP8 (tensor
+// weights, static tensor activations): their own codecs (formats/fp8_scaled.h).
+TEST(HfConfigCt, FloatQuantizedChannelAndTensor) {
+  const json ch = {
+      {"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "channel"}};
+  const json token = {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}};
+  const QuantParams c = norm(ct_config("float-quantized", ch, token));
+  EXPECT_EQ(c.method, QuantMethod::kCtFp8Channel);
+  EXPECT_EQ(c.bits, 8);
+  EXPECT_EQ(c.group_size, -1);
+  EXPECT_TRUE(c.dynamic_input);
+  const json te = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "tensor"}};
+  const json stat = {
+      {"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"dynamic", false}};
+  const QuantParams t = norm(ct_config("float-quantized", te, stat));
+  EXPECT_EQ(t.method, QuantMethod::kCtFp8Tensor);
+  EXPECT_FALSE(t.dynamic_input);
+  const json w4 = {{"num_bits", 4}, {"type", "float"}, {"strategy", "channel"}};
+  expect_error([&] { norm(ct_config("float-quantized", w4)); }, ErrorCode::kBadConfig);
 }
 
 TEST(HfConfigCt, Fp4PackQuantized) {
@@ -603,6 +630,7 @@ TEST(HfConfigModelopt, VllmMethodNames) {
 
 TEST(HfConfigModelopt, Fp8AlgoRecognised) {
   const QuantParams a = norm({{"quant_method", "modelopt"}, {"quant_algo", "FP8"}});
+  EXPECT_FALSE(a.dynamic_input);  // ModelOpt FP8 calibrates static input scales
   EXPECT_EQ(a.method, QuantMethod::kModeloptFp8);
   EXPECT_EQ(a.bits, 8);
   const QuantParams b =
