@@ -44,8 +44,14 @@ bool is_fp4_format(const std::string& format) {
   return format == "modelopt-nvfp4" || format == "ct-nvfp4" || format == "ct-mxfp4";
 }
 
+// compressed-tensors FP8 channel / per-tensor and ModelOpt FP8 (formats/fp8_scaled.h).
+bool is_fp8_scaled_format(const std::string& format) {
+  return format == "ct-fp8-channel" || format == "ct-fp8-tensor" || format == "modelopt-fp8";
+}
+
 std::string arch_for(const std::string& format) {
-  if (is_fp4_format(format)) return "sm80";  // vLLM 0.33 runs FP4 MoE through Marlin there
+  // vLLM 0.33 runs FP4 MoE and FP8 channel / per-tensor MoE through Marlin there
+  if (is_fp4_format(format) || is_fp8_scaled_format(format)) return "sm80";
   return format == "modelopt-mxfp8" || format == "fp8-block" || format == "ct-fp8-block" ||
                  format == "bf16"
              ? "sm100"
@@ -82,7 +88,10 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
       {"ct-fp8-block", "compressed-tensors-fp8-block"},
       {"modelopt-nvfp4", "modelopt-nvfp4"},
       {"ct-nvfp4", "compressed-tensors-nvfp4"},
-      {"ct-mxfp4", "compressed-tensors-mxfp4"}};
+      {"ct-mxfp4", "compressed-tensors-mxfp4"},
+      {"ct-fp8-channel", "compressed-tensors-fp8-channel"},
+      {"ct-fp8-tensor", "compressed-tensors-fp8-tensor"},
+      {"modelopt-fp8", "modelopt-fp8"}};
   EXPECT_EQ(ins["format"]["method"], method.at(c.format));
   // inspect prints the fields of the format's own scheme only (issue 11): act-order and symmetry
   // for integer weights, GPTQ's zero convention for GPTQ, block sizes for FP8 block.

@@ -77,11 +77,17 @@ Case random_case(std::mt19937_64& rng) {
   const std::vector<std::string> families = {"qwen3", "mixtral", "deepseek"};
   c.family = families[rng() % families.size()];
   if (c.format == "bf16" && rng() % 2) c.family = "fused3d";
-  // The TRT-LLM layouts (MXFP8, FP8 block: DeepSeek's and compressed-tensors') run on sm100 only.
+  // The TRT-LLM layouts (MXFP8, FP8 block: DeepSeek's and compressed-tensors') run on sm100 only;
+  // vLLM 0.33 runs the FP4 sources and FP8 channel / per-tensor through Marlin on sm80 (`auto`
+  // writes nothing for them on sm90, where vLLM runs Humming, CUTLASS or FlashInfer).
+  const bool marlin_float_sm80 = c.format == "modelopt-nvfp4" || c.format == "ct-nvfp4" ||
+                                 c.format == "ct-mxfp4" || c.format == "ct-fp8-channel" ||
+                                 c.format == "ct-fp8-tensor" || c.format == "modelopt-fp8";
   c.arch = c.format == "modelopt-mxfp8" || c.format.find("fp8-block") != std::string::npos ||
                    c.format == "bf16"
                ? "sm100"
-               : "sm90";
+           : marlin_float_sm80 ? "sm80"
+                               : "sm90";
   if (c.format == "bf16") c.quantize = "mxfp8";
   c.synth.format = c.format;
   c.synth.family = c.family;
@@ -99,6 +105,7 @@ Case random_case(std::mt19937_64& rng) {
   const bool second_target = rng() % 2;
   c.vllm_target =
       c.format == "gptq-actorder" || second_target ? std::string("2026-05") : std::string("0.33");
+  if (c.arch == "sm80") c.vllm_target = "0.33";  // the float Marlin rows write vLLM 0.33's bytes
   return c;
 }
 

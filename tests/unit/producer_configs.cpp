@@ -130,14 +130,16 @@ TEST(CtPerModule, IgnoredOrUntargetedOrAmbiguousExpertsRefused) {
 }
 
 TEST(CtPerModule, UnusedUnsupportedGroupDoesNotBlockTheExperts) {
-  // group_0 (the Linear class) is FP8 per-tensor, which moepack does not read; the experts are
-  // W4A16 by regex. Loading the config must not fail on group_0.
+  // group_0 (the Linear class) is FP8 with groups along K, which moepack does not read (FP8
+  // per-tensor and channel it reads since issue 24); the experts are W4A16 by regex. Loading the
+  // config must not fail on group_0.
   json qc = ct_two_groups();
   qc["format"] = "mixed-precision";
   qc["config_groups"]["group_0"] = {
       {"targets", {"Linear"}},
       {"format", "float-quantized"},
-      {"weights", {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}}}};
+      {"weights",
+       {{"num_bits", 8}, {"type", "float"}, {"strategy", "group"}, {"group_size", 128}}}};
   qc["config_groups"]["group_1"]["format"] = "pack-quantized";
   const HfConfig c = config_with(qc);
   EXPECT_EQ(quant_for_module(c, kGate).method, QuantMethod::kCtPackQuantized);
