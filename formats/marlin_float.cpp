@@ -955,8 +955,9 @@ std::vector<std::string> marlin_fp8_deviations_from_vllm(const LayoutOptions&, c
   return {};
 }
 MoeExperts marlin_fp8_vllm_loaded(const LayoutOptions& o, const MoeExperts& x) {
-  if (!is_per_tensor(o.source_method) || !o.gated) return x;
-  return {requantize_per_tensor_w13(x.w13, x.w2.k), x.w2};
+  MoeExperts out = x;
+  if (is_per_tensor(o.source_method) && o.gated) out.w13 = requantize_per_tensor_w13(x.w13, x.w2.k);
+  return out;
 }
 int64_t marlin_fp8_padded_inter(const LayoutOptions& o, const MoeShape& x) {
   return padded_inter_of(fp8_family(o.source_method), x.hidden(), x.inter());
