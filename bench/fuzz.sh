@@ -40,6 +40,15 @@ for t in safetensors index hf_config quant_config manifest part_json moe_discove
   targets+=("$t")
 done
 for c in $codecs; do targets+=("unpack:$c"); done
+# TARGETS (an extended regex on the target's name, e.g. 'manifest|unpack_gptq') runs a subset.
+if [ -n "${TARGETS:-}" ]; then
+  picked=()
+  for spec in "${targets[@]}"; do
+    n=${spec%%:*}; [[ $spec == *:* ]] && n="${n}_${spec#*:}"
+    [[ $n =~ ^(${TARGETS})$ ]] && picked+=("$spec")
+  done
+  targets=("${picked[@]}")
+fi
 
 name_of() { local t=${1%%:*} codec=""; [[ $1 == *:* ]] && codec=${1#*:}; echo "$t${codec:+_$codec}"; }
 
@@ -77,6 +86,16 @@ for spec in "${targets[@]}"; do
   mkdir -p "$dir/corpus" "$dir/findings"
   cp "$data/corpus/${spec%%:*}/"* "$dir/corpus/" 2>/dev/null
   echo "0 0 0 0" >"$dir/total"  # executions, seconds, rounds, last rc
+  # RESUME_FROM: an earlier run's OUT (its summary.tsv and fuzz-corpora.tar.gz unpacked there):
+  # each target goes on from its grown corpus, and its executions, seconds and rounds so far
+  # count towards RUNS (the summary then reports both runs together).
+  if [ -n "${RESUME_FROM:-}" ]; then
+    [ -d "$RESUME_FROM/$(name_of "$spec")/corpus" ] &&
+      cp "$RESUME_FROM/$(name_of "$spec")/corpus/"* "$dir/corpus/" 2>/dev/null
+    awk -F'\t' -v n="$(name_of "$spec")" '$1 == n { print $2, $3, $9, 0 }' \
+      "$RESUME_FROM/summary.tsv" 2>/dev/null | grep . >"$dir/total.prev" && mv "$dir/total.prev" "$dir/total"
+    rm -f "$dir/total.prev"
+  fi
 done
 
 start=$(date +%s)
