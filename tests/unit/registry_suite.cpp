@@ -639,8 +639,8 @@ void check_tensor_parallel_case(Rng& rng, const TargetLayout& row, const LayoutO
         << "param_specs of the rank's shape";
     const TensorMap params = by_name(packed);
     const MoeExperts back = row.unpack(ro, params);
-    // (the rank's split as the layout reads it: NVFP4 Marlin's global scales, per-tensor FP8's requantised w13,
-    // test::as_layout_reads)
+    // (the rank's split as the layout reads it: NVFP4 Marlin's global scales, per-tensor FP8's
+    // requantised w13, test::as_layout_reads)
     const MoeExperts reads = test::as_layout_reads(row, ro, xr);
     expect_same_quant(back.w13, reads.w13, "unpack(rank).w13");
     expect_same_quant(back.w2, reads.w2, "unpack(rank).w2");
