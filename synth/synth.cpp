@@ -65,6 +65,20 @@ json awq_config(const SynthOptions&, const QuantParams& p) {
           {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", not_converted}};
 }
 
+// The compressed-tensors envelope llm-compressor writes around one config group for every Linear.
+json ct_envelope(const char* format, json ignore, json weights, json input_activations) {
+  return {{"quant_method", "compressed-tensors"},
+          {"format", format},
+          {"quantization_status", "compressed"},
+          {"ignore", std::move(ignore)},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", json::array({"Linear"})},
+              {"weights", std::move(weights)},
+              {"input_activations", std::move(input_activations)},
+              {"output_activations", nullptr}}}}}};
+}
+
 json ct_config(const QuantParams& p, bool w8a8) {
   json w = {{"num_bits", p.bits},
             {"type", "int"},
@@ -78,18 +92,12 @@ json ct_config(const QuantParams& p, bool w8a8) {
   json a = w8a8 ? json{{"num_bits", 8},       {"type", "int"},   {"symmetric", true},
                        {"strategy", "token"}, {"dynamic", true}, {"observer", nullptr}}
                 : json(nullptr);
-  return {{"quant_method", "compressed-tensors"},
-          {"format", w8a8 ? "int-quantized" : "pack-quantized"},
-          {"quantization_status", "compressed"},
-          {"ignore", json::array({"lm_head", "re:.*self_attn.*", "re:.*mlp.gate$",
-                                  "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj$"})},
-          {"kv_cache_scheme", nullptr},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", json::array({"Linear"})},
-              {"weights", w},
-              {"input_activations", a},
-              {"output_activations", nullptr}}}}}};
+  json cfg = ct_envelope(w8a8 ? "int-quantized" : "pack-quantized",
+                         json::array({"lm_head", "re:.*self_attn.*", "re:.*mlp.gate$",
+                                      "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj$"}),
+                         std::move(w), std::move(a));
+  cfg["kv_cache_scheme"] = nullptr;
+  return cfg;
 }
 
 json modelopt_mxfp8_config(const SynthOptions&, const QuantParams&) {
@@ -118,16 +126,8 @@ json ct_fp4_config(bool nv) {
                   {"group_size", nv ? 16 : 32},
                   {"dynamic", false},
                   {"observer", nv ? "static_minmax" : "minmax"}};
-  return {{"quant_method", "compressed-tensors"},
-          {"format", nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized"},
-          {"quantization_status", "compressed"},
-          {"ignore", json::array({"lm_head", "re:.*mlp.gate$"})},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", json::array({"Linear"})},
-              {"weights", w},
-              {"input_activations", nullptr},
-              {"output_activations", nullptr}}}}}};
+  return ct_envelope(nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized",
+                     json::array({"lm_head", "re:.*mlp.gate$"}), w, nullptr);
 }
 json ct_nvfp4_config(const SynthOptions&, const QuantParams&) {
   return ct_fp4_config(true);
@@ -152,16 +152,7 @@ json ct_fp8_block_config(const SynthOptions&, const QuantParams&) {
                   {"dynamic", false},      {"observer", "minmax"}};
   const json a = {{"num_bits", 8},       {"type", "float"},   {"symmetric", true},
                   {"strategy", "group"}, {"group_size", 128}, {"dynamic", true}};
-  return {{"quant_method", "compressed-tensors"},
-          {"format", "float-quantized"},
-          {"quantization_status", "compressed"},
-          {"ignore", json::array({"lm_head", "re:.*mlp.gate$"})},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", json::array({"Linear"})},
-              {"weights", w},
-              {"input_activations", a},
-              {"output_activations", nullptr}}}}}};
+  return ct_envelope("float-quantized", json::array({"lm_head", "re:.*mlp.gate$"}), w, a);
 }
 
 // llm-compressor's FP8_DYNAMIC (channel weights, dynamic per-token activations) and FP8 (tensor
@@ -173,16 +164,7 @@ json ct_fp8_scaled_config(bool channel) {
   const json a = {{"num_bits", 8},      {"type", "float"},
                   {"symmetric", true},  {"strategy", channel ? "token" : "tensor"},
                   {"dynamic", channel}, {"observer", channel ? json() : json("minmax")}};
-  return {{"quant_method", "compressed-tensors"},
-          {"format", "float-quantized"},
-          {"quantization_status", "compressed"},
-          {"ignore", json::array({"lm_head", "re:.*mlp.gate$"})},
-          {"config_groups",
-           {{"group_0",
-             {{"targets", json::array({"Linear"})},
-              {"weights", w},
-              {"input_activations", a},
-              {"output_activations", nullptr}}}}}};
+  return ct_envelope("float-quantized", json::array({"lm_head", "re:.*mlp.gate$"}), w, a);
 }
 json ct_fp8_channel_config(const SynthOptions&, const QuantParams&) {
   return ct_fp8_scaled_config(true);
