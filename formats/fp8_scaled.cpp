@@ -97,6 +97,32 @@ bool is_modelopt(const QuantParams& p) {
   return p.method == QuantMethod::kModeloptFp8;
 }
 
+// A packed Linear: the e4m3 codes under `weight` and its (checked) scale tensor.
+TensorMap weight_and_scale(const QuantTensor& q, Tensor scale) {
+  check_positive_scales(scale, "weight_scale");
+  Tensor w("weight", DType::kF8_E4M3, {q.n, q.k});
+  w.data = q.codes;
+  TensorMap out;
+  out.emplace("weight", std::move(w));
+  out.emplace("weight_scale", std::move(scale));
+  return out;
+}
+
+// Every legal parameter set of a channel or per-tensor FP8 source: one per activation dtype.
+std::vector<QuantParams> fp8_scaled_param_space(QuantMethod method, bool dynamic_input) {
+  std::vector<QuantParams> out;
+  for (DType d : {DType::kBF16, DType::kF16}) {
+    QuantParams p;
+    p.method = method;
+    p.bits = 8;
+    p.group_size = -1;
+    p.dtype = d;
+    p.dynamic_input = dynamic_input;
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace
 
 QuantSpec fp8_scaled_spec_for(const QuantParams& p) {
@@ -136,15 +162,9 @@ QuantTensor unpack_ct_fp8_channel(const QuantParams& p, const TensorMap& by_suff
 
 TensorMap pack_ct_fp8_channel(const QuantParams&, const QuantTensor& q) {
   check_packable(q, "an FP8 channel tensor");
-  TensorMap out;
-  Tensor w("weight", DType::kF8_E4M3, {q.n, q.k});
-  w.data = q.codes;
   Tensor s("weight_scale", q.scale_dtype, {q.n, 1});
   s.data = q.scales;
-  check_positive_scales(s, "weight_scale");
-  out.emplace("weight", std::move(w));
-  out.emplace("weight_scale", std::move(s));
-  return out;
+  return weight_and_scale(q, std::move(s));
 }
 
 std::vector<std::string> ct_fp8_channel_refusals(const QuantParams& p) {
@@ -155,16 +175,7 @@ std::vector<std::string> ct_fp8_channel_refusals(const QuantParams& p) {
 }
 
 std::vector<QuantParams> ct_fp8_channel_param_space() {
-  std::vector<QuantParams> out;
-  for (DType d : {DType::kBF16, DType::kF16}) {
-    QuantParams p;
-    p.method = QuantMethod::kCtFp8Channel;
-    p.bits = 8;
-    p.group_size = -1;
-    p.dtype = d;
-    out.push_back(p);
-  }
-  return out;
+  return fp8_scaled_param_space(QuantMethod::kCtFp8Channel, /*dynamic_input=*/true);
 }
 
 // ---- per-tensor: compressed-tensors FP8 tensor, ModelOpt FP8 ----------------------------------
@@ -207,16 +218,10 @@ TensorMap pack_fp8_tensor(const QuantParams& p, const QuantTensor& q) {
   if (is_modelopt(p) && q.scale_dtype != DType::kF32)
     throw Error(ErrorCode::kUnsupported, "", "weight_scale",
                 std::string("ModelOpt FP8 scales are F32, have ") + dtype_name(q.scale_dtype));
-  TensorMap out;
-  Tensor w("weight", DType::kF8_E4M3, {q.n, q.k});
-  w.data = q.codes;
   // ModelOpt saves 0-d scales, compressed-tensors [1].
   Tensor s("weight_scale", q.scale_dtype, is_modelopt(p) ? Shape{} : Shape{1});
   s.data.assign(q.scales.begin(), q.scales.begin() + eb);
-  check_positive_scales(s, "weight_scale");
-  out.emplace("weight", std::move(w));
-  out.emplace("weight_scale", std::move(s));
-  return out;
+  return weight_and_scale(q, std::move(s));
 }
 
 std::vector<std::string> fp8_tensor_refusals(const QuantParams& p) {
@@ -229,31 +234,11 @@ std::vector<std::string> fp8_tensor_refusals(const QuantParams& p) {
 }
 
 std::vector<QuantParams> ct_fp8_tensor_param_space() {
-  std::vector<QuantParams> out;
-  for (DType d : {DType::kBF16, DType::kF16}) {
-    QuantParams p;
-    p.method = QuantMethod::kCtFp8Tensor;
-    p.bits = 8;
-    p.group_size = -1;
-    p.dtype = d;
-    p.dynamic_input = false;
-    out.push_back(p);
-  }
-  return out;
+  return fp8_scaled_param_space(QuantMethod::kCtFp8Tensor, /*dynamic_input=*/false);
 }
 
 std::vector<QuantParams> modelopt_fp8_param_space() {
-  std::vector<QuantParams> out;
-  for (DType d : {DType::kBF16, DType::kF16}) {
-    QuantParams p;
-    p.method = QuantMethod::kModeloptFp8;
-    p.bits = 8;
-    p.group_size = -1;
-    p.dtype = d;
-    p.dynamic_input = false;
-    out.push_back(p);
-  }
-  return out;
+  return fp8_scaled_param_space(QuantMethod::kModeloptFp8, /*dynamic_input=*/false);
 }
 
 }  // namespace moepack
