@@ -182,16 +182,28 @@ std::vector<uint8_t> marlin_unrepack(const uint32_t* words, int64_t n, int64_t k
   const int T = marlin::words_per_tile(bits), pf = pack_factor(bits);
   const int64_t ntiles_n = n / marlin::tile_n(a8), ntiles = (k / marlin::tile_k(a8)) * ntiles_n;
   const uint32_t mask = (1u << bits) - 1u;
+  // Every tile has the same shape: the offset of field f of word r from the tile's first code
+  // (tile (0, 0)'s coordinates, n * k + k) is computed once, then each tile is that table shifted
+  // by its origin. The same map as word_field_coords, without the per-code arithmetic (verify
+  // decodes every code of a model through here).
+  std::vector<int64_t> offset(static_cast<size_t>(T * pf));
+  for (int r = 0; r < T; ++r)
+    for (int f = 0; f < pf; ++f) {
+      int64_t kk, nn;
+      marlin::word_field_coords(bits, a8, 0, 0, r, f, &kk, &nn);
+      offset[static_cast<size_t>(r * pf + f)] = nn * k + kk;
+    }
   std::vector<uint8_t> out(static_cast<size_t>(n * k));
+  const int64_t tk = marlin::tile_k(a8), tn = marlin::tile_n(a8);
   for (int64_t tau = 0; tau < ntiles; ++tau) {
     const int64_t kt = tau / ntiles_n, nt = tau % ntiles_n;
+    uint8_t* origin = out.data() + nt * tn * k + kt * tk;
+    const uint32_t* tile = words + tau * T;
+    const int64_t* off = offset.data();
     for (int r = 0; r < T; ++r) {
-      const uint32_t w = words[tau * T + r];
-      for (int f = 0; f < pf; ++f) {
-        int64_t kk, nn;
-        marlin::word_field_coords(bits, a8, kt, nt, r, f, &kk, &nn);
-        out[static_cast<size_t>(nn * k + kk)] = static_cast<uint8_t>((w >> (bits * f)) & mask);
-      }
+      const uint32_t w = tile[r];
+      for (int f = 0; f < pf; ++f, ++off)
+        origin[*off] = static_cast<uint8_t>((w >> (bits * f)) & mask);
     }
   }
   return out;
