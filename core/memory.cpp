@@ -90,6 +90,16 @@ void advise_willneed(const void* data, size_t len) {
   (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
 }
 
+void release_mapped(const void* data, size_t len) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  // Whole pages only: a page shared with bytes outside the range stays.
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + len) & ~(page - 1);
+  if (len == 0 || end <= begin) return;
+  // Advice only: a failure leaves the pages resident and changes no byte.
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 void prefetch_mapped(const void* data, size_t len) {
   if (len == 0) return;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));

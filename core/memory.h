@@ -53,4 +53,11 @@ void prefetch_mapped(const void* data, size_t len);
 // every byte itself (convert's source hashing, pipeline/execute.cpp).
 void advise_willneed(const void* data, size_t len);
 
+// The opposite, for a reader that is done with a range: drops the whole pages inside [data,
+// data + len) of a read-only MAP_PRIVATE file mapping from this process's page table (madvise
+// DONTNEED), so that what a streaming reader has consumed stops counting as its resident memory
+// (RssFile). The page cache keeps them; a later read faults them back in with the same bytes.
+// Never call it on anything else: on anonymous or written memory DONTNEED discards the contents.
+void release_mapped(const void* data, size_t len);
+
 }  // namespace moepack

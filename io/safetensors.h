@@ -51,6 +51,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t header_length() const { return header_len_; }
   uint64_t file_size() const { return size_; }
+  // Whether the bytes are a read-only file mapping (open), not an in-memory image (from_bytes):
+  // only then may a reader drop consumed pages (core/memory.h release_mapped).
+  bool mapped() const { return mapped_; }
 
  private:
   SafetensorsFile() = default;

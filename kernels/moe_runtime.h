@@ -88,6 +88,9 @@ class MoeRuntime {
   void forward_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
                      const reader::ProjReader& w2, bool reference);
   MoeLayerOutputs finish_layer();
+  // Seconds the MoE kernels of every finished layer took on the device (CUDA events around each
+  // forward_chunk's launches on the compute stream), for verify's timing.
+  double kernel_seconds() const;
 
   // Router pieces alone (tests: they equal verify/router.cpp's).
   std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/sha256.h"
 #include "core/threads.h"
 #include "core/version.h"
@@ -787,8 +788,11 @@ void check_source_fingerprint(const Checkpoint& ckpt,
   std::vector<std::string> got(names.size());
   parallel_for(static_cast<int64_t>(names.size()), threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const TensorView v = ckpt.view(names[static_cast<size_t>(i)]);
+      const std::string& name = names[static_cast<size_t>(i)];
+      const TensorView v = ckpt.view(name);
       got[static_cast<size_t>(i)] = sha256_hex(v.data, v.nbytes);
+      // Read once and done with: its mapped pages stop counting as resident (verify streams).
+      if (ckpt.shard(ckpt.shard_of(name)).mapped()) release_mapped(v.data, v.nbytes);
     }
   });
   for (size_t i = 0; i < names.size(); ++i) {

@@ -86,6 +86,13 @@ Runner add_verify(CLI::App& app, Globals& g) {
       j["ok"] = r.passed;
       if (!report->empty()) j["report"] = *report;
       j["run"] = summary_json(sum);
+      const VerifyTiming& t = r.timing;
+      j["run"]["stages"] = {{"lanes", t.lanes},
+                            {"read_hash_seconds", t.read_hash_seconds},
+                            {"decode_seconds", t.decode_seconds},
+                            {"wait_seconds", t.wait_seconds},
+                            {"evaluate_seconds", t.evaluate_seconds},
+                            {"device_seconds", t.device_seconds}};
       print_json(j);
     } else {
       std::cout << render_text(r) << summary_line(sum);

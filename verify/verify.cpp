@@ -1,18 +1,25 @@
 #include "verify/verify.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <filesystem>
 #include <fstream>
-#include <future>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/memory.h"
 #include "core/sha256.h"
 #include "core/threads.h"
 #include "formats/moe_reader.h"
@@ -450,19 +457,91 @@ void report_broken_layer(VerifyReport& r, int64_t layer, const std::string& back
   r.layers.push_back(l);
 }
 
-// Experts [first, last) of each parameter (every layout parameter leads with the expert
-// dimension), copied out of the mapped shard: only one chunk is ever in memory. The copies run
-// on `threads` threads in 8 MiB pieces (reading the mapping is the slow part).
-TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int64_t first,
-                      int64_t last, int threads) {
-  TensorMap out;
-  struct Piece {
-    uint8_t* dst;
-    const uint8_t* src;
-    size_t bytes;
+// Each converted parameter's SHA-256, computed while its chunks are copied out of the mapped
+// shard (integrity 1 without a second pass over the bytes). One producer reads a layer's chunks
+// in expert order, so a tensor's bytes arrive in order; a range that does not continue its
+// stream (a layer that stopped at a failed chunk, or read otherwise) leaves it incomplete, and
+// integrity 1 hashes that tensor from the mapping instead. Every stream is registered before
+// the first chunk is read (the map is then only read); distinct tensors are advanced by
+// distinct threads, one tensor's chunks by one thread at a time.
+class StreamedDigests {
+ public:
+  // `releasable`: the view is a read-only file mapping whose consumed pages may be dropped.
+  void track(const TensorView& v, bool releasable) {
+    if (v.nbytes == 0) return;
+    Stream& s = streams_[v.data];
+    s.total = v.nbytes;
+    s.releasable = releasable;
+  }
+  // Copies bytes [off, off + len) of v to dst and hashes them when they continue v's stream (a
+  // piece at a time, while it is in cache), then drops the consumed pages of the mapping.
+  void copy(const TensorView& v, uint64_t off, uint8_t* dst, size_t len) {
+    auto it = streams_.find(v.data);
+    Stream* s = it == streams_.end() || it->second.total != v.nbytes ? nullptr : &it->second;
+    const bool hash = s && !s->broken && s->pos == off;
+    if (s && !hash) s->broken = true;
+    constexpr size_t kPiece = size_t{1} << 20;
+    for (size_t done = 0; done < len; done += kPiece) {
+      const size_t n = std::min(kPiece, len - done);
+      std::memcpy(dst + done, v.data + off + done, n);
+      if (hash) s->sha.update(dst + done, n);
+    }
+    if (hash) {
+      s->pos += len;
+      if (s->pos == s->total) s->hex = s->sha.hex_digest();
+    }
+    if (s && s->releasable) release_mapped(v.data + off, len);
+  }
+  // The SHA-256 of the whole tensor when it was streamed whole, else empty.
+  std::string digest(const TensorView& v) const {
+    auto it = streams_.find(v.data);
+    if (v.nbytes == 0 || it == streams_.end() || it->second.total != v.nbytes) return {};
+    return it->second.hex;
+  }
+
+ private:
+  struct Stream {
+    Sha256 sha;
+    uint64_t pos = 0, total = 0;
+    bool broken = false, releasable = false;
+    std::string hex;
   };
-  std::vector<Piece> pieces;
-  constexpr size_t kPiece = size_t{8} << 20;
+  std::map<const uint8_t*, Stream> streams_;
+};
+
+// Busy seconds of verify's stages (VerifyTiming), added from every thread.
+struct StageClock {
+  std::atomic<int64_t> read_ns{0}, decode_ns{0}, wait_ns{0}, evaluate_ns{0};
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+};
+
+// Adds the time from construction to destruction to `into`.
+class StageTimer {
+ public:
+  explicit StageTimer(std::atomic<int64_t>* into) : into_(into), start_(StageClock::now_ns()) {}
+  ~StageTimer() {
+    if (into_) into_->fetch_add(StageClock::now_ns() - start_);
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  std::atomic<int64_t>* into_;
+  int64_t start_;
+};
+
+// Experts [first, last) of each parameter (every layout parameter leads with the expert
+// dimension), copied out of the mapped shard and hashed on the way (StreamedDigests): only the
+// chunk is ever held. One task per parameter, the parameters on up to `threads` threads (a
+// tensor's hash is sequential; the layers in flight give the pipeline its parallelism).
+TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int64_t first,
+                      int64_t last, int threads, StreamedDigests& digests) {
+  TensorMap out;
+  std::vector<std::pair<const TensorView*, Tensor*>> work;
   for (const TensorView& v : views) {
     Tensor t;
     t.name = v.name;
@@ -471,16 +550,14 @@ TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int
     t.shape[0] = last - first;
     const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
     t.data.resize(static_cast<size_t>(per * static_cast<uint64_t>(last - first)));
-    Tensor& placed = out.emplace(t.name, std::move(t)).first->second;
-    const uint8_t* src = v.data + per * static_cast<uint64_t>(first);
-    for (size_t off = 0; off < placed.data.size(); off += kPiece)
-      pieces.push_back(
-          {placed.data.data() + off, src + off, std::min(kPiece, placed.data.size() - off)});
+    work.emplace_back(&v, &out.emplace(t.name, std::move(t)).first->second);
   }
-  parallel_for(static_cast<int64_t>(pieces.size()), threads, [&](int64_t b, int64_t e) {
+  parallel_for(static_cast<int64_t>(work.size()), threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const Piece& p = pieces[static_cast<size_t>(i)];
-      std::memcpy(p.dst, p.src, p.bytes);
+      const TensorView& v = *work[static_cast<size_t>(i)].first;
+      Tensor& t = *work[static_cast<size_t>(i)].second;
+      const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
+      digests.copy(v, per * static_cast<uint64_t>(first), t.data.data(), t.data.size());
     }
   });
   return out;
@@ -498,6 +575,8 @@ struct LayerRun {
   ref::RouterConfig router;
   ref::Activation activation;
   VerifyReport* report;
+  StreamedDigests* digests;
+  StageClock* clock;
   bool rounded_note = false;
   bool requant_note = false;
   // Progress: each layer's parameter bytes and the bytes of the layers before it.
@@ -696,12 +775,18 @@ void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk&
     const int64_t local = par.local_experts(E, r);
     const int64_t b = par.local_before(E, r, c.e0), e = par.local_before(E, r, c.e1);
     if (e == b) continue;  // expert parallel: none of this rank's experts in the chunk
-    TensorMap named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.threads);
+    TensorMap named;
+    {
+      StageTimer t(&run.clock->read_ns);
+      named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.threads,
+                          *run.digests);
+    }
     TensorMap& mine = c.rank_params[static_cast<size_t>(r)];
     for (auto& [key, t] : named) {
       t.name = rank_tensor_name(key);
       mine.emplace(t.name, std::move(t));
     }
+    StageTimer t(&run.clock->decode_ns);
     c.rank_decoded[static_cast<size_t>(r)] =
         run.layout->unpack(job.rank_lo[static_cast<size_t>(r)], mine);
   }
@@ -737,7 +822,11 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     if (job.par) {
       decode_rank_chunks(run, job, c);
     } else {
-      c.params = param_chunk(job.views, E, e0, e1, run.threads);
+      {
+        StageTimer t(&run.clock->read_ns);
+        c.params = param_chunk(job.views, E, e0, e1, run.threads, *run.digests);
+      }
+      StageTimer t(&run.clock->decode_ns);
       c.decoded = run.layout->unpack(job.lo, c.params);
     }
   } catch (const Error& e) {
@@ -745,6 +834,7 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     return c;
   }
   if (!job.src_layer) return c;
+  StageTimer timer(&run.clock->decode_ns);
   ExpertRange range;
   range.begin = e0;
   range.end = e1;
@@ -816,6 +906,198 @@ std::string experts_label(const std::string& stage, int64_t e0, int64_t e1) {
   return stage + " (experts " + std::to_string(e0) + ".." + std::to_string(e1 - 1) + ")";
 }
 
+// One chunk of one layer, in the order the layers' loops take them.
+struct ChunkItem {
+  size_t layer;
+  int64_t e0, e1;
+};
+
+// How many layers the chunk pipeline reads at once: a tensor is hashed by one thread at a time,
+// so the threads are kept busy by several layers' tensors; one layer on few cores.
+int pipeline_lanes(int threads) {
+  return std::clamp(threads / 3, 1, 8);
+}
+
+// Every layer's job first (views only, no bytes; a layer whose job fails gets its error and no
+// chunks), then the chunk list across layers. With `lanes` layers read at once each lane takes
+// 1 / lanes of a layer's chunk of experts, so that what is held stays what one lane held.
+std::vector<ChunkItem> plan_chunks(const LayerRun& run, int lanes, std::vector<LayerJob>* jobs,
+                                   std::vector<std::optional<Error>>* job_error) {
+  const std::vector<ManifestLayer>& layers = run.manifest->layers;
+  jobs->assign(layers.size(), LayerJob{});
+  job_error->assign(layers.size(), std::nullopt);
+  std::vector<ChunkItem> items;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerJob& job = (*jobs)[i];
+    try {
+      job = make_layer_job(run, layers[i]);
+    } catch (const Error& e) {
+      (*job_error)[i] = e;
+      continue;
+    }
+    job.chunk = std::max<int64_t>(1, job.chunk / lanes);
+    for (const TensorView& v : job.views) run.digests->track(v, true);
+    for (const auto& views : job.rank_views)
+      for (const TensorView& v : views) run.digests->track(v, true);
+    for (int64_t e0 = 0; e0 < layers[i].experts; e0 += job.chunk)
+      items.push_back({i, e0, std::min(layers[i].experts, e0 + job.chunk)});
+  }
+  return items;
+}
+
+// The source's tensors of a layer, done with: their mapped pages dropped (core/memory.h).
+void release_source_layer(const Checkpoint& src, const MoeLayer& L) {
+  for (const std::string& name : L.source_tensors) {
+    if (!src.has_tensor(name) || !src.shard(src.shard_of(name)).mapped()) continue;
+    const TensorView v = src.view(name);
+    release_mapped(v.data, v.nbytes);
+  }
+}
+
+// The chunks of a run, prepared ahead of their use: a producer thread per layer, at most `lanes`
+// layers at a time, each preparing its layer's chunks in expert order (so each tensor is read,
+// hashed and released in order) and holding at most one prepared chunk beside the one it
+// prepares; the consumer takes a layer's chunks in order, layer after layer. A producer stops
+// after a chunk that failed (the loops never read past it), or when the consumer is done with its
+// layer. Where a thread cannot start, the consumer prepares that layer's chunks itself.
+class ChunkPipeline {
+ public:
+  ChunkPipeline(const LayerRun& run, const std::vector<LayerJob>& jobs,
+                const std::vector<ChunkItem>& items, int lanes)
+      : run_(run), jobs_(jobs), lanes_(lanes), range_(jobs.size(), {items.size(), items.size()}) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      auto& r = range_[items[i].layer];
+      if (r.first == items.size()) r.first = i;
+      r.second = i + 1;
+    }
+    items_ = items;
+    start_lanes();
+  }
+  ~ChunkPipeline() {
+    for (auto& [layer, lane] : running_) stop(*lane);
+  }
+  ChunkPipeline(const ChunkPipeline&) = delete;
+  ChunkPipeline& operator=(const ChunkPipeline&) = delete;
+
+  // How many chunks layer `layer` has.
+  size_t chunks(size_t layer) const { return range_[layer].second - range_[layer].first; }
+
+  // The next chunk of `layer` (the layers are taken in order); rethrows what preparing it threw.
+  PreparedChunk next(size_t layer) {
+    Lane& lane = *running_.at(layer);
+    StageTimer waiting(&run_.clock->wait_ns);
+    if (!lane.thread.joinable()) {  // no thread: prepared here
+      const ChunkItem& it = items_[lane.next++];
+      return prepare_chunk(run_, jobs_[layer], it.e0, it.e1);
+    }
+    std::unique_lock<std::mutex> lock(lane.m);
+    lane.cv.wait(lock, [&] { return !lane.ready.empty() || lane.done; });
+    if (lane.ready.empty())
+      throw Error(ErrorCode::kInternal, "", "verify", "chunk pipeline: no chunk left");
+    Ready r = std::move(lane.ready.front());
+    lane.ready.pop_front();
+    lock.unlock();
+    lane.cv.notify_all();
+    if (r.error) std::rethrow_exception(r.error);
+    return std::move(r.chunk);
+  }
+
+  // The consumer is done with `layer` (every chunk taken, or the rest dropped): its producer
+  // stops, and the next layer's starts.
+  void finish_layer(size_t layer) {
+    auto it = running_.find(layer);
+    if (it != running_.end()) {
+      const bool threaded = it->second->thread.joinable();
+      stop(*it->second);
+      running_.erase(it);
+      const LayerJob& job = jobs_[layer];
+      if (!threaded && run_.src && job.src_layer) release_source_layer(*run_.src, *job.src_layer);
+    }
+    start_lanes();
+  }
+
+ private:
+  struct Ready {
+    PreparedChunk chunk;
+    std::exception_ptr error;
+  };
+  struct Lane {
+    size_t layer = 0, next = 0, end = 0;  // items [next, end) still to prepare
+    std::thread thread;
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<Ready> ready;
+    bool stop = false, done = false;
+  };
+
+  void produce(Lane& lane) {
+    const LayerJob& job = jobs_[lane.layer];
+    for (; lane.next < lane.end; ++lane.next) {
+      {
+        std::unique_lock<std::mutex> lock(lane.m);
+        lane.cv.wait(lock, [&] { return lane.stop || lane.ready.empty(); });
+        if (lane.stop) break;
+      }
+      const ChunkItem& it = items_[lane.next];
+      Ready r;
+      try {
+        r.chunk = prepare_chunk(run_, job, it.e0, it.e1);
+      } catch (...) {
+        r.error = std::current_exception();
+      }
+      const bool last = r.error || r.chunk.failure;
+      {
+        std::lock_guard<std::mutex> lock(lane.m);
+        lane.ready.push_back(std::move(r));
+      }
+      lane.cv.notify_all();
+      if (last) break;
+    }
+    if (run_.src && job.src_layer) release_source_layer(*run_.src, *job.src_layer);
+    {
+      std::lock_guard<std::mutex> lock(lane.m);
+      lane.done = true;
+    }
+    lane.cv.notify_all();
+  }
+
+  void stop(Lane& lane) {
+    {
+      std::lock_guard<std::mutex> lock(lane.m);
+      lane.stop = true;
+    }
+    lane.cv.notify_all();
+    if (lane.thread.joinable()) lane.thread.join();
+  }
+
+  // Producers for the next layers that have chunks, up to `lanes` running.
+  void start_lanes() {
+    while (running_.size() < static_cast<size_t>(lanes_) && next_layer_ < range_.size()) {
+      const size_t layer = next_layer_++;
+      if (chunks(layer) == 0) continue;
+      auto lane = std::make_unique<Lane>();
+      lane->layer = layer;
+      lane->next = range_[layer].first;
+      lane->end = range_[layer].second;
+      Lane* l = lane.get();
+      try {
+        l->thread = std::thread([this, l] { produce(*l); });
+      } catch (const std::system_error&) {
+        // No thread (a process at its limits): next() prepares this layer's chunks itself.
+      }
+      running_.emplace(layer, std::move(lane));
+    }
+  }
+
+  const LayerRun& run_;
+  const std::vector<LayerJob>& jobs_;
+  const int lanes_;
+  std::vector<ChunkItem> items_;
+  std::vector<std::pair<size_t, size_t>> range_;  // per layer: its items [first, second)
+  std::map<size_t, std::unique_ptr<Lane>> running_;
+  size_t next_layer_ = 0;
+};
+
 // A parallel output's MoE as its ranks compute it, through each rank's readers of the chunk:
 // tensor parallel, w13's output is every rank's [gate_r; up_r] put back in place and w2's is the
 // sum over ranks of each rank's partial output on its I / tp columns (what vLLM's all-reduce
@@ -864,16 +1146,23 @@ ref::ExpertMatmulFn rank_matmul(const LayerRun& run, const LayerJob& job, const 
   };
 }
 
-// The CPU path: each chunk decoded, compared and evaluated in turn (verify/moe_reference).
+// The CPU path: each chunk decoded and compared ahead (ChunkPipeline) and evaluated in turn
+// (verify/moe_reference).
 void verify_layers_cpu(LayerRun& run) {
   VerifyReport& r = *run.report;
+  std::vector<LayerJob> jobs;
+  std::vector<std::optional<Error>> job_error;
+  // One layer at a time: the MoE evaluation takes every thread, on whole chunks of experts.
+  const std::vector<ChunkItem> items = plan_chunks(run, 1, &jobs, &job_error);
+  ChunkPipeline chunks(run, jobs, items, 1);
+  run.report->timing.lanes = 1;
   for (const ManifestLayer& ml : run.manifest->layers) {
     const size_t li = static_cast<size_t>(&ml - run.manifest->layers.data());
     run.progress(li, 0);
-    LayerJob job;
+    LayerJob& job = jobs[li];
     std::unique_ptr<ref::ChunkedMoeLayerCheck> numeric;
     try {
-      job = make_layer_job(run, ml);
+      if (job_error[li]) throw *job_error[li];
       load_layer_inputs(run, &job);
       job.spec.validate();
       ref::check_router_shapes(job.spec, run.router, job.router.weight, job.router.bias);
@@ -884,13 +1173,14 @@ void verify_layers_cpu(LayerRun& run) {
                                                             job.expert_x.data());
     } catch (const Error& e) {
       run.broken(ml, "parameters", e);
+      chunks.finish_layer(li);
       continue;
     }
     LayerRoundTrip round_trip;
     bool ok = true;
-    for (int64_t e0 = 0; ok && e0 < ml.experts; e0 += job.chunk) {
-      const int64_t e1 = std::min(ml.experts, e0 + job.chunk);
-      const PreparedChunk c = prepare_chunk(run, job, e0, e1);
+    for (size_t i = 0, n = chunks.chunks(li); ok && i < n; ++i) {
+      const PreparedChunk c = chunks.next(li);
+      const int64_t e0 = c.e0, e1 = c.e1;
       if (c.failure) {
         run.broken(ml, experts_label("decode", e0, e1), *c.failure);
         ok = false;
@@ -898,6 +1188,7 @@ void verify_layers_cpu(LayerRun& run) {
       }
       for (const auto& checks : c.checks) round_trip.add(checks);
       note_rounding(run, c);
+      StageTimer evaluating(&run.clock->evaluate_ns);
       const MoeExperts& reference = c.reference();
       // The numerical check of this chunk's experts: the real router on random hidden states.
       auto weights = [&](int64_t e, MoeProj p) {
@@ -925,6 +1216,7 @@ void verify_layers_cpu(LayerRun& run) {
         ok = false;
       }
     }
+    chunks.finish_layer(li);
     round_trip.report(r);
     if (!ok) continue;
     const ref::MoeLayerCheck check = numeric->finish();
@@ -935,27 +1227,31 @@ void verify_layers_cpu(LayerRun& run) {
 
 // --skip-numerical: each chunk decoded and (with a source) compared exactly; no MoE computed.
 void verify_layers_round_trip(LayerRun& run) {
+  std::vector<LayerJob> jobs;
+  std::vector<std::optional<Error>> job_error;
+  const int lanes = pipeline_lanes(run.threads);
+  const std::vector<ChunkItem> items = plan_chunks(run, lanes, &jobs, &job_error);
+  ChunkPipeline chunks(run, jobs, items, lanes);
+  run.report->timing.lanes = lanes;
   for (size_t li = 0; li < run.manifest->layers.size(); ++li) {
     const ManifestLayer& ml = run.manifest->layers[li];
     run.progress(li, 0);
-    LayerJob job;
-    try {
-      job = make_layer_job(run, ml);
-    } catch (const Error& e) {
-      run.broken(ml, "parameters", e);
+    if (job_error[li]) {
+      run.broken(ml, "parameters", *job_error[li]);
+      chunks.finish_layer(li);
       continue;
     }
     LayerRoundTrip round_trip;
-    for (int64_t e0 = 0; e0 < ml.experts; e0 += job.chunk) {
-      const int64_t e1 = std::min(ml.experts, e0 + job.chunk);
-      const PreparedChunk c = prepare_chunk(run, job, e0, e1);
+    for (size_t i = 0, n = chunks.chunks(li); i < n; ++i) {
+      const PreparedChunk c = chunks.next(li);
       if (c.failure) {
-        run.broken(ml, experts_label("decode", e0, e1), *c.failure);
+        run.broken(ml, experts_label("decode", c.e0, c.e1), *c.failure);
         break;
       }
       for (const auto& checks : c.checks) round_trip.add(checks);
-      run.progress(li, e1);
+      run.progress(li, c.e1);
     }
+    chunks.finish_layer(li);
     round_trip.report(*run.report);
   }
 }
@@ -967,33 +1263,6 @@ ref::Routing routing_from_device(const MoeDeviceRouting& d) {
   r.expert_ids = d.expert_ids;
   r.weights = d.weights;
   return r;
-}
-
-// One chunk of one layer, in the order the device evaluates them.
-struct ChunkItem {
-  size_t layer;
-  int64_t e0, e1;
-};
-
-// Every layer's job first (views only, no bytes; a layer whose job fails gets its error and no
-// chunks), then the chunk list across layers, so that chunks can be prepared ahead across layers.
-std::vector<ChunkItem> plan_device_chunks(const LayerRun& run, std::vector<LayerJob>* jobs,
-                                          std::vector<std::optional<Error>>* job_error) {
-  const std::vector<ManifestLayer>& layers = run.manifest->layers;
-  jobs->assign(layers.size(), LayerJob{});
-  job_error->assign(layers.size(), std::nullopt);
-  std::vector<ChunkItem> items;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    try {
-      (*jobs)[i] = make_layer_job(run, layers[i]);
-    } catch (const Error& e) {
-      (*job_error)[i] = e;
-      continue;
-    }
-    for (int64_t e0 = 0; e0 < layers[i].experts; e0 += (*jobs)[i].chunk)
-      items.push_back({i, e0, std::min(layers[i].experts, e0 + (*jobs)[i].chunk)});
-  }
-  return items;
 }
 
 // The layer's router and hidden states, checked, and the device's routing of them (begins the
@@ -1082,50 +1351,30 @@ bool device_error(const Error& e) {
   return e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal;
 }
 
-// The CUDA path: the same chunks, decoded and compared on the CPU (shared code above) one chunk
-// ahead on a second thread, across layers; each chunk's layout parameters and reference experts
-// uploaded through pinned staging and evaluated on the device (kernels/moe_runtime.h): routing,
-// sort, the layout's MoE through its readers (fp32) and the reference's through canonical
-// readers (fp64); outputs compared on the host with the CPU path's metrics (ref::compare_moe).
-// Host memory: the chunk being evaluated, the chunk being prepared, two pinned staging areas.
+// The CUDA path: the same chunks, read, hashed, decoded and compared on the CPU (shared code
+// above) ahead of their use by ChunkPipeline's producers, several layers at once; each chunk's
+// layout parameters and reference experts uploaded through pinned staging and evaluated on the
+// device (kernels/moe_runtime.h): routing, sort, the layout's MoE through its readers (fp32) and
+// the reference's through canonical readers (fp64); outputs compared on the host with the CPU
+// path's metrics (ref::compare_moe). Host memory: the chunks in flight (two per lane, each
+// 1 / lanes of the chunk rule's), the one being evaluated, two pinned staging areas.
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
   MoeRuntime rt;
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
-  const std::vector<ChunkItem> items = plan_device_chunks(run, &jobs, &job_error);
-  std::future<PreparedChunk> ahead;
-  size_t ahead_index = 0;
-  auto prepare_ahead = [&](size_t index) {
-    ahead_index = index;
-    if (index >= items.size()) return;
-    const ChunkItem it = items[index];
-    ahead = std::async(std::launch::async, [&run, &jobs, it] {
-      return prepare_chunk(run, jobs[it.layer], it.e0, it.e1);
-    });
-  };
-  prepare_ahead(0);
-  size_t next_item = 0;
+  const int lanes = pipeline_lanes(run.threads);
+  const std::vector<ChunkItem> items = plan_chunks(run, lanes, &jobs, &job_error);
+  ChunkPipeline chunks(run, jobs, items, lanes);
+  run.report->timing.lanes = lanes;
   for (size_t li = 0; li < layers.size(); ++li) {
     const ManifestLayer& ml = layers[li];
     LayerJob& job = jobs[li];
     run.progress(li, 0);
-    // The items of this layer are items[next_item, end_item).
-    size_t end_item = next_item;
-    while (end_item < items.size() && items[end_item].layer == li) ++end_item;
-    // Drops what was prepared ahead for the rest of this layer (its errors included: the CPU
-    // path never reads past a failed chunk) and prepares the next layer's first chunk.
-    auto skip_items = [&] {
-      if (ahead_index < end_item) {
-        if (ahead.valid()) ahead.wait();
-        ahead = {};
-        prepare_ahead(end_item);
-      }
-      next_item = end_item;
-    };
     if (job_error[li]) {
       run.broken(ml, "parameters", *job_error[li]);
+      chunks.finish_layer(li);
       continue;
     }
     MoeDeviceRouting routing;
@@ -1134,14 +1383,13 @@ void verify_layers_cuda(LayerRun& run) {
     } catch (const Error& e) {
       if (device_error(e)) throw;
       run.broken(ml, "parameters", e);
-      skip_items();
+      chunks.finish_layer(li);  // what was prepared of it is dropped (the CPU path reads none)
       continue;
     }
     LayerRoundTrip round_trip;
     bool ok = true;
-    for (; ok && next_item < end_item; ++next_item) {
-      PreparedChunk c = ahead.get();
-      prepare_ahead(next_item + 1);
+    for (size_t i = 0, n = chunks.chunks(li); ok && i < n; ++i) {
+      const PreparedChunk c = chunks.next(li);
       if (c.failure) {
         run.broken(ml, experts_label("decode", c.e0, c.e1), *c.failure);
         ok = false;
@@ -1150,6 +1398,7 @@ void verify_layers_cuda(LayerRun& run) {
       for (const auto& checks : c.checks) round_trip.add(checks);
       note_rounding(run, c);
       try {
+        StageTimer evaluating(&run.clock->evaluate_ns);
         run_device_chunk(run, rt, job, c);
         run.progress(li, c.e1);
       } catch (const Error& e) {
@@ -1164,12 +1413,13 @@ void verify_layers_cuda(LayerRun& run) {
         break;
       }
     }
-    if (!ok) skip_items();
+    chunks.finish_layer(li);
     round_trip.report(r);
     if (!ok) continue;
+    StageTimer evaluating(&run.clock->evaluate_ns);
     r.layers.push_back(device_layer_result(run, ml, rt.finish_layer(), routing));
   }
-  if (ahead.valid()) ahead.wait();
+  r.timing.device_seconds = rt.kernel_seconds();
 }
 
 // The manifest's backend as a layout row this moepack reads (kBadConfig naming the manifest
@@ -1194,15 +1444,25 @@ const TargetLayout& manifest_layout(const Manifest& manifest, const std::string&
 }
 
 // Integrity 1: every manifest tensor present in its shard with its dtype, shape and sha256, and
-// nothing else in the shards. Checksums on all threads (they read every byte of the output: the
-// longest step of a verify that has a GPU); the first problem in the manifest's order is reported.
-IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& out, int threads) {
+// nothing else in the shards. The converted parameters' checksums were computed while the layers
+// read them (StreamedDigests); the other tensors, and any parameter not read whole, are hashed
+// here on all threads from the mapping (their pages dropped after). The first problem in the
+// manifest's order is reported.
+IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& out, int threads,
+                                      const StreamedDigests& digests) {
   IntegrityCheck all;
   all.name = "manifest tensors present with dtype, shape and sha256";
   all.passed = true;
   std::vector<std::pair<const std::string*, const ManifestTensor*>> listed;
   for (const auto& [name, t] : manifest.tensors) listed.emplace_back(&name, &t);
   std::vector<std::string> problems(listed.size());
+  const auto sha_of = [&digests](const TensorView& v, const SafetensorsFile& shard) {
+    std::string sha = digests.digest(v);
+    if (!sha.empty()) return sha;
+    sha = sha256_hex(v.data, v.nbytes);
+    if (shard.mapped()) release_mapped(v.data, v.nbytes);
+    return sha;
+  };
   parallel_for(static_cast<int64_t>(listed.size()), threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const std::string& name = *listed[static_cast<size_t>(i)].first;
@@ -1219,7 +1479,7 @@ IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& ou
           problem = std::string("dtype ") + dtype_name(v.dtype);
         else if (v.shape != t.shape)
           problem = "shape " + shape_str(v.shape);
-        else if (sha256_hex(v.data, v.nbytes) != t.sha256)
+        else if (sha_of(v, out.shards.at(it->second)) != t.sha256)
           problem = "sha256 differs";
       }
     }
@@ -1289,8 +1549,12 @@ IntegrityCheck check_copied_tensors(const Manifest& manifest, const Output& out,
     }
     if (!out.where.count(name)) continue;  // reported missing by the integrity check
     const TensorView a = src.view(name), b = out.view(name);
-    if (a.nbytes != b.nbytes || a.dtype != b.dtype || a.shape != b.shape ||
-        std::memcmp(a.data, b.data, a.nbytes) != 0) {
+    const bool same = a.nbytes == b.nbytes && a.dtype == b.dtype && a.shape == b.shape &&
+                      std::memcmp(a.data, b.data, a.nbytes) == 0;
+    // Both read once: their mapped pages stop counting as resident.
+    if (src.shard(src.shard_of(name)).mapped()) release_mapped(a.data, a.nbytes);
+    if (out.shards.at(out.where.at(name)).mapped()) release_mapped(b.data, b.nbytes);
+    if (!same) {
       ct.passed = false;
       ct.detail = name + " differs from the source";
       break;
@@ -1433,7 +1697,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
 
   // 1. Integrity.
   Output out = open_output(opts.dst, manifest, r);
-  r.integrity.push_back(check_manifest_tensors(manifest, out, threads));
+  // Integrity 1 is filled in after the layers, which hash the parameters as they read them.
+  const size_t tensors_check = r.integrity.size();
+  r.integrity.emplace_back();
   if (manifest.parallel) r.integrity.push_back(check_rank_digests(manifest));
 
   // 2 + 3 per layer.
@@ -1468,8 +1734,11 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   r.integrity.push_back(check_carried_files(manifest, opts.dst, src.get()));
 
   refuse_unverifiable_biases(out, manifest, src.get(), opts);
-  // 3. Per layer, by chunks of experts: decode, exact round trip, numerical check.
-  LayerRun run{&out, src.get(), &layout, recipe, &manifest, threads, &opts, router, activation, &r};
+  // 3. Per layer, by chunks of experts: read and hash, decode, exact round trip, numerical check.
+  StreamedDigests digests;
+  StageClock clock;
+  LayerRun run{&out,  src.get(), &layout,    recipe, &manifest, threads,
+               &opts, router,    activation, &r,     &digests,  &clock};
   for (const ManifestLayer& ml : manifest.layers) {
     uint64_t bytes = 0;
     for (const std::string& p : ml.params) bytes += manifest.tensors.at(p).bytes;
@@ -1495,6 +1764,14 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     verify_layers_cuda(run);
   else
     verify_layers_cpu(run);
+  {
+    StageTimer reading(&clock.read_ns);
+    r.integrity[tensors_check] = check_manifest_tensors(manifest, out, threads, digests);
+  }
+  r.timing.read_hash_seconds = static_cast<double>(clock.read_ns.load()) * 1e-9;
+  r.timing.decode_seconds = static_cast<double>(clock.decode_ns.load()) * 1e-9;
+  r.timing.wait_seconds = static_cast<double>(clock.wait_ns.load()) * 1e-9;
+  r.timing.evaluate_seconds = static_cast<double>(clock.evaluate_ns.load()) * 1e-9;
   run.progress(manifest.layers.size(), 0);
   if (quantized_from_dense)
     r.notes.push_back(

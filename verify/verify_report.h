@@ -74,6 +74,19 @@ struct LayerResult {
 LayerResult make_layer_result(int64_t layer, const std::string& backend, int64_t tokens, int top_k,
                               const ref::MoeComparison& comparison, double tolerance);
 
+// Where a verify's time went (not part of the report's verdict or of to_json: the CLI prints it
+// as the "stages" of its --json "run" object). Busy seconds summed over the threads that did the
+// work, so a stage can exceed the wall time.
+struct VerifyTiming {
+  int lanes = 1;  // layers read at once (ChunkPipeline)
+  double read_hash_seconds =
+      0;                        // chunks copied out of the mapped shards and hashed (+ integrity 1)
+  double decode_seconds = 0;    // the layout's unpack; with --source, its load and exact compare
+  double wait_seconds = 0;      // the layer loop waiting for a prepared chunk
+  double evaluate_seconds = 0;  // the MoE: CPU evaluation, or staging + launches (--device cuda)
+  double device_seconds = 0;    // --device cuda: the MoE kernels on the device (CUDA events)
+};
+
 struct VerifyReport {
   std::string tool_version;
   std::string source;       // SRC path (stdout only: text and --json)
@@ -98,6 +111,7 @@ struct VerifyReport {
   bool numerical_skipped = false;
   std::string skipped_because;
   bool passed = false;  // set by finalize()
+  VerifyTiming timing;
 
   // passed = every integrity, round-trip and layer check passed and at least one check ran.
   void finalize();

@@ -87,10 +87,19 @@ struct MoeRuntime::Impl {
   DeviceArray<int32_t> expert_ids, counts, offsets, sorted, row_token;
   DeviceArray<float> got_inter, got_slots;
   DeviceArray<unsigned long long> bad_logit;
+  // Timing events around each forward_chunk's kernels (start, stop), read at finish_layer; a
+  // pool reused across layers.
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timing_events;
+  size_t timing_used = 0;
+  double kernel_seconds = 0;
 
   ~Impl() {
     if (compute) cudaStreamSynchronize(compute);
     if (copy) cudaStreamSynchronize(copy);
+    for (auto& [a, b] : timing_events) {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
     for (StagingArea& a : areas) {
       for (StagingBlock& b : a.blocks) {
         if (b.host) cudaFreeHost(b.host);
@@ -404,10 +413,22 @@ void MoeRuntime::forward_chunk(int64_t first, int64_t last, const reader::ProjRe
   // The chunk's uploads come first (copy stream), then its kernels (compute stream).
   check_cuda(cudaEventRecord(m.copied, m.copy), "event");
   check_cuda(cudaStreamWaitEvent(m.compute, m.copied, 0), "event");
+  if (m.timing_used == m.timing_events.size()) {
+    std::pair<cudaEvent_t, cudaEvent_t> e{nullptr, nullptr};
+    check_cuda(cudaEventCreate(&e.first), "event");
+    if (cudaEventCreate(&e.second) != cudaSuccess) {
+      cudaEventDestroy(e.first);
+      check_cuda(cudaGetLastError(), "event");
+    }
+    m.timing_events.push_back(e);
+  }
+  const auto& timed = m.timing_events[m.timing_used++];
+  check_cuda(cudaEventRecord(timed.first, m.compute), "event");
   if (reference)
     m.side<double>(first, last, w13, w2, m.x.ptr, m.xq_ref.ptr, m.ref_inter.ptr, m.ref_slots.ptr);
   else
     m.side<float>(first, last, w13, w2, m.x.ptr, m.xq_got.ptr, m.got_inter.ptr, m.got_slots.ptr);
+  check_cuda(cudaEventRecord(timed.second, m.compute), "event");
   if (m.area >= 0) check_cuda(cudaEventRecord(m.areas[m.area].done, m.compute), "event");
 }
 
@@ -428,6 +449,13 @@ MoeLayerOutputs MoeRuntime::finish_layer() {
       m.ref_slots.ptr, m.weights.ptr, T, m.top_k, H, m.ref_out.ptr);
   check_launch("combine_kernel");
   check_cuda(cudaStreamSynchronize(m.compute), "layer");
+  for (size_t i = 0; i < m.timing_used; ++i) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, m.timing_events[i].first, m.timing_events[i].second),
+               "kernel timing");
+    m.kernel_seconds += static_cast<double>(ms) * 1e-3;
+  }
+  m.timing_used = 0;
   MoeLayerOutputs o;
   o.got_out.resize(static_cast<size_t>(T * H));
   o.ref_out.resize(static_cast<size_t>(T * H));
@@ -447,6 +475,10 @@ MoeLayerOutputs MoeRuntime::finish_layer() {
              "slot outputs");
   o.got_slots.assign(got_slots.begin(), got_slots.end());
   return o;
+}
+
+double MoeRuntime::kernel_seconds() const {
+  return impl_->kernel_seconds;
 }
 
 std::vector<float> MoeRuntime::router_logits(const float* x, int64_t tokens, int64_t hidden,

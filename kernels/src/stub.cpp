@@ -46,6 +46,9 @@ void MoeRuntime::forward_chunk(int64_t, int64_t, const reader::ProjReader&,
 MoeLayerOutputs MoeRuntime::finish_layer() {
   no_cuda();
 }
+double MoeRuntime::kernel_seconds() const {
+  no_cuda();
+}
 std::vector<float> MoeRuntime::router_logits(const float*, int64_t, int64_t, const float*, int64_t,
                                              const float*) {
   no_cuda();
