@@ -206,19 +206,23 @@ TEST(VerifyStreaming, LayerStoppedAtADecodeFailureStillHasItsChecksums) {
 
 // Resident file-backed memory: the pages verify read its chunks from are dropped after use, so
 // the peak mapped memory is a fraction of the checkpoint (it was all of it), on each device, with
-// and without the source.
+// and without the source. What the process maps of its own code and libraries (the CUDA driver's
+// among them) is measured apart, as a small model's whole peak, and allowed on top.
 TEST(VerifyStreaming, MappedPagesAreReleasedAfterUse) {
-  Model m(/*big=*/true);
-  const uint64_t dst_bytes = tensor_bytes(m.dst), src_bytes = tensor_bytes(m.src);
+  Model big(/*big=*/true), small;
+  const uint64_t dst_bytes = tensor_bytes(big.dst), src_bytes = tensor_bytes(big.src);
   for (const std::string& device : devices()) {
     SCOPED_TRACE("--device " + device);
-    const json plain = verify_json(m.dst + " --tokens 8 --threads 2 --device " + device, 0);
-    EXPECT_LT(plain["run"]["peak_rss_file_bytes"].get<uint64_t>(), dst_bytes / 2)
-        << plain["run"].dump();
-    const json with =
-        verify_json(m.dst + " --source " + m.src + " --tokens 8 --threads 2 --device " + device, 0);
-    EXPECT_LT(with["run"]["peak_rss_file_bytes"].get<uint64_t>(), (dst_bytes + src_bytes) / 2)
-        << with["run"].dump();
+    const std::string flags = " --tokens 8 --threads 2 --device " + device;
+    const uint64_t own =
+        verify_json(small.dst + " --source " + small.src + flags, 0)["run"]["peak_rss_file_bytes"]
+            .get<uint64_t>();
+    const json plain = verify_json(big.dst + flags, 0);
+    EXPECT_LT(plain["run"]["peak_rss_file_bytes"].get<uint64_t>(), own + dst_bytes / 2)
+        << plain["run"].dump() << " own " << own;
+    const json with = verify_json(big.dst + " --source " + big.src + flags, 0);
+    EXPECT_LT(with["run"]["peak_rss_file_bytes"].get<uint64_t>(), own + (dst_bytes + src_bytes) / 2)
+        << with["run"].dump() << " own " << own;
   }
 }
 
