@@ -512,6 +512,12 @@ class StreamedDigests {
 // Busy seconds of verify's stages (VerifyTiming), added from every thread.
 struct StageClock {
   std::atomic<int64_t> read_ns{0}, decode_ns{0}, wait_ns{0}, evaluate_ns{0};
+  void record(VerifyTiming* t) const {
+    t->read_hash_seconds = static_cast<double>(read_ns.load()) * 1e-9;
+    t->decode_seconds = static_cast<double>(decode_ns.load()) * 1e-9;
+    t->wait_seconds = static_cast<double>(wait_ns.load()) * 1e-9;
+    t->evaluate_seconds = static_cast<double>(evaluate_ns.load()) * 1e-9;
+  }
   static int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -582,6 +588,17 @@ struct LayerRun {
   // Progress: each layer's parameter bytes and the bytes of the layers before it.
   std::vector<uint64_t> layer_bytes = {}, bytes_before = {};
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  // Each layer's parameter bytes for progress; the clock starts.
+  void count_layer_bytes() {
+    for (const ManifestLayer& ml : manifest->layers) {
+      uint64_t bytes = 0;
+      for (const std::string& p : ml.params) bytes += manifest->tensors.at(p).bytes;
+      bytes_before.push_back(bytes_before.empty() ? 0 : bytes_before.back() + layer_bytes.back());
+      layer_bytes.push_back(bytes);
+    }
+    start = std::chrono::steady_clock::now();
+  }
 
   // Layer `li` checked up to its expert `experts_done` (li == layers: all done).
   void progress(size_t li, int64_t experts_done) const {
@@ -1739,14 +1756,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   StageClock clock;
   LayerRun run{&out,  src.get(), &layout,    recipe, &manifest, threads,
                &opts, router,    activation, &r,     &digests,  &clock};
-  for (const ManifestLayer& ml : manifest.layers) {
-    uint64_t bytes = 0;
-    for (const std::string& p : ml.params) bytes += manifest.tensors.at(p).bytes;
-    run.bytes_before.push_back(
-        run.bytes_before.empty() ? 0 : run.bytes_before.back() + run.layer_bytes.back());
-    run.layer_bytes.push_back(bytes);
-  }
-  run.start = std::chrono::steady_clock::now();
+  run.count_layer_bytes();
   if (manifest.parallel && !opts.skip_numerical)
     // Every rank's parameters through its layout's readers, the ranks combined as vLLM combines
     // them (rank_matmul): on the CPU whatever --device says.
@@ -1768,10 +1778,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
     StageTimer reading(&clock.read_ns);
     r.integrity[tensors_check] = check_manifest_tensors(manifest, out, threads, digests);
   }
-  r.timing.read_hash_seconds = static_cast<double>(clock.read_ns.load()) * 1e-9;
-  r.timing.decode_seconds = static_cast<double>(clock.decode_ns.load()) * 1e-9;
-  r.timing.wait_seconds = static_cast<double>(clock.wait_ns.load()) * 1e-9;
-  r.timing.evaluate_seconds = static_cast<double>(clock.evaluate_ns.load()) * 1e-9;
+  clock.record(&r.timing);
   run.progress(manifest.layers.size(), 0);
   if (quantized_from_dense)
     r.notes.push_back(
