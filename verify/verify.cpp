@@ -979,9 +979,15 @@ void release_source_layer(const Checkpoint& src, const MoeLayer& L) {
 // layer. Where a thread cannot start, the consumer prepares that layer's chunks itself.
 class ChunkPipeline {
  public:
+  // `ahead` false: no producer threads, each chunk is prepared when the loop asks for it (the
+  // CPU MoE path, whose evaluation takes every thread: one chunk held, as convert holds one).
   ChunkPipeline(const LayerRun& run, const std::vector<LayerJob>& jobs,
-                const std::vector<ChunkItem>& items, int lanes)
-      : run_(run), jobs_(jobs), lanes_(lanes), range_(jobs.size(), {items.size(), items.size()}) {
+                const std::vector<ChunkItem>& items, int lanes, bool ahead = true)
+      : run_(run),
+        jobs_(jobs),
+        lanes_(lanes),
+        ahead_(ahead),
+        range_(jobs.size(), {items.size(), items.size()}) {
     for (size_t i = 0; i < items.size(); ++i) {
       auto& r = range_[items[i].layer];
       if (r.first == items.size()) r.first = i;
@@ -1098,7 +1104,7 @@ class ChunkPipeline {
       lane->end = range_[layer].second;
       Lane* l = lane.get();
       try {
-        l->thread = std::thread([this, l] { produce(*l); });
+        if (ahead_) l->thread = std::thread([this, l] { produce(*l); });
       } catch (const std::system_error&) {
         // No thread (a process at its limits): next() prepares this layer's chunks itself.
       }
@@ -1109,6 +1115,7 @@ class ChunkPipeline {
   const LayerRun& run_;
   const std::vector<LayerJob>& jobs_;
   const int lanes_;
+  const bool ahead_;
   std::vector<ChunkItem> items_;
   std::vector<std::pair<size_t, size_t>> range_;  // per layer: its items [first, second)
   std::map<size_t, std::unique_ptr<Lane>> running_;
@@ -1163,15 +1170,16 @@ ref::ExpertMatmulFn rank_matmul(const LayerRun& run, const LayerJob& job, const 
   };
 }
 
-// The CPU path: each chunk decoded and compared ahead (ChunkPipeline) and evaluated in turn
-// (verify/moe_reference).
+// The CPU path: each chunk read and hashed, decoded and compared (ChunkPipeline, in turn) and
+// evaluated (verify/moe_reference).
 void verify_layers_cpu(LayerRun& run) {
   VerifyReport& r = *run.report;
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
-  // One layer at a time: the MoE evaluation takes every thread, on whole chunks of experts.
+  // One chunk at a time, prepared when it is needed: the MoE evaluation takes every thread, on
+  // whole chunks of experts, and reading ahead would only hold a second chunk.
   const std::vector<ChunkItem> items = plan_chunks(run, 1, &jobs, &job_error);
-  ChunkPipeline chunks(run, jobs, items, 1);
+  ChunkPipeline chunks(run, jobs, items, 1, /*ahead=*/false);
   run.report->timing.lanes = 1;
   for (const ManifestLayer& ml : run.manifest->layers) {
     const size_t li = static_cast<size_t>(&ml - run.manifest->layers.data());
