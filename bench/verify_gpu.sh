@@ -52,7 +52,7 @@ if [ ! -d "$dst" ] || [ "$(cat "$work/shape" 2>/dev/null)" != "$shape" ]; then
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "convert: %.2f s\n", b - a }' | tee -a "$log"
 fi
 {
-  echo "moepack: $("$M" --version)  cores: $(nproc)  $shape  devices: $DEVICES"
+  echo "$("$M" --version | tr "\n" " ")cores: $(nproc)  $shape  devices: $DEVICES"
   du -sb "$dst" | awk '{printf "converted: %.2f GB\n", $1/1e9}'
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee -a "$log"
