@@ -507,13 +507,10 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        .deviations_from_vllm = marlin_mxfp4_deviations_from_vllm,
        .padded_inter = marlin_mxfp4_padded_inter,
        // CompressedTensorsW4A4Mxfp4MoEMethod does not declare supports_pre_processed_weights, nor
-       // does GptOssMxfp4MoEMethod (Mxfp4MoEMethod, which does, is not what gpt-oss loads).
+       // does GptOssMxfp4MoEMethod (Mxfp4MoEMethod, which does, is not what gpt-oss loads): the
+       // plugin's marlin-float builder, for gpt-oss with the biases, swigluoai and vLLM's hidden
+       // padding (docs/gpt-oss.md "Served by the plugin").
        .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .sources = {QuantMethod::kGptOssMxfp4},
-                         .path = S::kNone,
-                         .reason = "the plugin has no builder for gpt-oss' biased, interleaved "
-                                   "Marlin MXFP4 experts yet"},
-                        {.target = VllmTarget::kV0_33,
                          .path = S::kKernelBuilder,
                          .kernel_builder = "marlin-float"}},
        .tensor_parallel = float_marlin_tp},

@@ -18,8 +18,9 @@ def register() -> None:
     if _registered:
         return
     from . import config  # noqa: F401  (registers on import)
-    from .moe import patch_default_loader, patch_routed_experts_loader
+    from .moe import patch_default_loader, patch_gpt_oss_loader, patch_routed_experts_loader
 
     patch_routed_experts_loader()
+    patch_gpt_oss_loader()
     patch_default_loader()
     _registered = True

@@ -165,6 +165,9 @@ class Layer:
     params: dict  # local name ("w13_qweight") -> (dtype name, shape)
     roles: dict  # role ("w13_weight", "w2_scale", ...) -> local name
     index: int = 0  # its position in moepack.json's "layers"
+    family: str = ""  # moepack.json's layer "family" ("gpt-oss", "per-expert", ...)
+    inter_padded: int = 0  # the I the parameters carry (moepack.json "inter_padded"; >= inter;
+    #                        a parallel artifact's rank: its inter)
     # What the layout decided from the layer's codes and what its kernel needs beside the
     # parameters (Humming: "w13_b_dtype"; "kernel_version", "sm_version", "w13_layer_config", ...).
     layout_decisions: dict = field(default_factory=dict)
@@ -368,8 +371,10 @@ def _layer(i: int, L: dict, tensors: dict, path: str, rank: int | None = None,
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise ArtifactError(f"{path}: {where}.{key}: expected an object of strings")
         extra[key] = value
+    # Read for whole artifacts (the gpt-oss builder's check; gpt-oss is never written parallel).
+    inter_padded = inter if parallel is not None else int(L.get("inter_padded", inter))
     return Layer(L["module"], prefix, experts, L["hidden"], inter, L["gated"], params, roles, i,
-                 record=where, **extra)
+                 family=str(L.get("family", "")), inter_padded=inter_padded, record=where, **extra)
 
 
 def _parallel(p: dict, block: Block, path: str) -> Parallel:

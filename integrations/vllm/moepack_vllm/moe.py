@@ -67,6 +67,13 @@ def refuse_slower_than_stock(manifest: Manifest, where: str) -> None:
         f"(humming), or set {ALLOW_SLOWER_ENV}=1 to serve Marlin anyway")
 
 
+# gpt-oss' MXFP4 experts (target_quant_params.method): biases, gate/up interleaved, swigluoai.
+GPT_OSS = "gpt-oss-mxfp4"
+# What vLLM 0.33's GptOssMxfp4MoEMethod.get_fused_moe_quant_config passes for every backend:
+# swigluoai's alpha, beta (up + 1) and clamp limit.
+GPT_OSS_SWIGLU = {"gemm1_alpha": 1.702, "gemm1_beta": 1.0, "swiglu_limit": 7.0}
+
+
 # FP8 sources with one scale per output channel or per tensor: no weight_block_size, one scale
 # group (the kernel runs them channelwise).
 FP8_UNBLOCKED = ("compressed-tensors-fp8-channel", "compressed-tensors-fp8-tensor", "modelopt-fp8")
@@ -103,6 +110,14 @@ def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> Non
                  "FlashInfer's FP8 MoE (FLASHINFER_CUTLASS / FLASHINFER_TRTLLM)")
     elif manifest.layout == "marlin-fp8" and 89 <= cc < 100:
         stock = "Triton's FP8 W8A8 kernel on FP8 tensor cores"
+    elif manifest.source_method == GPT_OSS and 90 <= cc < 120:
+        # _get_priority_backends_for_gpt_oss: Humming where prioritize_humming puts it first,
+        # else the OAI Triton kernels (TRITON) on Hopper and FlashInfer's TRT-LLM MXFP4 on
+        # Blackwell datacenter parts, all ahead of MARLIN (consumer Blackwell, sm120, moves
+        # TRITON behind it: Marlin is stock's pick there).
+        stock = ("Humming (prioritize_humming)" if prefers_humming(cc) and has_humming() else
+                 "the OAI Triton kernels (Mxfp4MoeBackend.TRITON)" if cc < 100 else
+                 "FlashInfer's TRT-LLM MXFP4 MoE (FLASHINFER_TRTLLM_MXFP4_BF16)")
     else:
         return
     raise ArtifactError(
@@ -174,7 +189,13 @@ class MarlinFloatBuilder:
     CompressedTensorsW4A4Nvfp4MoEMethod do; MXFP4 (E8M0) through make_mxfp4_moe_quant_config /
     make_mxfp4_moe_kernel, Mxfp4MoeBackend.MARLIN, as CompressedTensorsW4A4Mxfp4MoEMethod does.
     The parameters carry vLLM's padded intermediate; the kernel reads it from w2's shape
-    (marlin_moe_intermediate_size)."""
+    (marlin_moe_intermediate_size).
+
+    gpt-oss' MXFP4 (docs/gpt-oss.md "Served by the plugin"), as GptOssMxfp4MoEMethod builds it
+    on MARLIN: the sizes rounded up by vLLM's own mxfp4_round_up_hidden_size_and_intermediate_size
+    (maybe_roundup_sizes: the runner then pads the hidden states to Hp and cuts the output back),
+    both biases (roles w13_bias / w2_bias) and swigluoai's constants in the quant config, the
+    layer's SWIGLUOAI activation on w13's interleaved rows."""
 
     name = "marlin-float"
 
@@ -187,6 +208,31 @@ class MarlinFloatBuilder:
         self.backend = Fp8MoeBackend.MARLIN
         self.family = {"marlin-nvfp4": "nvfp4",
                        "marlin-mxfp4": "mxfp4"}.get(method.manifest.layout, "fp8")
+        self.gpt_oss = self.family == "mxfp4" and method.manifest.source_method == GPT_OSS
+
+    def roundup_sizes(self, hidden: int, inter: int) -> tuple[int, int]:
+        """(hidden, intermediate) as vLLM's own MXFP4 method rounds them for MARLIN (gpt-oss:
+        GptOssMxfp4MoEMethod.maybe_roundup_sizes); the other layouts keep vLLM's sizes."""
+        if not self.gpt_oss:
+            return hidden, inter
+        from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import (
+            Mxfp4MoeBackend,
+            mxfp4_round_up_hidden_size_and_intermediate_size,
+        )
+
+        return mxfp4_round_up_hidden_size_and_intermediate_size(Mxfp4MoeBackend.MARLIN, hidden,
+                                                                inter)
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(experts, hidden, intermediate) the parameters are written for, as vLLM must build
+        them: gpt-oss' padded Hp (w2_bias [E, Hp]) and Ip (inter_padded); the others' model
+        sizes (their padding is the parameters', not vLLM's sizes)."""
+        L = self.method.art
+        if not self.gpt_oss:
+            return L.experts, L.hidden, L.inter
+        w2_bias = L.roles.get("w2_bias")  # its absence is check()'s to report
+        hp = L.params[w2_bias][1][-1] if w2_bias is not None else L.hidden
+        return L.experts, hp, L.inter_padded
 
     def block_shape(self) -> list[int] | None:
         """weight_block_size as vLLM's method holds it: MXFP8 [1, 32], FP8 block [128, 128], FP8
@@ -199,6 +245,8 @@ class MarlinFloatBuilder:
 
     def roles(self) -> set:
         base = {"w13_weight", "w2_weight", "w13_scale", "w2_scale"}
+        if self.gpt_oss:
+            return base | {"w13_bias", "w2_bias"}
         return base | {"w13_global_scale", "w2_global_scale"} if self.family == "nvfp4" else base
 
     def check(self, where: str) -> None:
@@ -210,7 +258,10 @@ class MarlinFloatBuilder:
         extra = sorted(set(art.roles) - self.roles())
         if extra:
             raise ArtifactError(f"{where}: param_roles {extra}: {self.name} serves float Marlin "
-                                "layouts (weights, scales and NVFP4's global scales only)")
+                                "layouts (weights, scales, NVFP4's global scales and gpt-oss' "
+                                "biases only)")
+        if self.gpt_oss:
+            self.check_gpt_oss(where)
         dtypes = {art.params[art.roles[r]][0] for r in ("w13_scale", "w2_scale")}
         want = {"nvfp4": [{"F8_E4M3"}], "mxfp4": [{"F8_E8M0"}],
                 "fp8": [{"F8_E8M0"}, {m.act_dtype}]}[self.family]
@@ -223,6 +274,20 @@ class MarlinFloatBuilder:
             if g != {"F32"}:
                 raise ArtifactError(f"{where}: global scale dtypes {sorted(g)}: the Marlin "
                                     "kernel takes F32")
+
+    def check_gpt_oss(self, where: str) -> None:
+        """The layer vLLM builds must be gpt-oss' own: biases, SWIGLUOAI on interleaved rows."""
+        art, moe = self.method.art, self.method.moe
+        b = {art.params[art.roles[r]][0] for r in ("w13_bias", "w2_bias")}
+        if b != {"BF16"}:
+            raise ArtifactError(f"{where}: bias dtypes {sorted(b)}: the Marlin kernel's b_bias "
+                                "is BF16 for gpt-oss")
+        act = getattr(moe.activation, "name", str(moe.activation))
+        if not moe.has_bias or act != "SWIGLUOAI":
+            raise ArtifactError(
+                f"{where}: gpt-oss experts (biases, swigluoai on interleaved gate/up rows), but "
+                f"vLLM builds this MoE layer with has_bias={moe.has_bias}, activation {act}: "
+                "serve it as the gpt-oss model it was converted from")
 
     def quant_config(self, layer: RoutedExperts):
         from vllm.model_executor.layers.fused_moe.oracle.fp8 import make_fp8_moe_quant_config
@@ -245,9 +310,11 @@ class MarlinFloatBuilder:
                 make_mxfp4_moe_quant_config,
             )
 
+            gpt_oss = dict(w1_bias=p(layer, "w13_bias"), w2_bias=p(layer, "w2_bias"),
+                           **GPT_OSS_SWIGLU) if self.gpt_oss else {}
             return make_mxfp4_moe_quant_config(
                 mxfp4_backend=Mxfp4MoeBackend.MARLIN, w1_scale=p(layer, "w13_scale"),
-                w2_scale=p(layer, "w2_scale"), layer=layer)
+                w2_scale=p(layer, "w2_scale"), layer=layer, **gpt_oss)
         return make_fp8_moe_quant_config(
             fp8_backend=self.backend, w1_scale=p(layer, "w13_scale"),
             w2_scale=p(layer, "w2_scale"), a1_scale=None, a2_scale=None,
@@ -360,18 +427,22 @@ class MoepackMoEMethod(FusedMoEMethodBase):
         if self.inner is not None:
             return self.inner.maybe_roundup_sizes(hidden_size, intermediate_size_per_partition,
                                                   act_dtype, moe_parallel_config)
-        return super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition,
-                                           act_dtype, moe_parallel_config)
+        hidden, inter = super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition,
+                                                    act_dtype, moe_parallel_config)
+        roundup = getattr(self.builder, "roundup_sizes", None)
+        return roundup(hidden, inter) if roundup is not None else (hidden, inter)
 
     def create_weights(self, layer: RoutedExperts, num_experts: int, hidden_size: int,
                        intermediate_size_per_partition: int, params_dtype: torch.dtype,
                        **extra_weight_attrs) -> None:
         L = self.art
         got = (num_experts, hidden_size, intermediate_size_per_partition)
-        if got != (L.experts, L.hidden, L.inter):
+        sizes = getattr(self.builder, "sizes", None)
+        want = sizes() if sizes is not None else (L.experts, L.hidden, L.inter)
+        if got != want:
             raise ArtifactError(
-                f"{self.where}: written for (experts, hidden, intermediate) = "
-                f"{(L.experts, L.hidden, L.inter)}, vLLM builds {got} for {self.prefix}")
+                f"{self.where}: written for (experts, hidden, intermediate) = {want}, vLLM "
+                f"builds {got} for {self.prefix}")
         for local, (dtype, shape) in L.params.items():
             if dtype not in _DTYPES:
                 raise ArtifactError(f"{self.where}: {local}: dtype {dtype} not served")
@@ -516,6 +587,47 @@ def patch_routed_experts_loader() -> None:
 
     load_weights._moepack = True
     RoutedExperts.load_weights = load_weights
+
+
+def patch_gpt_oss_loader() -> None:
+    """vLLM 0.33's GptOssModel.load_weights reads a checkpoint whose quant_method is neither
+    mxfp4 nor quark as transformers' bf16 tensors (_load_weights_other: every name holding
+    ".w13_weight" narrowed along the intermediate and transposed). A moepack layer's parameters
+    go by name to its MoE method instead, byte for byte; every other tensor, and every model
+    without moepack layers, to vLLM's loader."""
+    try:
+        from vllm.model_executor.models.gpt_oss import GptOssModel
+    except ImportError:  # a vLLM without gpt-oss: nothing to patch
+        return
+    original = GptOssModel.load_weights
+    if getattr(original, "_moepack", False):
+        return
+
+    def load_weights(self, weights):
+        mine = {}
+        for name, mod in self.named_modules():
+            if isinstance(mod, RoutedExperts) and isinstance(mod.quant_method, MoepackMoEMethod):
+                for local in mod.quant_method.art.params:
+                    mine[f"{name}.{local}"] = (mod, local)
+        if not mine:
+            return original(self, weights)
+        loaded: set[str] = set()
+
+        def others():
+            for name, w in weights:
+                hit = mine.get(name)
+                if hit is None:
+                    yield name, w
+                    continue
+                mod, local = hit
+                mod.quant_method.copy_into(local, getattr(mod, local), w)
+                loaded.add(name)
+
+        rest = set(original(self, others()))
+        return rest | loaded
+
+    load_weights._moepack = True
+    GptOssModel.load_weights = load_weights
 
 
 def _served_rank(model) -> tuple[int, int] | None:
