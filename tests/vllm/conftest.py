@@ -40,6 +40,16 @@ class Artifacts:
             self.cache[key] = (src, dst)
         return self.cache[key]
 
+    def converted(self, src: Path, name: str, *convert_flags: str) -> Path:
+        """`moepack convert` of an existing checkpoint directory (a committed fixture), cached
+        under `name`."""
+        key = ("converted", str(src), name, convert_flags)
+        if key not in self.cache:
+            dst = self.root / f"{len(self.cache)}-{name}-out"
+            moepack("convert", str(src), str(dst), *convert_flags)
+            self.cache[key] = (src, dst)
+        return self.cache[key][1]
+
     def edited_copy(self, dst: Path, name: str) -> Path:
         out = self.root / name
         if out.exists():

@@ -8,7 +8,7 @@ parameters as loaded, quantisation type, sizes, flags, routing); the activation 
 are recomputed from the kernel's own output (serving_record.replay). Passes when every case
 lands within bf16 rounding of the fp32 MoE computed from the source checkpoint, and every
 corruption (w13's gate and up halves exchanged in weights and scales; NVFP4's processed global
-scales dropped) lands far off.
+scales dropped; gpt-oss' biases dropped, the kernel's b_bias zero) lands far off.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from serving_record import replay  # noqa: E402
 
 RIGHT_TOL = 2e-2  # as the CPU tests: bf16 activations and intermediates, ~4e-3 expected
 WRONG_MIN = 0.2
+# The tiny gpt-oss' biases are small beside its expert outputs: dropping them moves its MoE by
+# 0.13-0.14 on the H100 (bench/gpu_marlin_float.py), 0.10 in the CPU test; 0.05 is 2.5x RIGHT_TOL.
+WRONG_MIN_OF = {"biases_dropped": 0.05}
 
 
 def swap_halves(t: torch.Tensor) -> torch.Tensor:
@@ -38,6 +41,10 @@ def corruptions(rec: dict) -> dict:
     g1 = rec["gemms"][0]
     out = {"gate_up_swapped": {"w13": {"b_qweight": swap_halves(g1["b_qweight"]),
                                        "b_scales": swap_halves(g1["b_scales"])}}}
+    if g1["b_bias"] is not None:
+        g2 = rec["gemms"][1]
+        out["biases_dropped"] = {"w13": {"b_bias": torch.zeros_like(g1["b_bias"])},
+                                 "w2": {"b_bias": torch.zeros_like(g2["b_bias"])}}
     if g1["global_scale"] is not None:
         g2 = rec["gemms"][1]
         out["global_scale_dropped"] = {
@@ -67,7 +74,8 @@ def main() -> int:
 
         err = err_of()
         bad = {name: err_of(w) for name, w in corruptions(rec).items()}
-        passed = err < RIGHT_TOL and all(e > WRONG_MIN for e in bad.values())
+        passed = err < RIGHT_TOL and all(e > WRONG_MIN_OF.get(k, WRONG_MIN)
+                                         for k, e in bad.items())
         ok &= passed
         g1 = rec["gemms"][0]
         results.append({"case": rec["case"], "layout": rec["layout"], "err": err,

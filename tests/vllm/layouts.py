@@ -169,6 +169,29 @@ def marlin_float_weight(qw, scales, bits, K, N, act_dtype, global_scale=None) ->
     return vals * s[g]
 
 
+def marlin_bias(b: torch.Tensor) -> torch.Tensor:
+    """One expert's [N] Marlin bias as stored (marlin_permute_bias: the single 32-permutation of
+    the scales) -> fp32 [N] in logical column order."""
+    return unpermute_scales(b.float().reshape(1, -1)).reshape(-1)
+
+
+def gpt_oss_experts(t: dict, prefix: str, e: int) -> dict:
+    """Expert e of a gpt-oss MXFP4 layer (`prefix` = "...mlp.experts."), decoded in fp32 from
+    the published format (docs/gpt-oss.md "Tensors"): gate, up [K=H, I] and down [K=I, H] from
+    the rows of `_blocks` (two e2m1 codes a byte, low nibble first) times 2^(scale - 127) per 32,
+    w13's rows de-interleaved (row 2j gate j, 2j + 1 up j), and the three biases."""
+    def dense(proj):
+        blocks = t[prefix + proj + "_blocks"][e].to(torch.long)
+        n = blocks.shape[0]
+        codes = torch.stack([blocks & 15, blocks >> 4], -1).reshape(n, -1)
+        s = torch.exp2(t[prefix + proj + "_scales"][e].float() - 127.0)
+        return E2M1[codes] * s.repeat_interleave(32, 1)  # [N, K]
+    gu, b = dense("gate_up_proj"), t[prefix + "gate_up_proj_bias"][e].float()
+    return {"gate": gu[0::2].t(), "up": gu[1::2].t(), "down": dense("down_proj").t(),
+            "gate_bias": b[0::2], "up_bias": b[1::2],
+            "down_bias": t[prefix + "down_proj_bias"][e].float()}
+
+
 def source_fp4_linear(t: dict, name: str, fmt: str) -> torch.Tensor:
     """Dequantised W [K, N] of one FP4 source Linear (two e2m1 codes a byte, low nibble = even
     k): ModelOpt NVFP4 e2m1 * (s * weight_scale_2), compressed-tensors NVFP4 e2m1 * (s /

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,19 @@ def test_stock_vllm_refuses_float_marlin(artifacts, fmt, arch):
     stock vLLM refuses them too."""
     _, dst = artifacts.get(fmt, "qwen3", "--target-arch", arch)
     assert json.loads((dst / "moepack.json").read_text())["backend"].startswith("marlin-")
+    with pytest.raises(Exception, match="Unknown quantization method: moepack"):
+        h.engine_config(str(dst))
+
+
+def test_stock_vllm_refuses_gpt_oss_marlin(artifacts):
+    """gpt-oss' marlin-mxfp4 (tests/gpt_oss' published-format fixture, with its biases): stock
+    vLLM refuses it as well, though its GptOssForCausalLM would take the source."""
+    src = Path(__file__).resolve().parents[1] / "gpt_oss" / "fixtures" / "mxfp4"
+    dst = artifacts.converted(src, "gpt-oss", "--target-arch", "sm80")
+    m = json.loads((dst / "moepack.json").read_text())
+    assert (m["backend"], m["source"]["format"]) == ("marlin-mxfp4", "gpt-oss-mxfp4")
+    assert m["serving"] == {"archs": m["serving"]["archs"], "path": "kernel-builder",
+                            "kernel_builder": "marlin-float"}
     with pytest.raises(Exception, match="Unknown quantization method: moepack"):
         h.engine_config(str(dst))
 

@@ -1,6 +1,8 @@
 """vLLM 0.33's float Marlin layouts (docs/marlin_float.md) served by the plugin in the real vLLM
 0.33.0, on the CPU: FP8 block (`marlin-fp8`), MXFP8 (`marlin-mxfp8`), NVFP4 (`marlin-nvfp4`, ModelOpt
-and compressed-tensors) and MXFP4 (`marlin-mxfp4`, compressed-tensors).
+and compressed-tensors) and MXFP4 (`marlin-mxfp4`, compressed-tensors and gpt-oss: the published-
+format fixture of tests/gpt_oss, with its biases, swigluoai on interleaved gate/up rows and vLLM's
+hidden padding to Hp).
 
 Serving paths (docs/vllm.md): DeepSeek-style FP8 block goes through vLLM's own Fp8MoEMethod under
 weights_already_processed() (path a; its oracle must pick MARLIN), compressed-tensors FP8 block
@@ -11,7 +13,10 @@ it (router, runner, modular kernel, MarlinExperts, fused_marlin_moe) with CPU st
 CUDA-only ops that compute from the parameters as the Marlin kernel reads them -- decoded in
 tests/vllm/layouts.py from docs/marlin_float.md, independently of moepack's C++ -- against an fp32
 MoE from the *source* checkpoint. A corrupted artifact (gate/up halves swapped, the pair swap of
-the E8M0 / S0E5M3 scales dropped, NVFP4's processed global scale dropped) lands far off.
+the E8M0 / S0E5M3 scales dropped, NVFP4's processed global scale dropped; gpt-oss: gate and up
+exchanged in the source, the biases dropped) lands far off. gpt-oss' routing (router bias, top-k
+of the logits, softmax over the k chosen) is recomputed from the source's router and must be
+the one vLLM's block took.
 
 Stubbed for path (a), because this machine has no CUDA device (`pretend_ampere`), nothing else:
 MarlinExperts._supports_current_device -> True (real: CUDA with capability >= 7.5), and vLLM's
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,8 +38,12 @@ from safetensors.torch import load_file, save_file
 
 import vllm_harness as h
 from conftest import assert_byte_identical
-from layouts import marlin_float_weight, source_float_linear, vllm_per_tensor_gate_up
+from layouts import (gpt_oss_experts, marlin_bias, marlin_float_weight, source_float_linear,
+                     vllm_per_tensor_gate_up)
+from serving_record import swiglu_oai
 from test_serving_forward import RIGHT_TOL, WRONG_MIN, StandIns
+
+GPT_OSS_SRC = Path(__file__).resolve().parents[1] / "gpt_oss" / "fixtures" / "mxfp4"
 
 
 class FloatStandIns(StandIns):
@@ -42,7 +53,7 @@ class FloatStandIns(StandIns):
              workspace, sorted_token_ids, expert_ids, num_tokens_post_padded, topk_weights,
              moe_block_size, top_k, mul_topk_weights, b_q_type, size_m, size_n, size_k,
              *rest, **kw):
-        assert b_bias is None and a_scales is None and b_qzeros is None
+        assert a_scales is None and b_qzeros is None
         bits = b_q_type.size_bits
         assert bits in (4, 8) and b_q_type.is_floating_point(), b_q_type
         # NVFP4 only: one F32 processed global scale per expert (the kernel asserts it).
@@ -60,6 +71,11 @@ class FloatStandIns(StandIns):
                 self.cache[key] = marlin_float_weight(b_qweight[e], b_scales[e], bits, size_k,
                                                       size_n, a.dtype, g)
             y = a[ids // top_k].float() @ self.cache[key]
+            if b_bias is not None:
+                # The kernel's epilogue: the expert's bias per output column, added to the scaled
+                # product before the top-k weight (gpt-oss; bench/gpu_marlin_float.py's reference
+                # topk_w * (x W^T + b) held on vLLM's kernel on the H100).
+                y = y + marlin_bias(b_bias[e])
             if mul_topk_weights:
                 y = y * topk_weights.flatten()[ids].unsqueeze(1)
             out[ids] = y
@@ -67,6 +83,15 @@ class FloatStandIns(StandIns):
             c = torch.empty(size_m * top_k, size_n, dtype=a.dtype)
         c.view(size_m * top_k, size_n).copy_(out.to(c.dtype))
         return c
+
+    @staticmethod
+    def activation(self, activation, output, input, **kw):
+        """SILU on [gate | up], or gpt-oss' SWIGLUOAI on interleaved rows (torch.ops._C.
+        swigluoai_and_mul: its own alpha 1.702 and limit 7.0, up + 1)."""
+        if activation.name != "SWIGLUOAI":
+            return StandIns.activation(self, activation, output, input, **kw)
+        x = input.float()
+        output.copy_(swiglu_oai(x[..., 0::2], x[..., 1::2]).to(output.dtype))
 
 
 @pytest.fixture
@@ -99,12 +124,18 @@ CASES = {
                        "marlin-float", {"inter": 96}),
     "ct-nvfp4": (("--target-arch", "sm86"), "marlin-nvfp4", "kernel-builder", "marlin-float", {}),
     "ct-mxfp4": (("--target-arch", "sm89"), "marlin-mxfp4", "kernel-builder", "marlin-float", {}),
+    # gpt-oss (issue 26): the published-format fixture (E 4, H = I = 64: vLLM pads to Hp 256,
+    # Ip 128), with its biases and swigluoai.
+    "gpt-oss": (("--target-arch", "sm80"), "marlin-mxfp4", "kernel-builder", "marlin-float", {}),
 }
 
 
-def param_roles(layout):
-    """The roles of a float Marlin layer's parameters (NVFP4: plus its processed global scales)."""
+def param_roles(layout, fmt=""):
+    """The roles of a float Marlin layer's parameters (NVFP4: plus its processed global scales;
+    gpt-oss: plus its biases)."""
     base = ["w13_scale", "w13_weight", "w2_scale", "w2_weight"]
+    if fmt == "gpt-oss":
+        return sorted(base + ["w13_bias", "w2_bias"])
     return sorted(base + ["w13_global_scale", "w2_global_scale"]) if layout == "marlin-nvfp4" \
         else base
 
@@ -131,7 +162,43 @@ def ignore_bf16_linears_in(d, nested: bool, field: str) -> None:
     p.write_text(json.dumps(cfg, indent=2))
 
 
+def swap_gate_up_rows(path: Path) -> None:
+    """Exchanges every gate/up row pair (rows 2j and 2j + 1) of a gpt-oss checkpoint's
+    gate_up_proj blocks, scales and bias, in place: gate and up exchanged in the source."""
+    data = bytearray(path.read_bytes())
+    n = struct.unpack("<Q", data[:8])[0]
+    size = {"U8": 1, "BF16": 2}
+    for name, t in json.loads(data[8:8 + n]).items():
+        if name == "__metadata__" or ".gate_up_proj_" not in name:
+            continue
+        row = size[t["dtype"]]
+        for d in t["shape"][2:]:
+            row *= d
+        b, e = (8 + n + o for o in t["data_offsets"])
+        for r in range(b, e, 2 * row):
+            data[r:r + row], data[r + row:r + 2 * row] = \
+                data[r + row:r + 2 * row], data[r:r + row]
+    path.write_bytes(bytes(data))
+
+
+def gpt_oss_artifact(artifacts, swapped=False):
+    """(source, converted) of the tests/gpt_oss fixture; `swapped`: its gate/up-exchanged copy
+    converted (the source returned stays the true one)."""
+    flags = CASES["gpt-oss"][0]
+    if not swapped:
+        return GPT_OSS_SRC, artifacts.converted(GPT_OSS_SRC, "gpt-oss", *flags)
+    bad = artifacts.root / "gpt-oss-src-gate-up-swapped"
+    if not bad.exists():
+        import shutil
+
+        shutil.copytree(GPT_OSS_SRC, bad)
+        swap_gate_up_rows(bad / "model.safetensors")
+    return GPT_OSS_SRC, artifacts.converted(bad, "gpt-oss-gate-up-swapped", *flags)
+
+
 def artifact(artifacts, fmt):
+    if fmt == "gpt-oss":
+        return gpt_oss_artifact(artifacts)
     flags, *_, synth = CASES[fmt]
     src, dst = artifacts.get(fmt, "qwen3", *flags, **synth)
     # vLLM's source configs would quantise the BF16 Linears synth writes (dense MLPs, attention,
@@ -163,7 +230,7 @@ def test_float_marlin_exports_its_serving_path(artifacts, fmt):
         assert m["serving"]["kernel_builder"] == who
     for L in m["layers"]:
         roles = sorted(L["param_roles"][n] for n in L["params"])
-        assert roles == param_roles(layout)
+        assert roles == param_roles(layout, fmt)
 
 
 def run_block(plugin, monkeypatch, src, dst):
@@ -182,10 +249,40 @@ def run_block(plugin, monkeypatch, src, dst):
     return model, manifest, y, x, stand, L["module"] + ".experts"
 
 
+def gpt_oss_reference(t, prefix, x, topk_ids, topk_weights):
+    """gpt-oss' MoE in fp32 from the source (docs/gpt-oss.md "What moepack does with it"): the
+    router's logits x W^T + b, top-k, softmax over the k chosen -- checked to be the routing
+    vLLM's block took (the same experts; weights to bf16 rounding) -- then per expert
+    swigluoai(x gate + b_gate, x up + b_up) down + b_down."""
+    block = prefix.removesuffix(".experts")
+    logits = x.float() @ t[block + ".router.weight"].float().t() + t[block + ".router.bias"].float()
+    top = logits.topk(topk_ids.shape[1], dim=-1)
+    weights = torch.softmax(top.values, -1)
+    got = topk_ids.long().sort(-1)
+    assert torch.equal(top.indices.sort(-1).values, got.values), "vLLM routed other experts"
+    mine = weights.gather(1, top.indices.sort(-1).indices)
+    theirs = topk_weights.float().gather(1, got.indices)
+    assert torch.allclose(mine, theirs, atol=2e-2), (mine, theirs)
+    experts = {}
+    out = torch.zeros(x.shape[0], x.shape[1])
+    for i in range(x.shape[0]):
+        xi = x[i].float()
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[i, j])
+            if e not in experts:
+                experts[e] = gpt_oss_experts(t, prefix + ".", e)
+            w = experts[e]
+            a = swiglu_oai(xi @ w["gate"] + w["gate_bias"], xi @ w["up"] + w["up_bias"])
+            out[i] += float(topk_weights[i, j]) * (a @ w["down"] + w["down_bias"])
+    return out
+
+
 def reference(src, prefix, fmt, x, topk_ids, topk_weights):
     t = {}
     for f in sorted(src.glob("*.safetensors")):
         t.update(load_file(str(f)))
+    if fmt == "gpt-oss":
+        return gpt_oss_reference(t, prefix, x, topk_ids, topk_weights)
     out = torch.zeros(x.shape[0], x.shape[1])
     for i in range(x.shape[0]):
         for j in range(topk_ids.shape[1]):
@@ -222,12 +319,22 @@ def test_float_marlin_serves_and_forward_matches_source(plugin, artifacts, monke
     model, manifest, err = forward_error(plugin, monkeypatch, src, dst, fmt)
     print(f"{fmt} -> {layout}: normalized error {err:.3e}")
     assert err < RIGHT_TOL, f"{fmt}: |y - ref| / |ref| = {err:.3e}"
-    assert assert_byte_identical(model, dst) == len(param_roles(layout)) * len(manifest["layers"])
+    assert assert_byte_identical(model, dst) == \
+        len(param_roles(layout, fmt)) * len(manifest["layers"])
     layers = moepack_layers(model)
     assert len(layers) == len(manifest["layers"])
     for mod in layers.values():
         q = mod.quant_method
         assert type(q.moe_kernel.fused_experts).__name__ == "MarlinExperts"
+        if fmt == "gpt-oss":  # vLLM's runner pads to the parameters' Hp; bias and swigluoai
+            L = manifest["layers"][0]
+            assert (mod.moe_config.hidden_dim, mod.moe_config.hidden_dim_unpadded) == \
+                (256, L["hidden"])
+            assert mod.moe_config.intermediate_size_per_partition == L["inter_padded"] == 128
+            assert mod.activation.name == "SWIGLUOAI"
+            qc = q.moe_quant_config
+            assert qc.w1_bias is q.param(mod, "w13_bias") and qc.w2_bias is q.param(mod, "w2_bias")
+            assert (qc.gemm1_alpha, qc.gemm1_beta, qc.gemm1_clamp_limit) == (1.702, 1.0, 7.0)
         if path == "vllm-method":
             assert type(q.inner).__name__ == who and q.inner.fp8_backend.name == "MARLIN"
         else:
@@ -288,6 +395,29 @@ def test_float_marlin_forward_catches_corruption(plugin, artifacts, monkeypatch,
     assert err > WRONG_MIN, f"a wrong layout passed: {err:.3e}"
 
 
+# Dropping the tiny gpt-oss' biases moves its MoE by ~0.13 (bench/gpu_marlin_float.py on the H100);
+# 0.05 is 2.5x RIGHT_TOL.
+WRONG_MIN_BIASES = 0.05
+
+
+@pytest.mark.parametrize("what", ["gate-up", "biases"])
+def test_gpt_oss_forward_catches_corruption(plugin, artifacts, monkeypatch, pretend_ampere,
+                                            what):
+    """gate and up exchanged in the source (every row pair of gate_up_proj's blocks, scales and
+    bias) and converted; or the artifact's biases dropped (zeros): both land far off."""
+    src, dst = gpt_oss_artifact(artifacts, swapped=what == "gate-up")
+    if what == "biases":
+        dst = artifacts.edited_copy(dst, "gpt-oss-bad-biases")
+        manifest = json.loads((dst / "moepack.json").read_text())
+        names = [n for L in manifest["layers"] for n in L["params"]
+                 if L["param_roles"][n] in ("w13_bias", "w2_bias")]
+        rewrite(dst, lambda t: t.update({n: torch.zeros_like(t[n]) for n in names}))
+    _, _, err = forward_error(plugin, monkeypatch, src, dst, "gpt-oss")
+    print(f"gpt-oss with {what} corrupted: normalized error {err:.3e}")
+    assert err > (WRONG_MIN_BIASES if what == "biases" else WRONG_MIN), \
+        f"a wrong layout passed: {err:.3e}"
+
+
 def test_path_a_refused_where_vllms_oracle_picks_another_backend(plugin, artifacts):
     """No device stub: vLLM's real FP8 oracle on this CPU machine does not pick MARLIN, so the
     marlin-fp8 artifact is refused by name before anything is loaded."""
@@ -311,6 +441,10 @@ def test_path_a_refused_where_vllms_oracle_picks_another_backend(plugin, artifac
     ("modelopt-fp8", 89, False),    # Ada: Triton FP8
     ("ct-fp8-tensor", 100, False),  # Blackwell: FlashInfer
     ("ct-fp8-tensor", 86, True),
+    ("gpt-oss", 90, False),         # _get_priority_backends_for_gpt_oss: the OAI Triton kernels
+    ("gpt-oss", 100, False),        # FlashInfer's TRT-LLM MXFP4
+    ("gpt-oss", 120, True),         # consumer Blackwell: Marlin ahead of Triton
+    ("gpt-oss", 89, True),
 ])
 def test_float_marlin_where_stock_runs_a_faster_kernel_is_refused(
         plugin, artifacts, monkeypatch, pretend_ampere, fmt, cc, served):
@@ -332,4 +466,4 @@ def test_float_marlin_where_stock_runs_a_faster_kernel_is_refused(
         monkeypatch.setenv(ALLOW_SLOWER_ENV, "1")
     model, _ = h.load_model(str(dst))
     assert assert_byte_identical(model, dst) == \
-        len(param_roles(CASES[fmt][1])) * len(moepack_layers(model))
+        len(param_roles(CASES[fmt][1], fmt)) * len(moepack_layers(model))

@@ -8,6 +8,10 @@ routing) together with the activation vLLM applies and an fp32 reference from th
 Here the record is replayed through the CPU stand-in and must give the block's own output (the
 record is complete) and the source's MoE; with MOEPACK_REPLAY_OUT set, the records are written
 there for tests/vllm/gpu_replay.py, which replays them on the wheel's shipped kernel.
+
+gpt-oss (`gpt-oss`, marlin-mxfp4 with biases) is recorded like the others: the biases travel as
+the calls' `b_bias` operands, the activation is SWIGLUOAI, and the first call's input is the
+hidden states as vLLM's runner padded them to Hp (the replay cuts the output back to H).
 """
 
 from __future__ import annotations
@@ -75,6 +79,12 @@ def record_case(plugin, artifacts, monkeypatch, fmt) -> dict:
 def test_serving_calls_recorded_and_replayed(plugin, artifacts, monkeypatch, pretend_ampere,  # noqa: F811
                                             fmt):
     rec = record_case(plugin, artifacts, monkeypatch, fmt)
+    if fmt == "gpt-oss":  # what the device must see: padded input, biases, swigluoai
+        g1, g2 = rec["gemms"]
+        assert rec["activation"] == "SWIGLUOAI" and g1["b_bias"] is not None and \
+            g2["b_bias"] is not None
+        assert (g1["size_k"], g2["size_n"], rec["hidden"]) == (256, 256, 64)
+        assert g1["input"].shape == (rec["tokens"], 256) and g1["input"][:, 64:].eq(0).all()
     out = replay(rec, cpu_gemm)
     # The record holds everything the block computed with: replaying it gives the block's output
     # (the same stand-in, the same bf16 roundings) and the source's MoE.
