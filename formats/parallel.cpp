@@ -230,6 +230,10 @@ LayoutOptions rank_layout_options(const LayoutOptions& whole, const Parallelism&
   return o;
 }
 
+bool written_whole_only(QuantMethod source) {
+  return source == QuantMethod::kGptOssMxfp4;
+}
+
 std::vector<std::string> parallel_reasons(const TargetLayout& row, const LayoutOptions& lo,
                                           const MoeShape& shape, const Parallelism& p) {
   std::vector<std::string> why;
@@ -241,7 +245,7 @@ std::vector<std::string> parallel_reasons(const TargetLayout& row, const LayoutO
                   "expert parallelism its MoE tp_size is 1)");
     return why;
   }
-  if (lo.source_method == QuantMethod::kGptOssMxfp4) {
+  if (written_whole_only(lo.source_method)) {
     // vLLM's gpt-oss loader narrows the interleaved gate/up rows in pairs and loads w2's bias
     // on rank 0 only (_load_weights_mxfp4); moepack's parallel writers do not model that.
     why.push_back(

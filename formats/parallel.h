@@ -46,6 +46,10 @@ MoeExperts tp_canonical_merge(const std::vector<MoeExperts>& ranks, bool gated);
 MoeShape rank_shape(const MoeShape& whole, const Parallelism& p, int rank);
 LayoutOptions rank_layout_options(const LayoutOptions& whole, const Parallelism& p);
 
+// Whether experts of this source method are written for one rank only, whatever the layout
+// (gpt-oss: vLLM 0.33's gpt-oss loader shards them its own way; parallel_reasons says why).
+bool written_whole_only(QuantMethod source);
+
 // Every reason `row` cannot be written for this parallelism: the row's tensor-parallel rule (or
 // that it has none), experts per rank (a rank without experts), and the row's own
 // unsupported_reasons on each distinct rank shape, prefixed with the rank's sizes. Empty for

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "formats/parallel.h"
 #include "pipeline/manifest.h"
 
 namespace moepack {
@@ -171,10 +172,9 @@ std::string served_matrix_markdown() {
       s << "| " << name << " | `" << l.name << "` | " << archs << " |";
       for (const VllmTargetRow& t : vllm_target_rows()) {
         const Servability v = servability(l, t.target, q.method);
-        // A row with a tensor-parallel split is also written (and served) per rank; gpt-oss is
-        // written whole only (formats/parallel.cpp: vLLM's gpt-oss loader shards it its own way).
-        const bool whole_only =
-            l.tensor_parallel.unsupported || q.method == QuantMethod::kGptOssMxfp4;
+        // A row with a tensor-parallel split is also written (and served) per rank, except for
+        // sources written whole only (gpt-oss).
+        const bool whole_only = l.tensor_parallel.unsupported || written_whole_only(q.method);
         s << (!v.servable  ? " not served |"
               : whole_only ? " **served** (TP 1, no EP) |"
                            : " **served** (TP 1; TP N / EP N per rank) |");
