@@ -10,16 +10,28 @@
 # BIN_DIR holds the fuzz_* binaries; RUNS is the executions wanted per target (10000000 for the
 # issue's 10 M); CORES the cores to fill (default: nproc); MAX_SECONDS bounds the whole run
 # (default 0: none, one round to RUNS). With MAX_SECONDS the run goes in rounds of ROUND_SECONDS
-# (default: all of it): each round runs every target still short of RUNS at once, each on
-# CORES / targets processes (libFuzzer's fork mode when that is more than one), resuming from its
-# grown corpus; a target that reached RUNS or found something leaves, so the later rounds give the
-# slow targets the cores the fast ones freed. Under OUT: per target its logs (one per round), its
-# grown corpus and any finding (crash-*, leak-*, timeout-*, oom-*; also copied under
-# OUT/regressions/ in tests/fuzz/regressions' layout, tests/fuzz/README.md), and
-# summary.tsv / summary.md: executions, seconds fuzzed, exec/s, coverage (cov and ft of
-# libFuzzer's last status line), corpus size, findings and rounds per target. Exit 1 on any
-# finding. Where the repository is not next to BIN_DIR (the device's .fuzz/ carry), FUZZ_DATA
-# names the folder holding corpus/ and dict/ (default: tests/fuzz beside this script).
+# (default: all of it): each round runs every target still short of RUNS at once, resuming from
+# its grown corpus, and shares the CORES among them by the work each has left: a target's work
+# is the executions it still needs over its rate per process (exec/s of its last round, or
+# RESUME_FROM's summary; equal before any), every target gets one process and each further core
+# goes to the target whose work per process is the largest (so they finish together). A target
+# with W > 1 processes runs as W libFuzzer workers (-jobs=W -workers=W) on one corpus folder,
+# each to its share of the executions and picking up the others' finds (-reload); its
+# executions are the sum of the workers' final stats. A target that reached RUNS or found
+# something leaves, so the later rounds give the slow targets the cores the fast ones freed.
+# FUZZ_FLAGS: libFuzzer flags added to every target's command (default
+# -entropic_feature_frequency_threshold=16: with a grown corpus, libFuzzer's default of 255 keeps
+# thousands of features "rare" after loading it, and its entropic bookkeeping then searches that
+# list for most features of every execution, 40-50 % of the time of fuzz_moe_discovery and
+# fuzz_unpack's FP8-block rows as measured; 16 keeps the rarest ~100 and entropic scheduling on).
+# Under OUT: per target its logs (per round, and per worker), its grown corpus and any finding
+# (crash-*, leak-*, timeout-*, oom-*; also copied under OUT/regressions/ in
+# tests/fuzz/regressions' layout, tests/fuzz/README.md), and summary.tsv / summary.md:
+# executions, seconds fuzzed (wall per round, whatever the workers), exec/s, coverage (cov and
+# ft: the largest of the last round's workers' last status lines), corpus size, findings and
+# rounds per target, and the processes of each round. Exit 1 on any finding. Where the
+# repository is not next to BIN_DIR (the device's .fuzz/ carry), FUZZ_DATA names the folder
+# holding corpus/ and dict/ (default: tests/fuzz beside this script).
 set -uo pipefail
 bin=$(realpath "${1:?usage: fuzz.sh BIN_DIR RUNS OUT [CORES] [MAX_SECONDS] [ROUND_SECONDS]}")
 runs=${2:?RUNS}
@@ -52,51 +64,96 @@ fi
 
 name_of() { local t=${1%%:*} codec=""; [[ $1 == *:* ]] && codec=${1#*:}; echo "$t${codec:+_$codec}"; }
 
-# Executions of one round's log: libFuzzer's final stats, or in fork mode (no final stats) the
-# last status line's #N, which counts every process' runs.
+# Executions of one round: the sum of libFuzzer's final stats over the given logs (the one log, or
+# one per worker).
 round_execs() {
-  local n
-  n=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$1" | tail -1 | awk '{print $2}')
-  [ -n "$n" ] || n=$(grep -oE '^#[0-9]+' "$1" | tail -1 | tr -d '#')
-  echo "${n:-0}"
+  cat "$@" 2>/dev/null | grep -o 'stat::number_of_executed_units: [0-9]*' |
+    awk '{ n += $2 } END { print n + 0 }'
 }
 
-run_one() {  # target[:codec] round forks seconds runs_left
-  local spec=$1 r=$2 forks=$3 secs=$4 left=$5 t=${1%%:*} codec=""
+run_one() {  # target[:codec] round processes seconds runs_left
+  local spec=$1 r=$2 procs=$3 secs=$4 left=$5 t=${1%%:*} codec=""
   [[ $spec == *:* ]] && codec=${spec#*:}
   local dir=$out/$t${codec:+_$codec}
   local dict=() limit=()
   [ -f "$data/dict/$t.dict" ] && dict=("-dict=$data/dict/$t.dict")
   [ "$secs" != 0 ] && limit+=("-max_total_time=$secs")
-  [ "$forks" -gt 1 ] && limit+=("-fork=$forks")
+  # W workers: each its share of the executions (rounded up), all on the one corpus folder; each
+  # writes fuzz-<i>.log in the current folder (libFuzzer's -jobs), renamed log-r<R>-w<i>.txt.
+  [ "$procs" -gt 1 ] && limit+=("-jobs=$procs" "-workers=$procs") && left=$(((left + procs - 1) / procs))
   local t0 t1
   t0=$(date +%s.%N)
-  MOEPACK_FUZZ_CODEC=$codec "$bin/fuzz_$t" "$dir/corpus" "${dict[@]}" "-runs=$left" "${limit[@]}" \
-    -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 -artifact_prefix="$dir/findings/" \
-    >"$dir/log-r$r.txt" 2>&1
+  (cd "$dir" && rm -f fuzz-*.log &&
+    MOEPACK_FUZZ_CODEC=$codec "$bin/fuzz_$t" "$dir/corpus" "${dict[@]}" "-runs=$left" \
+      "${limit[@]}" $flags -rss_limit_mb=4096 -timeout=30 -print_final_stats=1 \
+      -artifact_prefix="$dir/findings/" >"$dir/log-r$r.txt" 2>&1)
   local rc=$?
   t1=$(date +%s.%N)
+  local i=0
+  while [ -f "$dir/fuzz-$i.log" ]; do mv "$dir/fuzz-$i.log" "$dir/log-r$r-w$i.txt"; i=$((i + 1)); done
   echo "$rc $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" >"$dir/status-r$r"
 }
 export -f run_one
-export out data bin
+flags=${FUZZ_FLAGS--entropic_feature_frequency_threshold=16}
+export out data bin flags
 
 for spec in "${targets[@]}"; do
   dir=$out/$(name_of "$spec")
   mkdir -p "$dir/corpus" "$dir/findings"
   cp "$data/corpus/${spec%%:*}/"* "$dir/corpus/" 2>/dev/null
-  echo "0 0 0 0" >"$dir/total"  # executions, seconds, rounds, last rc
+  echo "0 0 0 0 0" >"$dir/total"  # executions, seconds, rounds, last rc, core-seconds
+  : >"$dir/procs"                  # processes per round
+  rm -f "$dir/rate"                # exec/s per process: the last round's (or RESUME_FROM's)
   # RESUME_FROM: an earlier run's OUT (its summary.tsv and fuzz-corpora.tar.gz unpacked there):
-  # each target goes on from its grown corpus, and its executions, seconds and rounds so far
-  # count towards RUNS (the summary then reports both runs together).
+  # each target goes on from its grown corpus, and its executions, seconds, rounds and
+  # core-seconds so far count towards RUNS (the summary then reports the runs together; a summary
+  # without core_seconds ran one process per target).
   if [ -n "${RESUME_FROM:-}" ]; then
     [ -d "$RESUME_FROM/$(name_of "$spec")/corpus" ] &&
       cp "$RESUME_FROM/$(name_of "$spec")/corpus/"* "$dir/corpus/" 2>/dev/null
-    awk -F'\t' -v n="$(name_of "$spec")" '$1 == n { print $2, $3, $9, 0 }' \
+    awk -F'\t' -v n="$(name_of "$spec")" '$1 == n { print $2, $3, $9, 0, ($11 != "" ? $11 : $3) }' \
       "$RESUME_FROM/summary.tsv" 2>/dev/null | grep . >"$dir/total.prev" && mv "$dir/total.prev" "$dir/total"
     rm -f "$dir/total.prev"
+    read -r execs _ _ _ core_s <"$dir/total"
+    awk -v e="$execs" -v c="$core_s" 'BEGIN { if (c > 0 && e > 0) printf "%.1f\n", e / c }' |
+      grep . >"$dir/rate" || rm -f "$dir/rate"
   fi
 done
+
+# Processes per target for one round: lines "spec executions_left rate" in, "spec processes" out;
+# $1 cores, $2 the seconds the whole run has left (0: no bound). Every target gets one process.
+# With a bound, the targets with the least work (executions left / rate) first get what they need
+# to finish within it, so that as many as possible reach RUNS when the cores cannot finish all;
+# the cores left over (all of them without a bound) go one by one to the target with the most
+# work per process. A target with no rate yet counts at the mean rate of the others (all equal
+# when none has one).
+share_cores() {
+  awk -v cores="$1" -v bound="$2" '
+    { spec[NR] = $1; need[NR] = $2; rate[NR] = $3; if ($3 > 0) { sum += $3; known++ } }
+    END {
+      mean = known ? sum / known : 1
+      for (i = 1; i <= NR; i++) { if (rate[i] <= 0) rate[i] = mean; work[i] = need[i] / rate[i]; procs[i] = 1 }
+      free = cores - NR
+      if (bound > 0) {
+        for (i = 1; i <= NR; i++) order[i] = i
+        for (i = 1; i <= NR; i++)  # by work, least first
+          for (j = i + 1; j <= NR; j++)
+            if (work[order[j]] < work[order[i]]) { t = order[i]; order[i] = order[j]; order[j] = t }
+        for (i = 1; i <= NR && free > 0; i++) {
+          want = int(work[order[i]] / bound) + (work[order[i]] % bound > 0) - 1
+          if (want > free) want = free
+          if (want > 0) { procs[order[i]] += want; free -= want }
+        }
+      }
+      for (; free > 0; free--) {
+        best = 1
+        for (i = 2; i <= NR; i++)
+          if (work[i] / procs[i] > work[best] / procs[best]) best = i
+        procs[best]++
+      }
+      for (i = 1; i <= NR; i++) print spec[i], procs[i]
+    }'
+}
 
 start=$(date +%s)
 r=0
@@ -104,7 +161,7 @@ while :; do
   left=()
   for spec in "${targets[@]}"; do
     dir=$out/$(name_of "$spec")
-    read -r execs _ _ rc <"$dir/total"
+    read -r execs _ _ rc _ <"$dir/total"
     [ "$execs" -ge "$runs" ] || [ -n "$(ls -A "$dir/findings")" ] || [ "$rc" != 0 ] || left+=("$spec")
   done
   [ ${#left[@]} -gt 0 ] || break
@@ -114,20 +171,30 @@ while :; do
     [ "$remaining" -ge 20 ] || break  # too little for a round: startup would dominate
     secs=$((remaining < round_s ? remaining : round_s))
   fi
-  forks=$((cores / ${#left[@]}))
-  [ "$forks" -ge 1 ] || forks=1
   r=$((r + 1))
-  echo "round $r: ${#left[@]} targets, $forks process(es) each, ${secs}s" >&2
-  for spec in "${left[@]}"; do
+  plan=$(for spec in "${left[@]}"; do
     dir=$out/$(name_of "$spec")
-    read -r execs _ _ _ <"$dir/total"
-    echo "$spec $r $forks $secs $((runs - execs))"
+    read -r execs _ _ _ _ <"$dir/total"
+    echo "$spec $((runs - execs)) $(cat "$dir/rate" 2>/dev/null || echo 0)"
+  done | share_cores "$cores" "$([ "$max" != 0 ] && echo $((remaining * 9 / 10)) || echo 0)")
+  echo "round $r: ${#left[@]} targets, ${secs}s, processes:" $plan >&2
+  echo "$plan" | while read -r spec procs; do
+    dir=$out/$(name_of "$spec")
+    read -r execs _ _ _ _ <"$dir/total"
+    echo "$spec $r $procs $secs $((runs - execs))"
   done | xargs -P "${#left[@]}" -L 1 bash -c 'run_one "$@"' _
-  for spec in "${left[@]}"; do
+  echo "$plan" | while read -r spec procs; do
     dir=$out/$(name_of "$spec")
-    read -r execs fuzzed rounds _ <"$dir/total"
+    read -r execs fuzzed rounds _ core_s <"$dir/total"
     read -r rc s <"$dir/status-r$r"
-    echo "$((execs + $(round_execs "$dir/log-r$r.txt"))) $(awk -v a="$fuzzed" -v b="$s" 'BEGIN { print a + b }') $((rounds + 1)) $rc" >"$dir/total"
+    # With workers, theirs (the -jobs parent's own log repeats each worker's when it exits).
+    if [ "$procs" -gt 1 ]; then n=$(round_execs "$dir"/log-r$r-w*.txt); else n=$(round_execs "$dir/log-r$r.txt"); fi
+    echo "$((execs + n)) $(awk -v a="$fuzzed" -v b="$s" 'BEGIN { print a + b }') $((rounds + 1)) $rc" \
+      "$(awk -v a="$core_s" -v b="$s" -v p="$procs" 'BEGIN { print a + b * p }')" >"$dir/total"
+    awk -v n="$n" -v s="$s" -v p="$procs" 'BEGIN { if (n > 0 && s > 0) printf "%.1f\n", n / s / p }' |
+      grep . >"$dir/rate.new" && mv "$dir/rate.new" "$dir/rate"
+    rm -f "$dir/rate.new"
+    echo "$r $procs" >>"$dir/procs"
   done
   [ "$max" != 0 ] || break
 done
@@ -144,30 +211,38 @@ for spec in "${targets[@]}"; do
   if [ -n "$(ls -A "$src" 2>/dev/null)" ]; then mkdir -p "$dst" && cp "$src"/* "$dst/"; fi
 done
 
-# Summary: executions (all rounds), seconds fuzzed, exec/s, cov and ft of libFuzzer's last status
-# line, corpus entries, findings, rounds, the last round's exit code.
+# Summary: executions (all rounds), seconds fuzzed (wall), exec/s, cov and ft (the largest over
+# the last round's logs' last status lines), corpus entries, findings, rounds, the last round's
+# exit code, core-seconds (seconds x processes, summed over rounds) and the processes per round.
 status=0
 {
-  printf 'target\texecutions\tseconds\texec_per_s\tcov\tft\tcorpus\tfindings\trounds\trc\n'
+  printf 'target\texecutions\tseconds\texec_per_s\tcov\tft\tcorpus\tfindings\trounds\trc\tcore_seconds\tprocesses\n'
   for spec in "${targets[@]}"; do
     name=$(name_of "$spec")
     dir=$out/$name
-    read -r execs secs rounds rc <"$dir/total"
-    last=$(cat "$dir"/log-r*.txt 2>/dev/null | grep -E '^#[0-9]+' | tail -1)
-    cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}')
-    ft=$(echo "$last" | grep -o 'ft: [0-9]*' | awk '{print $2}')
+    read -r execs secs rounds rc core_s <"$dir/total"
+    lastr=$(awk 'END { print $1 }' "$dir/procs")
+    cov=? ft=?
+    if [ -n "$lastr" ]; then
+      read -r cov ft < <(for l in "$dir/log-r$lastr.txt" "$dir"/log-r$lastr-w*.txt; do
+        [ -f "$l" ] && grep -E '^#[0-9]+' "$l" | tail -1
+      done | awk '{ for (i = 1; i < NF; i++) { if ($i == "cov:" && $(i + 1) > c) c = $(i + 1)
+                                             if ($i == "ft:" && $(i + 1) > f) f = $(i + 1) } }
+                  END { print (c ? c : "?"), (f ? f : "?") }')
+    fi
+    procs=$(awk '{ printf "%s%s", (NR > 1 ? "," : ""), $2 }' "$dir/procs")
     corpus=$(find "$dir/corpus" -type f | wc -l)
     findings=$(find "$dir/findings" -type f | wc -l)
     rate=$(awk -v e="$execs" -v s="$secs" 'BEGIN { printf "%.0f", (s > 0 ? e / s : 0) }')
-    printf '%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$execs" "$secs" "$rate" \
-      "${cov:-?}" "${ft:-?}" "$corpus" "$findings" "$rounds" "$rc"
+    printf '%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\n' "$name" "$execs" "$secs" "$rate" \
+      "${cov:-?}" "${ft:-?}" "$corpus" "$findings" "$rounds" "$rc" "$core_s" "${procs:--}"
     if [ "$findings" != 0 ] || [ "$rc" != 0 ]; then status=1; fi
   done
 } >"$out/summary.tsv"
 {
-  echo "| target | executions | seconds | exec/s | cov | ft | corpus | findings | rounds | rc |"
-  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-  tail -n +2 "$out/summary.tsv" | awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10 }'
+  echo "| target | executions | seconds | exec/s | cov | ft | corpus | findings | rounds | rc | core-s | processes |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  tail -n +2 "$out/summary.tsv" | awk -F'\t' '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 }'
 } >"$out/summary.md"
 cat "$out/summary.md"
 exit $status
