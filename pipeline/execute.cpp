@@ -467,17 +467,16 @@ class ChunkPipeline {
   void write_all() {
     try {
       StageClock lap(writer_seconds_);
-      std::atomic<uint64_t> copied{0};
-      parallel_for(static_cast<int64_t>(work_.copies.size()), plan_.threads,
-                   [&](int64_t b, int64_t e) {
-                     for (int64_t i = b; i < e; ++i) {
-                       const TensorView v = ckpt_.view(work_.copies[static_cast<size_t>(i)]->name);
-                       writer_.write(v.name, v.data, v.nbytes);
-                       copied += v.nbytes;
-                     }
-                   });
+      std::vector<TensorPart> parts;
+      uint64_t copied = 0;
+      for (const PlannedTensor* t : work_.copies) {
+        const TensorView v = ckpt_.view(t->name);
+        parts.push_back({v.name, v.data, v.nbytes, 0});
+        copied += v.nbytes;
+      }
+      writer_.write_parts(parts, plan_.writers);
       lap("copy");
-      report(copied.load(), false);
+      report(copied, false);
       ConvertedChunk c;
       while (true) {
         lap("write");
@@ -485,15 +484,13 @@ class ChunkPipeline {
         lap("writer_idle");
         if (!more) break;
         uint64_t bytes = 0;
-        for (const Tensor& t : c.params) bytes += t.data.size();
-        parallel_for(static_cast<int64_t>(c.params.size()), plan_.threads,
-                     [&](int64_t b, int64_t e) {
-                       for (int64_t k = b; k < e; ++k) {
-                         const Tensor& t = c.params[static_cast<size_t>(k)];
-                         writer_.write_part(t.name, t.data.data(), t.data.size(),
-                                            c.offsets[static_cast<size_t>(k)]);
-                       }
-                     });
+        parts.clear();
+        for (size_t k = 0; k < c.params.size(); ++k) {
+          const Tensor& t = c.params[k];
+          parts.push_back({t.name, t.data.data(), t.data.size(), c.offsets[k]});
+          bytes += t.data.size();
+        }
+        writer_.write_parts(parts, plan_.writers);
         const bool ends_layer = c.ends_layer;
         c = ConvertedChunk();  // free the chunk before waiting for the next one
         report(bytes, ends_layer);

@@ -82,10 +82,11 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
 // a reader reads the mapped source bytes of chunk n+1 once, hashing each source tensor (which
 // brings their pages in for the converter), the calling thread converts chunk n
 // (convert_chunk, itself multi-threaded), a writer checksums and writes chunk n-1 (after the
-// copy-through tensors, straight from the mapped source). At most kChunksInFlight converted
+// copy-through tensors, straight from the mapped source) on plan.writers threads
+// (ShardedWriter::write_parts). At most kChunksInFlight converted
 // chunks exist at once, so memory is bounded by chunks, not layers. The bytes written and
 // their order per tensor are those of the plain one-chunk-after-the-other loop, so the output
-// does not depend on the overlap or the thread count.
+// does not depend on the overlap, the thread count or the writer count.
 constexpr int kChunksInFlight = 3;  // being converted, queued, being written
 // Returns the SHA-256 of every source tensor those tensors were made from (the source fingerprint
 // moepack.json records): the converted layers' tensors as the reader hashed them, the copied ones
