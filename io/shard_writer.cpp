@@ -167,7 +167,8 @@ void ShardedWriter::write_range(size_t shard, const std::string& name, const voi
   {
     std::lock_guard<std::mutex> lock(f.mu);
     if (f.error) std::rethrow_exception(f.error);
-    if (!f.running) return;
+    // A write of nothing (an empty tensor) neither completes a shard nor closes it again.
+    if (!f.running || len == 0 || f.closed[shard]) return;
     f.written[shard] += len;
     if (f.written[shard] == f.data_bytes[shard]) {
       f.closed[shard] = true;

@@ -104,6 +104,33 @@ TEST(ShardedWriter, WritePartsEqualWritePartAtEveryWriterCount) {
   }
 }
 
+// Empty tensors written after the rest of their shard (which the flusher has then closed) and a
+// shard of empty tensors only: nothing is closed twice, every file is whole.
+TEST(ShardedWriter, EmptyTensorsAfterTheirShardIsComplete) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, n] : std::vector<std::pair<std::string, int64_t>>{
+           {"e0", 0}, {"a", 100}, {"e1", 0}, {"b", 100}, {"e2", 0}}) {
+    SafetensorsEntry e;
+    e.name = name;
+    e.dtype = DType::kU8;
+    e.shape = {n};
+    entries.push_back(e);
+  }
+  const ShardPlan plan = plan_shards(entries, 150);  // [e0 a e1] [b e2]
+  ASSERT_EQ(plan.shard_names.size(), 2u);
+  const std::vector<uint8_t> bytes(100, 0x5a);
+  TempDir tmp;
+  ShardedWriter w(tmp.path, plan);
+  w.write("a", bytes.data(), bytes.size());
+  w.write("e0", nullptr, 0);
+  w.write_part("e1", nullptr, 0, 0);
+  w.write_parts({{"b", bytes.data(), bytes.size(), 0}, {"e2", nullptr, 0, 0}}, 2);
+  w.finish();
+  EXPECT_EQ(w.checksums().size(), 5u);
+  for (const std::string& shard : plan.shard_names)
+    EXPECT_NO_THROW(SafetensorsFile::open(tmp / shard)) << shard;
+}
+
 template <typename F>
 void expect_error(ErrorCode code, const std::string& tensor, F&& f) {
   try {
