@@ -162,13 +162,15 @@ size_t ShardedWriter::shard_index(const std::string& name, uint64_t* tensor_byte
 
 void ShardedWriter::write_range(size_t shard, const std::string& name, const void* data,
                                 uint64_t len, uint64_t offset) {
+  // Nothing to write (an empty tensor): its shard may already be complete, and closed by the
+  // flusher, so it is not touched.
+  if (len == 0) return;
   writers_[shard]->write(name, data, len, offset);
   Flusher& f = *flusher_;
   {
     std::lock_guard<std::mutex> lock(f.mu);
     if (f.error) std::rethrow_exception(f.error);
-    // A write of nothing (an empty tensor) neither completes a shard nor closes it again.
-    if (!f.running || len == 0 || f.closed[shard]) return;
+    if (!f.running || f.closed[shard]) return;
     f.written[shard] += len;
     if (f.written[shard] == f.data_bytes[shard]) {
       f.closed[shard] = true;
