@@ -9,7 +9,8 @@
 # threads, both with a warm page cache (the source is read once first) and both ending on disk
 # (sync; convert fsyncs), their ratio, MB/s (source bytes / convert time), peak anonymous and
 # file-backed RSS (convert --json, sampled in-process every 10 ms) and peak total RSS (the
-# kernel's maximum RSS of the process), the stage busy times, then convert at
+# kernel's maximum RSS of the process; cp's too), the 1-minute load average just before the
+# cp and just after the convert of each ratio, the stage busy times, then convert at
 # --threads 1/2/4/8/16 with the SHA-256 of every output file checked equal to the first run's.
 # Prints markdown tables and the machine (nproc, CPU, load average).
 #
@@ -86,10 +87,12 @@ for p in $PATHS; do
   src_bytes=$(du -sb "$src" | awk '{print $1}')
   cat "$src"/*.safetensors >/dev/null  # warm the page cache for every run
   rm -rf "$work/cp" "$work/out"
-  read -r cp_s _ <<<"$(timed cp -r "$src" "$work/cp")"
+  load_before=$(cut -d' ' -f1 /proc/loadavg)
+  read -r cp_s cp_kib _ <<<"$(timed cp -r "$src" "$work/cp")"
   rm -rf "$work/cp"
   # shellcheck disable=SC2046
   read -r cv_s hwm_kib json <<<"$(timed "$M" convert "$src" "$work/out" $(path_convert "$p") --json)"
+  load_after=$(cut -d' ' -f1 /proc/loadavg)
   ref_sha=$(tree_sha "$work/out")
   read -r anon file stages <<<"$(echo "$json" | python3 -c '
 import json, sys
@@ -98,9 +101,10 @@ s = j["stage_seconds"]
 print(j["peak_rss_anon_bytes"] >> 20, j["peak_rss_file_bytes"] >> 20,
       " / ".join("%s %.2f" % (k, s[k]) for k in ("load", "pack", "write_wait", "copy", "write", "writer_idle", "finish") if k in s))')"
   main_rows+=("$(awk -v l="$(path_label "$p")" -v sb="$src_bytes" -v c="$cp_s" -v v="$cv_s" \
-    -v a="$anon" -v f="$file" -v h="$hwm_kib" 'BEGIN {
-    printf "| %s | %.2f GB | %.2f | %.2f | **%.2f** | %.0f | %d | %d | %d |", l, sb / 1e9, c, v, v / c,
-      sb / 1e6 / v, a, f, h / 1024 }')")
+    -v a="$anon" -v f="$file" -v h="$hwm_kib" -v ch="$cp_kib" -v lb="$load_before" \
+    -v la="$load_after" 'BEGIN {
+    printf "| %s | %.2f GB | %.2f | %.2f | **%.2f** | %s -> %s | %.0f | %d | %d | %d | %d |", l,
+      sb / 1e9, c, v, v / c, lb, la, sb / 1e6 / v, ch / 1024, a, f, h / 1024 }')")
   stage_rows+=("| $(path_label "$p") | $stages |")
   row="| $(path_label "$p") |"
   same=yes
@@ -117,8 +121,8 @@ done
 
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| path | source | cp -r s | convert s | convert / cp | MB/s | peak anon MiB | peak file MiB | peak total MiB |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| path | source | cp -r s | convert s | convert / cp | load average (1 min) before cp -> after convert | MB/s | cp -r peak RSS MiB | convert peak anon MiB | peak file MiB | peak total MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${main_rows[@]}"
 echo
 hdr="| path |"

@@ -90,6 +90,11 @@ class SafetensorsWriter {
   // Writes bytes [offset, offset + len) of tensor `name`. Thread-safe for disjoint ranges.
   void write(const std::string& name, const void* data, uint64_t len, uint64_t offset = 0);
   void write(const Tensor& t) { write(t.name, t.data.data(), t.data.size()); }
+  // Asks the kernel to start writing the file's dirty pages to disk now, without waiting
+  // (Linux sync_file_range SYNC_FILE_RANGE_WRITE; nothing elsewhere), so that finish()'s fsync
+  // finds most of them written. A hint: errors are left for finish()'s fsync to report.
+  // Thread-safe; never call it concurrently with finish().
+  void start_writeback();
   // Checks every tensor was fully written, fsyncs and closes. Throws kIo / kInternal.
   void finish();
   uint64_t file_size() const { return file_size_; }

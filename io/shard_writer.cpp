@@ -1,11 +1,18 @@
 #include "io/shard_writer.h"
 
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <system_error>
+#include <thread>
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "core/threads.h"
 
 namespace moepack {
 
@@ -64,42 +71,139 @@ void append_shards(ShardPlan& into, const ShardPlan& more) {
   into.total_tensor_bytes += more.total_tensor_bytes;
 }
 
+// The flusher's state: what each shard has had written (by completed pwrites), and the requests
+// for its thread, in order.
+struct ShardedWriter::Flusher {
+  struct Request {
+    size_t shard;
+    bool close;  // fsync and close (the shard is complete); otherwise start its writeback
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Request> requests;
+  bool stopping = false;
+  std::exception_ptr error;  // the first of the flusher's errors
+  std::vector<uint64_t> data_bytes, written, kicked;
+  std::vector<bool> closed;  // finished (or being finished) by the flusher
+  bool running = false;      // the thread started and takes requests
+  std::thread thread;
+};
+
 ShardedWriter::ShardedWriter(const std::string& dir, ShardPlan plan)
-    : dir_(dir), plan_(std::move(plan)) {
+    : dir_(dir), plan_(std::move(plan)), flusher_(std::make_unique<Flusher>()) {
   for (size_t i = 0; i < plan_.shard_names.size(); ++i) {
     std::vector<SafetensorsEntry> layout = plan_.shards[i];
     writers_.push_back(
         std::make_unique<SafetensorsWriter>(dir_ + "/" + plan_.shard_names[i], layout));
+    uint64_t bytes = 0;
+    for (const auto& e : writers_.back()->layout()) bytes += e.end - e.begin;
+    flusher_->data_bytes.push_back(bytes);
+  }
+  flusher_->written.assign(writers_.size(), 0);
+  flusher_->kicked.assign(writers_.size(), 0);
+  flusher_->closed.assign(writers_.size(), false);
+  Flusher* f = flusher_.get();
+  try {
+    f->thread = std::thread([this, f] {
+      while (true) {
+        Flusher::Request r{};
+        {
+          std::unique_lock<std::mutex> lock(f->mu);
+          f->cv.wait(lock, [&] { return f->stopping || !f->requests.empty(); });
+          if (f->requests.empty()) return;
+          r = f->requests.front();
+          f->requests.pop_front();
+        }
+        try {
+          if (r.close)
+            writers_[r.shard]->finish();
+          else
+            writers_[r.shard]->start_writeback();
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(f->mu);
+          if (!f->error) f->error = std::current_exception();
+        }
+      }
+    });
+    std::lock_guard<std::mutex> lock(f->mu);
+    f->running = true;
+  } catch (const std::system_error&) {
+    // No thread (a thread limit): no early writeback; finish() fsyncs every shard itself.
   }
 }
 
-void ShardedWriter::write(const std::string& name, const void* data, uint64_t len) {
+ShardedWriter::~ShardedWriter() {
+  stop_flusher(false);  // a failed conversion: what was asked is not worth waiting for
+}
+
+void ShardedWriter::stop_flusher(bool drain) noexcept {
+  Flusher& f = *flusher_;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.stopping = true;
+    f.running = false;
+    if (!drain) f.requests.clear();
+  }
+  f.cv.notify_all();
+  if (f.thread.joinable()) f.thread.join();
+}
+
+size_t ShardedWriter::shard_index(const std::string& name, uint64_t* tensor_bytes) const {
   auto it = plan_.shard_of.find(name);
   if (it == plan_.shard_of.end())
     throw Error(ErrorCode::kInternal, dir_, name, "tensor is not in the shard plan");
+  if (tensor_bytes) {
+    *tensor_bytes = 0;
+    for (const auto& e : plan_.shards[it->second])
+      if (e.name == name) *tensor_bytes = e.end - e.begin;
+  }
+  return it->second;
+}
+
+void ShardedWriter::write_range(size_t shard, const std::string& name, const void* data,
+                                uint64_t len, uint64_t offset) {
+  // Nothing to write (an empty tensor): its shard may already be complete, and closed by the
+  // flusher, so it is not touched.
+  if (len == 0) return;
+  writers_[shard]->write(name, data, len, offset);
+  Flusher& f = *flusher_;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (f.error) std::rethrow_exception(f.error);
+    if (!f.running || f.closed[shard]) return;
+    f.written[shard] += len;
+    if (f.written[shard] == f.data_bytes[shard]) {
+      f.closed[shard] = true;
+      f.requests.push_back({shard, true});
+    } else if (f.written[shard] - f.kicked[shard] >= kWritebackBytes) {
+      f.kicked[shard] = f.written[shard];
+      f.requests.push_back({shard, false});
+    } else {
+      return;
+    }
+  }
+  f.cv.notify_one();
+}
+
+void ShardedWriter::write(const std::string& name, const void* data, uint64_t len) {
+  const size_t shard = shard_index(name, nullptr);
   const std::string digest = sha256_hex(data, len);
-  writers_[it->second]->write(name, data, len);
+  write_range(shard, name, data, len, 0);
   std::lock_guard<std::mutex> lock(mu_);
   sha_[name] = digest;
 }
 
-void ShardedWriter::write_part(const std::string& name, const void* data, uint64_t len,
-                               uint64_t offset) {
-  auto it = plan_.shard_of.find(name);
-  if (it == plan_.shard_of.end())
-    throw Error(ErrorCode::kInternal, dir_, name, "tensor is not in the shard plan");
-  uint64_t total = 0;
-  for (const auto& e : plan_.shards[it->second])
-    if (e.name == name) total = e.end - e.begin;
-  std::pair<uint64_t, Sha256>* state;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    state = &partial_[name];  // std::map: stable address
-    if (state->first != offset || offset + len > total)
-      throw Error(ErrorCode::kInternal, dir_, name, "tensor parts out of order or past its end");
-  }
-  state->second.update(data, len);
-  writers_[it->second]->write(name, data, len, offset);
+std::pair<uint64_t, Sha256>* ShardedWriter::begin_part(const std::string& name, uint64_t len,
+                                                       uint64_t offset, uint64_t total) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* state = &partial_[name];  // std::map: stable address
+  if (state->first != offset || offset + len > total)
+    throw Error(ErrorCode::kInternal, dir_, name, "tensor parts out of order or past its end");
+  return state;
+}
+
+void ShardedWriter::end_part(const std::string& name, std::pair<uint64_t, Sha256>* state,
+                             uint64_t len, uint64_t total) {
   std::lock_guard<std::mutex> lock(mu_);
   state->first += len;
   if (state->first == total) {
@@ -108,8 +212,77 @@ void ShardedWriter::write_part(const std::string& name, const void* data, uint64
   }
 }
 
+void ShardedWriter::write_part(const std::string& name, const void* data, uint64_t len,
+                               uint64_t offset) {
+  uint64_t total = 0;
+  const size_t shard = shard_index(name, &total);
+  auto* state = begin_part(name, len, offset, total);
+  state->second.update(data, len);
+  write_range(shard, name, data, len, offset);
+  end_part(name, state, len, total);
+}
+
+void ShardedWriter::write_parts(const std::vector<TensorPart>& parts, int writers) {
+  struct Job {
+    const TensorPart* part;
+    size_t shard;
+    uint64_t total;
+    std::pair<uint64_t, Sha256>* state;
+    size_t first_piece, pieces;
+  };
+  std::vector<Job> jobs;
+  size_t n_pieces = 0;
+  for (const TensorPart& p : parts) {
+    Job j{&p,      0,        0,
+          nullptr, n_pieces, static_cast<size_t>((p.len + kPieceBytes - 1) / kPieceBytes)};
+    j.shard = shard_index(p.name, &j.total);
+    j.state = begin_part(p.name, p.len, p.offset, j.total);  // a tensor twice: out of order
+    n_pieces += j.pieces;
+    jobs.push_back(j);
+  }
+  // The largest parts are hashed first: the batch ends when its largest hash does.
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const Job& a, const Job& b) { return a.part->len > b.part->len; });
+  std::unique_ptr<std::atomic<bool>[]> taken(new std::atomic<bool>[n_pieces]);
+  for (size_t i = 0; i < n_pieces; ++i) taken[i].store(false);
+  std::atomic<size_t> next_job{0};
+  std::atomic<bool> failed{false};
+  const auto piece = [&](const Job& j, size_t k, bool hash) {
+    const uint64_t begin = k * kPieceBytes;
+    const uint64_t len = std::min(kPieceBytes, j.part->len - begin);
+    const uint8_t* data = static_cast<const uint8_t*>(j.part->data) + begin;
+    if (hash) j.state->second.update(data, len);
+    if (!taken[j.first_piece + k].exchange(true))
+      write_range(j.shard, j.part->name, data, len, j.part->offset + begin);
+  };
+  const int64_t workers = std::max<int64_t>(
+      1, std::min<int64_t>(resolve_threads(writers), static_cast<int64_t>(n_pieces)));
+  parallel_for(workers, static_cast<int>(workers), [&](int64_t, int64_t) {
+    try {
+      // Hash whole parts, largest first, writing each piece from cache right after its hash.
+      while (!failed) {
+        const size_t n = next_job++;
+        if (n >= jobs.size()) break;
+        for (size_t k = 0; k < jobs[n].pieces && !failed; ++k) piece(jobs[n], k, true);
+      }
+      // Then write what no hasher has reached yet, from each part's end.
+      for (const Job& j : jobs)
+        for (size_t k = j.pieces; k-- > 0 && !failed;)
+          if (!taken[j.first_piece + k].load()) piece(j, k, false);
+    } catch (...) {
+      failed = true;
+      throw;
+    }
+  });
+  for (const Job& j : jobs) end_part(j.part->name, j.state, j.part->len, j.total);
+}
+
 void ShardedWriter::finish() {
-  for (auto& w : writers_) w->finish();
+  // Whatever the flusher was asked to do is done first: a shard it closed is fsynced.
+  stop_flusher(true);
+  if (flusher_->error) std::rethrow_exception(flusher_->error);
+  for (size_t i = 0; i < writers_.size(); ++i)
+    if (!flusher_->closed[i]) writers_[i]->finish();
   if (plan_.indexed()) {
     nlohmann::json idx;
     idx["metadata"]["total_size"] = plan_.total_tensor_bytes;

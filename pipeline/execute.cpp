@@ -429,10 +429,10 @@ PlannedWork planned_work(const Plan& plan, const Checkpoint& ckpt,
 }
 
 // The three threads of write_planned_tensors and what they share: the reader reads (hashes) the
-// source bytes of chunk n+1, the calling thread converts chunk n, the writer writes the
-// copy-through tensors and then chunk n-1. The destructor stops and joins the other two however
-// the caller's scope is left -- also when starting the second one fails (out of memory), since a
-// joinable std::thread must never be destroyed.
+// source bytes of chunk n+1, the calling thread converts chunk n, the writer writes chunk n-1,
+// and a copy thread writes the copy-through tensors beside them. The destructor stops and joins
+// the others however the caller's scope is left -- also when starting one fails (out of memory),
+// since a joinable std::thread must never be destroyed.
 class ChunkPipeline {
  public:
   ChunkPipeline(const Plan& plan, const Checkpoint& ckpt, ShardedWriter& writer, PlannedWork work,
@@ -449,6 +449,7 @@ class ChunkPipeline {
   // converter's error (after stopping the others) or the writer's.
   // Returns the SHA-256 of every source tensor of the converted layers (the reader's).
   std::map<std::string, std::string> run(std::map<std::string, double>& stage_seconds) {
+    copy_thread_ = std::thread([this] { copy_all(); });
     writer_thread_ = std::thread([this] { write_all(); });
     reader_thread_ = std::thread([this] { read_ahead(); });
     convert_all(stage_seconds);
@@ -456,28 +457,41 @@ class ChunkPipeline {
     if (reader_thread_.joinable()) reader_thread_.join();
     stop();
     for (const auto& [stage, s] : writer_seconds_) stage_seconds[stage] += s;
+    for (const auto& [stage, s] : copy_seconds_) stage_seconds[stage] += s;
+    if (copy_error_) std::rethrow_exception(copy_error_);
     if (writer_error_) std::rethrow_exception(writer_error_);
     if (reader_error_) std::rethrow_exception(reader_error_);
     return std::move(source_sha_);
   }
 
  private:
-  // The writer: copy-through tensors straight from the mapped source (no copies held), while the
-  // converting thread starts on the first chunk; then each converted chunk as it comes.
+  // The copy-through tensors, straight from the mapped source (no copies held), on their own
+  // thread beside the chunk writer: they are other tensors than the chunks', so their hashing
+  // runs beside the chain of the chunks' largest parts instead of before it.
+  void copy_all() {
+    try {
+      StageClock lap(copy_seconds_);
+      std::vector<TensorPart> parts;
+      uint64_t copied = 0;
+      for (const PlannedTensor* t : work_.copies) {
+        const TensorView v = ckpt_.view(t->name);
+        parts.push_back({v.name, v.data, v.nbytes, 0});
+        copied += v.nbytes;
+      }
+      writer_.write_parts(parts, plan_.writers);
+      lap("copy");
+      report(copied, false);
+    } catch (...) {
+      copy_error_ = std::current_exception();
+      queue_.close();  // the converting thread stops at its next push, the writer after its chunk
+    }
+  }
+
+  // The writer: each converted chunk as it comes.
   void write_all() {
     try {
       StageClock lap(writer_seconds_);
-      std::atomic<uint64_t> copied{0};
-      parallel_for(static_cast<int64_t>(work_.copies.size()), plan_.threads,
-                   [&](int64_t b, int64_t e) {
-                     for (int64_t i = b; i < e; ++i) {
-                       const TensorView v = ckpt_.view(work_.copies[static_cast<size_t>(i)]->name);
-                       writer_.write(v.name, v.data, v.nbytes);
-                       copied += v.nbytes;
-                     }
-                   });
-      lap("copy");
-      report(copied.load(), false);
+      std::vector<TensorPart> parts;
       ConvertedChunk c;
       while (true) {
         lap("write");
@@ -485,15 +499,13 @@ class ChunkPipeline {
         lap("writer_idle");
         if (!more) break;
         uint64_t bytes = 0;
-        for (const Tensor& t : c.params) bytes += t.data.size();
-        parallel_for(static_cast<int64_t>(c.params.size()), plan_.threads,
-                     [&](int64_t b, int64_t e) {
-                       for (int64_t k = b; k < e; ++k) {
-                         const Tensor& t = c.params[static_cast<size_t>(k)];
-                         writer_.write_part(t.name, t.data.data(), t.data.size(),
-                                            c.offsets[static_cast<size_t>(k)]);
-                       }
-                     });
+        parts.clear();
+        for (size_t k = 0; k < c.params.size(); ++k) {
+          const Tensor& t = c.params[k];
+          parts.push_back({t.name, t.data.data(), t.data.size(), c.offsets[k]});
+          bytes += t.data.size();
+        }
+        writer_.write_parts(parts, plan_.writers);
         const bool ends_layer = c.ends_layer;
         c = ConvertedChunk();  // free the chunk before waiting for the next one
         report(bytes, ends_layer);
@@ -569,6 +581,7 @@ class ChunkPipeline {
   }
 
   void report(uint64_t bytes, bool ends_layer) {
+    std::lock_guard<std::mutex> lock(report_mu_);  // the writer's and the copy thread's
     state_.bytes_done += bytes;
     if (ends_layer) ++state_.layers_done;
     state_.seconds =
@@ -576,7 +589,8 @@ class ChunkPipeline {
     if (progress_) progress_(state_);
   }
 
-  // Closes the queue (the writer drains what is left, then ends), stops the reader, joins both.
+  // Closes the queue (the writer drains what is left, then ends), stops the reader, joins the
+  // three (the copy thread ends its copies).
   void stop() {
     queue_.close();
     {
@@ -586,6 +600,7 @@ class ChunkPipeline {
     read_cv_.notify_all();
     if (writer_thread_.joinable()) writer_thread_.join();
     if (reader_thread_.joinable()) reader_thread_.join();
+    if (copy_thread_.joinable()) copy_thread_.join();
   }
 
   const Plan& plan_;
@@ -594,17 +609,18 @@ class ChunkPipeline {
   const PlannedWork work_;
   const ProgressFn& progress_;
   const std::chrono::steady_clock::time_point t_start_ = std::chrono::steady_clock::now();
-  ConvertProgress state_;  // the writer's
+  ConvertProgress state_;  // the writer's and the copy thread's, under report_mu_
+  std::mutex report_mu_;
   // kChunksInFlight = the chunk being converted + one queued + the one being written.
   BoundedQueue<ConvertedChunk> queue_{static_cast<size_t>(kChunksInFlight - 2)};
-  std::map<std::string, double> writer_seconds_;
-  std::exception_ptr writer_error_, reader_error_;
+  std::map<std::string, double> writer_seconds_, copy_seconds_;
+  std::exception_ptr writer_error_, reader_error_, copy_error_;
   std::map<std::string, std::string> source_sha_;  // the reader's, once it has ended
   std::mutex read_mu_;
   std::condition_variable read_cv_;
   size_t converting_ = 0;  // index of the chunk the converting thread is on
   bool stop_reading_ = false;
-  std::thread writer_thread_, reader_thread_;
+  std::thread writer_thread_, reader_thread_, copy_thread_;
 };
 
 }  // namespace

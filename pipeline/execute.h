@@ -18,10 +18,10 @@ struct ConvertResult {
   double seconds = 0;
   // Busy time per stage. The converting thread: load (read + unpack to canonical or quantise),
   // pack (backend layout), write_wait (waiting for the writer to take a chunk: the writer is the
-  // bottleneck). The writer thread, at the same time: copy (checksum + write of copy-through
-  // tensors), write (checksum + write of converted chunks), writer_idle (waiting for a chunk: the
-  // converter is the bottleneck). Then finish (fsync, config, manifest, rename). The two threads
-  // overlap, so the stages add up to more than `seconds`.
+  // bottleneck). The writers at the same time: copy (checksum + write of copy-through tensors, on
+  // a thread of their own), write (checksum + write of converted chunks), writer_idle (waiting for
+  // a chunk: the converter is the bottleneck). Then finish (what fsync is left, config, manifest,
+  // rename). The threads overlap, so the stages add up to more than `seconds`.
   std::map<std::string, double> stage_seconds;
   // Peak resident memory during the conversion, sampled every 10 ms: anonymous (what the
   // conversion holds; bounded by the chunks in flight) apart from file-backed (mapped source pages,
@@ -78,14 +78,15 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
 
 // The steps execute_plan is made of, shared with the shard-parallel path (pipeline/parts.h).
 // Writes the planned tensors with these indices into plan.tensors through `writer`, which must
-// hold exactly them; busy time per stage is added to stage_seconds. Three threads overlap:
+// hold exactly them; busy time per stage is added to stage_seconds. Four threads overlap:
 // a reader reads the mapped source bytes of chunk n+1 once, hashing each source tensor (which
 // brings their pages in for the converter), the calling thread converts chunk n
-// (convert_chunk, itself multi-threaded), a writer checksums and writes chunk n-1 (after the
-// copy-through tensors, straight from the mapped source). At most kChunksInFlight converted
+// (convert_chunk, itself multi-threaded), a writer checksums and writes chunk n-1 on
+// plan.writers threads (ShardedWriter::write_parts), and a copy thread writes the copy-through
+// tensors straight from the mapped source beside them. At most kChunksInFlight converted
 // chunks exist at once, so memory is bounded by chunks, not layers. The bytes written and
 // their order per tensor are those of the plain one-chunk-after-the-other loop, so the output
-// does not depend on the overlap or the thread count.
+// does not depend on the overlap, the thread count or the writer count.
 constexpr int kChunksInFlight = 3;  // being converted, queued, being written
 // Returns the SHA-256 of every source tensor those tensors were made from (the source fingerprint
 // moepack.json records): the converted layers' tensors as the reader hashed them, the copied ones

@@ -93,6 +93,7 @@ Plan plan_options(const Checkpoint& ckpt, const ConvertOptions& opts) {
   plan.arch = opts.target_arch;
   plan.vllm_target = opts.vllm_target;
   plan.threads = resolve_threads(opts.threads);
+  plan.writers = opts.writers > 0 ? resolve_threads(opts.writers) : plan.threads;
   plan.source_quant = ckpt.quant();
   plan.source_format = quant_method_name(plan.source_quant.method);
   plan.target_quant = plan.source_quant;
@@ -522,6 +523,7 @@ json Plan::to_json() const {
                       {"follows", vllm_target_row(vllm_target).follows}};
   j["act_dtype"] = dtype_name(options.act_dtype);
   j["threads"] = threads;  // resolved: --threads 0 is the CPUs this process may use
+  j["writers"] = writers;
   if (!options.quantize.empty())
     j["quantize"] = {{"format", options.quantize}, {"recipe", options.mx_recipe}};
   j["deviations_from_vllm"] = deviations;

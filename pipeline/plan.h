@@ -48,6 +48,9 @@ struct ConvertOptions {
   VllmTarget vllm_target = newest_vllm_target();
   uint64_t max_shard_bytes = 5000000000ull;
   int threads = 0;
+  // --writers: threads that checksum and write the output at once (0: as many as --threads).
+  // Output bytes do not depend on it.
+  int writers = 0;
   bool force = false;
   // Canonical-form bytes of experts converted at once within a layer (one code per byte, or a
   // float per weight with --quantize): bounds memory for layers larger than RAM allows.
@@ -122,6 +125,7 @@ struct Plan {
   const QuantizeRecipe* quantize_recipe = nullptr;  // --quantize: experts read as floats, quantised
                                                     // by this row  // the registry row doing it
   int threads = 1;  // resolved worker count; output bytes never depend on it
+  int writers = 1;  // resolved writer count (checksum + write); output bytes never depend on it
   // Top-level keys config.json gets over the source's (quantization_config for --quantize, the
   // moepack block).
   nlohmann::json config_patch;

@@ -1,5 +1,5 @@
 // moepack convert SRC DST [--backend auto|...] [--target-arch sm90] [--act-dtype bf16|fp16]
-//                 [--quantize mxfp8 [--mx-recipe flashinfer|modelopt]] [--threads N]
+//                 [--quantize mxfp8 [--mx-recipe flashinfer|modelopt]] [--threads N] [--writers N]
 //                 [--max-shard-size 5GB] [--force] [--dry-run] [--json] [--shard I/N]
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +66,11 @@ void add_convert_options(CLI::App& app, ConvertArgs& a) {
          "--threads", a.o.threads,
          "Worker threads (0: the CPUs this process may use: affinity and cgroup quota); output "
          "bytes do not depend on it")
+      ->check(integer_at_least(0))
+      ->capture_default_str();
+  app.add_option("--writers", a.o.writers,
+                 "Threads that checksum and write the output at once (0: as many as --threads); "
+                 "output bytes do not depend on it")
       ->check(integer_at_least(0))
       ->capture_default_str();
   app.add_option("--max-shard-size", a.max_shard, "Shard size limit (e.g. 5GB, 500MB)")

@@ -1,9 +1,9 @@
 // The overlapped convert pipeline (pipeline/execute.h: read-ahead, convert, write on three
 // threads with a bounded number of chunks in flight) writes exactly the bytes of the plain loop
 // it replaced -- one thread, whole layers, one chunk after the other, no overlap -- for every
-// thread count and chunk size, on the hot paths (GPTQ/CT/AWQ -> Marlin, MXFP8 -> TRT-LLM) and
-// the fused and Mixtral families; the progress line's format; nothing on a stderr that is not a
-// terminal; the peak resident memory in `convert --json`.
+// thread count, chunk size and writer count (--writers), on the hot paths (GPTQ/CT/AWQ -> Marlin,
+// MXFP8 -> TRT-LLM) and the fused and Mixtral families; the progress line's format; nothing on a
+// stderr that is not a terminal; the peak resident memory in `convert --json`.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,7 +63,7 @@ struct Case {
 
 class ConvertPipeline : public ::testing::TestWithParam<Case> {};
 
-TEST_P(ConvertPipeline, BytesEqualTheSequentialLoopAtEveryThreadCountAndChunkSize) {
+TEST_P(ConvertPipeline, BytesEqualTheSequentialLoopAtEveryThreadCountChunkSizeAndWriterCount) {
   const Case c = GetParam();
   TempDir tmp;
   SynthOptions so;
@@ -92,18 +92,26 @@ TEST_P(ConvertPipeline, BytesEqualTheSequentialLoopAtEveryThreadCountAndChunkSiz
   write_sequential(plan, *ckpt, ref);
 
   std::map<std::string, std::vector<uint8_t>> first_run;  // config.json, moepack.json
-  for (const int threads : {1, 2, 4}) {
-    for (const char* chunk : {"1GiB", "40KiB", "1"}) {
+  const int threads_of[] = {1, 2, 4};
+  const char* chunk_of[] = {"1GiB", "40KiB", "1"};
+  const int writers_of[] = {0, 1, 3};  // 0: as many as --threads
+  for (int ti = 0; ti < 3; ++ti) {
+    for (int ci = 0; ci < 3; ++ci) {
+      // A Latin square: every writer count meets every thread count and every chunk size.
+      const int threads = threads_of[ti];
+      const char* chunk = chunk_of[ci];
+      const int writers = writers_of[(ti + ci) % 3];
       SCOPED_TRACE(std::string(c.format) + "/" + c.family + " threads " + std::to_string(threads) +
-                   " chunk " + chunk);
-      const std::string dst = tmp / ("out-" + std::to_string(threads) + "-" + chunk);
+                   " chunk " + chunk + " writers " + std::to_string(writers));
+      const std::string dst =
+          tmp / ("out-" + std::to_string(threads) + "-" + chunk + "-" + std::to_string(writers));
       std::string err;
       ASSERT_EQ(run_command(moepack_bin() + " convert " + src + " " + dst + " --backend " +
                                 c.backend + " --target-arch " + c.arch +
                                 (*c.quantize ? std::string(" --quantize ") + c.quantize : "") +
                                 " --vllm-target " + vllm_target_name(o.vllm_target) +
                                 " --max-shard-size 300000 --threads " + std::to_string(threads) +
-                                " --chunk-size " + chunk,
+                                " --chunk-size " + chunk + " --writers " + std::to_string(writers),
                             nullptr, &err),
                 0)
           << err;
