@@ -63,6 +63,8 @@
 //                   FlashInfer TRT-LLM path, whose activation scales are float32 [H/128, T]):
 //                   absmax = max(1e-10, max|x|) per 128 columns, s = absmax / 448,
 //                   q = e4m3_rn_satfinite(clamp(x / s, +-448)); the GEMM sees e4m3(q) * s.
+//   triton-mxfp4    kBf16: matmul_ogs multiplies the bf16 hidden states as they are (gpt-oss'
+//                   MXFP4 config takes bf16 only; the OAI kernel widens the weights to bf16).
 // The CPU expert matmul (reader_expert_matmul) keeps activations in float: it measures the
 // weights; verify's GPU path quantises both sides.
 #pragma once
