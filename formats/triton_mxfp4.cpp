@@ -125,6 +125,23 @@ std::vector<std::string> triton_mxfp4_unsupported_reasons(const LayoutOptions& o
     why.push_back("H=" + num(H) + " is not a multiple of 32 (MXFP4 blocks along w13's K)");
   if (I % kMxBlock != 0)
     why.push_back("I=" + num(I) + " is not a multiple of 32 (MXFP4 blocks along w2's K)");
+  // What vLLM 0.33's matmul_ogs runs on Hopper (checked on an H200, bench/gpu_triton_mxfp4.sh):
+  // compute_block_n takes BLOCK_N = 256 only for N > 128, and the HOPPER_SCALE path asserts
+  // BLOCK_N % (2 * num_warps * 2 * 8) == 0 (num_warps 8), so an N <= 128 does not compile; with
+  // H % 64 != 0 (H = 96) w13's product came out wrong (norm error 0.68), with H % 64 == 0 right.
+  const int64_t ip = padded_inter_of(I);
+  if (2 * ip <= 128)
+    why.push_back("w13 GEMM N = 2Ip = " + num(2 * ip) +
+                  " <= 128: matmul_ogs on Hopper then takes BLOCK_N <= 128, which its Hopper scale "
+                  "swizzle (num_warps 8) cannot read (static_assert BLOCK_N % 256 == 0)");
+  if (H <= 128)
+    why.push_back("w2 GEMM N = H = " + num(H) +
+                  " <= 128: matmul_ogs on Hopper then takes BLOCK_N <= 128, which its Hopper scale "
+                  "swizzle (num_warps 8) cannot read (static_assert BLOCK_N % 256 == 0)");
+  if (H % 64 != 0)
+    why.push_back("H=" + num(H) +
+                  " is not a multiple of 64: matmul_ogs on Hopper reads w13's swizzled values in "
+                  "K blocks of 64 and computes a wrong product (measured at H=96)");
   return why;
 }
 

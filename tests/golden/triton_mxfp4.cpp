@@ -101,6 +101,15 @@ LayoutOptions options(int64_t H, int64_t I) {
   return o;
 }
 
+// Layers vLLM 0.33 converts but its matmul_ogs does not run on Hopper (an H200 run of
+// bench/gpu_triton_mxfp4.sh: N <= 128 does not compile, H = 96 computed a wrong product).
+bool kernel_refused(const std::string& c) {
+  for (const char* r :
+       {"E2_H64_I64", "E2_H96_I96", "E1_H32_I32", "E3_H160_I192", "E2_H128_I320", "E1_H2880_I64"})
+    if (c == r) return true;
+  return false;
+}
+
 class TritonMxfp4Golden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TritonMxfp4Golden, PackEqualsVllmByteForByte) {
@@ -115,27 +124,38 @@ TEST_P(TritonMxfp4Golden, PackEqualsVllmByteForByte) {
   ASSERT_NE(row, nullptr);
   const LayoutOptions o = options(H, I);
   const MoeShape s = moe_shape_of(x);
-  const std::vector<std::string> why = row->unsupported_reasons(o, s);
-  ASSERT_TRUE(why.empty()) << why.front();
   EXPECT_EQ(row->padded_inter(o, s), j["inter_padded"].get<int64_t>());
   EXPECT_EQ(H, j["hidden_padded"].get<int64_t>()) << "vLLM's TRITON path pads H";
-
-  const std::vector<Tensor> got = row->pack(o, x);
-  EXPECT_EQ(row->param_specs(o, s).size(), got.size());
-  ASSERT_EQ(got.size(), j["outputs"].size()) << "moepack writes other parameters than vLLM holds";
-  for (const Tensor& t : got) {
-    SCOPED_TRACE(t.name);
-    ASSERT_TRUE(f.contains(t.name)) << "vLLM holds no " << t.name;
-    const TensorView want = f.view(t.name);
-    EXPECT_EQ(t.dtype, want.dtype);
-    EXPECT_EQ(t.shape, want.shape);
-    EXPECT_TRUE(test::bytes_equal(t.data, std::vector<uint8_t>(want.data, want.data + want.nbytes),
-                                  16, c + " " + t.name));
+  const std::vector<ParamSpec> specs = row->param_specs(o, s);
+  ASSERT_EQ(specs.size(), j["outputs"].size()) << "moepack writes other parameters than vLLM holds";
+  const std::vector<std::string> why = row->unsupported_reasons(o, s);
+  if (kernel_refused(c)) {
+    // vLLM converts the layer, but its matmul_ogs cannot run it on Hopper: refused.
+    EXPECT_FALSE(why.empty()) << c << ": the kernel does not run it, the row must refuse it";
+    EXPECT_THROW(row->pack(o, x), Error);
+  } else {
+    ASSERT_TRUE(why.empty()) << why.front();
+    const std::vector<Tensor> got = row->pack(o, x);
+    ASSERT_EQ(got.size(), specs.size());
+    for (const Tensor& t : got) {
+      SCOPED_TRACE(t.name);
+      ASSERT_TRUE(f.contains(t.name)) << "vLLM holds no " << t.name;
+      const TensorView want = f.view(t.name);
+      EXPECT_EQ(t.dtype, want.dtype);
+      EXPECT_EQ(t.shape, want.shape);
+      EXPECT_TRUE(test::bytes_equal(
+          t.data, std::vector<uint8_t>(want.data, want.data + want.nbytes), 16, c + " " + t.name));
+    }
   }
 
-  // vLLM's own bytes back to the source, exactly, and through the reader bit for bit.
+  // vLLM's own bytes back to the source, exactly, and through the reader bit for bit (refused
+  // shapes too: the maps hold there).
   TensorMap params;
-  for (const Tensor& t : got) params[t.name] = Tensor::from_view(f.view(t.name));
+  for (const ParamSpec& sp : specs) {
+    ASSERT_TRUE(f.contains(sp.name)) << "vLLM holds no " << sp.name;
+    params[sp.name] = Tensor::from_view(f.view(sp.name));
+    EXPECT_EQ(params[sp.name].shape, sp.shape) << sp.name;
+  }
   const MoeExperts back = row->unpack(o, params);
   EXPECT_EQ(back.w13.codes, x.w13.codes);
   EXPECT_EQ(back.w13.scales, x.w13.scales);
@@ -166,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(Vllm033, TritonMxfp4Golden, ::testing::ValuesIn(cases()
 
 // The fixtures are what the README says: vLLM 0.33.0's TRITON path with Hopper's layouts.
 TEST(TritonMxfp4Golden, FixturesAreVllmsHopperLayouts) {
-  ASSERT_GE(cases().size(), 5u);
+  ASSERT_GE(cases().size(), 10u);
   for (const std::string& c : cases()) {
     const json j = test::read_json_file(fixture_dir() + "/" + c + ".json");
     SCOPED_TRACE(c);
