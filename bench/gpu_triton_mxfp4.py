@@ -20,7 +20,7 @@ Per case (a gpt-oss checkpoint SRC and moepack's `convert --target-arch sm90` of
   mutants   the same kernel check must FAIL with the gate/up rows of the reference exchanged,
             and with OUT's value bytes left unswizzled (plain [rows, K/2] bytes)
 And each committed fixture (tests/golden/triton_mxfp4) recomputed by vLLM's code on the GPU must
-equal its bytes (the CPU run faked an sm90; this one is one).
+equal its bytes (the CPU run faked an sm90; this one is one), the kernel-refused ones included.
 """
 import argparse
 import ast

@@ -8,7 +8,7 @@
 #                 -> $CARRY (default .tmx/, ignored, ~3 MB): triton_kernels/ (vLLM 0.33.0's vendored
 #                 copy from the test venv), vllm_src/ (its fused_moe/oracle/mxfp4.py and
 #                 quantization/utils/mxfp4_utils.py), cases/<name>/{src,out}: gpt-oss checkpoints
-#                 (tests/gpt_oss's fixture and bench/gpt_oss_checkpoint.py shapes) and moepack's
+#                 (tests/gpt_oss/fixtures/mxfp4_e2_h192_i96 and bench/gpt_oss_checkpoint.py shapes) and moepack's
 #                 `convert --target-arch sm90` of each (triton-mxfp4); then a CPU self-test of the
 #                 byte comparisons (vLLM's code with the capability faked as sm90)
 #   device (GPU): bash bench/gpu_triton_mxfp4.sh run     (carry: [".tmx"])
@@ -21,13 +21,14 @@ repo=$(cd "$here/.." && pwd)
 carry=${CARRY:-$repo/.tmx}
 VENV=${VENV:-$HOME/.cache/moepack/venv-vllm-0.33.0}
 
-# name  experts hidden inter layers (fixture: tests/gpt_oss/fixtures/mxfp4)
+# name  experts hidden inter layers (fixture: tests/gpt_oss/fixtures/mxfp4_e2_h192_i96); shapes
+# matmul_ogs runs on Hopper (triton-mxfp4 refuses the others: docs/triton_mxfp4.md)
 case_list() {
   cat <<'CASES'
 fixture       -  -     -    -
 e2_h2880_i160 2  2880  160  1
 e4_h512_i256  4  512   256  2
-e3_h96_i96    3  96    96   1
+e3_h320_i224  3  320   224  1
 CASES
 }
 
@@ -43,7 +44,7 @@ prepare() {
     local d=$carry/cases/$name
     mkdir -p "$d"
     if [ "$name" = fixture ]; then
-      cp -r "$repo/tests/gpt_oss/fixtures/mxfp4" "$d/src" || exit 1
+      cp -r "$repo/tests/gpt_oss/fixtures/mxfp4_e2_h192_i96" "$d/src" || exit 1
     else
       "$VENV/bin/python" "$repo/bench/gpt_oss_checkpoint.py" "$d/src" --experts "$e" --hidden "$h" \
         --inter "$i" --layers "$l" --seed "$h" --vocab 16 || exit 1
