@@ -19,6 +19,7 @@
 #include "formats/mxfp8.h"
 #include "formats/parallel.h"
 #include "formats/triton_int8.h"
+#include "formats/triton_mxfp4.h"
 #include "formats/triton_wna16.h"
 #include "formats/trtllm_fp8_block.h"
 #include "formats/trtllm_mxfp8.h"
@@ -516,6 +517,39 @@ std::vector<TargetLayout> marlin_float_layouts(const std::vector<TargetArch>& ev
        .tensor_parallel = float_marlin_tp},
   };
 }
+// vLLM 0.33's OAI Triton MoE rows (formats/triton_mxfp4.h): gpt-oss MXFP4 where
+// GptOssMxfp4MoEMethod picks Mxfp4MoeBackend.TRITON on Hopper.
+std::vector<TargetLayout> triton_mxfp4_layouts() {
+  using S = ServingPath;
+  return {
+      {.name = "triton-mxfp4",
+       .kernel = "vLLM 0.33's OAI Triton MoE kernels (matmul_ogs, Hopper MXFP4 swizzle)",
+       .layout_version = 1,
+       .schemes = {"gpt-oss-mxfp4"},
+       .archs = {TargetArch::kSm90},
+       .unsupported_reasons = triton_mxfp4_unsupported_reasons,
+       .param_specs = triton_mxfp4_param_specs,
+       .pack = pack_triton_mxfp4_moe,
+       .unpack = unpack_triton_mxfp4_moe,
+       .reader_kind = reader::Kind::kTritonMxfp4,
+       .act_quant = triton_mxfp4_act_quant,
+       .make_reader = triton_mxfp4_make_reader,
+       .deviations_from_vllm = triton_mxfp4_deviations_from_vllm,
+       .padded_inter = triton_mxfp4_padded_inter,
+       // GptOssMxfp4MoEMethod does not declare supports_pre_processed_weights, and vLLM holds
+       // the swizzled tensors as triton_kernels Tensors in the method's PrecisionConfigs, not as
+       // layer parameters: serving needs a kernel builder the plugin does not have yet.
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .path = S::kNone,
+                         .reason = "the plugin has no builder for the OAI Triton kernels' swizzled "
+                                   "gpt-oss MXFP4 experts yet (GptOssMxfp4MoEMethod has no "
+                                   "pre-processed-weights path)"}},
+       .tensor_parallel = {.unsupported =
+                               "gpt-oss experts are written for one rank only: vLLM 0.33's "
+                               "gpt-oss loader narrows the interleaved gate/up rows in pairs and "
+                               "loads w2's bias on rank 0 only (_load_weights_mxfp4)"}},
+  };
+}
 }  // namespace
 
 // vllm_serving: what vLLM 0.33.0's code does (read in its source, docs/vllm.md "What is served").
@@ -598,6 +632,7 @@ const std::vector<TargetLayout>& target_layouts() {
     for (TargetLayout& r : trtllm_layouts(sm100)) t.push_back(std::move(r));
     t.push_back(humming_row(every_arch));
     for (TargetLayout& r : marlin_float_layouts(every_arch)) t.push_back(std::move(r));
+    for (TargetLayout& r : triton_mxfp4_layouts()) t.push_back(std::move(r));
     return t;
   }();
   return table;
@@ -1033,7 +1068,7 @@ Nvfp4Backends nvfp4_backends(const ArchSets& a) {
 }
 
 struct GptOssMxfp4Backends {
-  VllmBackend trtllm, triton, fi_cutlass, marlin;
+  VllmBackend trtllm, triton, triton_blackwell, fi_cutlass, marlin;
 };
 GptOssMxfp4Backends gpt_oss_mxfp4_backends(const ArchSets& a) {
   // gpt-oss MXFP4 (Mxfp4MoEMethod): select_mxfp4_moe_backend over
@@ -1048,13 +1083,22 @@ GptOssMxfp4Backends gpt_oss_mxfp4_backends(const ArchSets& a) {
                               .reads =
                                   "FlashInfer TRT-LLM's shuffled MXFP4 weights and "
                                   "interleaved block scales"};
+  // TRITON reads another layout per arch: _swizzle_mxfp4 takes triton_kernels'
+  // make_default_matmul_mxfp4_w_layout / _w_scale_layout, Hopper's on sm90, Blackwell's from
+  // capability 10 on (sm100, sm120).
   const VllmBackend triton = {.name = "TRITON",
                               .moe_backend = "triton",
-                              .archs = {TargetArch::kSm90, TargetArch::kSm100, TargetArch::kSm120},
+                              .archs = a.sm90,
                               .layout = "triton-mxfp4",
                               .reads =
-                                  "the OAI Triton kernels' swizzled MXFP4 values and scales "
+                                  "the OAI Triton kernels' Hopper-swizzled MXFP4 values and scales "
                                   "(matmul_ogs)"};
+  const VllmBackend triton_blackwell = {
+      .name = "TRITON",
+      .moe_backend = "triton",
+      .archs = {TargetArch::kSm100, TargetArch::kSm120},
+      .layout = "triton-mxfp4-blackwell",
+      .reads = "the OAI Triton kernels' Blackwell-swizzled MXFP4 values and scales (matmul_ogs)"};
   const VllmBackend fi_cutlass = {.name = "FLASHINFER_CUTLASS_MXFP4_BF16",
                                   .moe_backend = "flashinfer_cutlass",
                                   .archs = a.sm90,
@@ -1067,7 +1111,11 @@ GptOssMxfp4Backends gpt_oss_mxfp4_backends(const ArchSets& a) {
                               .reads =
                                   "Marlin's FP4 tiles and the gpt-oss biases "
                                   "(prepare_moe_mxfp4_layer_for_marlin)"};
-  return {.trtllm = trtllm, .triton = triton, .fi_cutlass = fi_cutlass, .marlin = marlin};
+  return {.trtllm = trtllm,
+          .triton = triton,
+          .triton_blackwell = triton_blackwell,
+          .fi_cutlass = fi_cutlass,
+          .marlin = marlin};
 }
 
 // gpt-oss MXFP4's orders: vLLM 0.33.0's on every arch (consumer Blackwell moves TRITON behind
@@ -1076,14 +1124,18 @@ GptOssMxfp4Backends gpt_oss_mxfp4_backends(const ArchSets& a) {
 std::vector<VllmBackendOrder> gpt_oss_mxfp4_orders(const ArchSets& a, const char* source) {
   const GptOssMxfp4Backends g = gpt_oss_mxfp4_backends(a);
   return {{.scheme = "gpt-oss-mxfp4",
-           .archs = {TargetArch::kSm80, TargetArch::kSm86, TargetArch::kSm89, TargetArch::kSm90,
-                     TargetArch::kSm100},
+           .archs = {TargetArch::kSm80, TargetArch::kSm86, TargetArch::kSm89, TargetArch::kSm90},
            .backends = {g.trtllm, g.triton, g.fi_cutlass, g.marlin},
            .source = source,
            .auto_writes_only_vllm_pick = true},
           {.scheme = "gpt-oss-mxfp4",
+           .archs = {TargetArch::kSm100},
+           .backends = {g.trtllm, g.triton_blackwell, g.fi_cutlass, g.marlin},
+           .source = source,
+           .auto_writes_only_vllm_pick = true},
+          {.scheme = "gpt-oss-mxfp4",
            .archs = {TargetArch::kSm120},
-           .backends = {g.trtllm, g.marlin, g.triton},
+           .backends = {g.trtllm, g.marlin, g.triton_blackwell},
            .source = source,
            .auto_writes_only_vllm_pick = true}};
 }

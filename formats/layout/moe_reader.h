@@ -63,6 +63,8 @@
 //                   FlashInfer TRT-LLM path, whose activation scales are float32 [H/128, T]):
 //                   absmax = max(1e-10, max|x|) per 128 columns, s = absmax / 448,
 //                   q = e4m3_rn_satfinite(clamp(x / s, +-448)); the GEMM sees e4m3(q) * s.
+//   triton-mxfp4    kBf16: matmul_ogs multiplies the bf16 hidden states as they are (gpt-oss'
+//                   MXFP4 config takes bf16 only; the OAI kernel widens the weights to bf16).
 // The CPU expert matmul (reader_expert_matmul) keeps activations in float: it measures the
 // weights; verify's GPU path quantises both sides.
 #pragma once
@@ -73,6 +75,7 @@
 #include "formats/layout/fp_bits.h"
 #include "formats/layout/hd.h"
 #include "formats/layout/marlin_layout.h"
+#include "formats/layout/triton_mxfp4_layout.h"
 #include "formats/layout/trtllm_layout.h"
 
 namespace moepack::reader {
@@ -85,7 +88,8 @@ enum class Kind : int32_t {
   kTrtllmMxfp8,
   kTrtllmFp8Block,
   kHumming,
-  kMarlinFloat
+  kMarlinFloat,
+  kTritonMxfp4
 };
 enum class ActQuant : int32_t {
   kNone,
@@ -238,6 +242,20 @@ struct MarlinFloatParams {
   int64_t words_per_expert;     // kp * np / pf
 };
 
+// kTritonMxfp4 (formats/triton_mxfp4.h): gpt-oss' MXFP4 experts in the OAI Triton kernels'
+// Hopper value and scale swizzles (formats/layout/triton_mxfp4_layout.h), on vLLM's padded,
+// interleaved rows. weight = e2m1(code) * 2^(scale - 127), the canonical dequantisation.
+struct TritonMxfp4Params {
+  const uint8_t* weight;    // [E, mp/4, kbp*4] swizzled e2m1 codes
+  const uint8_t* scales;    // [E, msp/32, gp*32] swizzled E8M0 codes
+  int32_t interleaved_w13;  // logical w13 row n sits at physical row 2n (gate) / 2(n-I)+1 (up)
+  int64_t inter;            // I (w13's interleave)
+  int64_t kbp;              // value bytes per physical row (the word rows hold kbp words)
+  int64_t gp;               // scale groups per physical row, padded
+  int64_t num_warps;        // of the scale swizzle
+  int64_t value_bytes, scale_bytes;  // per expert
+};
+
 // One projection (w13 or w2) of a chunk of experts. Trivially copyable: kernels take it by value.
 struct ProjReader {
   Kind kind;
@@ -252,6 +270,7 @@ struct ProjReader {
     TrtllmFp8BlockParams trtllm_fp8_block;
     HummingParams humming;
     MarlinFloatParams marlin_float;
+    TritonMxfp4Params triton_mxfp4;
   };
 };
 static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
@@ -274,6 +293,8 @@ MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
       return f(r.humming);
     case Kind::kMarlinFloat:
       return f(r.marlin_float);
+    case Kind::kTritonMxfp4:
+      return f(r.triton_mxfp4);
     default:
       return f(r.canonical);
   }
@@ -679,6 +700,21 @@ MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r,
       w[kk] = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
     }
   }
+}
+
+// ---- kTritonMxfp4 ------------------------------------------------------------------------------
+
+MOEPACK_HD float kind_weight(const TritonMxfp4Params& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t m = p.interleaved_w13 ? (n < p.inter ? 2 * n : 2 * (n - p.inter) + 1) : n;
+  const int64_t b = kk >> 1;
+  const uint32_t w =
+      triton_mx::load_word(p.weight + e * p.value_bytes, triton_mx::value_word(m, b, p.kbp));
+  const uint32_t c =
+      triton_mx::value_code(w, triton_mx::value_slot(m, b), static_cast<int>(kk & 1));
+  const uint8_t s =
+      p.scales[e * p.scale_bytes + triton_mx::scale_offset(m, kk >> 5, p.gp, p.num_warps)];
+  return hd::e2m1_value(static_cast<uint8_t>(c)) * hd::e8m0_value(s);
 }
 
 // ---- the contract ------------------------------------------------------------------------------
