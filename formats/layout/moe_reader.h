@@ -58,6 +58,9 @@
 //                   exact in fp32 and the E8M0 scales are powers of two, so the only difference
 //                   to the tensor-core kernel is summation order -- which is all the runtime
 //                   tolerance allows for.
+//   trtllm-mxfp4    kBf16: gpt-oss on FLASHINFER_TRTLLM_MXFP4_BF16 takes the bf16 hidden states as
+//                   they are (vLLM 0.33's default for gpt-oss on sm100; the MXFP8-activation
+//                   variant runs only when asked for, docs/trtllm_fp4.md).
 //   trtllm-fp8-block kFp8PerTokenGroup128: vLLM per_token_group_quant_fp8(x, 128) (csrc
 //                   quantization/w8a8/fp8/per_token_group_quant.cu, scale_ue8m0 off for the
 //                   FlashInfer TRT-LLM path, whose activation scales are float32 [H/128, T]):
@@ -85,7 +88,8 @@ enum class Kind : int32_t {
   kTrtllmMxfp8,
   kTrtllmFp8Block,
   kHumming,
-  kMarlinFloat
+  kMarlinFloat,
+  kTrtllmFp4
 };
 enum class ActQuant : int32_t {
   kNone,
@@ -189,6 +193,21 @@ struct TrtllmFp8BlockParams {
   int64_t k_blocks;               // K / 128
 };
 
+// kTrtllmFp4 (formats/trtllm_fp4.h): FlashInfer TRT-LLM-Gen's FP4 MoE layout. Physical sizes
+// np x kp include vLLM 0.33's padding (H to 256, I to 128 / 64); logical row n sits at physical
+// row shuffle_a_dst_row(gated w13 ? trtllm::gated_w13_prerow(n, inter) : n, 32).
+struct TrtllmFp4Params {
+  const uint8_t* weight;        // [E, np, kp/2] e2m1 pairs, the even column in the low nibble
+  const uint8_t* weight_scale;  // [E, np, scale_cols] 128x4-swizzled per expert (E8M0 / E4M3)
+  const float* global_scale;    // [E] decode multiplier (NVFP4), or null
+  int32_t scale_type;           // kScaleE8m0 (MXFP4) / kScaleE4m3 (NVFP4)
+  int32_t block;                // 32 (MXFP4) / 16 (NVFP4) columns per scale
+  int32_t gated_w13;            // up/gate interleave (gated w13), else the shuffle alone
+  int64_t np, kp;               // physical rows and columns
+  int64_t scale_cols;           // kp / block
+  int64_t inter;                // I (gated w13: its gate rows are n < inter)
+};
+
 // How kHumming's stored codes map back to offset-binary codes (formats/humming.h).
 enum HummingCodeMap : int32_t {
   kHummingOffsetBinary = 0,   // as stored: W = (c - z) * s
@@ -252,6 +271,7 @@ struct ProjReader {
     TrtllmFp8BlockParams trtllm_fp8_block;
     HummingParams humming;
     MarlinFloatParams marlin_float;
+    TrtllmFp4Params trtllm_fp4;
   };
 };
 static_assert(std::is_trivially_copyable_v<ProjReader>, "kernels take readers by value");
@@ -274,6 +294,8 @@ MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
       return f(r.humming);
     case Kind::kMarlinFloat:
       return f(r.marlin_float);
+    case Kind::kTrtllmFp4:
+      return f(r.trtllm_fp4);
     default:
       return f(r.canonical);
   }
@@ -678,6 +700,41 @@ MOEPACK_HD void kind_weight_row(const MarlinFloatParams& p, const ProjReader& r,
       }
       w[kk] = marlin_float_code(p, (tile[word[t]] >> (p.bits * field[t])) & mask) * s;
     }
+  }
+}
+
+// ---- kTrtllmFp4 --------------------------------------------------------------------------------
+
+MOEPACK_HD int64_t trtllm_fp4_row(const TrtllmFp4Params& p, int64_t n) {
+  return trtllm::shuffle_a_dst_row(p.gated_w13 ? trtllm::gated_w13_prerow(n, p.inter) : n, 32);
+}
+
+// dequantize_expert's order: code * (scale * global).
+MOEPACK_HD float trtllm_fp4_scale(const TrtllmFp4Params& p, int64_t e, int64_t pr, int64_t b) {
+  const uint8_t* sq = p.weight_scale + e * p.np * p.scale_cols;
+  float s = scale_at(sq, trtllm::scale_128x4_offset(pr, b, p.scale_cols), p.scale_type);
+  if (p.global_scale) s *= p.global_scale[e];
+  return s;
+}
+
+MOEPACK_HD float kind_weight(const TrtllmFp4Params& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t pr = trtllm_fp4_row(p, n);
+  const uint8_t byte = p.weight[(e * p.np + pr) * (p.kp / 2) + kk / 2];
+  return hd::e2m1_value(static_cast<uint8_t>((byte >> (4 * (kk & 1))) & 15)) *
+         trtllm_fp4_scale(p, e, pr, kk / p.block);
+}
+
+// The row with its physical row found once and one scale per block.
+MOEPACK_HD void kind_weight_row(const TrtllmFp4Params& p, const ProjReader& r, int64_t e, int64_t n,
+                                float* w) {
+  const int64_t pr = trtllm_fp4_row(p, n);
+  const uint8_t* wrow = p.weight + (e * p.np + pr) * (p.kp / 2);
+  for (int64_t b = 0; b * p.block < r.k; ++b) {
+    const float s = trtllm_fp4_scale(p, e, pr, b);
+    const int64_t k1 = r.k - b * p.block < p.block ? r.k : b * p.block + p.block;
+    for (int64_t kk = b * p.block; kk < k1; ++kk)
+      w[kk] = hd::e2m1_value(static_cast<uint8_t>((wrow[kk / 2] >> (4 * (kk & 1))) & 15)) * s;
   }
 }
 
