@@ -21,6 +21,7 @@
 #include "formats/triton_int8.h"
 #include "formats/triton_mxfp4.h"
 #include "formats/triton_wna16.h"
+#include "formats/trtllm_fp4.h"
 #include "formats/trtllm_fp8_block.h"
 #include "formats/trtllm_mxfp8.h"
 #include "formats/vllm_backends.h"
@@ -400,6 +401,32 @@ std::vector<TargetLayout> trtllm_layouts(const std::vector<TargetArch>& sm100) {
                                    "supports_pre_processed_weights (it always shuffles in "
                                    "process_weights_after_loading)"}},
        .tensor_parallel = canonical_tensor_parallel()},
+      {.name = "trtllm-mxfp4",
+       .kernel = "the FlashInfer TRT-LLM-Gen MXFP4 MoE kernel (bf16 activations)",
+       .layout_version = 1,
+       .schemes = {"gpt-oss-mxfp4"},
+       .archs = sm100,
+       .unsupported_reasons = trtllm_mxfp4_unsupported_reasons,
+       .param_specs = trtllm_mxfp4_param_specs,
+       .pack = pack_trtllm_mxfp4_moe,
+       .unpack = unpack_trtllm_mxfp4_moe,
+       .reader_kind = reader::Kind::kTrtllmFp4,
+       .act_quant = trtllm_mxfp4_act_quant,
+       .make_reader = trtllm_mxfp4_make_reader,
+       .deviations_from_vllm = trtllm_mxfp4_deviations_from_vllm,
+       .padded_inter = trtllm_mxfp4_padded_inter,
+       // GptOssMxfp4MoEMethod does not declare supports_pre_processed_weights (Mxfp4MoEMethod,
+       // which does, is not what gpt-oss loads), and the plugin has no builder for it.
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .reason = "vLLM 0.33's GptOssMxfp4MoEMethod does not declare "
+                                   "supports_pre_processed_weights (it always shuffles in "
+                                   "process_weights_after_loading), and this plugin has no kernel "
+                                   "builder for the TRT-LLM MXFP4 experts yet"}},
+       // gpt-oss only, and vLLM 0.33's gpt-oss loader splits its experts its own way (pairs of
+       // interleaved gate/up rows, w2's bias on rank 0): formats/parallel.cpp refuses them.
+       .tensor_parallel = {.unsupported = "trtllm-mxfp4 takes gpt-oss experts only, which are "
+                                          "written for one rank (vLLM 0.33's gpt-oss loader "
+                                          "splits them its own way, _load_weights_mxfp4)"}},
   };
 }
 

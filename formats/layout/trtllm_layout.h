@@ -25,4 +25,12 @@ MOEPACK_HD int64_t shuffle_a_dst_row(int64_t s, int64_t block) {
   return (s - v) + (v % per) * 8 + v / per;
 }
 
+// The row a gated w13's logical row n (gate j = n < inter, up j = n - inter) holds before
+// shuffle_matrix_a: TRT-LLM's interleave up0, gate0, up1, gate1, ... (vLLM's W31 swap plus
+// reorder_rows_for_gated_act_gemm, or gpt-oss' swap_every_two_rows of its interleaved rows).
+// Rows from 2 * inter on are padding.
+MOEPACK_HD int64_t gated_w13_prerow(int64_t n, int64_t inter) {
+  return n < inter ? 2 * n + 1 : 2 * (n - inter);
+}
+
 }  // namespace moepack::trtllm

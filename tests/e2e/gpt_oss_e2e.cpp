@@ -43,27 +43,6 @@ TEST(GptOssE2e, InspectValidatesEveryExpert) {
   EXPECT_TRUE(contains(text, "validated")) << text;
 }
 
-TEST(GptOssE2e, ConvertNamesWhatVllmRunsPerArch) {
-  struct Case {
-    const char* arch;
-    const char* backend;
-    const char* layout;
-  };
-  for (const Case& k : {Case{"sm100", "FLASHINFER_TRTLLM_MXFP4_BF16", "trtllm-mxfp4"}}) {
-    SCOPED_TRACE(k.arch);
-    test::TempDir tmp;
-    std::string out, err;
-    EXPECT_EQ(
-        test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "out") + " --target-arch " + k.arch,
-                          &out, &err),
-        4)
-        << err;
-    EXPECT_TRUE(contains(err, std::string("runs ") + k.backend + " for this layer")) << err;
-    EXPECT_TRUE(contains(err, std::string("no ") + k.layout + " layout yet")) << err;
-    EXPECT_FALSE(fs::exists(tmp / "out"));
-  }
-}
-
 // Where vLLM 0.33 runs MARLIN for gpt-oss, auto writes marlin-mxfp4 with the biases, named and
 // shaped as GptOssMxfp4MoEMethod leaves the layer (H = I = 64 padded to 256 / 128), and verify
 // checks it exactly against the source (round trip of codes, scales and biases; the MoE with the
@@ -177,6 +156,59 @@ TEST(GptOssE2e, ConvertsToTritonOnSm90AndVerifies) {
             4)
       << err;
   EXPECT_TRUE(contains(err, "BLOCK_N % 256")) << err;
+}
+
+// On sm100 vLLM 0.33 runs FLASHINFER_TRTLLM_MXFP4_BF16 for gpt-oss: auto writes trtllm-mxfp4 with
+// the biases, named, typed and shaped as convert_gpt_oss_weight_to_mxfp4_moe_kernel_format leaves
+// the layer (H = I = 64 padded to 256 / 128; the E8M0 scales viewed as float8_e4m3fn, the biases
+// widened to float32), and verify checks it exactly against the source.
+TEST(GptOssE2e, Sm100WritesTrtllmMxfp4AndVerifies) {
+  test::TempDir tmp;
+  const std::string dst = tmp / "out";
+  std::string out, err;
+  ASSERT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + dst + " --target-arch sm100", &out, &err),
+            0)
+      << err;
+  const nlohmann::json m = test::read_json_file(dst + "/moepack.json");
+  EXPECT_EQ(m["backend"], "trtllm-mxfp4");
+  const std::string p = "model.layers.1.mlp.experts.routed_experts.";
+  struct Want {
+    const char* name;
+    const char* dtype;
+    std::vector<int64_t> shape;
+  };
+  for (const Want& w :
+       {Want{"w13_weight", "U8", {4, 256, 128}}, Want{"w2_weight", "U8", {4, 256, 64}},
+        Want{"w13_weight_scale", "F8_E4M3", {4, 256, 8}},
+        Want{"w2_weight_scale", "F8_E4M3", {4, 256, 4}}, Want{"w13_bias", "F32", {4, 256}},
+        Want{"w2_bias", "F32", {4, 256}}}) {
+    const nlohmann::json& t = m["tensors"][p + w.name];
+    EXPECT_EQ(t["dtype"], w.dtype) << w.name;
+    EXPECT_EQ(t["shape"].get<std::vector<int64_t>>(), w.shape) << w.name;
+  }
+  std::string report;
+  EXPECT_EQ(test::moepack_cli("verify " + dst + " --source " + kMxfp4 + " --json", &report, &err),
+            0)
+      << err << report;
+  const nlohmann::json v = nlohmann::json::parse(report);
+  bool bias_checked = false;
+  for (const auto& c : v["round_trip"])
+    bias_checked = bias_checked || c["name"] == "layer 1 w13 bias";
+  EXPECT_TRUE(bias_checked) << report;
+  ASSERT_EQ(test::moepack_cli("inspect " + kMxfp4 + " --target-arch sm100 --json", &out, &err), 0)
+      << err;
+  EXPECT_TRUE(contains(out, "trtllm-mxfp4")) << out;
+  // Not what vLLM 0.33 runs on another arch, and never for another vLLM target.
+  EXPECT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "o2") +
+                                  " --target-arch sm90 --backend trtllm-mxfp4",
+                              &out, &err),
+            4)
+      << err;
+  EXPECT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "o3") +
+                                  " --target-arch sm100 --vllm-target 2026-05",
+                              &out, &err),
+            4)
+      << err;
 }
 
 // On sm90 vLLM runs the OAI Triton kernels: auto writes triton-mxfp4 (above), --backend

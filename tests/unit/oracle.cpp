@@ -1103,5 +1103,38 @@ TEST(VllmBackendOrders, DocTableMatchesTheRows) {
   EXPECT_EQ(got, want) << "docs/oracle.md, between the vllm-orders markers, should hold:\n" << want;
 }
 
+// gpt-oss on Blackwell: vLLM 0.33's _get_priority_backends_for_gpt_oss runs
+// FLASHINFER_TRTLLM_MXFP4_BF16 first (no activation quantisation declared, so the BF16 variants);
+// auto writes trtllm-mxfp4, the padded layer included. Not for the 2026-05 target (the row follows
+// vLLM 0.33.0 only) and never for compressed-tensors MXFP4 (vLLM runs CUTLASS MXFP4 there).
+TEST(Oracle, GptOssOnSm100WritesTrtllmMxfp4) {
+  OracleQuery q;
+  q.quant.method = QuantMethod::kGptOssMxfp4;
+  q.quant.bits = 4;
+  q.quant.group_size = 32;
+  q.experts = 8;
+  q.arch = TargetArch::kSm100;
+  for (const auto& [h, i] : std::vector<std::pair<int64_t, int64_t>>{{256, 128}, {2880, 2880}}) {
+    q.hidden = h;
+    q.inter = i;
+    const OracleDecision d = choose_backend(q);
+    SCOPED_TRACE(d.explain());
+    EXPECT_EQ(d.chosen, "trtllm-mxfp4");
+    EXPECT_EQ(d.vllm_would_pick, "trtllm-mxfp4");
+    ASSERT_FALSE(d.vllm_order.empty());
+    EXPECT_EQ(d.vllm_order[0].backend, "FLASHINFER_TRTLLM_MXFP4_BF16");
+    EXPECT_TRUE(d.vllm_order[0].vllm_runs);
+    EXPECT_TRUE(d.vllm_order[0].moepack_writes);
+  }
+  q.vllm_target = VllmTarget::kV2026_05;
+  EXPECT_EQ(choose_backend(q).chosen, "");
+  q.vllm_target = VllmTarget::kV0_33;
+  q.quant.method = QuantMethod::kCtMxfp4;
+  const OracleDecision ct = choose_backend(q);
+  EXPECT_NE(ct.chosen, "trtllm-mxfp4");
+  q.requested = "trtllm-mxfp4";
+  EXPECT_EQ(choose_backend(q).chosen, "");
+}
+
 }  // namespace
 }  // namespace moepack
