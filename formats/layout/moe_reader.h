@@ -737,184 +737,183 @@ MOEPACK_HD float kind_weight(const TritonMxfp4Params& p, const ProjReader&, int6
   const uint8_t s =
       p.scales[e * p.scale_bytes + triton_mx::scale_offset(m, kk >> 5, p.gp, p.num_warps)];
   return hd::e2m1_value(static_cast<uint8_t>(c)) * hd::e8m0_value(s);
-  // ---- kTrtllmFp4
-  // --------------------------------------------------------------------------------
+}
 
-  MOEPACK_HD int64_t trtllm_fp4_row(const TrtllmFp4Params& p, int64_t n) {
-    return trtllm::shuffle_a_dst_row(p.gated_w13 ? trtllm::gated_w13_prerow(n, p.inter) : n, 32);
+// ---- kTrtllmFp4 --------------------------------------------------------------------------------
+
+MOEPACK_HD int64_t trtllm_fp4_row(const TrtllmFp4Params& p, int64_t n) {
+  return trtllm::shuffle_a_dst_row(p.gated_w13 ? trtllm::gated_w13_prerow(n, p.inter) : n, 32);
+}
+
+// dequantize_expert's order: code * (scale * global).
+MOEPACK_HD float trtllm_fp4_scale(const TrtllmFp4Params& p, int64_t e, int64_t pr, int64_t b) {
+  const uint8_t* sq = p.weight_scale + e * p.np * p.scale_cols;
+  float s = scale_at(sq, trtllm::scale_128x4_offset(pr, b, p.scale_cols), p.scale_type);
+  if (p.global_scale) s *= p.global_scale[e];
+  return s;
+}
+
+MOEPACK_HD float kind_weight(const TrtllmFp4Params& p, const ProjReader&, int64_t e, int64_t n,
+                             int64_t kk) {
+  const int64_t pr = trtllm_fp4_row(p, n);
+  const uint8_t byte = p.weight[(e * p.np + pr) * (p.kp / 2) + kk / 2];
+  return hd::e2m1_value(static_cast<uint8_t>((byte >> (4 * (kk & 1))) & 15)) *
+         trtllm_fp4_scale(p, e, pr, kk / p.block);
+}
+
+// The row with its physical row found once and one scale per block.
+MOEPACK_HD void kind_weight_row(const TrtllmFp4Params& p, const ProjReader& r, int64_t e, int64_t n,
+                                float* w) {
+  const int64_t pr = trtllm_fp4_row(p, n);
+  const uint8_t* wrow = p.weight + (e * p.np + pr) * (p.kp / 2);
+  for (int64_t b = 0; b * p.block < r.k; ++b) {
+    const float s = trtllm_fp4_scale(p, e, pr, b);
+    const int64_t k1 = r.k - b * p.block < p.block ? r.k : b * p.block + p.block;
+    for (int64_t kk = b * p.block; kk < k1; ++kk)
+      w[kk] = hd::e2m1_value(static_cast<uint8_t>((wrow[kk / 2] >> (4 * (kk & 1))) & 15)) * s;
   }
+}
 
-  // dequantize_expert's order: code * (scale * global).
-  MOEPACK_HD float trtllm_fp4_scale(const TrtllmFp4Params& p, int64_t e, int64_t pr, int64_t b) {
-    const uint8_t* sq = p.weight_scale + e * p.np * p.scale_cols;
-    float s = scale_at(sq, trtllm::scale_128x4_offset(pr, b, p.scale_cols), p.scale_type);
-    if (p.global_scale) s *= p.global_scale[e];
-    return s;
+// ---- the contract ------------------------------------------------------------------------------
+
+// Every kind but Marlin act-order multiplies column kk by activation column kk.
+template <class P>
+MOEPACK_HD int64_t kind_act_col(const P&, const ProjReader&, int64_t, int64_t kk) {
+  return kk;
+}
+
+MOEPACK_HD float weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
+  return visit(r, [&](const auto& p) { return kind_weight(p, r, e, n, kk); });
+}
+
+MOEPACK_HD int64_t act_col(const ProjReader& r, int64_t e, int64_t kk) {
+  return visit(r, [&](const auto& p) { return kind_act_col(p, r, e, kk); });
+}
+
+// A kind without a row decoder of its own reads its row element by element.
+template <class P>
+MOEPACK_HD void kind_weight_row(const P& p, const ProjReader& r, int64_t e, int64_t n, float* w) {
+  for (int64_t kk = 0; kk < r.k; ++kk) w[kk] = kind_weight(p, r, e, n, kk);
+}
+
+// w[kk] = weight(r, e, n, kk) for kk in [0, r.k): a whole row with one dispatch (bit for bit the
+// same values: tests/test_util.cpp expect_reader_matches).
+MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) {
+  visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
+}
+
+// col[kk] = act_col(r, e, kk) for kk in [0, r.k).
+MOEPACK_HD void act_cols(const ProjReader& r, int64_t e, int64_t* col) {
+  visit(r, [&](const auto& p) {
+    for (int64_t kk = 0; kk < r.k; ++kk) col[kk] = kind_act_col(p, r, e, kk);
+  });
+}
+
+// ---- activation quantisation -------------------------------------------------------------------
+
+// Writes NaN over out[0, count): the policy for a unit holding a NaN or Inf (see the top).
+MOEPACK_HD void fill_nan(float* out, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) out[i] = hd::bits_as_float(hd::kQuietNanBits);
+}
+
+// max |x| over x[0, count) and whether all are finite.
+MOEPACK_HD float abs_max(const float* x, int64_t count, bool* finite) {
+  float m = 0.0f;
+  bool ok = true;
+  for (int64_t i = 0; i < count; ++i) {
+    const float a = hd::bits_as_float(hd::float_as_bits(x[i]) & 0x7fffffffu);
+    ok = ok && hd::is_finite_bits(x[i]);
+    m = a > m ? a : m;
   }
+  *finite = ok;
+  return m;
+}
 
-  MOEPACK_HD float kind_weight(const TrtllmFp4Params& p, const ProjReader&, int64_t e, int64_t n,
-                               int64_t kk) {
-    const int64_t pr = trtllm_fp4_row(p, n);
-    const uint8_t byte = p.weight[(e * p.np + pr) * (p.kp / 2) + kk / 2];
-    return hd::e2m1_value(static_cast<uint8_t>((byte >> (4 * (kk & 1))) & 15)) *
-           trtllm_fp4_scale(p, e, pr, kk / p.block);
+// libdevice round() (nearest, half away from zero) stored as int8: |v| <= 127.x here, so the
+// integer part and the remainder are exact; the int8 has no -0.
+MOEPACK_HD int32_t round_half_away_to_int(float v) {
+  const float a = hd::bits_as_float(hd::float_as_bits(v) & 0x7fffffffu);
+  int32_t t = static_cast<int32_t>(a);  // truncation
+  if (a - static_cast<float>(t) >= 0.5f) ++t;
+  return v < 0.0f ? -t : t;
+}
+
+MOEPACK_HD void quantize_int8_per_token(const float* x, int64_t k, float* out) {
+  bool finite = true;
+  float absmax = abs_max(x, k, &finite);
+  if (!finite) return fill_nan(out, k);
+  absmax = absmax > 1e-10f ? absmax : 1e-10f;
+  const float scale = absmax / 127.0f, inv = 127.0f / absmax;
+  for (int64_t i = 0; i < k; ++i) {
+    int32_t q = round_half_away_to_int(x[i] * inv);
+    q = q > 127 ? 127 : (q < -128 ? -128 : q);  // the int8 store
+    out[i] = static_cast<float>(q) * scale;
   }
+}
 
-  // The row with its physical row found once and one scale per block.
-  MOEPACK_HD void kind_weight_row(const TrtllmFp4Params& p, const ProjReader& r, int64_t e,
-                                  int64_t n, float* w) {
-    const int64_t pr = trtllm_fp4_row(p, n);
-    const uint8_t* wrow = p.weight + (e * p.np + pr) * (p.kp / 2);
-    for (int64_t b = 0; b * p.block < r.k; ++b) {
-      const float s = trtllm_fp4_scale(p, e, pr, b);
-      const int64_t k1 = r.k - b * p.block < p.block ? r.k : b * p.block + p.block;
-      for (int64_t kk = b * p.block; kk < k1; ++kk)
-        w[kk] = hd::e2m1_value(static_cast<uint8_t>((wrow[kk / 2] >> (4 * (kk & 1))) & 15)) * s;
-    }
-  }
-
-  // ---- the contract
-  // ------------------------------------------------------------------------------
-
-  // Every kind but Marlin act-order multiplies column kk by activation column kk.
-  template <class P>
-  MOEPACK_HD int64_t kind_act_col(const P&, const ProjReader&, int64_t, int64_t kk) {
-    return kk;
-  }
-
-  MOEPACK_HD float weight(const ProjReader& r, int64_t e, int64_t n, int64_t kk) {
-    return visit(r, [&](const auto& p) { return kind_weight(p, r, e, n, kk); });
-  }
-
-  MOEPACK_HD int64_t act_col(const ProjReader& r, int64_t e, int64_t kk) {
-    return visit(r, [&](const auto& p) { return kind_act_col(p, r, e, kk); });
-  }
-
-  // A kind without a row decoder of its own reads its row element by element.
-  template <class P>
-  MOEPACK_HD void kind_weight_row(const P& p, const ProjReader& r, int64_t e, int64_t n, float* w) {
-    for (int64_t kk = 0; kk < r.k; ++kk) w[kk] = kind_weight(p, r, e, n, kk);
-  }
-
-  // w[kk] = weight(r, e, n, kk) for kk in [0, r.k): a whole row with one dispatch (bit for bit the
-  // same values: tests/test_util.cpp expect_reader_matches).
-  MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) {
-    visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
-  }
-
-  // col[kk] = act_col(r, e, kk) for kk in [0, r.k).
-  MOEPACK_HD void act_cols(const ProjReader& r, int64_t e, int64_t* col) {
-    visit(r, [&](const auto& p) {
-      for (int64_t kk = 0; kk < r.k; ++kk) col[kk] = kind_act_col(p, r, e, kk);
-    });
-  }
-
-  // ---- activation quantisation
-  // -------------------------------------------------------------------
-
-  // Writes NaN over out[0, count): the policy for a unit holding a NaN or Inf (see the top).
-  MOEPACK_HD void fill_nan(float* out, int64_t count) {
-    for (int64_t i = 0; i < count; ++i) out[i] = hd::bits_as_float(hd::kQuietNanBits);
-  }
-
-  // max |x| over x[0, count) and whether all are finite.
-  MOEPACK_HD float abs_max(const float* x, int64_t count, bool* finite) {
-    float m = 0.0f;
-    bool ok = true;
-    for (int64_t i = 0; i < count; ++i) {
-      const float a = hd::bits_as_float(hd::float_as_bits(x[i]) & 0x7fffffffu);
-      ok = ok && hd::is_finite_bits(x[i]);
-      m = a > m ? a : m;
-    }
-    *finite = ok;
-    return m;
-  }
-
-  // libdevice round() (nearest, half away from zero) stored as int8: |v| <= 127.x here, so the
-  // integer part and the remainder are exact; the int8 has no -0.
-  MOEPACK_HD int32_t round_half_away_to_int(float v) {
-    const float a = hd::bits_as_float(hd::float_as_bits(v) & 0x7fffffffu);
-    int32_t t = static_cast<int32_t>(a);  // truncation
-    if (a - static_cast<float>(t) >= 0.5f) ++t;
-    return v < 0.0f ? -t : t;
-  }
-
-  MOEPACK_HD void quantize_int8_per_token(const float* x, int64_t k, float* out) {
+MOEPACK_HD void quantize_fp8_group128(const float* x, int64_t k, float* out) {
+  for (int64_t g0 = 0; g0 < k; g0 += 128) {
+    const int64_t len = k - g0 < 128 ? k - g0 : 128;
     bool finite = true;
-    float absmax = abs_max(x, k, &finite);
-    if (!finite) return fill_nan(out, k);
+    float absmax = abs_max(x + g0, len, &finite);
+    if (!finite) {
+      fill_nan(out + g0, len);
+      continue;
+    }
     absmax = absmax > 1e-10f ? absmax : 1e-10f;
-    const float scale = absmax / 127.0f, inv = 127.0f / absmax;
-    for (int64_t i = 0; i < k; ++i) {
-      int32_t q = round_half_away_to_int(x[i] * inv);
-      q = q > 127 ? 127 : (q < -128 ? -128 : q);  // the int8 store
-      out[i] = static_cast<float>(q) * scale;
+    const float s = absmax / 448.0f;
+    for (int64_t i = 0; i < len; ++i) {
+      float v = x[g0 + i] / s;
+      v = v < -448.0f ? -448.0f : (v > 448.0f ? 448.0f : v);
+      out[g0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(v)) * s;
     }
   }
+}
 
-  MOEPACK_HD void quantize_fp8_group128(const float* x, int64_t k, float* out) {
-    for (int64_t g0 = 0; g0 < k; g0 += 128) {
-      const int64_t len = k - g0 < 128 ? k - g0 : 128;
-      bool finite = true;
-      float absmax = abs_max(x + g0, len, &finite);
-      if (!finite) {
-        fill_nan(out + g0, len);
-        continue;
-      }
-      absmax = absmax > 1e-10f ? absmax : 1e-10f;
-      const float s = absmax / 448.0f;
-      for (int64_t i = 0; i < len; ++i) {
-        float v = x[g0 + i] / s;
-        v = v < -448.0f ? -448.0f : (v > 448.0f ? 448.0f : v);
-        out[g0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(v)) * s;
-      }
+MOEPACK_HD void quantize_mxfp8_block32(const float* x, int64_t k, float* out) {
+  for (int64_t b0 = 0; b0 < k; b0 += 32) {
+    const int64_t len = k - b0 < 32 ? k - b0 : 32;
+    bool finite = true;
+    const float amax = abs_max(x + b0, len, &finite);
+    if (!finite) {
+      fill_nan(out + b0, len);
+      continue;
     }
-  }
-
-  MOEPACK_HD void quantize_mxfp8_block32(const float* x, int64_t k, float* out) {
-    for (int64_t b0 = 0; b0 < k; b0 += 32) {
-      const int64_t len = k - b0 < 32 ? k - b0 : 32;
-      bool finite = true;
-      const float amax = abs_max(x + b0, len, &finite);
-      if (!finite) {
-        fill_nan(out + b0, len);
-        continue;
-      }
-      const uint8_t c = hd::e8m0_ceil(amax / 448.0f);
-      if (c == 0) {  // FlashInfer multiplies by a zero reciprocal scale: signed zeros
-        for (int64_t i = 0; i < len; ++i)
-          out[b0 + i] = hd::bits_as_float(hd::float_as_bits(x[b0 + i]) & 0x80000000u);
-        continue;
-      }
-      // 2^(127-c) and 2^(c-127) are exact float32 values for c in [1, 254].
-      const float inv =
-          hd::bits_as_float(c == 254 ? 0x00400000u : static_cast<uint32_t>(254 - c) << 23);
-      const float s = hd::e8m0_value(c);
+    const uint8_t c = hd::e8m0_ceil(amax / 448.0f);
+    if (c == 0) {  // FlashInfer multiplies by a zero reciprocal scale: signed zeros
       for (int64_t i = 0; i < len; ++i)
-        out[b0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(x[b0 + i] * inv)) * s;
+        out[b0 + i] = hd::bits_as_float(hd::float_as_bits(x[b0 + i]) & 0x80000000u);
+      continue;
     }
+    // 2^(127-c) and 2^(c-127) are exact float32 values for c in [1, 254].
+    const float inv =
+        hd::bits_as_float(c == 254 ? 0x00400000u : static_cast<uint32_t>(254 - c) << 23);
+    const float s = hd::e8m0_value(c);
+    for (int64_t i = 0; i < len; ++i)
+      out[b0 + i] = hd::e4m3_value(hd::e4m3_round_satfinite(x[b0 + i] * inv)) * s;
   }
+}
 
-  // k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
-  MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
-    const int64_t k = r.k;
-    switch (r.act) {
-      case ActQuant::kNone:
-        for (int64_t i = 0; i < k; ++i) out[i] = x[i];
-        return;
-      case ActQuant::kBf16:
-        for (int64_t i = 0; i < k; ++i) out[i] = hd::bf16_value(hd::bf16_round(x[i]));
-        return;
-      case ActQuant::kFp16:
-        for (int64_t i = 0; i < k; ++i) out[i] = hd::f16_value(hd::f16_round(x[i]));
-        return;
-      case ActQuant::kInt8PerToken:
-        return quantize_int8_per_token(x, k, out);
-      case ActQuant::kFp8PerTokenGroup128:
-        return quantize_fp8_group128(x, k, out);
-      default:
-        return quantize_mxfp8_block32(x, k, out);
-    }
+// k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
+MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
+  const int64_t k = r.k;
+  switch (r.act) {
+    case ActQuant::kNone:
+      for (int64_t i = 0; i < k; ++i) out[i] = x[i];
+      return;
+    case ActQuant::kBf16:
+      for (int64_t i = 0; i < k; ++i) out[i] = hd::bf16_value(hd::bf16_round(x[i]));
+      return;
+    case ActQuant::kFp16:
+      for (int64_t i = 0; i < k; ++i) out[i] = hd::f16_value(hd::f16_round(x[i]));
+      return;
+    case ActQuant::kInt8PerToken:
+      return quantize_int8_per_token(x, k, out);
+    case ActQuant::kFp8PerTokenGroup128:
+      return quantize_fp8_group128(x, k, out);
+    default:
+      return quantize_mxfp8_block32(x, k, out);
   }
+}
 
 }  // namespace moepack::reader
