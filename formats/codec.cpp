@@ -221,4 +221,21 @@ const Shape& linear_tensor_shape(const std::map<std::string, TensorView>& by_suf
   return it->second.shape;
 }
 
+const std::vector<uint8_t>& required_bf16_biases(const MoeExperts& x, MoeProj p, int64_t n,
+                                                 const std::string& name) {
+  const bool w13 = p == MoeProj::kW13;
+  const std::vector<uint8_t>& src = w13 ? x.w13_bias : x.w2_bias;
+  const int64_t want = (w13 ? x.w13.experts : x.w2.experts) * n * 2;
+  if (x.bias_dtype != DType::kBF16)
+    throw Error(ErrorCode::kUnsupported, "", name,
+                std::string("expert biases in ") + dtype_name(x.bias_dtype) +
+                    ": vLLM 0.33's gpt-oss loader holds them in bf16 (moepack takes bf16 only)");
+  if (src.size() != static_cast<size_t>(want))
+    throw Error(ErrorCode::kUnsupported, "", name,
+                std::string("gpt-oss experts without their ") + (w13 ? "w13" : "w2") + " biases (" +
+                    std::to_string(src.size()) + " bytes, want " + std::to_string(want) +
+                    "): vLLM's gpt-oss layer always adds them");
+  return src;
+}
+
 }  // namespace moepack

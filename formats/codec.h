@@ -163,6 +163,12 @@ struct MoeExperts {
   bool has_biases() const { return !w13_bias.empty() || !w2_bias.empty(); }
 };
 
+// One projection's biases for a layout that adds them (gpt-oss'): BF16, E * n values, where n is
+// the projection's logical rows. Anything else is refused (kUnsupported) naming `name`: vLLM
+// 0.33's gpt-oss layer holds its biases in bf16 and always adds them.
+const std::vector<uint8_t>& required_bf16_biases(const MoeExperts& x, MoeProj p, int64_t n,
+                                                 const std::string& name);
+
 // What a target layout decides on without reading bytes: one projection's encoding and extents,
 // and whether it carries a non-trivial act-order g_idx.
 struct ProjShape {

@@ -500,18 +500,9 @@ std::string bias_name(MoeProj p) {
 // then every 32 values permuted by marlin_permute_bias (get_scale_perms' scale_perm_single: the
 // 32-entry chunk permutation of ungrouped Marlin scales).
 Tensor pack_biases(const LayoutOptions& o, const MoeExperts& x, MoeProj p, const ProjGeom& g) {
-  const std::vector<uint8_t>& src = p == MoeProj::kW13 ? x.w13_bias : x.w2_bias;
   const int64_t E = p == MoeProj::kW13 ? x.w13.experts : x.w2.experts;
   const std::string name = o.prefix + bias_name(p);
-  if (x.bias_dtype != DType::kBF16)
-    throw Error(ErrorCode::kUnsupported, "", name,
-                std::string("expert biases in ") + dtype_name(x.bias_dtype) +
-                    ": vLLM 0.33's gpt-oss loader holds them in bf16 (moepack takes bf16 only)");
-  if (src.size() != static_cast<size_t>(E * g.n * 2))
-    throw Error(ErrorCode::kUnsupported, "", name,
-                "gpt-oss experts without their " + std::string(proj_name(p)) + " biases (" +
-                    num(static_cast<int64_t>(src.size())) + " bytes, want " + num(E * g.n * 2) +
-                    "): vLLM's gpt-oss layer always adds them");
+  const std::vector<uint8_t>& src = required_bf16_biases(x, p, g.n, name);
   Tensor t(name, DType::kBF16, {E, g.np});
   for (int64_t e = 0; e < E; ++e) {
     uint8_t* out = t.data.data() + e * g.np * 2;

@@ -197,18 +197,9 @@ void pack_expert(const Geom& g, const uint8_t* codes, const uint8_t* scales, uin
 // The biases of one projection as vLLM leaves them: the loader's physical rows (zeros in the
 // padding), bf16 -> float32 (exact).
 Tensor pack_biases(const LayoutOptions& o, const MoeExperts& x, MoeProj p, const Geom& g) {
-  const std::vector<uint8_t>& src = p == MoeProj::kW13 ? x.w13_bias : x.w2_bias;
   const int64_t E = p == MoeProj::kW13 ? x.w13.experts : x.w2.experts;
   const std::string name = o.prefix + bias_name(p);
-  if (x.bias_dtype != DType::kBF16)
-    throw Error(ErrorCode::kUnsupported, "", name,
-                std::string("expert biases in ") + dtype_name(x.bias_dtype) +
-                    ": vLLM 0.33's gpt-oss loader holds them in bf16 (moepack takes bf16 only)");
-  if (src.size() != static_cast<size_t>(E * g.n * 2))
-    throw Error(ErrorCode::kUnsupported, "", name,
-                "gpt-oss experts without their " + std::string(proj_name(p)) + " biases (" +
-                    num(static_cast<int64_t>(src.size())) + " bytes, want " + num(E * g.n * 2) +
-                    "): vLLM's gpt-oss layer always adds them");
+  const std::vector<uint8_t>& src = required_bf16_biases(x, p, g.n, name);
   Tensor t(name, DType::kF32, {E, g.rows});
   float* out = reinterpret_cast<float*>(t.data.data());
   for (int64_t e = 0; e < E; ++e)

@@ -161,17 +161,9 @@ void pack_expert(const ProjGeom& g, int64_t block, const uint8_t* codes, const u
 }
 
 // The bf16 biases of one projection [E, n] as float32 [E, np] in physical row order.
-Tensor pack_biases(const std::string& name, const std::vector<uint8_t>& src, DType dtype,
-                   const ProjGeom& g, int64_t E) {
-  if (dtype != DType::kBF16)
-    throw Error(ErrorCode::kUnsupported, "", name,
-                std::string("expert biases in ") + dtype_name(dtype) +
-                    ": vLLM 0.33's gpt-oss loader holds them in bf16 (moepack takes bf16 only)");
-  if (src.size() != static_cast<size_t>(E * g.n * 2))
-    throw Error(ErrorCode::kUnsupported, "", name,
-                "gpt-oss experts without their biases (" + num(static_cast<int64_t>(src.size())) +
-                    " bytes, want " + num(E * g.n * 2) +
-                    "): vLLM's gpt-oss layer always adds them");
+Tensor pack_biases(const std::string& name, const MoeExperts& x, MoeProj p, const ProjGeom& g,
+                   int64_t E) {
+  const std::vector<uint8_t>& src = required_bf16_biases(x, p, g.n, name);
   Tensor t(name, DType::kF32, {E, g.np});
   float* out = t.as<float>();
   for (int64_t e = 0; e < E; ++e)
@@ -209,8 +201,8 @@ std::vector<Tensor> pack(Family f, const LayoutOptions& o, const MoeExperts& x) 
   std::vector<Tensor> out;
   for (auto& t : weights) out.push_back(std::move(t));
   for (auto& t : scales) out.push_back(std::move(t));
-  out.push_back(pack_biases(param(o, "w13_bias"), x.w13_bias, x.bias_dtype, G.proj[0], E));
-  out.push_back(pack_biases(param(o, "w2_bias"), x.w2_bias, x.bias_dtype, G.proj[1], E));
+  out.push_back(pack_biases(param(o, "w13_bias"), x, MoeProj::kW13, G.proj[0], E));
+  out.push_back(pack_biases(param(o, "w2_bias"), x, MoeProj::kW2, G.proj[1], E));
   return out;
 }
 
