@@ -203,54 +203,6 @@ struct ProjSource {
   int64_t n = 0, k = 0, k_real = 0, g = 0;
 };
 
-// The word of codes k = pf*kw .. pf*kw+pf-1 of a K-packed source row (GPTQ / CT), 0 in padding.
-template <WordOrder kOrder>
-inline uint32_t kpacked_word(const RowRef& r, int64_t kw, int64_t kw_real) {
-  if (!r.lin || kw >= kw_real) return 0;
-  const int64_t off = kOrder == WordOrder::kGptq ? kw * r.lin->n + r.row : r.row * kw_real + kw;
-  return wna16::load_u32(r.lin->words + off * 4);
-}
-
-// Marlin 16-bit-activation tiles straight from K-packed words, no act-order: each Marlin word
-// takes one byte (int4: two codes) or half-word (int8) of four (two) source words. The field map
-// is marlin::word_field_coords as repack_16bit_act unrolls it:
-//   int4 word: (k, n) = (b,c0) (b+8,c0) (b,c0+8) (b+8,c0+8) (b+1,c0) (b+9,c0) (b+1,c0+8) (b+9,c0+8)
-//   int8 word: k = b, b+8, b+1, b+9 of row n = c0 + 8h
-template <WordOrder kOrder>
-void marlin_words_kpacked(int bits, const ProjSource& p, uint32_t* out) {
-  const int pf = 32 / bits, T = marlin::words_per_tile(bits);
-  const int64_t ntiles_n = p.n / 64, kw_real = p.k_real / pf;
-  for (int64_t kt = 0; kt < p.k / 16; ++kt)
-    for (int64_t nt = 0; nt < ntiles_n; ++nt) {
-      uint32_t* dst = out + (kt * ntiles_n + nt) * T;
-      for (int r = 0; r < T; ++r) {
-        uint32_t w;
-        if (bits == 4) {
-          const int t = r >> 2, j = r & 3, b = 2 * (t & 3);
-          const int64_t c0 = 64 * nt + 16 * j + (t >> 2);
-          const RowRef& ra = p.rows[static_cast<size_t>(c0)];
-          const RowRef& rb = p.rows[static_cast<size_t>(c0 + 8)];
-          const int sh = 4 * b;
-          const uint32_t a = (kpacked_word<kOrder>(ra, 2 * kt, kw_real) >> sh) & 0xffu;
-          const uint32_t a8 = (kpacked_word<kOrder>(ra, 2 * kt + 1, kw_real) >> sh) & 0xffu;
-          const uint32_t c = (kpacked_word<kOrder>(rb, 2 * kt, kw_real) >> sh) & 0xffu;
-          const uint32_t c8 = (kpacked_word<kOrder>(rb, 2 * kt + 1, kw_real) >> sh) & 0xffu;
-          w = (a & 15u) | (a8 & 15u) << 4 | (c & 15u) << 8 | (c8 & 15u) << 12 | (a >> 4) << 16 |
-              (a8 >> 4) << 20 | (c >> 4) << 24 | (c8 >> 4) << 28;
-        } else {
-          const int t = r >> 3, j = (r & 7) >> 1, h = r & 1, b = 2 * (t & 3);
-          const RowRef& row = p.rows[static_cast<size_t>(64 * nt + 16 * j + (t >> 2) + 8 * h)];
-          const int sh = 8 * (b & 3);
-          const uint32_t lo = (kpacked_word<kOrder>(row, 4 * kt + b / 4, kw_real) >> sh) & 0xffffu;
-          const uint32_t hi =
-              (kpacked_word<kOrder>(row, 4 * kt + 2 + b / 4, kw_real) >> sh) & 0xffffu;
-          w = (lo & 0xffu) | (hi & 0xffu) << 8 | (lo >> 8) << 16 | (hi >> 8) << 24;
-        }
-        dst[r] = w;
-      }
-    }
-}
-
 // Code (k, n) of a source row, 0 in padding.
 inline uint32_t wna_code(WordOrder order, int bits, const RowRef& r, int64_t k, int64_t k_real) {
   if (!r.lin || k >= k_real) return 0;
@@ -265,8 +217,8 @@ inline uint32_t wna_code(WordOrder order, int bits, const RowRef& r, int64_t k, 
   return (wna16::load_u32(L.words + off * 4) >> (bits * (k % pf))) & ((1u << bits) - 1u);
 }
 
-// Marlin 16-bit-activation tiles field by field (act-order rows `perm`, AWQ's N-packed words):
-// the same unrolled map as marlin_words_kpacked, one code at a time.
+// Marlin 16-bit-activation tiles field by field, for act-order rows `perm` (codes in g_idx order
+// are not whole source words): the same unrolled map as marlin_words_tiled, one code at a time.
 void marlin_words_generic(WordOrder order, int bits, const ProjSource& p, const int32_t* perm,
                           uint32_t* out) {
   const int T = marlin::words_per_tile(bits);
@@ -299,6 +251,184 @@ void marlin_words_generic(WordOrder order, int bits, const ProjSource& p, const 
       }
     }
   }
+}
+
+// ---- Marlin tiles from K-packed words
+// ------------------------------------------------------------
+//
+// A 16-bit-activation Marlin tile (16 k x 64 n) is built in two steps: gather the tile's source
+// codes as K-packed words per column (`TileWords`: word i of column c holds codes k = 16 kt + pf i
+// .. + pf - 1 of tile column c, low bits first, as a GPTQ word does; 0 in padding), then shuffle
+// them into the tile's words (marlin_tile_int4 / marlin_tile_int8). The shuffle is
+// marlin::word_field_coords as repack_16bit_act unrolls it:
+//   int4 word: (k, n) = (b,c0) (b+8,c0) (b,c0+8) (b+8,c0+8) (b+1,c0) (b+9,c0) (b+1,c0+8) (b+9,c0+8)
+//   int8 word: k = b, b+8, b+1, b+9 of row n = c0 + 8h
+// done a word of codes at a time instead of a code at a time (marlin_words_generic, which defines
+// the same words field by field, stays for act-order rows).
+struct TileWords {
+  uint32_t w[4][64];  // [16 / pf][tile column]
+};
+
+// 4x4 byte transpose of x[0..3]: byte q of x[i] becomes byte i of x[q].
+inline void transpose_bytes_4x4(uint32_t (&x)[4]) {
+  for (int i = 0; i < 2; ++i) {  // 2x2 blocks of half-words
+    const uint32_t a = x[i], b = x[i + 2];
+    x[i] = (a & 0x0000ffffu) | (b << 16);
+    x[i + 2] = (a >> 16) | (b & 0xffff0000u);
+  }
+  for (int i = 0; i < 4; i += 2) {  // then bytes within each block
+    const uint32_t a = x[i], b = x[i + 1];
+    x[i] = (a & 0x00ff00ffu) | ((b & 0x00ff00ffu) << 8);
+    x[i + 1] = ((a >> 8) & 0x00ff00ffu) | (b & 0xff00ff00u);
+  }
+}
+
+// 8x8 nibble transpose of x[0..7]: nibble p of x[i] becomes nibble i of x[p].
+inline void transpose_nibbles_8x8(uint32_t (&x)[8]) {
+  for (int i = 0; i < 4; ++i) {  // 4x4 blocks of half-words
+    const uint32_t a = x[i], b = x[i + 4];
+    x[i] = (a & 0x0000ffffu) | (b << 16);
+    x[i + 4] = (a >> 16) | (b & 0xffff0000u);
+  }
+  for (int i : {0, 1, 4, 5}) {  // 2x2 blocks of bytes
+    const uint32_t a = x[i], b = x[i + 2];
+    x[i] = (a & 0x00ff00ffu) | ((b & 0x00ff00ffu) << 8);
+    x[i + 2] = ((a >> 8) & 0x00ff00ffu) | (b & 0xff00ff00u);
+  }
+  for (int i = 0; i < 8; i += 2) {  // nibbles
+    const uint32_t a = x[i], b = x[i + 1];
+    x[i] = (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
+    x[i + 1] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+  }
+}
+
+// int4: word r = 16 m + 4 q + j of the tile (t = 4 m + q, c0 = 16 j + m) is, byte by byte,
+// [lo(c0), lo(c0 + 8), hi(c0), hi(c0 + 8)] of byte q, where lo(c) pairs the low nibbles of
+// column c's two words (k = 2q and k = 2q + 8) and hi(c) their high nibbles (k = 2q + 1, 2q + 9).
+void marlin_tile_int4(const TileWords& s, uint32_t* dst) {
+  uint32_t lo[64], hi[64];
+  for (int c = 0; c < 64; ++c) {
+    const uint32_t a = s.w[0][c], b = s.w[1][c];
+    lo[c] = (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
+    hi[c] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+  }
+  for (int m = 0; m < 8; ++m)
+    for (int j = 0; j < 4; ++j) {
+      const int c0 = 16 * j + m;
+      uint32_t x[4] = {lo[c0], lo[c0 + 8], hi[c0], hi[c0 + 8]};
+      transpose_bytes_4x4(x);
+      for (int q = 0; q < 4; ++q) dst[16 * m + 4 * q + j] = x[q];
+    }
+}
+
+// int8: word r (t = r >> 3, j = (r & 7) >> 1, h = r & 1) of row c0 + 8 h, c0 = 16 j + (t >> 2),
+// interleaves the half-word of k = b, b + 1 (word b / 4) with that of k = b + 8, b + 9 (word
+// 2 + b / 4), b = 2 (t & 3).
+void marlin_tile_int8(const TileWords& s, uint32_t* dst) {
+  for (int r = 0; r < 256; ++r) {
+    const int t = r >> 3, j = (r & 7) >> 1, h = r & 1, tt = t & 3;
+    const int c = 16 * j + (t >> 2) + 8 * h, sh = 16 * (tt & 1);
+    const uint32_t lo = (s.w[tt >> 1][c] >> sh) & 0xffffu;
+    const uint32_t hi = (s.w[2 + (tt >> 1)][c] >> sh) & 0xffffu;
+    dst[r] = (lo & 0xffu) | (hi & 0xffu) << 8 | (lo >> 8) << 16 | (hi >> 8) << 24;
+  }
+}
+
+// Where each logical row's K-packed words are (GPTQ, CT): word kw of row n at col[n] +
+// kw * stride[n] bytes; nullptr for a padding row.
+struct KpackedRows {
+  std::vector<const uint8_t*> col;
+  std::vector<int64_t> stride;
+};
+
+KpackedRows kpacked_rows(WordOrder order, int pf, const ProjSource& p) {
+  KpackedRows kr;
+  kr.col.assign(static_cast<size_t>(p.n), nullptr);
+  kr.stride.assign(static_cast<size_t>(p.n), 0);
+  for (int64_t n = 0; n < p.n; ++n) {
+    const RowRef& r = p.rows[static_cast<size_t>(n)];
+    if (!r.lin) continue;
+    const int64_t kw_real = r.lin->k / pf;
+    const bool gptq = order == WordOrder::kGptq;  // [K/pf, N] : [N, K/pf]
+    kr.col[static_cast<size_t>(n)] = r.lin->words + (gptq ? r.row : r.row * kw_real) * 4;
+    kr.stride[static_cast<size_t>(n)] = gptq ? r.lin->n * 4 : 4;
+  }
+  return kr;
+}
+
+// The words of tile (kt, nt) from GPTQ / CT rows.
+void gather_kpacked(const KpackedRows& kr, int kw_per_tile, int64_t kw_real, int64_t kt, int64_t nt,
+                    TileWords& s) {
+  for (int i = 0; i < kw_per_tile; ++i) {
+    const int64_t kw = kw_per_tile * kt + i;
+    uint32_t* dst = s.w[i];
+    if (kw >= kw_real) {
+      std::fill(dst, dst + 64, 0u);
+      continue;
+    }
+    for (int c = 0; c < 64; ++c) {
+      const size_t n = static_cast<size_t>(64 * nt + c);
+      const uint8_t* q = kr.col[n];
+      dst[c] = q ? wna16::load_u32(q + kw * kr.stride[n]) : 0u;
+    }
+  }
+}
+
+// The words of tile (kt, nt) from AWQ's N-packed rows: eight source words (k = 8 kw .. 8 kw + 7,
+// one word of eight columns each) are one 8x8 nibble transpose from eight K-packed words; field
+// p of an AWQ word is column kAwqOrder[p] of its eight. Columns that are not eight consecutive
+// rows of one Linear (padding) are read code by code.
+void gather_awq(const ProjSource& p, int64_t kt, int64_t nt, TileWords& s) {
+  const int64_t kw_real = p.k_real / 8;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t kw = 2 * kt + i;
+    for (int g8 = 0; g8 < 8; ++g8) {
+      uint32_t* dst = s.w[i] + 8 * g8;
+      const int64_t n0 = 64 * nt + 8 * g8;
+      const RowRef& first = p.rows[static_cast<size_t>(n0)];
+      const RowRef& last = p.rows[static_cast<size_t>(n0 + 7)];
+      if (kw >= kw_real) {
+        std::fill(dst, dst + 8, 0u);
+      } else if (first.lin && last.lin == first.lin && last.row == first.row + 7 &&
+                 first.row % 8 == 0) {
+        const WnaLinear& L = *first.lin;
+        uint32_t x[8];
+        for (int r = 0; r < 8; ++r)
+          x[r] = wna16::load_u32(L.words + ((8 * kw + r) * (L.n / 8) + first.row / 8) * 4);
+        transpose_nibbles_8x8(x);
+        for (int f = 0; f < 8; ++f) dst[kAwqOrder[f]] = x[f];
+      } else {
+        for (int c = 0; c < 8; ++c) {
+          uint32_t w = 0;
+          for (int r = 0; r < 8; ++r)
+            w |= wna_code(WordOrder::kAwq, 4, p.rows[static_cast<size_t>(n0 + c)], 8 * kw + r,
+                          p.k_real)
+                 << (4 * r);
+          dst[c] = w;
+        }
+      }
+    }
+  }
+}
+
+// Marlin 16-bit-activation tiles of a projection without act-order, tile by tile.
+void marlin_words_tiled(WordOrder order, int bits, const ProjSource& p, uint32_t* out) {
+  const int pf = 32 / bits, T = marlin::words_per_tile(bits), kw_per_tile = 16 / pf;
+  const int64_t ntiles_n = p.n / 64, kw_real = p.k_real / pf;
+  const KpackedRows kr = order == WordOrder::kAwq ? KpackedRows() : kpacked_rows(order, pf, p);
+  TileWords s;
+  for (int64_t kt = 0; kt < p.k / 16; ++kt)
+    for (int64_t nt = 0; nt < ntiles_n; ++nt) {
+      if (order == WordOrder::kAwq)
+        gather_awq(p, kt, nt, s);
+      else
+        gather_kpacked(kr, kw_per_tile, kw_real, kt, nt, s);
+      uint32_t* dst = out + (kt * ntiles_n + nt) * T;
+      if (bits == 4)
+        marlin_tile_int4(s, dst);
+      else
+        marlin_tile_int8(s, dst);
+    }
 }
 
 // Scale (g, n) of a source Linear.
@@ -469,8 +599,8 @@ void write_marlin_zero_points(int bits, const ProjSource& ps, int64_t e, std::ve
   std::memcpy(o.qzeros.data.data() + e * o.g * (o.n / pf) * 4, zw.data(), zw.size() * 4);
 }
 
-// One expert's projection `o`: Marlin words (K-packed fast path, or field by field for act-order
-// rows and AWQ), scales and zero points. False where the bytes make it decline.
+// One expert's projection `o`: Marlin words (tile by tile, or field by field for act-order rows),
+// scales and zero points. False where the bytes make it decline.
 bool marlin_expert_projection(WordOrder order, const LayoutOptions& opts, const DirectSource& src,
                               int64_t ip, const std::array<WnaLinear, 3>& L, int64_t e,
                               std::vector<uint16_t>& s, std::vector<uint8_t>& zp,
@@ -480,12 +610,10 @@ bool marlin_expert_projection(WordOrder order, const LayoutOptions& opts, const 
   std::vector<int32_t> perm;
   if (o.act_order && !act_order_rows(o, L, src.gated, src.quant.group_size, e, &perm)) return false;
   uint32_t* words = o.qweight.as<uint32_t>() + e * (o.k * o.n / pf);
-  if (!perm.empty() || order == WordOrder::kAwq)
-    marlin_words_generic(order, bits, ps, perm.empty() ? nullptr : perm.data(), words);
-  else if (order == WordOrder::kGptq)
-    marlin_words_kpacked<WordOrder::kGptq>(bits, ps, words);
+  if (!perm.empty())
+    marlin_words_generic(order, bits, ps, perm.data(), words);
   else
-    marlin_words_kpacked<WordOrder::kCt>(bits, ps, words);
+    marlin_words_tiled(order, bits, ps, words);
   if (!write_marlin_scales(order, opts, ps, e, s, o)) return false;
   if (o.names.qzeros.empty()) return true;
   if (order != WordOrder::kAwq) return false;  // zero points come from AWQ only
