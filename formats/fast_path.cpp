@@ -95,6 +95,7 @@ struct WnaLinear {
   const uint8_t* words = nullptr;   // packed codes (unaligned little-endian words)
   const uint8_t* scales = nullptr;  // GPTQ / AWQ [G, N], compressed-tensors [N, G]
   DType scale_dtype = DType::kF16;
+  int64_t scale_bytes = 2;         // of scale_dtype
   const uint8_t* zeros = nullptr;  // AWQ qzeros [G, N/8]
   std::vector<int32_t> g_idx;      // [K], empty when trivial (k / group_size)
   int64_t n = 0, k = 0, g = 0;
@@ -130,6 +131,7 @@ bool read_wna_linear(const QuantParams& q, WordOrder order, const LinearViews& m
   out->words = qw->data;
   out->scales = sc->data;
   out->scale_dtype = sc->dtype;
+  out->scale_bytes = dtype_bits(sc->dtype) / 8;
 
   if (order == WordOrder::kAwq) {
     if (bits != 4 || q.group_size <= 0 || n % 8 != 0) return false;
@@ -433,8 +435,7 @@ void marlin_words_tiled(WordOrder order, int bits, const ProjSource& p, uint32_t
 
 // Scale (g, n) of a source Linear.
 inline const uint8_t* wna_scale(WordOrder order, const WnaLinear& L, int64_t g, int64_t n) {
-  const int64_t eb = dtype_bits(L.scale_dtype) / 8;
-  return L.scales + (order == WordOrder::kCt ? n * L.g + g : g * L.n + n) * eb;
+  return L.scales + (order == WordOrder::kCt ? n * L.g + g : g * L.n + n) * L.scale_bytes;
 }
 
 struct MarlinProjOut {
@@ -558,6 +559,11 @@ bool act_order_rows(MarlinProjOut& o, const std::array<WnaLinear, 3>& L, bool ga
   return true;
 }
 
+// Whether a 16-bit float (F16 or BF16) is finite: its exponent is not all ones.
+inline bool finite_16bit(uint16_t h, DType d) {
+  return d == DType::kBF16 ? (h & 0x7f80u) != 0x7f80u : (h & 0x7c00u) != 0x7c00u;
+}
+
 // Expert e's scales of projection `o` [G, N] in the activation dtype (padding 0), permuted as
 // Marlin reads them. `s` is scratch. False where a scale is not finite (declined).
 bool write_marlin_scales(WordOrder order, const LayoutOptions& opts, const ProjSource& ps,
@@ -567,11 +573,20 @@ bool write_marlin_scales(WordOrder order, const LayoutOptions& opts, const ProjS
   for (int64_t n = 0; n < o.n; ++n) {
     const RowRef& rr = ps.rows[static_cast<size_t>(n)];
     if (!rr.lin) continue;
+    const DType from = rr.lin->scale_dtype;
+    // Scales already in the (16-bit) activation dtype: convert_scale copies them, so only the
+    // finiteness check remains, done on the bits.
+    const bool as_is = from == opts.act_dtype;
     for (int64_t g = 0; g < rr.lin->g; ++g) {
       const uint8_t* p = wna_scale(order, *rr.lin, g, rr.row);
-      if (!std::isfinite(scale_to_float(p, rr.lin->scale_dtype))) return false;
-      convert_scale(p, rr.lin->scale_dtype, opts.act_dtype,
-                    reinterpret_cast<uint8_t*>(&s[static_cast<size_t>(g * o.n + n)]), what);
+      uint16_t* dst = &s[static_cast<size_t>(g * o.n + n)];
+      if (as_is) {
+        std::memcpy(dst, p, 2);
+        if (!finite_16bit(*dst, from)) return false;
+        continue;
+      }
+      if (!std::isfinite(scale_to_float(p, from))) return false;
+      convert_scale(p, from, opts.act_dtype, reinterpret_cast<uint8_t*>(dst), what);
     }
   }
   marlin_permute_scales(reinterpret_cast<uint8_t*>(s.data()), o.g, o.n, 2, o.grouped);
@@ -702,6 +717,21 @@ struct MxLinear {
   const uint8_t* scales = nullptr;  // E8M0 [N, K/32]
 };
 
+// Whether any byte is an e4m3 NaN code (S.1111.111), eight at a time: (b & 0x7f) + 1 reaches
+// bit 7 exactly when b & 0x7f == 0x7f, and never carries into the next byte.
+bool any_e4m3_nan(const uint8_t* p, uint64_t n) {
+  uint64_t i = 0, hit = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x;
+    std::memcpy(&x, p + i, 8);
+    hit |= (x & 0x7f7f7f7f7f7f7f7fULL) + 0x0101010101010101ULL;
+  }
+  if (hit & 0x8080808080808080ULL) return true;
+  for (; i < n; ++i)
+    if (e4m3_is_nan(p[i])) return true;
+  return false;
+}
+
 bool read_mx_linear(const QuantParams& q, const LinearViews& m, int64_t n, int64_t k,
                     MxLinear* out) {
   if (!suffixes_as_codec_reads(q, m) || n <= 0 || k <= 0 || k % kMxBlock != 0) return false;
@@ -710,9 +740,7 @@ bool read_mx_linear(const QuantParams& q, const LinearViews& m, int64_t n, int64
   if (!w || !s || w->dtype != DType::kF8_E4M3 || !is_scale_byte_dtype(s->dtype)) return false;
   if (w->shape != Shape{n, k} || s->shape != Shape{n, k / kMxBlock}) return false;
   if (std::memchr(s->data, 255, s->nbytes)) return false;  // E8M0 NaN: the codec refuses it
-  bool nan_code = false;  // e4m3 NaN codes: the codec refuses them too
-  for (uint64_t i = 0; i < w->nbytes; ++i) nan_code |= e4m3_is_nan(w->data[i]);
-  if (nan_code) return false;
+  if (any_e4m3_nan(w->data, w->nbytes)) return false;      // the codec refuses NaN codes too
   out->codes = w->data;
   out->scales = s->data;
   return true;

@@ -357,6 +357,81 @@ TEST(FastPaths, CtSymmetricZeroPoints) {
   EXPECT_FALSE(row->convert(opts, views_of(s)).has_value());
 }
 
+// Scales already in the activation dtype are copied with a check of their bits: a NaN or an
+// infinity anywhere declines (the canonical path refuses it), the largest finite value converts.
+TEST(FastPaths, ScalesInTheActivationDtype) {
+  Rng rng(17);
+  QuantParams q;
+  q.method = QuantMethod::kGptq;
+  q.bits = 4;
+  q.group_size = 32;
+  q.symmetric = true;
+  q.dtype = DType::kF16;
+  const TargetLayout* marlin = find_target_layout("marlin");
+  for (DType act : {DType::kF16, DType::kBF16}) {
+    const bool bf16 = act == DType::kBF16;
+    const LayoutOptions opts = options_for(q, act, true, false, VllmTarget::kV0_33, 128, 2);
+    const DirectPath* row =
+        find_direct_path(q.method, "marlin", q, opts, moe_shape_for(q, 2, 256, 128, true, 0, 0));
+    ASSERT_NE(row, nullptr);
+    const SourceLayer good = random_source(rng, q, act, 2, 256, 128, true);
+    const uint16_t largest = bf16 ? 0x7f7f : 0x7bff, neg_largest = bf16 ? 0xff7f : 0xfbff;
+    const uint16_t inf = bf16 ? 0x7f80 : 0x7c00, neg_inf = bf16 ? 0xff80 : 0xfc00;
+    const uint16_t nan = bf16 ? 0x7fc1 : 0x7e01;
+    for (uint16_t v : {largest, neg_largest, inf, neg_inf, nan}) {
+      SourceLayer s = good;
+      const int p = static_cast<int>(rng() % 3);
+      Tensor& sc = s.linears[rng() % 2][p].at("scales");
+      const size_t at = 2 * (rng() % (sc.data.size() / 2));
+      std::memcpy(sc.data.data() + at, &v, 2);
+      const std::string what = std::string(dtype_name(act)) + " scale " + std::to_string(v) +
+                               " in projection " + std::to_string(p) + " at byte " +
+                               std::to_string(at);
+      SCOPED_TRACE(what);
+      const std::optional<std::vector<Tensor>> direct = row->convert(opts, views_of(s));
+      if (v == largest || v == neg_largest) {
+        ASSERT_TRUE(direct.has_value());
+        expect_same(*direct, canonical(s, *marlin, opts), what);
+      } else {
+        EXPECT_FALSE(direct.has_value());
+        EXPECT_THROW(canonical(s, *marlin, opts), Error);
+      }
+    }
+  }
+}
+
+// MXFP8 codes are checked eight bytes at a time: a NaN code (S.1111.111) at any byte of a word
+// declines, the codes next to it (S.1111.110, the largest finite) convert.
+TEST(FastPaths, Mxfp8NanCodesAnywhere) {
+  Rng rng(18);
+  const QuantParams q = find_source_codec(QuantMethod::kModeloptMxfp8)->param_space().front();
+  const LayoutOptions opts = options_for(q, DType::kBF16, true, false, VllmTarget::kV0_33, 128, 1);
+  const TargetLayout* layout = find_target_layout("trtllm-mxfp8");
+  const DirectPath* row = find_direct_path(q.method, "trtllm-mxfp8", q, opts,
+                                           moe_shape_for(q, 1, 128, 128, true, 0, 0));
+  ASSERT_NE(row, nullptr);
+  const SourceLayer good = random_source(rng, q, DType::kU8, 1, 128, 128, true);
+  ASSERT_TRUE(row->convert(opts, views_of(good)).has_value());
+  for (uint8_t code : {uint8_t{0x7f}, uint8_t{0xff}, uint8_t{0x7e}, uint8_t{0xfe}})
+    for (size_t at :
+         {size_t{0}, size_t{3}, size_t{7}, size_t{8 * 100 + 5}, size_t{128 * 128 - 1}}) {
+      SourceLayer s = good;
+      const int p = static_cast<int>(at % 3);
+      std::memcpy(s.linears[0][p].at("weight").data.data() + at, &code, 1);
+      const std::string what = "code " + std::to_string(code) + " at byte " + std::to_string(at) +
+                               " of projection " + std::to_string(p);
+      SCOPED_TRACE(what);
+      const std::optional<std::vector<Tensor>> direct = row->convert(opts, views_of(s));
+      if ((code & 0x7f) == 0x7f) {
+        EXPECT_FALSE(direct.has_value());
+        EXPECT_THROW(canonical(s, *layout, opts), Error);
+      } else {
+        ASSERT_TRUE(direct.has_value());
+        expect_same(*direct, canonical(s, *layout, opts), what);
+      }
+    }
+}
+
 TEST(FastPaths, RowsAndRefusals) {
   QuantParams q;
   q.method = QuantMethod::kGptq;
