@@ -564,6 +564,27 @@ inline bool finite_16bit(uint16_t h, DType d) {
   return d == DType::kBF16 ? (h & 0x7f80u) != 0x7f80u : (h & 0x7c00u) != 0x7c00u;
 }
 
+// One scale (F16, BF16 or F32) in the activation dtype `to` (F16 or BF16) as convert_scale
+// converts it (a copy, or through float32 rounded to nearest even), inline; false where the
+// scale is not finite or overflows `to` (the canonical path refuses both: declined).
+inline bool scale_to_16bit(const uint8_t* p, DType from, DType to, uint16_t* out) {
+  if (from == to) {
+    std::memcpy(out, p, 2);
+    return finite_16bit(*out, from);
+  }
+  float v;
+  if (from == DType::kF32) {
+    std::memcpy(&v, p, 4);
+  } else {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    v = from == DType::kBF16 ? bf16_to_float(h) : f16_to_float(h);
+  }
+  if (!std::isfinite(v)) return false;
+  *out = to == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+  return finite_16bit(*out, to);
+}
+
 // Expert e's scales of projection `o` [G, N] in the activation dtype (padding 0), permuted as
 // Marlin reads them. `s` is scratch. False where a scale is not finite (declined).
 bool write_marlin_scales(WordOrder order, const LayoutOptions& opts, const ProjSource& ps,
@@ -574,15 +595,12 @@ bool write_marlin_scales(WordOrder order, const LayoutOptions& opts, const ProjS
     const RowRef& rr = ps.rows[static_cast<size_t>(n)];
     if (!rr.lin) continue;
     const DType from = rr.lin->scale_dtype;
-    // Scales already in the (16-bit) activation dtype: convert_scale copies them, so only the
-    // finiteness check remains, done on the bits.
-    const bool as_is = from == opts.act_dtype;
+    const bool inline_16bit = opts.act_dtype == DType::kF16 || opts.act_dtype == DType::kBF16;
     for (int64_t g = 0; g < rr.lin->g; ++g) {
       const uint8_t* p = wna_scale(order, *rr.lin, g, rr.row);
       uint16_t* dst = &s[static_cast<size_t>(g * o.n + n)];
-      if (as_is) {
-        std::memcpy(dst, p, 2);
-        if (!finite_16bit(*dst, from)) return false;
+      if (inline_16bit) {
+        if (!scale_to_16bit(p, from, opts.act_dtype, dst)) return false;
         continue;
       }
       if (!std::isfinite(scale_to_float(p, from))) return false;

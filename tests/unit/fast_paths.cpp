@@ -357,9 +357,11 @@ TEST(FastPaths, CtSymmetricZeroPoints) {
   EXPECT_FALSE(row->convert(opts, views_of(s)).has_value());
 }
 
-// Scales already in the activation dtype are copied with a check of their bits: a NaN or an
-// infinity anywhere declines (the canonical path refuses it), the largest finite value converts.
-TEST(FastPaths, ScalesInTheActivationDtype) {
+// Scales are converted to the activation dtype inline: a NaN or an infinity anywhere, or a
+// value that overflows the activation dtype (F32 65520 or BF16's largest into F16, FLT_MAX into
+// BF16), declines as the canonical path refuses it; the largest values that fit convert to the
+// canonical bytes.
+TEST(FastPaths, ScaleConversionDeclinesNonFiniteAndOverflow) {
   Rng rng(17);
   QuantParams q;
   q.method = QuantMethod::kGptq;
@@ -368,36 +370,56 @@ TEST(FastPaths, ScalesInTheActivationDtype) {
   q.symmetric = true;
   q.dtype = DType::kF16;
   const TargetLayout* marlin = find_target_layout("marlin");
-  for (DType act : {DType::kF16, DType::kBF16}) {
-    const bool bf16 = act == DType::kBF16;
-    const LayoutOptions opts = options_for(q, act, true, false, VllmTarget::kV0_33, 128, 2);
-    const DirectPath* row =
-        find_direct_path(q.method, "marlin", q, opts, moe_shape_for(q, 2, 256, 128, true, 0, 0));
-    ASSERT_NE(row, nullptr);
-    const SourceLayer good = random_source(rng, q, act, 2, 256, 128, true);
-    const uint16_t largest = bf16 ? 0x7f7f : 0x7bff, neg_largest = bf16 ? 0xff7f : 0xfbff;
-    const uint16_t inf = bf16 ? 0x7f80 : 0x7c00, neg_inf = bf16 ? 0xff80 : 0xfc00;
-    const uint16_t nan = bf16 ? 0x7fc1 : 0x7e01;
-    for (uint16_t v : {largest, neg_largest, inf, neg_inf, nan}) {
-      SourceLayer s = good;
-      const int p = static_cast<int>(rng() % 3);
-      Tensor& sc = s.linears[rng() % 2][p].at("scales");
-      const size_t at = 2 * (rng() % (sc.data.size() / 2));
-      std::memcpy(sc.data.data() + at, &v, 2);
-      const std::string what = std::string(dtype_name(act)) + " scale " + std::to_string(v) +
-                               " in projection " + std::to_string(p) + " at byte " +
-                               std::to_string(at);
-      SCOPED_TRACE(what);
-      const std::optional<std::vector<Tensor>> direct = row->convert(opts, views_of(s));
-      if (v == largest || v == neg_largest) {
+  // Bit patterns per scale dtype: largest finite, -largest, +inf, -inf, a NaN, then (F32 only)
+  // 65504 (F16's largest) and 65520 (rounds to F16 infinity).
+  const std::vector<std::pair<DType, std::vector<uint32_t>>> values = {
+      {DType::kF16, {0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7e01}},
+      {DType::kBF16, {0x7f7f, 0xff7f, 0x7f80, 0xff80, 0x7fc1}},
+      {DType::kF32,
+       {0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000, 0x7fc00001, 0x477fe000, 0x477ff000}}};
+  int converted = 0, declined = 0;
+  for (DType act : {DType::kF16, DType::kBF16})
+    for (const auto& [scale_dtype, bits] : values) {
+      const LayoutOptions opts = options_for(q, act, true, false, VllmTarget::kV0_33, 128, 2);
+      const DirectPath* row =
+          find_direct_path(q.method, "marlin", q, opts, moe_shape_for(q, 2, 256, 128, true, 0, 0));
+      ASSERT_NE(row, nullptr);
+      const SourceLayer good = random_source(rng, q, scale_dtype, 2, 256, 128, true);
+      const size_t eb = dtype_bits(scale_dtype) / 8;
+      for (size_t i = 0; i < bits.size(); ++i) {
+        SourceLayer s = good;
+        const int p = static_cast<int>(rng() % 3);
+        Tensor& sc = s.linears[rng() % 2][p].at("scales");
+        const size_t at = eb * (rng() % (sc.data.size() / eb));
+        std::memcpy(sc.data.data() + at, &bits[i], eb);  // little-endian: the low bytes
+        const std::string what = std::string(dtype_name(scale_dtype)) + " scale bits " +
+                                 std::to_string(bits[i]) + " to " + dtype_name(act) +
+                                 ", projection " + std::to_string(p) + ", byte " +
+                                 std::to_string(at);
+        SCOPED_TRACE(what);
+        std::optional<std::vector<Tensor>> want;
+        try {
+          want = canonical(s, *marlin, opts);
+        } catch (const Error&) {
+        }
+        const std::optional<std::vector<Tensor>> direct = row->convert(opts, views_of(s));
+        if (i >= 2 && i <= 4) {
+          EXPECT_FALSE(want.has_value()) << "a non-finite scale converted";
+        }
+        if (!want) {
+          EXPECT_FALSE(direct.has_value());
+          ++declined;
+          continue;
+        }
         ASSERT_TRUE(direct.has_value());
-        expect_same(*direct, canonical(s, *marlin, opts), what);
-      } else {
-        EXPECT_FALSE(direct.has_value());
-        EXPECT_THROW(canonical(s, *marlin, opts), Error);
+        expect_same(*direct, *want, what);
+        ++converted;
       }
     }
-  }
+  // Non-finite: 3 per pair; overflow: into F16 BF16's and F32's largest (both signs) and F32
+  // 65520, into BF16 F32's largest (both signs: FLT_MAX rounds to nearest even up to infinity).
+  EXPECT_EQ(declined, 2 * 3 * 3 + 5 + 2);
+  EXPECT_EQ(converted, 2 * (5 + 5 + 7) - declined);
 }
 
 // MXFP8 codes are checked eight bytes at a time: a NaN code (S.1111.111) at any byte of a word
