@@ -266,61 +266,47 @@ void marlin_words_generic(WordOrder order, int bits, const ProjSource& p, const 
 //   int4 word: (k, n) = (b,c0) (b+8,c0) (b,c0+8) (b+8,c0+8) (b+1,c0) (b+9,c0) (b+1,c0+8) (b+9,c0+8)
 //   int8 word: k = b, b+8, b+1, b+9 of row n = c0 + 8h
 // done a word of codes at a time instead of a code at a time (marlin_words_generic, which defines
-// the same words field by field, stays for act-order rows).
+// the same words field by field, stays for act-order rows). The loops run over independent lanes
+// (four or eight words side by side) so that the compiler keeps them in vector registers.
 struct TileWords {
-  uint32_t w[4][64];  // [16 / pf][tile column]
+  uint32_t w[4][64];  // [16 / pf][tile_slot(column)]
 };
 
-// 4x4 byte transpose of x[0..3]: byte q of x[i] becomes byte i of x[q].
-inline void transpose_bytes_4x4(uint32_t (&x)[4]) {
-  for (int i = 0; i < 2; ++i) {  // 2x2 blocks of half-words
-    const uint32_t a = x[i], b = x[i + 2];
-    x[i] = (a & 0x0000ffffu) | (b << 16);
-    x[i + 2] = (a >> 16) | (b & 0xffff0000u);
-  }
-  for (int i = 0; i < 4; i += 2) {  // then bytes within each block
-    const uint32_t a = x[i], b = x[i + 1];
-    x[i] = (a & 0x00ff00ffu) | ((b & 0x00ff00ffu) << 8);
-    x[i + 1] = ((a >> 8) & 0x00ff00ffu) | (b & 0xff00ff00u);
-  }
+// Column c = 16 j + m (j < 4, m < 16) of a tile sits in slot 4 m + j: the four columns one
+// shuffle step reads side by side.
+constexpr int tile_slot(int c) {
+  return 4 * (c & 15) + (c >> 4);
 }
 
-// 8x8 nibble transpose of x[0..7]: nibble p of x[i] becomes nibble i of x[p].
-inline void transpose_nibbles_8x8(uint32_t (&x)[8]) {
-  for (int i = 0; i < 4; ++i) {  // 4x4 blocks of half-words
-    const uint32_t a = x[i], b = x[i + 4];
-    x[i] = (a & 0x0000ffffu) | (b << 16);
-    x[i + 4] = (a >> 16) | (b & 0xffff0000u);
-  }
-  for (int i : {0, 1, 4, 5}) {  // 2x2 blocks of bytes
-    const uint32_t a = x[i], b = x[i + 2];
-    x[i] = (a & 0x00ff00ffu) | ((b & 0x00ff00ffu) << 8);
-    x[i + 2] = ((a >> 8) & 0x00ff00ffu) | (b & 0xff00ff00u);
-  }
-  for (int i = 0; i < 8; i += 2) {  // nibbles
-    const uint32_t a = x[i], b = x[i + 1];
-    x[i] = (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
-    x[i + 1] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
-  }
-}
-
-// int4: word r = 16 m + 4 q + j of the tile (t = 4 m + q, c0 = 16 j + m) is, byte by byte,
-// [lo(c0), lo(c0 + 8), hi(c0), hi(c0 + 8)] of byte q, where lo(c) pairs the low nibbles of
-// column c's two words (k = 2q and k = 2q + 8) and hi(c) their high nibbles (k = 2q + 1, 2q + 9).
+// int4: word r = 16 m + 4 q + j of the tile (t = 4 m + q, c0 = 16 j + m, m < 8) is, byte by
+// byte, [lo(c0), lo(c0 + 8), hi(c0), hi(c0 + 8)] of byte q, where lo(c) pairs the low nibbles of
+// column c's two words (k = 2q and k = 2q + 8) and hi(c) their high nibbles (k = 2q + 1, 2q + 9):
+// a 4x4 byte transpose of those four words, for the four j side by side.
 void marlin_tile_int4(const TileWords& s, uint32_t* dst) {
   uint32_t lo[64], hi[64];
-  for (int c = 0; c < 64; ++c) {
-    const uint32_t a = s.w[0][c], b = s.w[1][c];
-    lo[c] = (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
-    hi[c] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+  for (int i = 0; i < 64; ++i) {
+    const uint32_t a = s.w[0][i], b = s.w[1][i];
+    lo[i] = (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
+    hi[i] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
   }
-  for (int m = 0; m < 8; ++m)
+  for (int m = 0; m < 8; ++m) {
+    const uint32_t* A = lo + 4 * m;        // lo(16 j + m)
+    const uint32_t* C = lo + 4 * (m + 8);  // lo(16 j + m + 8)
+    const uint32_t* A2 = hi + 4 * m;
+    const uint32_t* C2 = hi + 4 * (m + 8);
+    uint32_t* out = dst + 16 * m;
     for (int j = 0; j < 4; ++j) {
-      const int c0 = 16 * j + m;
-      uint32_t x[4] = {lo[c0], lo[c0 + 8], hi[c0], hi[c0 + 8]};
-      transpose_bytes_4x4(x);
-      for (int q = 0; q < 4; ++q) dst[16 * m + 4 * q + j] = x[q];
+      // Half-words, then bytes: byte q of row i (A, C, A2, C2) becomes byte i of word q.
+      const uint32_t x0 = (A[j] & 0x0000ffffu) | (A2[j] << 16);
+      const uint32_t x2 = (A[j] >> 16) | (A2[j] & 0xffff0000u);
+      const uint32_t x1 = (C[j] & 0x0000ffffu) | (C2[j] << 16);
+      const uint32_t x3 = (C[j] >> 16) | (C2[j] & 0xffff0000u);
+      out[j] = (x0 & 0x00ff00ffu) | ((x1 & 0x00ff00ffu) << 8);
+      out[4 + j] = ((x0 >> 8) & 0x00ff00ffu) | (x1 & 0xff00ff00u);
+      out[8 + j] = (x2 & 0x00ff00ffu) | ((x3 & 0x00ff00ffu) << 8);
+      out[12 + j] = ((x2 >> 8) & 0x00ff00ffu) | (x3 & 0xff00ff00u);
     }
+  }
 }
 
 // int8: word r (t = r >> 3, j = (r & 7) >> 1, h = r & 1) of row c0 + 8 h, c0 = 16 j + (t >> 2),
@@ -329,7 +315,7 @@ void marlin_tile_int4(const TileWords& s, uint32_t* dst) {
 void marlin_tile_int8(const TileWords& s, uint32_t* dst) {
   for (int r = 0; r < 256; ++r) {
     const int t = r >> 3, j = (r & 7) >> 1, h = r & 1, tt = t & 3;
-    const int c = 16 * j + (t >> 2) + 8 * h, sh = 16 * (tt & 1);
+    const int c = tile_slot(16 * j + (t >> 2) + 8 * h), sh = 16 * (tt & 1);
     const uint32_t lo = (s.w[tt >> 1][c] >> sh) & 0xffffu;
     const uint32_t hi = (s.w[2 + (tt >> 1)][c] >> sh) & 0xffffu;
     dst[r] = (lo & 0xffu) | (hi & 0xffu) << 8 | (lo >> 8) << 16 | (hi >> 8) << 24;
@@ -371,43 +357,67 @@ void gather_kpacked(const KpackedRows& kr, int kw_per_tile, int64_t kw_real, int
     for (int c = 0; c < 64; ++c) {
       const size_t n = static_cast<size_t>(64 * nt + c);
       const uint8_t* q = kr.col[n];
-      dst[c] = q ? wna16::load_u32(q + kw * kr.stride[n]) : 0u;
+      dst[tile_slot(c)] = q ? wna16::load_u32(q + kw * kr.stride[n]) : 0u;
     }
   }
 }
 
-// The words of tile (kt, nt) from AWQ's N-packed rows: eight source words (k = 8 kw .. 8 kw + 7,
-// one word of eight columns each) are one 8x8 nibble transpose from eight K-packed words; field
-// p of an AWQ word is column kAwqOrder[p] of its eight. Columns that are not eight consecutive
-// rows of one Linear (padding) are read code by code.
+// 8x8 nibble transposes side by side: for each lane l < 8, nibble p of x[i][l] becomes nibble i
+// of x[p][l] (4x4 blocks of half-words, then 2x2 blocks of bytes, then nibbles).
+void transpose_nibbles_8x8(uint32_t (&x)[8][8]) {
+  for (int i = 0; i < 4; ++i)
+    for (int l = 0; l < 8; ++l) {
+      const uint32_t a = x[i][l], b = x[i + 4][l];
+      x[i][l] = (a & 0x0000ffffu) | (b << 16);
+      x[i + 4][l] = (a >> 16) | (b & 0xffff0000u);
+    }
+  for (int i : {0, 1, 4, 5})
+    for (int l = 0; l < 8; ++l) {
+      const uint32_t a = x[i][l], b = x[i + 2][l];
+      x[i][l] = (a & 0x00ff00ffu) | ((b & 0x00ff00ffu) << 8);
+      x[i + 2][l] = ((a >> 8) & 0x00ff00ffu) | (b & 0xff00ff00u);
+    }
+  for (int i = 0; i < 8; i += 2)
+    for (int l = 0; l < 8; ++l) {
+      const uint32_t a = x[i][l], b = x[i + 1][l];
+      x[i][l] = (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
+      x[i + 1][l] = ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+    }
+}
+
+// The words of tile (kt, nt) from AWQ's N-packed rows. When the tile's 64 columns are 64
+// consecutive rows of one Linear (from a multiple of 8), its eight AWQ words per k are
+// consecutive: eight of them (k = 8 kw .. 8 kw + 7, one word column) are one 8x8 nibble
+// transpose from eight K-packed words, field p of an AWQ word being column kAwqOrder[p] of its
+// eight. Other tiles (padding, gate and up in one tile) are read code by code.
 void gather_awq(const ProjSource& p, int64_t kt, int64_t nt, TileWords& s) {
   const int64_t kw_real = p.k_real / 8;
+  const RowRef& first = p.rows[static_cast<size_t>(64 * nt)];
+  const RowRef& last = p.rows[static_cast<size_t>(64 * nt + 63)];
+  const bool whole =
+      first.lin && last.lin == first.lin && last.row == first.row + 63 && first.row % 8 == 0;
   for (int i = 0; i < 2; ++i) {
     const int64_t kw = 2 * kt + i;
-    for (int g8 = 0; g8 < 8; ++g8) {
-      uint32_t* dst = s.w[i] + 8 * g8;
-      const int64_t n0 = 64 * nt + 8 * g8;
-      const RowRef& first = p.rows[static_cast<size_t>(n0)];
-      const RowRef& last = p.rows[static_cast<size_t>(n0 + 7)];
-      if (kw >= kw_real) {
-        std::fill(dst, dst + 8, 0u);
-      } else if (first.lin && last.lin == first.lin && last.row == first.row + 7 &&
-                 first.row % 8 == 0) {
-        const WnaLinear& L = *first.lin;
-        uint32_t x[8];
+    uint32_t* dst = s.w[i];
+    if (kw >= kw_real) {
+      std::fill(dst, dst + 64, 0u);
+    } else if (whole) {
+      const WnaLinear& L = *first.lin;
+      uint32_t x[8][8];  // [k - 8 kw][word column of the tile]
+      for (int r = 0; r < 8; ++r) {
+        const uint8_t* row = L.words + ((8 * kw + r) * (L.n / 8) + first.row / 8) * 4;
+        for (int l = 0; l < 8; ++l) x[r][l] = wna16::load_u32(row + 4 * l);
+      }
+      transpose_nibbles_8x8(x);
+      for (int f = 0; f < 8; ++f)
+        for (int l = 0; l < 8; ++l) dst[tile_slot(8 * l + kAwqOrder[f])] = x[f][l];
+    } else {
+      for (int c = 0; c < 64; ++c) {
+        const RowRef& row = p.rows[static_cast<size_t>(64 * nt + c)];
+        uint32_t w = 0;
         for (int r = 0; r < 8; ++r)
-          x[r] = wna16::load_u32(L.words + ((8 * kw + r) * (L.n / 8) + first.row / 8) * 4);
-        transpose_nibbles_8x8(x);
-        for (int f = 0; f < 8; ++f) dst[kAwqOrder[f]] = x[f];
-      } else {
-        for (int c = 0; c < 8; ++c) {
-          uint32_t w = 0;
-          for (int r = 0; r < 8; ++r)
-            w |= wna_code(WordOrder::kAwq, 4, p.rows[static_cast<size_t>(n0 + c)], 8 * kw + r,
-                          p.k_real)
-                 << (4 * r);
-          dst[c] = w;
-        }
+          w |= wna_code(WordOrder::kAwq, 4, row, 8 * kw + r, p.k_real) << (4 * r);
+        dst[tile_slot(c)] = w;
       }
     }
   }
