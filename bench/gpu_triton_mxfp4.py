@@ -19,6 +19,16 @@ Per case (a gpt-oss checkpoint SRC and moepack's `convert --target-arch sm90` of
             (both projections); norm error = max|y - ref| / max|ref| must be < 2e-2
   mutants   the same kernel check must FAIL with the gate/up rows of the reference exchanged,
             and with OUT's value bytes left unswizzled (plain [rows, K/2] bytes)
+  plugin    the plugin's own wrapping (integrations/vllm/moepack_vllm/triton_mxfp4.py, imported
+            without vLLM) of OUT's bytes: the triton Tensors and PrecisionConfigs must equal vLLM's
+            (layouts and their fields, dtypes, logical shapes, storage views and bytes); matmul_ogs
+            through them per projection, and the whole MoE through vLLM's own
+            triton_kernel_moe_forward (its legacy-API routing, matmul_ogs with the fused swiglu and
+            the scatter; taken from the carried gpt_oss_triton_kernels_moe.py like the conversion)
+            on bf16 tokens routed by the source's router, against an fp32 gpt-oss MoE from the
+            checkpoint (top-k of the logits, softmax over the k, biases, clamped swiglu on the
+            interleaved rows): norm error ||y - ref|| / ||ref|| < 2e-2; biases dropped and gate/up
+            exchanged in the reference must exceed it
 And each committed fixture (tests/golden/triton_mxfp4) recomputed by vLLM's code on the GPU must
 equal its bytes (the CPU run faked an sm90; this one is one), the kernel-refused ones included.
 """
@@ -101,6 +111,7 @@ class MoEActivation(enum.Enum):
     """Only annotated (and compared against on ROCm) by the functions taken from vLLM."""
     SITU = "situ"
     SILU = "silu"
+    SWIGLUOAI = "swigluoai"
 
 
 class Log:
@@ -156,6 +167,44 @@ def load_vllm(carry):
             if keep:
                 exec(compile(ast.Module(body=[node], type_ignores=[]), "<vllm>", "exec"), ns)
     ns["_mx_scale_kwargs"] = ns["mx_scale_kwargs"]
+    return ns
+
+
+def load_vllm_forward(carry):
+    """vLLM 0.33.0's triton_kernel_moe_forward and triton_kernel_fused_experts (the OAI Triton
+    experts' path, experts/gpt_oss_triton_kernels_moe.py) executed from the carried source, with
+    the names they use bound to the carried triton_kernels (API 3.5.1) and to small stand-ins for
+    vLLM's helpers: _resize_cache (fused_moe/utils.py: a view of the cache's first elements), the
+    sm12x block-m constraint (a no-op on sm90), the quant config's class (annotations only)."""
+    import math
+    import triton_kernels
+    import triton_kernels.swiglu  # noqa: F401  (swiglu_fn, read as triton_kernels.swiglu)
+    from triton_kernels.matmul_ogs import (FnSpecs, FusedActivation, GatherIndx, RoutingData,
+                                           ScatterIndx, matmul_ogs)
+
+    class FusedMoEQuantConfig:  # noqa: D401  (annotations only)
+        pass
+
+    def resize_cache(x, v):
+        assert math.prod(v) <= x.numel()
+        return x.flatten()[: math.prod(v)].view(*v)
+
+    def unused(*a, **k):
+        raise AssertionError("not on the sm90 / API 3.5.1 / no-expert-map path")
+
+    ns = {"torch": torch, "triton_kernels": triton_kernels, "MoEActivation": MoEActivation,
+          "FusedMoEQuantConfig": FusedMoEQuantConfig, "FUSED_MOE_UNQUANTIZED_CONFIG": None,
+          "triton_kernels_version": "3.5.1", "_resize_cache": resize_cache,
+          "_constrain_sm12x_block_m": lambda *a: None, "make_routing_data": unused,
+          "routing_data_from_sparse_topk": unused, "FnSpecs": FnSpecs,
+          "FusedActivation": FusedActivation, "GatherIndx": GatherIndx,
+          "RoutingData": RoutingData, "ScatterIndx": ScatterIndx, "matmul_ogs": matmul_ogs}
+    src = open(os.path.join(carry, "vllm_src", "gpt_oss_triton_kernels_moe.py")).read()
+    want = {"triton_kernel_moe_forward", "triton_kernel_fused_experts"}
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name in want:
+            exec(compile(ast.Module(body=[node], type_ignores=[]), "<vllm>", "exec"), ns)
+    assert want <= set(ns), "the carried gpt_oss_triton_kernels_moe.py lacks " + str(want - set(ns))
     return ns
 
 
@@ -219,6 +268,106 @@ def kernel_error(ns, w_t, pc, bias, x, w_ref, b_ref):
     return float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def tensor_desc(t):
+    """What the kernel reads of a triton_kernels Tensor besides its bytes."""
+    st = t.storage
+    fields = {k: list(v) if isinstance(v, (list, tuple, torch.Size)) else v
+              for k, v in vars(st.layout).items()}
+    return {"type": type(t).__name__, "dtype": str(t.dtype), "shape": [int(x) for x in t.shape],
+            "shape_max": list(t.shape_max), "layout": type(st.layout).__name__,
+            "layout_fields": fields, "storage_shape": list(st.data.shape),
+            "storage_stride": list(st.data.stride()), "storage_dtype": str(st.data.dtype)}
+
+
+def precision_desc(pc):
+    return {k: repr(v) for k, v in vars(pc).items() if k != "weight_scale"}
+
+
+def check_plugin_objects(ours, vllm_objs, H, Ip, rec):
+    """The plugin's wrapping of moepack's bytes against vLLM's own conversion's objects."""
+    from moepack_vllm.triton_mxfp4 import wrap_triton_mxfp4
+
+    w = wrap_triton_mxfp4(ours["w13_weight"], ours["w2_weight"], ours["w13_weight_scale"],
+                          ours["w2_weight_scale"], hidden=H, inter_padded=Ip)
+    w13_t, w2_t, pc13, pc2 = vllm_objs
+    diffs = {}
+    for name, a, b in (("w13", w.w13, w13_t), ("w2", w.w2, w2_t),
+                       ("w13_scale", w.w13_precision.weight_scale, pc13.weight_scale),
+                       ("w2_scale", w.w2_precision.weight_scale, pc2.weight_scale)):
+        da, db = tensor_desc(a), tensor_desc(b)
+        if da != db:
+            diffs[name] = {"plugin": da, "vllm": db}
+        elif not torch.equal(a.storage.data, b.storage.data):
+            diffs[name] = "storage bytes differ"
+    for name, a, b in (("w13_precision", w.w13_precision, pc13),
+                       ("w2_precision", w.w2_precision, pc2)):
+        if precision_desc(a) != precision_desc(b):
+            diffs[name] = {"plugin": precision_desc(a), "vllm": precision_desc(b)}
+    rec["plugin_objects"] = diffs or "equal"
+    rec["plugin_objects_equal"] = not diffs
+    return w
+
+
+def moe_reference(x, logits, W13, b13, W2, b2, topk, swap=False):
+    """gpt-oss' MoE in fp32 (docs/gpt-oss.md): top-k of the logits, softmax over the k, per expert
+    h = x W13^T + b13 on the interleaved rows (even gate, odd up), swigluoai with alpha 1.702 and
+    limit 7 (gate clamped above, up both sides, up + 1), then a W2^T + b2."""
+    top = logits.float().topk(topk, dim=-1)
+    wts = torch.softmax(top.values, dim=-1)
+    out = torch.zeros(x.shape[0], W2.shape[1], device=x.device)
+    xf = x.float()
+    for j in range(topk):
+        e = top.indices[:, j]
+        h = torch.einsum("mk,mnk->mn", xf, W13[e]) + b13[e]
+        gate, up = (h[:, 1::2], h[:, 0::2]) if swap else (h[:, 0::2], h[:, 1::2])
+        gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+        a = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+        out += wts[:, j:j + 1] * (torch.einsum("mk,mnk->mn", a, W2[e]) + b2[e])
+    return out
+
+
+def check_plugin_moe(fwd, w, ours, loaded, topk, seed, rec):
+    """matmul_ogs per projection and vLLM's triton_kernel_moe_forward through the plugin's
+    objects, against fp32; the mutants (biases dropped, gate/up exchanged) must fail."""
+    from types import SimpleNamespace
+
+    w13l, s13l, b13l, w2l, s2l, b2l = loaded
+    E, H = w13l.shape[0], w2l.shape[1]
+    W13, W2 = dequant(w13l, s13l), dequant(w2l, s2l)
+    f13, f2 = ours["w13_bias"].float(), ours["w2_bias"].float()
+    torch.manual_seed(seed)
+    M = 33
+    x13 = torch.randn(E, M, H, device=DEV).to(torch.bfloat16)
+    x2 = torch.randn(E, M, W2.shape[2], device=DEV).to(torch.bfloat16)
+    rec["plugin_w13_norm_err"] = kernel_error(None, w.w13, w.w13_precision, f13, x13, W13,
+                                              b13l.float())
+    rec["plugin_w2_norm_err"] = kernel_error(None, w.w2, w.w2_precision, f2, x2, W2, b2l.float())
+    x = torch.randn(M, H, device=DEV).to(torch.bfloat16)
+    # Distinct logits per token (no tie at the k-th place for either top-k to break its own way).
+    logits = torch.stack([torch.randperm(E, device=DEV).float() * 0.75 for _ in range(M)])
+    logits = (logits + 0.1 * torch.rand(M, E, device=DEV)).to(torch.bfloat16)
+
+    def run(biases):
+        qc = SimpleNamespace(w1_bias=f13 if biases else None, w2_bias=f2 if biases else None,
+                             w1_precision=w.w13_precision, w2_precision=w.w2_precision)
+        return fwd["triton_kernel_moe_forward"](
+            hidden_states=x, w1=w.w13, w2=w.w2, gating_output=logits, topk=topk,
+            renormalize=True, quant_config=qc).float()
+
+    ref = moe_reference(x, logits, W13, b13l.float(), W2, b2l.float(), topk)
+    err = lambda y, r: float((y - r).norm() / r.norm())  # noqa: E731
+    y = run(True)
+    rec["plugin_moe_norm_err"] = err(y, ref)
+    rec["plugin_moe_mutant_no_biases_err"] = err(run(False), ref)
+    rec["plugin_moe_mutant_gate_up_swapped_err"] = err(
+        y, moe_reference(x, logits, W13, b13l.float(), W2, b2l.float(), topk, swap=True))
+    tol = 2e-2
+    rec["plugin_kernel_ok"] = max(rec["plugin_w13_norm_err"], rec["plugin_w2_norm_err"],
+                                  rec["plugin_moe_norm_err"]) < tol
+    rec["plugin_mutants_fail"] = min(rec["plugin_moe_mutant_no_biases_err"],
+                                     rec["plugin_moe_mutant_gate_up_swapped_err"]) > tol
+
+
 def check_layer(ns, src, out, layer, seed, rec):
     p = f"model.layers.{layer}.mlp.experts."
     q = p + "routed_experts."
@@ -236,6 +385,8 @@ def check_layer(ns, src, out, layer, seed, rec):
     diffs = {n: first_diff(ours[n], vllm[n]) for n in ours}
     rec["bytes"] = diffs
     rec["bytes_equal"] = all(v is None for v in diffs.values())
+    E_, H_ = blocks13.shape[0], blocks2.shape[1]
+    plugin = check_plugin_objects(ours, (w13_t, w2_t, pc13, pc2), H_, Ip, rec)
     # The kernel on moepack's bytes, placed in vLLM's triton Tensors (same layouts and shapes).
     for n, t in (("w13_weight", w13_t), ("w2_weight", w2_t),
                  ("w13_weight_scale", wscale(pc13)), ("w2_weight_scale", wscale(pc2))):
@@ -246,8 +397,8 @@ def check_layer(ns, src, out, layer, seed, rec):
     E = w13l.shape[0]
     torch.manual_seed(seed)
     M = 33
-    x13 = torch.randn(E, M, Hp, device="cuda").to(torch.bfloat16)
-    x2 = torch.randn(E, M, Ip, device="cuda").to(torch.bfloat16)
+    x13 = torch.randn(E, M, Hp, device=DEV).to(torch.bfloat16)
+    x2 = torch.randn(E, M, Ip, device=DEV).to(torch.bfloat16)
     W13, W2 = dequant(w13l, s13l), dequant(w2l, s2l)
     f13, f2 = ours["w13_bias"].float(), ours["w2_bias"].float()
     rec["w13_norm_err"] = kernel_error(ns, w13_t, pc13, f13, x13, W13, b13l.float())
@@ -258,10 +409,11 @@ def check_layer(ns, src, out, layer, seed, rec):
     rec["mutant_gate_up_swapped_err"] = kernel_error(ns, w13_t, pc13, f13, x13, W13s, b13s)
     plain = w13l.reshape(-1)[: storage_buf(w13_t).numel()]
     buf = storage_buf(w13_t)
-    flat = torch.zeros(buf.numel(), dtype=torch.uint8, device="cuda")
+    flat = torch.zeros(buf.numel(), dtype=torch.uint8, device=DEV)
     flat[: plain.numel()] = plain
     buf.copy_(flat.view(buf.shape))
     rec["mutant_unswizzled_values_err"] = kernel_error(ns, w13_t, pc13, f13, x13, W13, b13l.float())
+    check_plugin_moe(ns["forward"], plugin, ours, loaded, ns["topk"], seed + 7, rec)
     tol = 2e-2
     rec["kernel_ok"] = rec["w13_norm_err"] < tol and rec["w2_norm_err"] < tol
     rec["mutants_fail"] = (rec["mutant_gate_up_swapped_err"] > tol and
@@ -312,6 +464,10 @@ def main():
         "mxfp4_utils.py": sha256(os.path.join(a.carry, "vllm_src", "mxfp4_utils.py")) ==
         rec["model_executor/layers/quantization/utils/mxfp4_utils.py"]}
     ns = load_vllm(a.carry)
+    # The plugin's wrapping module imports torch and triton_kernels only (no vLLM here).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "integrations", "vllm"))
+    ns["forward"] = load_vllm_forward(a.carry)
     result["fixtures"], result["cases"] = {}, {}
     for path in sorted(glob.glob(os.path.join(a.fixtures, "*.safetensors"))):
         name = os.path.basename(path)[:-len(".safetensors")]
@@ -327,6 +483,7 @@ def main():
         assert len(out_files) == 1, out_files
         src, out = SafeTensors(os.path.join(d, "src", "model.safetensors")), SafeTensors(out_files[0])
         layers = sorted({int(k.split(".")[2]) for k in out.keys() if "routed_experts" in k})
+        ns["topk"] = json.load(open(os.path.join(d, "src", "config.json")))["num_experts_per_tok"]
         for L in layers:
             r = result["cases"][f"{name}/layer{L}"] = {}
             try:
@@ -335,7 +492,9 @@ def main():
                 r["error"] = traceback.format_exc()
             print("case", name, L, json.dumps(r)[:600], flush=True)
     ok = all(r.get("bytes_equal") for r in result["fixtures"].values()) and all(
-        r.get("bytes_equal") and (DEV == "cpu" or (r.get("kernel_ok") and r.get("mutants_fail")))
+        r.get("bytes_equal") and r.get("plugin_objects_equal") and
+        (DEV == "cpu" or (r.get("kernel_ok") and r.get("mutants_fail") and
+                          r.get("plugin_kernel_ok") and r.get("plugin_mutants_fail")))
         for r in result["cases"].values()) and all(result["sources_match_fixtures"].values())
     result["ok"] = bool(ok and result["fixtures"] and result["cases"])
     json.dump(result, open(a.out, "w"), indent=1, default=str)

@@ -6,14 +6,18 @@
 #
 #   here (CPU):   bash bench/gpu_triton_mxfp4.sh prepare build/bin/moepack
 #                 -> $CARRY (default .tmx/, ignored, ~3 MB): triton_kernels/ (vLLM 0.33.0's vendored
-#                 copy from the test venv), vllm_src/ (its fused_moe/oracle/mxfp4.py and
-#                 quantization/utils/mxfp4_utils.py), cases/<name>/{src,out}: gpt-oss checkpoints
+#                 copy from the test venv), vllm_src/ (its fused_moe/oracle/mxfp4.py,
+#                 quantization/utils/mxfp4_utils.py and fused_moe/experts/
+#                 gpt_oss_triton_kernels_moe.py), cases/<name>/{src,out}: gpt-oss checkpoints
 #                 (tests/gpt_oss/fixtures/mxfp4_e2_h192_i96 and bench/gpt_oss_checkpoint.py shapes) and moepack's
 #                 `convert --target-arch sm90` of each (triton-mxfp4); then a CPU self-test of the
 #                 byte comparisons (vLLM's code with the capability faked as sm90)
 #   device (GPU): bash bench/gpu_triton_mxfp4.sh run     (carry: [".tmx"])
 #                 -> $OUT/triton_mxfp4.{log,json}, env.txt; exit 0 when every byte matches, the
-#                 kernel's norm error is < 2e-2 on every layer and both mutants exceed it
+#                 kernel's norm error is < 2e-2 on every layer and both mutants exceed it, and the
+#                 plugin's wrapping (integrations/vllm/moepack_vllm/triton_mxfp4.py, no vLLM) gives
+#                 vLLM's objects, on which matmul_ogs and vLLM's triton_kernel_moe_forward match
+#                 fp32 (< 2e-2) and the biases-dropped / gate-up-exchanged mutants do not
 set -uo pipefail
 mode=${1:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,6 +44,8 @@ prepare() {
   cp -r "$site/third_party/triton_kernels" "$carry/" && find "$carry" -name __pycache__ -prune -exec rm -rf {} +
   cp "$site/model_executor/layers/fused_moe/oracle/mxfp4.py" "$carry/vllm_src/oracle_mxfp4.py"
   cp "$site/model_executor/layers/quantization/utils/mxfp4_utils.py" "$carry/vllm_src/mxfp4_utils.py"
+  cp "$site/model_executor/layers/fused_moe/experts/gpt_oss_triton_kernels_moe.py" \
+    "$carry/vllm_src/gpt_oss_triton_kernels_moe.py"
   while read -r name e h i l; do
     local d=$carry/cases/$name
     mkdir -p "$d"

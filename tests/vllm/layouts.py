@@ -247,3 +247,65 @@ def vllm_per_tensor_gate_up(t: dict, prefix: str) -> tuple[torch.Tensor, torch.T
         x = (dq.float() * (1.0 / m)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
         out.append((x.float() * m).t())
     return out[0], out[1]
+
+
+# ---- gpt-oss MXFP4 for the OAI Triton kernels and FlashInfer TRT-LLM (docs/triton_mxfp4.md,
+# docs/trtllm_fp4.md): the weights as each kernel reads them ----
+
+def triton_mxfp4_dense(w, precision) -> torch.Tensor:
+    """W [E, K, N] in fp32 from a triton_kernels FP4 Tensor (logical [E, K, N]) and its
+    PrecisionConfig, read through the objects' own layouts: `unswizzle_data` of the value
+    storage gives the [E, K/2, N] bytes (two e2m1 codes a byte along K, low nibble the even k),
+    that of the scale storage the E8M0 codes [E, >= K/32, >= N], 2^(c - 127) per 32 along K."""
+    E, K, N = (int(s) for s in w.shape)
+    st = w.storage
+    b = st.layout.unswizzle_data(st.data)
+    assert list(b.shape) == [E, K // 2, N], (list(b.shape), [E, K // 2, N])
+    b = b.to(torch.long)
+    codes = torch.stack([b & 15, b >> 4], 2).reshape(E, K, N)
+    s = precision.weight_scale.storage
+    c = s.layout.unswizzle_data(s.data)[:, : K // 32, :N]
+    return E2M1[codes] * torch.exp2(c.float() - 127.0).repeat_interleave(32, 1)
+
+
+def shuffle_a_rows(m: int, block: int = 32) -> torch.Tensor:
+    """FlashInfer shuffle_matrix_a's row map for epilogue tile 128 on FP4 (docs/trtllm_fp4.md
+    "Row maps"): stored row r holds pre-shuffle row (r - w) + (w mod 8) * 4 + w // 8, w = r mod
+    32."""
+    r = torch.arange(m)
+    w = r % block
+    return (r - w) + (w % 8) * 4 + w // 8
+
+
+def scale_128x4_index(rows: int, cols: int) -> torch.Tensor:
+    """Where the 128x4-interleaved block scales keep (row, col) of a [rows, cols] matrix (rows a
+    multiple of 128, cols of 4; TRT-LLM's SWIZZLED_128x4 computeSFIndex): tile (row // 128,
+    col // 4) of 512 bytes, row-major over the tiles; inside, (row % 32) * 16 +
+    (row % 128 // 32) * 4 + col % 4."""
+    r = torch.arange(rows).unsqueeze(1)
+    c = torch.arange(cols).unsqueeze(0)
+    return ((r // 128) * (cols // 4) + c // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + c % 4
+
+
+def trtllm_mxfp4_dense(w: torch.Tensor, sf: torch.Tensor, k: int) -> torch.Tensor:
+    """W [E, M, K] in fp32, rows in pre-shuffle order, from FlashInfer's shuffled MXFP4 weights
+    [E, M, K/2] and their E8M0 block scales (float8_e4m3fn view of [E, M, K/32], 128x4
+    interleaved after the same row shuffle)."""
+    E, M = w.shape[0], w.shape[1]
+    src = shuffle_a_rows(M)
+    b = torch.empty_like(w)
+    b[:, src] = w  # stored row r holds pre-shuffle row src[r]
+    b = b.to(torch.long)
+    codes = torch.stack([b & 15, b >> 4], -1).reshape(E, M, k)
+    flat = sf.view(torch.uint8).reshape(E, -1)
+    c = flat[:, scale_128x4_index(M, k // 32).reshape(-1)].reshape(E, M, k // 32)
+    unshuffled = torch.empty_like(c)
+    unshuffled[:, src] = c
+    return E2M1[codes] * torch.exp2(unshuffled.float() - 127.0).repeat_interleave(32, -1)
+
+
+def trtllm_bias(b: torch.Tensor) -> torch.Tensor:
+    """[E, M] float32 biases in pre-shuffle row order (the same row map as the weights)."""
+    out = torch.empty_like(b)
+    out[:, shuffle_a_rows(b.shape[1])] = b
+    return out

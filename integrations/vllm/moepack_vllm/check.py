@@ -18,7 +18,8 @@ from pathlib import Path
 from .artifact import ArtifactError, Block, read_manifest
 
 # The kernel builders moe.py registers (moe.KERNEL_BUILDERS), by name: moe.py imports vLLM.
-KERNEL_BUILDER_NAMES = ("wna16-marlin", "wna16-humming", "marlin-float")
+KERNEL_BUILDER_NAMES = ("wna16-marlin", "wna16-humming", "marlin-float", "gpt-oss-triton",
+                        "gpt-oss-trtllm")
 _DTYPES = {"BF16": "bfloat16", "F16": "float16"}
 
 

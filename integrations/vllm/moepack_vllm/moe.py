@@ -25,6 +25,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.utils import weights_already_processed
 
 from .artifact import ArtifactError, Layer, Manifest
+from .gpt_oss_builder import GptOssTritonBuilder, GptOssTrtllmBuilder, conversion_hint
 from .humming_builder import Wna16HummingBuilder
 
 _DTYPES = {"I32": torch.int32, "BF16": torch.bfloat16, "F16": torch.float16,
@@ -111,13 +112,18 @@ def refuse_float_marlin_slower_than_stock(manifest: Manifest, where: str) -> Non
     elif manifest.layout == "marlin-fp8" and 89 <= cc < 100:
         stock = "Triton's FP8 W8A8 kernel on FP8 tensor cores"
     elif manifest.source_method == GPT_OSS and 90 <= cc < 120:
-        # _get_priority_backends_for_gpt_oss: Humming where prioritize_humming puts it first,
-        # else the OAI Triton kernels (TRITON) on Hopper and FlashInfer's TRT-LLM MXFP4 on
-        # Blackwell datacenter parts, all ahead of MARLIN (consumer Blackwell, sm120, moves
-        # TRITON behind it: Marlin is stock's pick there).
-        stock = ("Humming (prioritize_humming)" if prefers_humming(cc) and has_humming() else
-                 "the OAI Triton kernels (Mxfp4MoeBackend.TRITON)" if cc < 100 else
-                 "FlashInfer's TRT-LLM MXFP4 MoE (FLASHINFER_TRTLLM_MXFP4_BF16)")
+        # _get_priority_backends_for_gpt_oss: the OAI Triton kernels (TRITON) on Hopper and
+        # FlashInfer's TRT-LLM MXFP4 on Blackwell datacenter parts, both ahead of MARLIN
+        # (prioritize_humming only moves Humming ahead of Marlin, behind TRITON; consumer
+        # Blackwell, sm120, moves TRITON behind Marlin: Marlin is stock's pick there). moepack
+        # writes both layouts and this plugin serves them: say which to convert to.
+        backend = "TRITON" if cc < 100 else "FLASHINFER_TRTLLM_MXFP4_BF16"
+        stock = f"Mxfp4MoeBackend.{backend} for gpt-oss"
+        raise ArtifactError(
+            f"{where}: layout {manifest.layout!r}: on this GPU (sm{cc}) vLLM "
+            f"{manifest.vllm_target} runs {stock}, not Marlin's 16-bit-activation kernel; "
+            f"{conversion_hint(backend)}, which this plugin serves, or set {ALLOW_SLOWER_ENV}=1 "
+            "to serve Marlin anyway")
     else:
         return
     raise ArtifactError(
@@ -354,7 +360,8 @@ class MarlinFloatBuilder:
 
 # The kernel-builder names a manifest may give (serving.kernel_builder).
 KERNEL_BUILDERS = {b.name: b for b in (Wna16MarlinBuilder, Wna16HummingBuilder,
-                                               MarlinFloatBuilder)}
+                                               MarlinFloatBuilder, GptOssTritonBuilder,
+                                               GptOssTrtllmBuilder)}
 
 
 def _oracle_choice(method, enum_class: str):
@@ -453,6 +460,9 @@ class MoepackMoEMethod(FusedMoEMethodBase):
             self._vllm_create_weights(layer, got, params_dtype, extra_weight_attrs)
         else:
             self.builder.check(self.where)
+            vllm_create = getattr(self.builder, "create_weights", None)
+            if vllm_create is not None:  # a builder on vLLM's own method: its create_weights
+                vllm_create(layer, got, params_dtype, extra_weight_attrs)
         for local, (dtype, shape) in L.params.items():
             p = torch.nn.Parameter(torch.empty(shape, dtype=_DTYPES[dtype]), requires_grad=False)
             p.weight_loader = self._make_loader(local)
@@ -525,36 +535,44 @@ class MoepackMoEMethod(FusedMoEMethodBase):
         p = layer._parameters.get(name)
         return None if p is None else (p.data_ptr(), p.dtype, tuple(p.shape))
 
-    # ---- running: vLLM's method (a) or the built modular kernel (b) ----
+    # ---- running: vLLM's method (a), the builder's vLLM method, or the built kernel (b) ----
+
+    @property
+    def _runs(self) -> FusedMoEMethodBase | None:
+        """The vLLM method that runs the layer: path (a)'s, or a builder's own vLLM method
+        (gpt_oss_builder: GptOssMxfp4MoEMethod with its kernel built); None: the plugin's."""
+        if self.inner is not None:
+            return self.inner
+        return getattr(self.builder, "vllm_method", None)
 
     def get_fused_moe_quant_config(self, layer: RoutedExperts):
-        if self.inner is not None:
-            return self.inner.get_fused_moe_quant_config(layer)
+        if self._runs is not None:
+            return self._runs.get_fused_moe_quant_config(layer)
         return self.builder.quant_config(layer)
 
     @property
     def is_monolithic(self) -> bool:
-        if self.inner is not None:
-            return self.inner.is_monolithic
+        if self._runs is not None:
+            return self._runs.is_monolithic
         return super().is_monolithic
 
     @property
     def skip_forward_padding(self) -> bool:
-        return self.inner.skip_forward_padding if self.inner is not None else False
+        return self._runs.skip_forward_padding if self._runs is not None else False
 
     @property
     def has_unpadded_output(self) -> bool:
-        return self.inner.has_unpadded_output if self.inner is not None else False
+        return self._runs.has_unpadded_output if self._runs is not None else False
 
     def apply_monolithic(self, layer: RoutedExperts, x: torch.Tensor,
                          router_logits: torch.Tensor, input_ids: torch.Tensor | None = None):
-        assert self.inner is not None, "only vLLM's own methods have monolithic kernels here"
-        return self.inner.apply_monolithic(layer, x, router_logits, input_ids)
+        assert self._runs is not None, "only vLLM's own methods have monolithic kernels here"
+        return self._runs.apply_monolithic(layer, x, router_logits, input_ids)
 
     def apply(self, layer: RoutedExperts, x: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, shared_experts, shared_experts_input):
-        if self.inner is not None:
-            return self.inner.apply(layer, x, topk_weights, topk_ids, shared_experts,
+        if self._runs is not None:
+            return self._runs.apply(layer, x, topk_weights, topk_ids, shared_experts,
                                     shared_experts_input)
         assert self.moe_kernel is not None
         return self.moe_kernel.apply(
