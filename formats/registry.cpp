@@ -416,12 +416,12 @@ std::vector<TargetLayout> trtllm_layouts(const std::vector<TargetArch>& sm100) {
        .deviations_from_vllm = trtllm_mxfp4_deviations_from_vllm,
        .padded_inter = trtllm_mxfp4_padded_inter,
        // GptOssMxfp4MoEMethod does not declare supports_pre_processed_weights (Mxfp4MoEMethod,
-       // which does, is not what gpt-oss loads), and the plugin has no builder for it.
+       // which does, is not what gpt-oss loads): the plugin's gpt-oss-trtllm builder runs that
+       // method without its conversion (its oracle must pick FLASHINFER_TRTLLM_MXFP4_BF16; the
+       // parameters are what the conversion leaves), docs/vllm.md "Serving paths".
        .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .reason = "vLLM 0.33's GptOssMxfp4MoEMethod does not declare "
-                                   "supports_pre_processed_weights (it always shuffles in "
-                                   "process_weights_after_loading), and this plugin has no kernel "
-                                   "builder for the TRT-LLM MXFP4 experts yet"}},
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "gpt-oss-trtllm"}},
        // gpt-oss only, and vLLM 0.33's gpt-oss loader splits its experts its own way (pairs of
        // interleaved gate/up rows, w2's bias on rank 0): formats/parallel.cpp refuses them.
        .tensor_parallel = {.unsupported = "trtllm-mxfp4 takes gpt-oss experts only, which are "
@@ -565,12 +565,11 @@ std::vector<TargetLayout> triton_mxfp4_layouts() {
        .padded_inter = triton_mxfp4_padded_inter,
        // GptOssMxfp4MoEMethod does not declare supports_pre_processed_weights, and vLLM holds
        // the swizzled tensors as triton_kernels Tensors in the method's PrecisionConfigs, not as
-       // layer parameters: serving needs a kernel builder the plugin does not have yet.
+       // layer parameters: the plugin's gpt-oss-triton builder runs that method without its
+       // conversion, wrapping the parameters into those objects (its oracle must pick TRITON).
        .vllm_serving = {{.target = VllmTarget::kV0_33,
-                         .path = S::kNone,
-                         .reason = "the plugin has no builder for the OAI Triton kernels' swizzled "
-                                   "gpt-oss MXFP4 experts yet (GptOssMxfp4MoEMethod has no "
-                                   "pre-processed-weights path)"}},
+                         .path = S::kKernelBuilder,
+                         .kernel_builder = "gpt-oss-triton"}},
        .tensor_parallel = {.unsupported =
                                "gpt-oss experts are written for one rank only: vLLM 0.33's "
                                "gpt-oss loader narrows the interleaved gate/up rows in pairs and "

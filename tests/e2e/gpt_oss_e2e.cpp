@@ -93,7 +93,7 @@ TEST(GptOssE2e, ConvertsToMarlinWhereVllmRunsMarlinAndVerifies) {
 
 // On sm90 vLLM 0.33 runs the OAI Triton kernels: auto writes triton-mxfp4 (the Hopper swizzle,
 // float32 biases; E2 H192 I96: I padded to 128, 6 scale groups to 8, 192 w2 rows to 256 scale
-// rows), not served by the plugin yet (said, and refused under --require-servable), verified
+// rows), served by the plugin's gpt-oss-triton builder (--require-servable takes it), verified
 // exactly against the source; on shapes the kernel does not run (H = I = 64: N <= 128) and on
 // other archs it refuses.
 TEST(GptOssE2e, ConvertsToTritonOnSm90AndVerifies) {
@@ -103,10 +103,11 @@ TEST(GptOssE2e, ConvertsToTritonOnSm90AndVerifies) {
   ASSERT_EQ(
       test::moepack_cli("convert " + kMxfp4H192 + " " + dst + " --target-arch sm90", &out, &err), 0)
       << err;
-  EXPECT_TRUE(contains(err, "NOT servable")) << err;
+  EXPECT_FALSE(contains(err, "NOT servable")) << err;
   const nlohmann::json m = test::read_json_file(dst + "/moepack.json");
   EXPECT_EQ(m["backend"], "triton-mxfp4");
-  EXPECT_EQ(m["serving"]["path"], "none") << m["serving"];
+  EXPECT_EQ(m["serving"]["path"], "kernel-builder") << m["serving"];
+  EXPECT_EQ(m["serving"]["kernel_builder"], "gpt-oss-triton") << m["serving"];
   const std::string p = "model.layers.0.mlp.experts.routed_experts.";
   struct Want {
     const char* name;
@@ -138,9 +139,9 @@ TEST(GptOssE2e, ConvertsToTritonOnSm90AndVerifies) {
   EXPECT_EQ(test::moepack_cli("convert " + kMxfp4H192 + " " + (tmp / "served") +
                                   " --target-arch sm90 --require-servable",
                               &out, &err),
-            4)
+            0)
       << err;
-  EXPECT_FALSE(fs::exists(tmp / "served"));
+  EXPECT_TRUE(fs::exists(tmp / "served/moepack.json"));
   // The Hopper swizzle only: on sm80 (Marlin's arch) and sm100 (Blackwell's swizzle) it refuses.
   for (const char* arch : {"sm80", "sm100"}) {
     EXPECT_EQ(test::moepack_cli("convert " + kMxfp4H192 + " " + (tmp / arch) + " --target-arch " +
@@ -171,6 +172,9 @@ TEST(GptOssE2e, Sm100WritesTrtllmMxfp4AndVerifies) {
       << err;
   const nlohmann::json m = test::read_json_file(dst + "/moepack.json");
   EXPECT_EQ(m["backend"], "trtllm-mxfp4");
+  // Served by the plugin's gpt-oss-trtllm builder (vLLM's GptOssMxfp4MoEMethod, no conversion).
+  EXPECT_EQ(m["serving"]["path"], "kernel-builder") << m["serving"];
+  EXPECT_EQ(m["serving"]["kernel_builder"], "gpt-oss-trtllm") << m["serving"];
   const std::string p = "model.layers.1.mlp.experts.routed_experts.";
   struct Want {
     const char* name;

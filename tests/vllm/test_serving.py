@@ -61,6 +61,21 @@ def test_stock_vllm_refuses_gpt_oss_marlin(artifacts):
         h.engine_config(str(dst))
 
 
+@pytest.mark.parametrize("layout,builder", [("triton-mxfp4", "gpt-oss-triton"),
+                                            ("trtllm-mxfp4", "gpt-oss-trtllm")])
+def test_stock_vllm_refuses_gpt_oss_own_kernel_layouts(artifacts, layout, builder):
+    """gpt-oss' triton-mxfp4 (sm90) and trtllm-mxfp4 (sm100), which the plugin serves through
+    vLLM's own GptOssMxfp4MoEMethod (test_serving_gpt_oss_fp4.py): stock vLLM refuses them."""
+    from test_serving_gpt_oss_fp4 import artifact as gpt_oss_fp4_artifact
+
+    _, dst = gpt_oss_fp4_artifact(artifacts, layout)
+    m = json.loads((dst / "moepack.json").read_text())
+    assert (m["backend"], m["source"]["format"]) == (layout, "gpt-oss-mxfp4")
+    assert (m["serving"]["path"], m["serving"]["kernel_builder"]) == ("kernel-builder", builder)
+    with pytest.raises(Exception, match="Unknown quantization method: moepack"):
+        h.engine_config(str(dst))
+
+
 def test_stock_vllm_refuses_forced_quantization(artifacts):
     _, dst = artifacts.get("gptq", "qwen3", *MARLIN)
     with pytest.raises(Exception, match=r"\(moepack\) does not match"):
@@ -251,7 +266,8 @@ def test_refuses_unknown_kernel_builder(plugin, artifacts):
     edit_manifest(d, lambda m: m["serving"].update(kernel_builder="wna16-future"))
     with pytest.raises(Exception, match=r"serving\.kernel_builder 'wna16-future': this "
                                         r"moepack-vllm has the kernel builders "
-                                        r"\['marlin-float', 'wna16-humming', 'wna16-marlin'\]"):
+                                        r"\['gpt-oss-triton', 'gpt-oss-trtllm', 'marlin-float', "
+                                        r"'wna16-humming', 'wna16-marlin'\]"):
         h.engine_config(str(d))
 
 

@@ -41,8 +41,9 @@ import vllm_harness as h
 from layouts import trtllm_bias, trtllm_mxfp4_dense, triton_mxfp4_dense
 from serving_record import swiglu_oai
 from test_serving_forward import RIGHT_TOL, WRONG_MIN
-from test_serving_marlin_float import (GPT_OSS_SRC, WRONG_MIN_BIASES, gpt_oss_reference,
-                                       moepack_layers, swap_gate_up_rows)
+from test_serving_marlin_float import (GPT_OSS_SRC, WRONG_MIN_BIASES, gpt_oss_artifact,
+                                       gpt_oss_reference, moepack_layers, pretend_ampere,
+                                       swap_gate_up_rows)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = ROOT / "bench" / "gpt_oss_checkpoint.py"
@@ -463,3 +464,23 @@ def test_wrapping_refuses_a_buffer_of_another_shape():
         wrap_triton_mxfp4(**bad, hidden=H, inter_padded=Ip)
     with pytest.raises(TritonMxfp4Error, match="not padded to 64"):
         wrap_triton_mxfp4(**ok, hidden=H, inter_padded=96)
+
+
+@pytest.mark.parametrize("cc,layout", [(90, "triton-mxfp4"), (100, "trtllm-mxfp4")])
+def test_marlin_artifact_refusal_names_the_layout_to_convert_to(plugin, artifacts, monkeypatch,
+                                                                pretend_ampere, cc, layout):
+    """A gpt-oss marlin-mxfp4 artifact on sm90 / sm100, where vLLM runs TRITON / TRT-LLM MXFP4:
+    refused (unless MOEPACK_VLLM_ALLOW_SLOWER_KERNEL=1), naming the layout this plugin serves
+    there."""
+    from moepack_vllm import humming_builder
+    from moepack_vllm.moe import ALLOW_SLOWER_ENV
+
+    _, dst = gpt_oss_artifact(artifacts)
+    monkeypatch.setattr(humming_builder, "device_sm", lambda: cc)
+    monkeypatch.delenv(ALLOW_SLOWER_ENV, raising=False)
+    with pytest.raises(Exception, match=rf"layout 'marlin-mxfp4': on this GPU \(sm{cc}\) vLLM "
+                                        rf"0\.33 runs Mxfp4MoeBackend\.\w+ for gpt-oss, not "
+                                        rf"Marlin's .*re-convert the source to {layout} "
+                                        rf"\(moepack convert --target-arch sm{cc}\), which "
+                                        r"this plugin serves"):
+        h.load_model(str(dst))
