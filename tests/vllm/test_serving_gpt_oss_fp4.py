@@ -28,7 +28,6 @@ per-expert constants on the device it asks for).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -170,8 +169,15 @@ def flashinfer_interleave_on_host(monkeypatch):
     takes CPU tensors on its host path (tests/trtllm_fp4/generate.py)."""
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "10.0a")
     import flashinfer.fp4_quantization as fi_fp4
-    from flashinfer.quantization.fp4_quantization import get_fp4_quantization_module
+    from flashinfer.quantization.fp4_quantization import (
+        gen_fp4_quantization_sm100_module,
+        get_fp4_quantization_module,
+    )
 
+    if not gen_fp4_quantization_sm100_module().is_compiled:
+        # Building it takes ~9 minutes on 2 cores, beyond this suite's budget; generate.py does.
+        pytest.skip("FlashInfer's fp4_quantization_100 JIT module is not built on this machine "
+                    "(run tests/trtllm_fp4/generate.py once)")
     module = get_fp4_quantization_module("100")
     monkeypatch.setattr(fi_fp4, "nvfp4_block_scale_interleave",
                         lambda sf: module.block_scale_interleave_sm100(sf.contiguous()))

@@ -179,18 +179,15 @@ class GptOssTritonBuilder(GptOssMxfp4Builder):
                 hidden=hidden, inter_padded=inter_padded)
         except TritonMxfp4Error as e:
             raise ArtifactError(f"{self.method.where}: {e}") from e
-        # vLLM's TRITON branch deletes the four parameters (the Tensors keep their storage: here
-        # the loaded buffers, viewed), sets the Tensors on the layer and the precision configs
-        # on the method; the float32 biases stay parameters.
-        keep = [getattr(layer, local[r]) for r in ("w13_weight", "w2_weight", "w13_scale",
-                                                   "w2_scale")]
+        # vLLM's TRITON branch deletes the four parameters (the Tensors' storages, views of the
+        # loaded buffers, keep their memory), sets the Tensors on the layer and the precision
+        # configs on the method; the float32 biases stay parameters.
         for r in ("w13_weight", "w2_weight", "w13_scale", "w2_scale"):
             delattr(layer, local[r])
         layer.w13_weight = w.w13
         layer.w2_weight = w.w2
         self.vllm_method.w13_precision_config = w.w13_precision
         self.vllm_method.w2_precision_config = w.w2_precision
-        self.loaded_buffers = keep  # the Tensors' storage views them
 
 
 class GptOssTrtllmBuilder(GptOssMxfp4Builder):
