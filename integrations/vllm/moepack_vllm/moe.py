@@ -9,7 +9,8 @@ shapes), loaded byte for byte, and then served by one of the two paths the layou
     was written for (serving.vllm_backend); otherwise the layer is refused, naming both.
 (b) "kernel-builder": vLLM's method has no such path; the plugin builds vLLM's own modular kernel
     for the layout with the builder named in the manifest (KERNEL_BUILDERS), finding the
-    parameters by their exported roles.
+    parameters by their exported roles. A builder may instead run vLLM's own method around its
+    conversion (gpt_oss_builder.py: its `vllm_method` then creates the weights and runs the layer).
 
 Nothing here knows a layout's parameter names: they are the manifest's.
 """
