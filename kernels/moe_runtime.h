@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "formats/layout/moe_reader.h"
@@ -52,6 +53,14 @@ struct MoeDeviceRouting {
   int top_k = 0;
   std::vector<int32_t> expert_ids;
   std::vector<double> weights;
+};
+
+// One line of MoeRuntime::kernel_profile: what ran (a kernel of one side, the uploads, or host
+// time of the staging), its summed seconds and how many times it ran.
+struct MoeProfileEntry {
+  std::string name;
+  double seconds = 0;
+  int64_t count = 0;
 };
 
 // The layer's results: [T, H] combined outputs and [T * top_k, H] unweighted per-slot outputs of
@@ -91,6 +100,12 @@ class MoeRuntime {
   // Seconds the MoE kernels of every finished layer took on the device (CUDA events around each
   // forward_chunk's launches on the compute stream), for verify's timing.
   double kernel_seconds() const;
+  // Bytes upload() copied to the device so far.
+  uint64_t uploaded_bytes() const;
+  // With MOEPACK_VERIFY_PROFILE set in the environment (not "0") when the runtime was made: each
+  // kernel and upload timed by CUDA events (summed per name over the finished layers), and the
+  // host's staging copies and waits; empty otherwise (nothing is recorded).
+  std::vector<MoeProfileEntry> kernel_profile() const;
 
   // Router pieces alone (tests: they equal verify/router.cpp's).
   std::vector<float> router_logits(const float* x, int64_t tokens, int64_t hidden,

@@ -12,10 +12,11 @@
 //   gemm2_kernel         slot_out[sorted[p], n] = sum_kk W2[e][n][kk] * aq[p][act_col(kk)]
 //   combine_kernel       out[t, h] = sum_k w[t, k] * double(slot_out[t * top_k + k, h]), k in order
 //
-// Tiling: one block per (expert, tile of kThreads outputs), one output per thread; the block
-// walks its expert's rows kRowTile at a time and stages the rows' activations kKTile columns at
-// a time in shared memory (gathered through act_col), so each weight is decoded once per row
-// tile and multiplies kRowTile rows from registers. Raw pointers only.
+// Tiling: one warp per (expert, output), kWarps outputs a block; the warp walks its expert's rows
+// kRowTile at a time, its lanes the columns (neighbouring weights and activations, gathered
+// through act_col), so each weight is decoded once per row tile and multiplies kRowTile rows from
+// registers, and a chunk of a few experts fills the device (thousands of warps, not tens of
+// blocks). Raw pointers only.
 #pragma once
 
 #include <cstdint>
@@ -37,97 +38,94 @@ struct ReaderWeights {
   }
 };
 
-constexpr int kThreads = 128;
+constexpr int kWarps = 4;  // warps per block: one output row each
+constexpr int kThreads = kWarps * 32;
 constexpr int kRowTile = 8;
-constexpr int kKTile = 128;
 
-// Stages rows [r0, r0 + rows) x columns [k0, k0 + kn) of the gathered activations; zero beyond.
-// Row r of the tile reads act row row_of[r0 + r] (null: r0 + r).
-template <class W, class In, class Acc>
-__device__ inline void stage_rows(const W& w, int64_t le, const In* act, int64_t ld,
-                                  const int32_t* row_of, int64_t r0, int rows, int64_t k0, int kn,
-                                  Acc (*xs)[kKTile]) {
-  for (int idx = threadIdx.x; idx < kRowTile * kKTile; idx += blockDim.x) {
-    const int r = idx / kKTile, c = idx % kKTile;
-    Acc v = Acc(0);
-    if (r < rows && c < kn) {
-      const int64_t row = row_of ? row_of[r0 + r] : r0 + r;
-      v = static_cast<Acc>(act[row * ld + w.act_col(le, k0 + c)]);
-    }
-    xs[r][c] = v;
-  }
+// The sum of v over the warp's lanes, in a fixed order (the result does not depend on timing).
+template <class Acc>
+__device__ inline Acc warp_sum(Acc v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
-// grid (ceil(I / kThreads), experts of the chunk). xq [T, H] (per token), a_out [P, I] (per
-// sorted position). row_token[p] = the token of sorted position p.
+// grid (ceil(I / kWarps), experts of the chunk), kThreads threads. xq [T, H] (per token), a_out
+// [P, I] (per sorted position). row_token[p] = the token of sorted position p. One warp per
+// output row i (gate row i and, gated, up row I + i): its lanes walk the columns kk = lane,
+// lane + 32, ... (neighbouring weights and activations), each weight decoded once per tile of
+// kRowTile rows and multiplied into every row of the tile; the lanes' sums are added at the end.
 template <class W, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm1_act_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* row_token,
                      const float* xq, int64_t hidden, int64_t inter, int gated, int act,
                      Acc* a_out) {
-  __shared__ Acc xs[kRowTile][kKTile];
   const int64_t le = blockIdx.y;
   const int64_t begin = offsets[first_expert + le], end = offsets[first_expert + le + 1];
-  if (begin == end) return;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const bool active = i < inter;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (begin == end || i >= inter) return;  // whole warps leave together
+  const int lane = static_cast<int>(threadIdx.x & 31);
   for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
     const int rows = static_cast<int>(end - r0 < kRowTile ? end - r0 : kRowTile);
+    const float* xr[kRowTile];
     Acc g[kRowTile], u[kRowTile];
-    for (int r = 0; r < kRowTile; ++r) g[r] = u[r] = Acc(0);
-    for (int64_t k0 = 0; k0 < hidden; k0 += kKTile) {
-      const int kn = static_cast<int>(hidden - k0 < kKTile ? hidden - k0 : kKTile);
-      __syncthreads();
-      stage_rows<W, float, Acc>(w, le, xq, hidden, row_token, r0, rows, k0, kn, xs);
-      __syncthreads();
-      if (!active) continue;
-      for (int c = 0; c < kn; ++c) {
-        const Acc wg = static_cast<Acc>(w.weight(le, i, k0 + c));
 #pragma unroll
-        for (int r = 0; r < kRowTile; ++r) g[r] += wg * xs[r][c];
-        if (gated) {
-          const Acc wu = static_cast<Acc>(w.weight(le, inter + i, k0 + c));
+    for (int r = 0; r < kRowTile; ++r) {
+      xr[r] = xq + static_cast<int64_t>(row_token[r0 + (r < rows ? r : 0)]) * hidden;
+      g[r] = u[r] = Acc(0);
+    }
+    for (int64_t kk = lane; kk < hidden; kk += 32) {
+      const int64_t col = w.act_col(le, kk);
+      Acc xv[kRowTile];
 #pragma unroll
-          for (int r = 0; r < kRowTile; ++r) u[r] += wu * xs[r][c];
-        }
+      for (int r = 0; r < kRowTile; ++r) xv[r] = r < rows ? static_cast<Acc>(xr[r][col]) : Acc(0);
+      const Acc wg = static_cast<Acc>(w.weight(le, i, kk));
+#pragma unroll
+      for (int r = 0; r < kRowTile; ++r) g[r] += wg * xv[r];
+      if (gated) {
+        const Acc wu = static_cast<Acc>(w.weight(le, inter + i, kk));
+#pragma unroll
+        for (int r = 0; r < kRowTile; ++r) u[r] += wu * xv[r];
       }
     }
-    if (active)
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r) {
+      g[r] = warp_sum(g[r]);
+      if (gated) u[r] = warp_sum(u[r]);
+    }
+    if (lane == 0)
       for (int r = 0; r < rows; ++r)
         a_out[(r0 + r) * inter + i] =
             gated ? expert_glu<Acc>(act, g[r], u[r]) : expert_activation<Acc>(act, g[r]);
   }
 }
 
-// grid (ceil(H / kThreads), experts of the chunk). aq [P, I] per sorted position; slot_out
-// [T * top_k, H] per slot (sorted[p] is the slot of position p).
+// grid (ceil(H / kWarps), experts of the chunk), kThreads threads. aq [P, I] per sorted
+// position; slot_out [T * top_k, H] per slot (sorted[p] is the slot of position p). One warp per
+// output n, as gemm1_act_kernel.
 template <class W, class In, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm2_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* sorted,
                  const In* aq, int64_t inter, int64_t hidden, Acc* slot_out) {
-  __shared__ Acc xs[kRowTile][kKTile];
   const int64_t le = blockIdx.y;
   const int64_t begin = offsets[first_expert + le], end = offsets[first_expert + le + 1];
-  if (begin == end) return;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const bool active = n < hidden;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (begin == end || n >= hidden) return;  // whole warps leave together
+  const int lane = static_cast<int>(threadIdx.x & 31);
   for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
     const int rows = static_cast<int>(end - r0 < kRowTile ? end - r0 : kRowTile);
     Acc y[kRowTile];
-    for (int r = 0; r < kRowTile; ++r) y[r] = Acc(0);
-    for (int64_t k0 = 0; k0 < inter; k0 += kKTile) {
-      const int kn = static_cast<int>(inter - k0 < kKTile ? inter - k0 : kKTile);
-      __syncthreads();
-      stage_rows<W, In, Acc>(w, le, aq, inter, nullptr, r0, rows, k0, kn, xs);
-      __syncthreads();
-      if (!active) continue;
-      for (int c = 0; c < kn; ++c) {
-        const Acc wv = static_cast<Acc>(w.weight(le, n, k0 + c));
 #pragma unroll
-        for (int r = 0; r < kRowTile; ++r) y[r] += wv * xs[r][c];
-      }
+    for (int r = 0; r < kRowTile; ++r) y[r] = Acc(0);
+    for (int64_t kk = lane; kk < inter; kk += 32) {
+      const int64_t col = w.act_col(le, kk);
+      const Acc wv = static_cast<Acc>(w.weight(le, n, kk));
+#pragma unroll
+      for (int r = 0; r < kRowTile; ++r)
+        if (r < rows) y[r] += wv * static_cast<Acc>(aq[(r0 + r) * inter + col]);
     }
-    if (active)
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r) y[r] = warp_sum(y[r]);
+    if (lane == 0)
       for (int r = 0; r < rows; ++r)
         slot_out[static_cast<int64_t>(sorted[r0 + r]) * hidden + n] = y[r];
   }

@@ -4,7 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "core/error.h"
@@ -64,6 +67,17 @@ struct StagingArea {
   cudaEvent_t done = nullptr;  // recorded after the last chunk that read this area
 };
 
+// MOEPACK_VERIFY_PROFILE set (not "0"): every launch and upload of the runtime timed by its own
+// CUDA events (kernel_profile), host-side staging times beside them. Off, nothing is recorded.
+bool profile_requested() {
+  const char* v = std::getenv("MOEPACK_VERIFY_PROFILE");
+  return v && *v && std::string(v) != "0";
+}
+
+double host_seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 constexpr size_t kMinStagingBlock = size_t{64} << 20;
 constexpr size_t kStagingAlign = 256;
 
@@ -92,14 +106,67 @@ struct MoeRuntime::Impl {
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timing_events;
   size_t timing_used = 0;
   double kernel_seconds = 0;
+  // The profile (profile_requested): events per launch with its name, summed at finish_layer.
+  bool profile = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> profile_events;
+  std::vector<const char*> profile_names;
+  std::map<std::string, std::pair<double, int64_t>> profile_totals;  // seconds, count
+  uint64_t uploaded_bytes = 0;
+
+  // An event pair from `pool` (grown as needed), not yet recorded.
+  static std::pair<cudaEvent_t, cudaEvent_t> event_pair(
+      std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& pool, size_t index) {
+    if (index == pool.size()) {
+      std::pair<cudaEvent_t, cudaEvent_t> e{nullptr, nullptr};
+      check_cuda(cudaEventCreate(&e.first), "event");
+      if (cudaEventCreate(&e.second) != cudaSuccess) {
+        cudaEventDestroy(e.first);
+        check_cuda(cudaGetLastError(), "event");
+      }
+      pool.push_back(e);
+    }
+    return pool[index];
+  }
+  // work() enqueued on `stream`, timed under `name` when profiling.
+  template <class F>
+  void timed(const char* name, cudaStream_t stream, F&& work) {
+    if (!profile) {
+      work();
+      return;
+    }
+    const auto e = event_pair(profile_events, profile_names.size());
+    check_cuda(cudaEventRecord(e.first, stream), "event");
+    work();
+    check_cuda(cudaEventRecord(e.second, stream), "event");
+    profile_names.push_back(name);
+  }
+  void add_host_time(const char* name, double seconds) {
+    if (!profile) return;
+    auto& t = profile_totals[name];
+    t.first += seconds;
+    ++t.second;
+  }
+  // The recorded launches' times added to the totals (their streams have finished).
+  void collect_profile() {
+    for (size_t i = 0; i < profile_names.size(); ++i) {
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, profile_events[i].first, profile_events[i].second),
+                 "profile timing");
+      auto& t = profile_totals[profile_names[i]];
+      t.first += static_cast<double>(ms) * 1e-3;
+      ++t.second;
+    }
+    profile_names.clear();
+  }
 
   ~Impl() {
     if (compute) cudaStreamSynchronize(compute);
     if (copy) cudaStreamSynchronize(copy);
-    for (auto& [a, b] : timing_events) {
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-    }
+    for (auto* pool : {&timing_events, &profile_events})
+      for (auto& [a, b] : *pool) {
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
     for (StagingArea& a : areas) {
       for (StagingBlock& b : a.blocks) {
         if (b.host) cudaFreeHost(b.host);
@@ -176,34 +243,45 @@ struct MoeRuntime::Impl {
             Acc* slots) {
     const int64_t H = layer.hidden, I = layer.inter;
     const kernels::ReaderWeights W13{w13}, W2{w2};
+    const bool ref = sizeof(Acc) == sizeof(double);
     const float* xq = xq_src;
     if (w13.act != reader::ActQuant::kNone) {
       check_cuda(cudaMemcpyAsync(xq_buf, xq_src, static_cast<size_t>(tokens * H) * sizeof(float),
                                  cudaMemcpyDeviceToDevice, compute),
                  "activations");
-      kernels::quantize_rows_kernel<kernels::ReaderWeights, float>
-          <<<blocks_for(tokens, 64), 64, 0, compute>>>(W13, xq_buf, tokens, H, scratch_in.ptr,
-                                                       scratch_out.ptr);
-      check_launch("quantize_rows_kernel (tokens)");
+      timed(ref ? "quantize tokens (reference)" : "quantize tokens (layout)", compute, [&] {
+        kernels::quantize_rows_kernel<kernels::ReaderWeights, float>
+            <<<blocks_for(tokens, 64), 64, 0, compute>>>(W13, xq_buf, tokens, H, scratch_in.ptr,
+                                                         scratch_out.ptr);
+        check_launch("quantize_rows_kernel (tokens)");
+      });
       xq = xq_buf;
     }
-    const dim3 g1(blocks_for(I, kernels::kThreads), static_cast<unsigned>(last - first));
-    kernels::gemm1_act_kernel<kernels::ReaderWeights, Acc><<<g1, kernels::kThreads, 0, compute>>>(
-        W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated,
-        layer.relu2 ? kActRelu2 : layer.activation, inter_buf);
-    check_launch("gemm1_act_kernel");
+    const dim3 g1(blocks_for(I, kernels::kWarps), static_cast<unsigned>(last - first));
+    timed(ref ? "gemm1 + activation (reference)" : "gemm1 + activation (layout)", compute, [&] {
+      kernels::gemm1_act_kernel<kernels::ReaderWeights, Acc><<<g1, kernels::kThreads, 0, compute>>>(
+          W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated,
+          layer.relu2 ? kActRelu2 : layer.activation, inter_buf);
+      check_launch("gemm1_act_kernel");
+    });
     const int64_t p0 = host_offsets[static_cast<size_t>(first)];
     const int64_t p1 = host_offsets[static_cast<size_t>(last)];
     if (w2.act != reader::ActQuant::kNone && p1 > p0) {
-      kernels::quantize_rows_kernel<kernels::ReaderWeights, Acc>
-          <<<blocks_for(p1 - p0, 64), 64, 0, compute>>>(W2, inter_buf + p0 * I, p1 - p0, I,
-                                                        scratch_in.ptr, scratch_out.ptr);
-      check_launch("quantize_rows_kernel (intermediate)");
+      timed(ref ? "quantize intermediate (reference)" : "quantize intermediate (layout)", compute,
+            [&] {
+              kernels::quantize_rows_kernel<kernels::ReaderWeights, Acc>
+                  <<<blocks_for(p1 - p0, 64), 64, 0, compute>>>(W2, inter_buf + p0 * I, p1 - p0, I,
+                                                                scratch_in.ptr, scratch_out.ptr);
+              check_launch("quantize_rows_kernel (intermediate)");
+            });
     }
-    const dim3 g2(blocks_for(H, kernels::kThreads), static_cast<unsigned>(last - first));
-    kernels::gemm2_kernel<kernels::ReaderWeights, Acc, Acc><<<g2, kernels::kThreads, 0, compute>>>(
-        W2, first, offsets.ptr, sorted.ptr, inter_buf, I, H, slots);
-    check_launch("gemm2_kernel");
+    const dim3 g2(blocks_for(H, kernels::kWarps), static_cast<unsigned>(last - first));
+    timed(ref ? "gemm2 (reference)" : "gemm2 (layout)", compute, [&] {
+      kernels::gemm2_kernel<kernels::ReaderWeights, Acc, Acc>
+          <<<g2, kernels::kThreads, 0, compute>>>(W2, first, offsets.ptr, sorted.ptr, inter_buf, I,
+                                                  H, slots);
+      check_launch("gemm2_kernel");
+    });
   }
 
   void check_readers(int64_t first, int64_t last, const reader::ProjReader& w13,
@@ -232,6 +310,7 @@ MoeRuntime::MoeRuntime() : impl_(std::make_unique<Impl>()) {
   check_cuda(cudaEventCreateWithFlags(&impl_->copied, cudaEventDisableTiming), "event");
   for (StagingArea& a : impl_->areas)
     check_cuda(cudaEventCreateWithFlags(&a.done, cudaEventDisableTiming), "event");
+  impl_->profile = profile_requested();
 }
 
 MoeRuntime::~MoeRuntime() = default;
@@ -361,7 +440,9 @@ void MoeRuntime::begin_chunk() {
   m.area = (m.area + 1) % 2;
   StagingArea& a = m.areas[m.area];
   // The chunk before the previous one read this area: wait until it has finished.
+  const auto t0 = std::chrono::steady_clock::now();
   check_cuda(cudaEventSynchronize(a.done), "staging area");
+  m.add_host_time("host: waiting for a staging area", host_seconds_since(t0));
   for (StagingBlock& b : a.blocks) b.used = 0;
   a.current = 0;
 }
@@ -392,13 +473,18 @@ const void* MoeRuntime::upload(const void* host, size_t bytes) {
   const size_t piece = size_t{8} << 20;
   const int64_t pieces = static_cast<int64_t>((bytes + piece - 1) / piece);
   const uint8_t* src = static_cast<const uint8_t*>(host);
+  const auto t0 = std::chrono::steady_clock::now();
   parallel_for(pieces, pieces > 1 ? 8 : 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const size_t off = static_cast<size_t>(p) * piece;
       std::memcpy(dst + off, src + off, std::min(piece, bytes - off));
     }
   });
-  check_cuda(cudaMemcpyAsync(dev, dst, bytes, cudaMemcpyHostToDevice, m.copy), "upload");
+  m.add_host_time("host: copying into pinned staging", host_seconds_since(t0));
+  m.timed("upload (host to device)", m.copy, [&] {
+    check_cuda(cudaMemcpyAsync(dev, dst, bytes, cudaMemcpyHostToDevice, m.copy), "upload");
+  });
+  m.uploaded_bytes += bytes;
   return dev;
 }
 
@@ -413,16 +499,7 @@ void MoeRuntime::forward_chunk(int64_t first, int64_t last, const reader::ProjRe
   // The chunk's uploads come first (copy stream), then its kernels (compute stream).
   check_cuda(cudaEventRecord(m.copied, m.copy), "event");
   check_cuda(cudaStreamWaitEvent(m.compute, m.copied, 0), "event");
-  if (m.timing_used == m.timing_events.size()) {
-    std::pair<cudaEvent_t, cudaEvent_t> e{nullptr, nullptr};
-    check_cuda(cudaEventCreate(&e.first), "event");
-    if (cudaEventCreate(&e.second) != cudaSuccess) {
-      cudaEventDestroy(e.first);
-      check_cuda(cudaGetLastError(), "event");
-    }
-    m.timing_events.push_back(e);
-  }
-  const auto& timed = m.timing_events[m.timing_used++];
+  const auto timed = Impl::event_pair(m.timing_events, m.timing_used++);
   check_cuda(cudaEventRecord(timed.first, m.compute), "event");
   if (reference)
     m.side<double>(first, last, w13, w2, m.x.ptr, m.xq_ref.ptr, m.ref_inter.ptr, m.ref_slots.ptr);
@@ -449,6 +526,10 @@ MoeLayerOutputs MoeRuntime::finish_layer() {
       m.ref_slots.ptr, m.weights.ptr, T, m.top_k, H, m.ref_out.ptr);
   check_launch("combine_kernel");
   check_cuda(cudaStreamSynchronize(m.compute), "layer");
+  if (m.profile) {
+    check_cuda(cudaStreamSynchronize(m.copy), "layer");
+    m.collect_profile();
+  }
   for (size_t i = 0; i < m.timing_used; ++i) {
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, m.timing_events[i].first, m.timing_events[i].second),
@@ -479,6 +560,16 @@ MoeLayerOutputs MoeRuntime::finish_layer() {
 
 double MoeRuntime::kernel_seconds() const {
   return impl_->kernel_seconds;
+}
+
+uint64_t MoeRuntime::uploaded_bytes() const {
+  return impl_->uploaded_bytes;
+}
+
+std::vector<MoeProfileEntry> MoeRuntime::kernel_profile() const {
+  std::vector<MoeProfileEntry> out;
+  for (const auto& [name, t] : impl_->profile_totals) out.push_back({name, t.first, t.second});
+  return out;
 }
 
 std::vector<float> MoeRuntime::router_logits(const float* x, int64_t tokens, int64_t hidden,

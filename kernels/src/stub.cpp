@@ -49,6 +49,12 @@ MoeLayerOutputs MoeRuntime::finish_layer() {
 double MoeRuntime::kernel_seconds() const {
   no_cuda();
 }
+uint64_t MoeRuntime::uploaded_bytes() const {
+  no_cuda();
+}
+std::vector<MoeProfileEntry> MoeRuntime::kernel_profile() const {
+  no_cuda();
+}
 std::vector<float> MoeRuntime::router_logits(const float*, int64_t, int64_t, const float*, int64_t,
                                              const float*) {
   no_cuda();
