@@ -22,6 +22,8 @@
 #   SOURCE=1     also time `verify --source` on each device
 #   BACKEND=...  the layout converted to (default marlin)
 #   THREADS=N    verify --threads (default 0: every CPU)
+#   PROFILE=0    no per-kernel profile of --device cuda (default on: MOEPACK_VERIFY_PROFILE=1,
+#                each kernel and upload timed by its own CUDA events; printed under the stages)
 set -euo pipefail
 M=${1:-build-gpu/bin/moepack}
 work=${2:-/tmp/verify-bench}
@@ -69,7 +71,8 @@ timed_verify() {
   shift
   local json="$OUT/verify_$name.json" tv="$OUT/verify_${name}_time.txt" rc=0 a b
   a=$(date +%s.%N)
-  /usr/bin/time -v "$M" verify "$dst" "$@" --threads "$THREADS" --json > "$json" 2> "$tv" || rc=$?
+  MOEPACK_VERIFY_PROFILE=${PROFILE:-1} /usr/bin/time -v "$M" verify "$dst" "$@" \
+    --threads "$THREADS" --json > "$json" 2> "$tv" || rc=$?
   b=$(date +%s.%N)
   python3 - "$json" "$tv" "$a" "$b" "$cat_s" "$rc" "$name" <<'EOF' | tee -a "$log"
 import json, re, sys
@@ -95,6 +98,11 @@ if st:
           f"{st['read_hash_seconds']:.2f}, decode {st['decode_seconds']:.2f}, wait "
           f"{st['wait_seconds']:.2f}, evaluate {st['evaluate_seconds']:.2f}, device kernels "
           f"{dev:.3f} ({100 * dev / secs:.1f} % of the run)")
+# --device cuda with MOEPACK_VERIFY_PROFILE: each kernel's and upload's device seconds, and the
+# host's staging (verify's stderr).
+for line in open(tv):
+    if line.startswith("moepack: verify profile"):
+        print("  " + line.split("moepack: ", 1)[1].rstrip())
 EOF
 }
 

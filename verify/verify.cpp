@@ -5,16 +5,19 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "core/error.h"
@@ -457,58 +460,6 @@ void report_broken_layer(VerifyReport& r, int64_t layer, const std::string& back
   r.layers.push_back(l);
 }
 
-// Each converted parameter's SHA-256, computed while its chunks are copied out of the mapped
-// shard (integrity 1 without a second pass over the bytes). One producer reads a layer's chunks
-// in expert order, so a tensor's bytes arrive in order; a range that does not continue its
-// stream (a layer that stopped at a failed chunk, or read otherwise) leaves it incomplete, and
-// integrity 1 hashes that tensor from the mapping instead. Every stream is registered before
-// the first chunk is read (the map is then only read); distinct tensors are advanced by
-// distinct threads, one tensor's chunks by one thread at a time.
-class StreamedDigests {
- public:
-  // `releasable`: the view is a read-only file mapping whose consumed pages may be dropped.
-  void track(const TensorView& v, bool releasable) {
-    if (v.nbytes == 0) return;
-    Stream& s = streams_[v.data];
-    s.total = v.nbytes;
-    s.releasable = releasable;
-  }
-  // Copies bytes [off, off + len) of v to dst and hashes them when they continue v's stream (a
-  // piece at a time, while it is in cache), then drops the consumed pages of the mapping.
-  void copy(const TensorView& v, uint64_t off, uint8_t* dst, size_t len) {
-    auto it = streams_.find(v.data);
-    Stream* s = it == streams_.end() || it->second.total != v.nbytes ? nullptr : &it->second;
-    const bool hash = s && !s->broken && s->pos == off;
-    if (s && !hash) s->broken = true;
-    constexpr size_t kPiece = size_t{1} << 20;
-    for (size_t done = 0; done < len; done += kPiece) {
-      const size_t n = std::min(kPiece, len - done);
-      std::memcpy(dst + done, v.data + off + done, n);
-      if (hash) s->sha.update(dst + done, n);
-    }
-    if (hash) {
-      s->pos += len;
-      if (s->pos == s->total) s->hex = s->sha.hex_digest();
-    }
-    if (s && s->releasable) release_mapped(v.data + off, len);
-  }
-  // The SHA-256 of the whole tensor when it was streamed whole, else empty.
-  std::string digest(const TensorView& v) const {
-    auto it = streams_.find(v.data);
-    if (v.nbytes == 0 || it == streams_.end() || it->second.total != v.nbytes) return {};
-    return it->second.hex;
-  }
-
- private:
-  struct Stream {
-    Sha256 sha;
-    uint64_t pos = 0, total = 0;
-    bool broken = false, releasable = false;
-    std::string hex;
-  };
-  std::map<const uint8_t*, Stream> streams_;
-};
-
 // Busy seconds of verify's stages (VerifyTiming), added from every thread.
 struct StageClock {
   std::atomic<int64_t> read_ns{0}, decode_ns{0}, wait_ns{0}, evaluate_ns{0};
@@ -540,12 +491,114 @@ class StageTimer {
   int64_t start_;
 };
 
+// Each converted parameter's SHA-256, computed from the mapped shard by hashing threads of their
+// own while the layers are read (integrity 1 needs no pass over the bytes at the end): several
+// tensors at once, each a megabyte at a time from the page cache, its pages dropped once hashed.
+// A tensor's hash is sequential, so it is not tied to the chunks the layers take: the chunks are
+// then prepared in any order, by any number of threads. The hashers keep within kLayersAhead
+// layers of the layer loop (reached()), so that a model larger than RAM is hashed while its
+// pages are in the page cache for the chunks too. A tensor not hashed (no thread could start,
+// or the run stopped) has no digest; integrity 1 hashes it at the end, as the tensors that are
+// no layer's parameters.
+class TensorHasher {
+ public:
+  static constexpr size_t kLayersAhead = 4;
+  // Before start(): tensors in the order of their layers; `releasable`: a read-only file
+  // mapping whose hashed pages may be dropped.
+  void track(const TensorView& v, bool releasable, size_t layer) {
+    if (v.nbytes == 0 || index_.count(v.data)) return;
+    index_[v.data] = items_.size();
+    items_.push_back({v, releasable, layer, {}});
+  }
+  // `threads` hashing threads (those that start); their busy time is added to `busy_ns`.
+  void start(int threads, std::atomic<int64_t>* busy_ns) {
+    busy_ns_ = busy_ns;
+    for (int t = 0; t < threads; ++t) {
+      try {
+        threads_.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        break;  // fewer hashers; what none hashes is hashed at the end
+      }
+    }
+  }
+  // The layer loop begins layer `layer`: tensors up to kLayersAhead layers after it may go.
+  void reached(size_t layer) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      gate_ = std::max(gate_, layer + kLayersAhead);
+    }
+    cv_.notify_all();
+  }
+  // Every tracked tensor hashed (the gate opened); the threads joined.
+  void finish() { stop_threads(false); }
+  ~TensorHasher() { stop_threads(true); }
+  // The SHA-256 of the whole tensor when a hasher hashed it, else empty. After finish().
+  std::string digest(const TensorView& v) const {
+    auto it = index_.find(v.data);
+    if (v.nbytes == 0 || it == index_.end() || items_[it->second].view.nbytes != v.nbytes)
+      return {};
+    return items_[it->second].hex;
+  }
+
+ private:
+  struct Item {
+    TensorView view;
+    bool releasable;
+    size_t layer;
+    std::string hex;
+  };
+
+  void work() {
+    for (;;) {
+      size_t i = 0;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock,
+                 [&] { return stop_ || next_ >= items_.size() || items_[next_].layer <= gate_; });
+        if (stop_ || next_ >= items_.size()) return;
+        i = next_++;
+      }
+      StageTimer busy(busy_ns_);
+      Item& it = items_[i];
+      Sha256 sha;
+      constexpr size_t kPiece = size_t{1} << 20;
+      for (size_t off = 0; off < it.view.nbytes; off += kPiece) {
+        const size_t n = std::min<size_t>(kPiece, it.view.nbytes - off);
+        sha.update(it.view.data + off, n);
+        if (it.releasable) release_mapped(it.view.data + off, n);
+        if (stop_.load(std::memory_order_relaxed)) return;  // no digest: hashed at the end
+      }
+      it.hex = sha.hex_digest();
+    }
+  }
+
+  void stop_threads(bool abandon) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (abandon) stop_ = true;
+      gate_ = std::numeric_limits<size_t>::max();
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  std::vector<Item> items_;
+  std::map<const uint8_t*, size_t> index_;
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  size_t next_ = 0, gate_ = kLayersAhead;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t>* busy_ns_ = nullptr;
+};
+
 // Experts [first, last) of each parameter (every layout parameter leads with the expert
-// dimension), copied out of the mapped shard and hashed on the way (StreamedDigests): only the
-// chunk is ever held. One task per parameter, the parameters on up to `threads` threads (a
-// tensor's hash is sequential; the layers in flight give the pipeline its parallelism).
+// dimension), copied out of the mapped shard, whose pages are dropped after (the hashers read
+// them on their own, TensorHasher): only the chunk is ever held. The parameters on up to
+// `threads` threads.
 TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int64_t first,
-                      int64_t last, int threads, StreamedDigests& digests) {
+                      int64_t last, int threads) {
   TensorMap out;
   std::vector<std::pair<const TensorView*, Tensor*>> work;
   for (const TensorView& v : views) {
@@ -563,7 +616,10 @@ TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int
       const TensorView& v = *work[static_cast<size_t>(i)].first;
       Tensor& t = *work[static_cast<size_t>(i)].second;
       const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
-      digests.copy(v, per * static_cast<uint64_t>(first), t.data.data(), t.data.size());
+      const uint8_t* from = v.data + per * static_cast<uint64_t>(first);
+      if (t.data.empty()) continue;
+      std::memcpy(t.data.data(), from, t.data.size());
+      release_mapped(from, t.data.size());
     }
   });
   return out;
@@ -581,7 +637,7 @@ struct LayerRun {
   ref::RouterConfig router;
   ref::Activation activation;
   VerifyReport* report;
-  StreamedDigests* digests;
+  TensorHasher* hasher;
   StageClock* clock;
   bool rounded_note = false;
   bool requant_note = false;
@@ -795,8 +851,7 @@ void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk&
     TensorMap named;
     {
       StageTimer t(&run.clock->read_ns);
-      named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.threads,
-                          *run.digests);
+      named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.threads);
     }
     TensorMap& mine = c.rank_params[static_cast<size_t>(r)];
     for (auto& [key, t] : named) {
@@ -841,7 +896,7 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     } else {
       {
         StageTimer t(&run.clock->read_ns);
-        c.params = param_chunk(job.views, E, e0, e1, run.threads, *run.digests);
+        c.params = param_chunk(job.views, E, e0, e1, run.threads);
       }
       StageTimer t(&run.clock->decode_ns);
       c.decoded = run.layout->unpack(job.lo, c.params);
@@ -929,16 +984,23 @@ struct ChunkItem {
   int64_t e0, e1;
 };
 
-// How many layers the chunk pipeline reads at once: a tensor is hashed by one thread at a time,
-// so the threads are kept busy by several layers' tensors; one layer on few cores.
-int pipeline_lanes(int threads) {
-  return std::clamp(threads / 3, 1, 8);
+// How many threads prepare chunks ahead of the layer loop (read, decode, compare with the
+// source): half the threads, the others hashing (TensorHasher), unpacking within a chunk and
+// staging for the device. At most 8: the chunk rule's experts are shared among them.
+int pipeline_workers(int threads) {
+  return std::clamp(threads / 2, 1, 8);
+}
+
+// How many threads hash the converted parameters beside the layer loop.
+int hashing_threads(int threads) {
+  return std::clamp(threads / 4, 1, 8);
 }
 
 // Every layer's job first (views only, no bytes; a layer whose job fails gets its error and no
-// chunks), then the chunk list across layers. With `lanes` layers read at once each lane takes
-// 1 / lanes of a layer's chunk of experts, so that what is held stays what one lane held.
-std::vector<ChunkItem> plan_chunks(const LayerRun& run, int lanes, std::vector<LayerJob>* jobs,
+// chunks), then the chunk list across layers. With `workers` threads preparing chunks each chunk
+// holds 1 / workers of the chunk rule's experts, so that the chunks in flight (two per worker)
+// hold what two chunks of the rule hold.
+std::vector<ChunkItem> plan_chunks(const LayerRun& run, int workers, std::vector<LayerJob>* jobs,
                                    std::vector<std::optional<Error>>* job_error) {
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   jobs->assign(layers.size(), LayerJob{});
@@ -952,10 +1014,10 @@ std::vector<ChunkItem> plan_chunks(const LayerRun& run, int lanes, std::vector<L
       (*job_error)[i] = e;
       continue;
     }
-    job.chunk = std::max<int64_t>(1, job.chunk / lanes);
-    for (const TensorView& v : job.views) run.digests->track(v, true);
+    job.chunk = std::max<int64_t>(1, job.chunk / std::max(1, workers));
+    for (const TensorView& v : job.views) run.hasher->track(v, true, i);
     for (const auto& views : job.rank_views)
-      for (const TensorView& v : views) run.digests->track(v, true);
+      for (const TensorView& v : views) run.hasher->track(v, true, i);
     for (int64_t e0 = 0; e0 < layers[i].experts; e0 += job.chunk)
       items.push_back({i, e0, std::min(layers[i].experts, e0 + job.chunk)});
   }
@@ -971,33 +1033,49 @@ void release_source_layer(const Checkpoint& src, const MoeLayer& L) {
   }
 }
 
-// The chunks of a run, prepared ahead of their use: a producer thread per layer, at most `lanes`
-// layers at a time, each preparing its layer's chunks in expert order (so each tensor is read,
-// hashed and released in order) and holding at most one prepared chunk beside the one it
-// prepares; the consumer takes a layer's chunks in order, layer after layer. A producer stops
-// after a chunk that failed (the loops never read past it), or when the consumer is done with its
-// layer. Where a thread cannot start, the consumer prepares that layer's chunks itself.
+// The chunks of a run, prepared ahead of their use by `workers` threads: each takes the next
+// chunk in the loop's order (layer after layer, experts in order) and prepares it while the
+// others prepare the following ones, at most `2 * workers` chunks taken and not yet used (being
+// prepared or ready), so a layer's chunks are prepared by every worker at once and what is held
+// is bounded by the chunk rule, not the model. The consumer takes a layer's chunks in order.
+// After a chunk that failed (a decode failure or an error) no later chunk of its layer is
+// started (the loops never read past it); chunks of a layer the consumer is done with are
+// dropped. With no worker (the CPU MoE path, whose evaluation takes every thread; or no thread
+// could start) each chunk is prepared when the loop asks for it.
 class ChunkPipeline {
  public:
-  // `ahead` false: no producer threads, each chunk is prepared when the loop asks for it (the
-  // CPU MoE path, whose evaluation takes every thread: one chunk held, as convert holds one).
   ChunkPipeline(const LayerRun& run, const std::vector<LayerJob>& jobs,
-                const std::vector<ChunkItem>& items, int lanes, bool ahead = true)
+                const std::vector<ChunkItem>& items, int workers)
       : run_(run),
         jobs_(jobs),
-        lanes_(lanes),
-        ahead_(ahead),
-        range_(jobs.size(), {items.size(), items.size()}) {
+        items_(items),
+        slots_(items.size()),
+        window_(2 * static_cast<size_t>(std::max(0, workers))),
+        range_(jobs.size(), {items.size(), items.size()}),
+        cursor_(jobs.size(), 0),
+        closed_(jobs.size(), 0),
+        finished_(jobs.size(), 0) {
     for (size_t i = 0; i < items.size(); ++i) {
       auto& r = range_[items[i].layer];
       if (r.first == items.size()) r.first = i;
       r.second = i + 1;
     }
-    items_ = items;
-    start_lanes();
+    for (size_t l = 0; l < jobs.size(); ++l) cursor_[l] = range_[l].first;
+    for (int w = 0; w < workers; ++w) {
+      try {
+        threads_.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        break;  // fewer workers (a process at its limits); none: prepared by next()
+      }
+    }
   }
   ~ChunkPipeline() {
-    for (auto& [layer, lane] : running_) stop(*lane);
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
   }
   ChunkPipeline(const ChunkPipeline&) = delete;
   ChunkPipeline& operator=(const ChunkPipeline&) = delete;
@@ -1007,119 +1085,101 @@ class ChunkPipeline {
 
   // The next chunk of `layer` (the layers are taken in order); rethrows what preparing it threw.
   PreparedChunk next(size_t layer) {
-    Lane& lane = *running_.at(layer);
     StageTimer waiting(&run_.clock->wait_ns);
-    if (!lane.thread.joinable()) {  // no thread: prepared here
-      const ChunkItem& it = items_[lane.next++];
-      return prepare_chunk(run_, jobs_[layer], it.e0, it.e1);
-    }
-    std::unique_lock<std::mutex> lock(lane.m);
-    lane.cv.wait(lock, [&] { return !lane.ready.empty() || lane.done; });
-    if (lane.ready.empty())
+    const size_t i = cursor_[layer]++;
+    if (i >= range_[layer].second)
       throw Error(ErrorCode::kInternal, "", "verify", "chunk pipeline: no chunk left");
-    Ready r = std::move(lane.ready.front());
-    lane.ready.pop_front();
+    if (threads_.empty()) return prepare_chunk(run_, jobs_[layer], items_[i].e0, items_[i].e1);
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock,
+             [&] { return slots_[i].state == State::kReady || slots_[i].state == State::kDone; });
+    if (slots_[i].state != State::kReady)
+      throw Error(ErrorCode::kInternal, "", "verify", "chunk pipeline: chunk dropped");
+    Slot taken = std::move(slots_[i]);
+    slots_[i] = Slot{};
+    slots_[i].state = State::kDone;
+    --held_;
     lock.unlock();
-    lane.cv.notify_all();
-    if (r.error) std::rethrow_exception(r.error);
-    return std::move(r.chunk);
+    cv_.notify_all();
+    if (taken.error) std::rethrow_exception(taken.error);
+    return std::move(taken.chunk);
   }
 
-  // The consumer is done with `layer` (every chunk taken, or the rest dropped): its producer
-  // stops, and the next layer's starts.
+  // The consumer is done with `layer` (every chunk taken, or the rest dropped): what is prepared
+  // of it is dropped, nothing more of it is started, and the source's pages of it are dropped.
   void finish_layer(size_t layer) {
-    auto it = running_.find(layer);
-    if (it != running_.end()) {
-      const bool threaded = it->second->thread.joinable();
-      stop(*it->second);
-      running_.erase(it);
-      const LayerJob& job = jobs_[layer];
-      if (!threaded && run_.src && job.src_layer) release_source_layer(*run_.src, *job.src_layer);
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      finished_[layer] = closed_[layer] = 1;
+      for (size_t i = range_[layer].first; i < range_[layer].second; ++i)
+        if (slots_[i].state == State::kReady) {
+          slots_[i] = Slot{};
+          slots_[i].state = State::kDone;
+          --held_;
+        }
     }
-    start_lanes();
+    cv_.notify_all();
+    const LayerJob& job = jobs_[layer];
+    if (run_.src && job.src_layer) release_source_layer(*run_.src, *job.src_layer);
   }
 
  private:
-  struct Ready {
+  enum class State { kTodo, kBusy, kReady, kDone };
+  struct Slot {
+    State state = State::kTodo;
     PreparedChunk chunk;
     std::exception_ptr error;
   };
-  struct Lane {
-    size_t layer = 0, next = 0, end = 0;  // items [next, end) still to prepare
-    std::thread thread;
-    std::mutex m;
-    std::condition_variable cv;
-    std::deque<Ready> ready;
-    bool stop = false, done = false;
-  };
 
-  void produce(Lane& lane) {
-    const LayerJob& job = jobs_[lane.layer];
-    for (; lane.next < lane.end; ++lane.next) {
-      {
-        std::unique_lock<std::mutex> lock(lane.m);
-        lane.cv.wait(lock, [&] { return lane.stop || lane.ready.empty(); });
-        if (lane.stop) break;
+  void work() {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || take_ >= items_.size() || held_ < window_; });
+      if (stop_ || take_ >= items_.size()) return;
+      const size_t i = take_++;
+      const size_t layer = items_[i].layer;
+      if (closed_[layer]) {
+        slots_[i].state = State::kDone;
+        cv_.notify_all();
+        continue;
       }
-      const ChunkItem& it = items_[lane.next];
-      Ready r;
+      slots_[i].state = State::kBusy;
+      ++held_;
+      lock.unlock();
+      Slot done;
       try {
-        r.chunk = prepare_chunk(run_, job, it.e0, it.e1);
+        done.chunk = prepare_chunk(run_, jobs_[layer], items_[i].e0, items_[i].e1);
       } catch (...) {
-        r.error = std::current_exception();
+        done.error = std::current_exception();
       }
-      const bool last = r.error || r.chunk.failure;
-      {
-        std::lock_guard<std::mutex> lock(lane.m);
-        lane.ready.push_back(std::move(r));
+      lock.lock();
+      if (done.error || done.chunk.failure) closed_[layer] = 1;
+      if (finished_[layer]) {
+        slots_[i].state = State::kDone;
+        --held_;
+      } else {
+        done.state = State::kReady;
+        slots_[i] = std::move(done);
       }
-      lane.cv.notify_all();
-      if (last) break;
-    }
-    if (run_.src && job.src_layer) release_source_layer(*run_.src, *job.src_layer);
-    {
-      std::lock_guard<std::mutex> lock(lane.m);
-      lane.done = true;
-    }
-    lane.cv.notify_all();
-  }
-
-  void stop(Lane& lane) {
-    {
-      std::lock_guard<std::mutex> lock(lane.m);
-      lane.stop = true;
-    }
-    lane.cv.notify_all();
-    if (lane.thread.joinable()) lane.thread.join();
-  }
-
-  // Producers for the next layers that have chunks, up to `lanes` running.
-  void start_lanes() {
-    while (running_.size() < static_cast<size_t>(lanes_) && next_layer_ < range_.size()) {
-      const size_t layer = next_layer_++;
-      if (chunks(layer) == 0) continue;
-      auto lane = std::make_unique<Lane>();
-      lane->layer = layer;
-      lane->next = range_[layer].first;
-      lane->end = range_[layer].second;
-      Lane* l = lane.get();
-      try {
-        if (ahead_) l->thread = std::thread([this, l] { produce(*l); });
-      } catch (const std::system_error&) {
-        // No thread (a process at its limits): next() prepares this layer's chunks itself.
-      }
-      running_.emplace(layer, std::move(lane));
+      cv_.notify_all();
     }
   }
 
   const LayerRun& run_;
   const std::vector<LayerJob>& jobs_;
-  const int lanes_;
-  const bool ahead_;
-  std::vector<ChunkItem> items_;
+  const std::vector<ChunkItem> items_;
+  std::vector<Slot> slots_;
+  const size_t window_;
   std::vector<std::pair<size_t, size_t>> range_;  // per layer: its items [first, second)
-  std::map<size_t, std::unique_ptr<Lane>> running_;
-  size_t next_layer_ = 0;
+  std::vector<size_t> cursor_;                    // per layer: the next item the consumer takes
+  // Per layer: no chunk of it is started any more (a chunk failed, or the consumer is done with
+  // it); the consumer is done with it.
+  std::vector<char> closed_, finished_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  size_t take_ = 0, held_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
 };
 
 // A parallel output's MoE as its ranks compute it, through each rank's readers of the chunk:
@@ -1179,11 +1239,13 @@ void verify_layers_cpu(LayerRun& run) {
   // One chunk at a time, prepared when it is needed: the MoE evaluation takes every thread, on
   // whole chunks of experts, and reading ahead would only hold a second chunk.
   const std::vector<ChunkItem> items = plan_chunks(run, 1, &jobs, &job_error);
-  ChunkPipeline chunks(run, jobs, items, 1, /*ahead=*/false);
-  run.report->timing.lanes = 1;
+  run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
+  ChunkPipeline chunks(run, jobs, items, 0);
+  run.report->timing.lanes = 1;  // the loop prepares its chunks itself
   for (const ManifestLayer& ml : run.manifest->layers) {
     const size_t li = static_cast<size_t>(&ml - run.manifest->layers.data());
     run.progress(li, 0);
+    run.hasher->reached(li);
     LayerJob& job = jobs[li];
     std::unique_ptr<ref::ChunkedMoeLayerCheck> numeric;
     try {
@@ -1254,13 +1316,15 @@ void verify_layers_cpu(LayerRun& run) {
 void verify_layers_round_trip(LayerRun& run) {
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
-  const int lanes = pipeline_lanes(run.threads);
-  const std::vector<ChunkItem> items = plan_chunks(run, lanes, &jobs, &job_error);
-  ChunkPipeline chunks(run, jobs, items, lanes);
-  run.report->timing.lanes = lanes;
+  const int workers = pipeline_workers(run.threads);
+  const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
+  run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
+  ChunkPipeline chunks(run, jobs, items, workers);
+  run.report->timing.lanes = workers;
   for (size_t li = 0; li < run.manifest->layers.size(); ++li) {
     const ManifestLayer& ml = run.manifest->layers[li];
     run.progress(li, 0);
+    run.hasher->reached(li);
     if (job_error[li]) {
       run.broken(ml, "parameters", *job_error[li]);
       chunks.finish_layer(li);
@@ -1371,32 +1435,48 @@ LayerResult device_layer_result(const LayerRun& run, const ManifestLayer& ml,
                            run.opts->tolerance);
 }
 
+// MOEPACK_VERIFY_PROFILE (kernels/moe_runtime.h kernel_profile): where the device path's time
+// went, per kernel and upload, on stderr (a debugging aid; the report is unchanged).
+void print_device_profile(const MoeRuntime& rt) {
+  const std::vector<MoeProfileEntry> profile = rt.kernel_profile();
+  if (profile.empty()) return;
+  std::ostringstream o;
+  o << "moepack: verify profile (MOEPACK_VERIFY_PROFILE): " << rt.uploaded_bytes()
+    << " bytes uploaded; device kernels " << rt.kernel_seconds() << " s\n";
+  for (const MoeProfileEntry& e : profile)
+    o << "moepack: verify profile: " << e.name << ": " << e.seconds << " s over " << e.count
+      << "\n";
+  std::fputs(o.str().c_str(), stderr);
+}
+
 // Errors the device path never turns into a failed layer: no device, a bug.
 bool device_error(const Error& e) {
   return e.code() == ErrorCode::kNoCuda || e.code() == ErrorCode::kInternal;
 }
 
-// The CUDA path: the same chunks, read, hashed, decoded and compared on the CPU (shared code
-// above) ahead of their use by ChunkPipeline's producers, several layers at once; each chunk's
-// layout parameters and reference experts uploaded through pinned staging and evaluated on the
-// device (kernels/moe_runtime.h): routing, sort, the layout's MoE through its readers (fp32) and
-// the reference's through canonical readers (fp64); outputs compared on the host with the CPU
-// path's metrics (ref::compare_moe). Host memory: the chunks in flight (two per lane, each
-// 1 / lanes of the chunk rule's), the one being evaluated, two pinned staging areas.
+// The CUDA path: the same chunks, read, decoded and compared on the CPU (shared code above)
+// ahead of their use by ChunkPipeline's workers, the parameters hashed beside (TensorHasher); each
+// chunk's layout parameters and reference experts uploaded through pinned staging and evaluated on
+// the device (kernels/moe_runtime.h): routing, sort, the layout's MoE through its readers (fp32)
+// and the reference's through canonical readers (fp64); outputs compared on the host with the CPU
+// path's metrics (ref::compare_moe). Host memory: the chunks in flight (two per worker, each
+// 1 / workers of the chunk rule's), the one being evaluated, two pinned staging areas.
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
   MoeRuntime rt;
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
-  const int lanes = pipeline_lanes(run.threads);
-  const std::vector<ChunkItem> items = plan_chunks(run, lanes, &jobs, &job_error);
-  ChunkPipeline chunks(run, jobs, items, lanes);
-  run.report->timing.lanes = lanes;
+  const int workers = pipeline_workers(run.threads);
+  const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
+  run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
+  ChunkPipeline chunks(run, jobs, items, workers);
+  run.report->timing.lanes = workers;
   for (size_t li = 0; li < layers.size(); ++li) {
     const ManifestLayer& ml = layers[li];
     LayerJob& job = jobs[li];
     run.progress(li, 0);
+    run.hasher->reached(li);
     if (job_error[li]) {
       run.broken(ml, "parameters", *job_error[li]);
       chunks.finish_layer(li);
@@ -1445,6 +1525,7 @@ void verify_layers_cuda(LayerRun& run) {
     r.layers.push_back(device_layer_result(run, ml, rt.finish_layer(), routing));
   }
   r.timing.device_seconds = rt.kernel_seconds();
+  print_device_profile(rt);
 }
 
 // The manifest's backend as a layout row this moepack reads (kBadConfig naming the manifest
@@ -1469,12 +1550,13 @@ const TargetLayout& manifest_layout(const Manifest& manifest, const std::string&
 }
 
 // Integrity 1: every manifest tensor present in its shard with its dtype, shape and sha256, and
-// nothing else in the shards. The converted parameters' checksums were computed while the layers
-// read them (StreamedDigests); the other tensors, and any parameter not read whole, are hashed
-// here on all threads from the mapping (their pages dropped after). The first problem in the
-// manifest's order is reported.
+// nothing else in the shards. The converted parameters' checksums were computed by the hashers
+// while the layers were read (TensorHasher); the other tensors, and any parameter no hasher
+// hashed, are hashed here on all threads from the mapping (their pages dropped after). The first
+// problem in the manifest's order is reported.
 IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& out, int threads,
-                                      const StreamedDigests& digests) {
+                                      TensorHasher& digests) {
+  digests.finish();  // every parameter the hashers had is hashed
   IntegrityCheck all;
   all.name = "manifest tensors present with dtype, shape and sha256";
   all.passed = true;
@@ -1760,7 +1842,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
 
   refuse_unverifiable_biases(out, manifest, src.get(), opts);
   // 3. Per layer, by chunks of experts: read and hash, decode, exact round trip, numerical check.
-  StreamedDigests digests;
+  TensorHasher digests;
   StageClock clock;
   LayerRun run{&out,  src.get(), &layout,    recipe, &manifest, threads,
                &opts, router,    activation, &r,     &digests,  &clock};

@@ -78,9 +78,9 @@ LayerResult make_layer_result(int64_t layer, const std::string& backend, int64_t
 // as the "stages" of its --json "run" object). Busy seconds summed over the threads that did the
 // work, so a stage can exceed the wall time.
 struct VerifyTiming {
-  int lanes = 1;  // layers read at once (ChunkPipeline)
+  int lanes = 1;  // threads preparing chunks (ChunkPipeline's workers; 1: the loop itself)
   double read_hash_seconds =
-      0;                        // chunks copied out of the mapped shards and hashed (+ integrity 1)
+      0;  // chunks copied out of the mapped shards, parameters hashed (TensorHasher, integrity 1)
   double decode_seconds = 0;    // the layout's unpack; with --source, its load and exact compare
   double wait_seconds = 0;      // the layer loop waiting for a prepared chunk
   double evaluate_seconds = 0;  // the MoE: CPU evaluation, or staging + launches (--device cuda)

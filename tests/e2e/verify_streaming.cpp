@@ -84,7 +84,8 @@ TEST(VerifyStreaming, SameReportAtEveryThreadCountAndChunkSize) {
       EXPECT_EQ(ref["passed"], true);
       for (const char* variant :
            {" --threads 2", " --threads 16", " --threads 16 --chunk-size 1MiB",
-            " --threads 9 --chunk-size 3MiB"}) {
+            " --threads 9 --chunk-size 3MiB", " --threads 5 --chunk-size 1MiB",
+            " --threads 64 --chunk-size 2MiB"}) {
         SCOPED_TRACE(variant);
         const json got = verify_json(base + variant, 0);
         EXPECT_EQ(got["integrity"], ref["integrity"]);
