@@ -64,7 +64,26 @@ const void* host_buffer(const void* host_ptr, size_t) {
   return host_ptr;
 }
 
-ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const BufferLocator& locate) {
+void pack_code_nibbles(const uint8_t* codes, size_t count, bool signed_codes, uint8_t* out) {
+  // A code fits when its byte is what its low nibble unpacks to (code_nibble).
+  uint32_t bad = 0;
+  const auto fit = [signed_codes, &bad](uint8_t c) {
+    const uint32_t nib = c & 0xfu;
+    const uint32_t back = signed_codes && (nib & 8u) ? nib | 0xf0u : nib;
+    bad |= back ^ c;
+    return nib;
+  };
+  const size_t pairs = count / 2;
+  for (size_t i = 0; i < pairs; ++i)
+    out[i] = static_cast<uint8_t>(fit(codes[2 * i]) | (fit(codes[2 * i + 1]) << 4));
+  if (count % 2) out[pairs] = static_cast<uint8_t>(fit(codes[count - 1]));
+  if (bad)
+    throw Error(ErrorCode::kInternal, "", "canonical reader",
+                "codes do not fit in 4 bits: cannot be packed two per byte");
+}
+
+ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const BufferLocator& locate,
+                                 const NibbleLocator& pack) {
   q.check_consistent("canonical reader");
   ProjReader r = blank_reader(Kind::kCanonical, act);
   r.experts = q.experts;
@@ -77,7 +96,14 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
     return d;
   };
   reader::CanonicalParams& c = r.canonical;
-  c.codes = static_cast<const uint8_t*>(at(q.codes.data(), q.codes.size()));
+  if (pack && q.bits <= 4 && !q.codes.empty()) {
+    c.codes = static_cast<const uint8_t*>(pack(q.codes.data(), q.codes.size()));
+    if (!c.codes)
+      throw Error(ErrorCode::kInternal, "", "canonical reader", "the locator returned null");
+    c.packed_codes = 1;
+  } else {
+    c.codes = static_cast<const uint8_t*>(at(q.codes.data(), q.codes.size()));
+  }
   c.scales = at(q.scales.data(), q.scales.size());
   if (!q.symmetric) c.zeros = static_cast<const uint8_t*>(at(q.zeros.data(), q.zeros.size()));
   if (!q.g_idx.empty()) {  // weight() follows g_idx into the scales

@@ -10,6 +10,7 @@
 // that would send a reader outside its parameter.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "formats/codec.h"
@@ -24,10 +25,24 @@ using BufferLocator = std::function<const void*(const void* host_ptr, size_t byt
 const void* host_param(const std::string& param_name, const Tensor& host_tensor);
 const void* host_buffer(const void* host_ptr, size_t bytes);
 
+// Where a canonical QuantTensor's codes live packed two per byte (pack_code_nibbles): codes is
+// the host's one-code-per-byte array of `count` codes; the locator returns where the packed
+// ((count + 1) / 2 bytes) are.
+using NibbleLocator = std::function<const void*(const uint8_t* codes, size_t count)>;
+
+// out[i / 2] holds codes[i] in its low nibble for even i, its high nibble for odd i (the last
+// high nibble 0 for an odd count): what the canonical reader reads with packed_codes. Codes of
+// <= 4 bits only: kind kInt codes must be -8..7 (sign-extended bytes), others 0..15; anything
+// else is kInternal (a code that would not survive packing).
+void pack_code_nibbles(const uint8_t* codes, size_t count, bool signed_codes, uint8_t* out);
+
 // The reader of a canonical QuantTensor: weight(r, e, n, k) == dequantize_expert(q, e)[n*K + k]
-// exactly. Throws kInternal when q's buffers disagree with its shape (check_consistent).
+// exactly. Throws kInternal when q's buffers disagree with its shape (check_consistent). With
+// `pack` and codes of <= 4 bits, the codes are located packed two per byte (half the bytes to
+// copy to a device).
 reader::ProjReader make_canonical_reader(const QuantTensor& q, reader::ActQuant act,
-                                         const BufferLocator& locate);
+                                         const BufferLocator& locate,
+                                         const NibbleLocator& pack = {});
 
 // y[m, r.n] = x[m, r.k] . W_e^T for expert `expert` of the chunk the reader covers: each output
 // row's weights decoded once by reader::weight_row and multiplied with every activation row,

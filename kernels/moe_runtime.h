@@ -88,6 +88,10 @@ class MoeRuntime {
   void begin_chunk();
   // A device copy of host[0, bytes), valid until the chunk after the next one begins.
   const void* upload(const void* host, size_t bytes);
+  // upload() of codes[0, count) packed two per byte (formats/moe_reader.h pack_code_nibbles: half
+  // the bytes to stage and copy), for a canonical reader with packed_codes. kInternal for a code
+  // that does not fit in 4 bits.
+  const void* upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes);
   // Both MoEs for experts [first, last) of the layer. The readers index experts from 0 = first.
   void run_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
                  const reader::ProjReader& w2, const reader::ProjReader& ref_w13,

@@ -1411,8 +1411,17 @@ void run_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
       run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
   const reader::ActQuant act = run.layout->act_quant(job.lo);
   const MoeExperts& reference = c.reference();
-  const reader::ProjReader ref13 = make_canonical_reader(reference.w13, act, locate_buffer);
-  const reader::ProjReader ref2 = make_canonical_reader(reference.w2, act, locate_buffer);
+  // The reference's codes of <= 4 bits go up two per byte (half the canonical bytes).
+  const auto packed = [&rt](const QuantTensor& q) -> NibbleLocator {
+    const bool signed_codes = q.kind == CodeKind::kInt;
+    return [&rt, signed_codes](const uint8_t* codes, size_t count) {
+      return rt.upload_nibbles(codes, count, signed_codes);
+    };
+  };
+  const reader::ProjReader ref13 =
+      make_canonical_reader(reference.w13, act, locate_buffer, packed(reference.w13));
+  const reader::ProjReader ref2 =
+      make_canonical_reader(reference.w2, act, locate_buffer, packed(reference.w2));
   rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2);
 }
 

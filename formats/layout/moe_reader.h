@@ -125,7 +125,7 @@ enum GlobalType : int32_t { kGlobalNone = 0, kGlobalDecode = 1, kGlobalEncode = 
 
 // kCanonical: a QuantTensor (formats/codec.h).
 struct CanonicalParams {
-  const uint8_t* codes;  // [E, N, K]
+  const uint8_t* codes;  // [E, N, K]; packed_codes: two per byte (code_nibble)
   const void* scales;    // [E, scale_rows, groups] of scale_type
   const uint8_t* zeros;  // [E, N, groups], or null (symmetric: zero point 2^(bits-1))
   const int32_t* g_idx;  // [E, K], or null (group of column k = k / group_size)
@@ -140,6 +140,7 @@ struct CanonicalParams {
   int32_t global_type;         // GlobalType: s * g (decode) or s / g (encode)
   int64_t global_shard_rows;   // rows sharing one global scale (N / global_shards)
   int64_t global_shards;
+  int32_t packed_codes;  // codes of <= 4 bits two per byte (formats/moe_reader.h pack_code_nibbles)
 };
 
 // kMarlin (formats/marlin.h). Physical sizes kp x np include vLLM 0.33's intermediate padding.
@@ -343,6 +344,13 @@ MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
 
 // ---- kCanonical --------------------------------------------------------------------------------
 
+// Code i of codes packed two per byte: the low nibble of byte i / 2 for even i, the high one for
+// odd i; a signed (kCodeInt) code sign-extended to the byte the unpacked array holds.
+MOEPACK_HD uint8_t code_nibble(const CanonicalParams& p, int64_t i) {
+  const uint32_t nib = (static_cast<uint32_t>(p.codes[i >> 1]) >> ((i & 1) * 4)) & 0xfu;
+  return static_cast<uint8_t>(p.code_type == kCodeInt && (nib & 8u) ? nib | 0xf0u : nib);
+}
+
 // = formats/codec.cpp dequantize_expert, element (n, kk).
 MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int64_t e, int64_t n,
                              int64_t kk) {
@@ -353,7 +361,8 @@ MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int6
     const float gs = p.global_scales[e * p.global_shards + n / p.global_shard_rows];
     s = p.global_type == kGlobalDecode ? s * gs : s / gs;
   }
-  const uint8_t c = p.codes[(e * r.n + n) * K + kk];
+  const int64_t ci = (e * r.n + n) * K + kk;
+  const uint8_t c = p.packed_codes ? code_nibble(p, ci) : p.codes[ci];
   switch (p.code_type) {
     case kCodeUint: {
       const float zf = p.zeros ? static_cast<float>(p.zeros[(e * r.n + n) * G + g])

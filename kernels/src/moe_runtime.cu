@@ -9,9 +9,11 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "formats/moe_reader.h"
 #include "kernels/include/moe_fused.cuh"
 #include "kernels/include/moe_routing.cuh"
 #include "kernels/include/moe_sort.cuh"
@@ -180,6 +182,9 @@ struct MoeRuntime::Impl {
   }
 
   void prepare_layer(const MoeLayerSpec& spec, int64_t T, int k, const float* x);
+  std::pair<uint8_t*, uint8_t*> stage(size_t bytes);
+  template <class F>
+  void fill_and_copy(uint8_t* dst, uint8_t* dev, size_t bytes, const F& fill);
   MoeDeviceRouting sort_layer();
 
   // Routing of `tokens` rows of logits already in this->logits into expert_ids / weights.
@@ -447,10 +452,10 @@ void MoeRuntime::begin_chunk() {
   a.current = 0;
 }
 
-const void* MoeRuntime::upload(const void* host, size_t bytes) {
-  Impl& m = *impl_;
-  if (m.area < 0) throw Error(ErrorCode::kInternal, "", "MoeRuntime", "upload before begin_chunk");
-  StagingArea& a = m.areas[m.area];
+// Room for `bytes` in the current staging area: its pinned host address and device address.
+std::pair<uint8_t*, uint8_t*> MoeRuntime::Impl::stage(size_t bytes) {
+  if (area < 0) throw Error(ErrorCode::kInternal, "", "MoeRuntime", "upload before begin_chunk");
+  StagingArea& a = areas[area];
   const size_t need = (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
   while (a.current < a.blocks.size() &&
          a.blocks[a.current].capacity - a.blocks[a.current].used < need)
@@ -464,27 +469,48 @@ const void* MoeRuntime::upload(const void* host, size_t bytes) {
     a.blocks.push_back(b);
   }
   StagingBlock& b = a.blocks[a.current];
-  uint8_t* dst = b.host + b.used;
-  uint8_t* dev = b.device + b.used;
+  const std::pair<uint8_t*, uint8_t*> at{b.host + b.used, b.device + b.used};
   b.used += need;
-  if (bytes == 0) return dev;
-  // Large copies into pinned memory on several threads (one core's memcpy is slower than the
-  // host-to-device link).
-  const size_t piece = size_t{8} << 20;
-  const int64_t pieces = static_cast<int64_t>((bytes + piece - 1) / piece);
-  const uint8_t* src = static_cast<const uint8_t*>(host);
+  return at;
+}
+
+// Fills pinned [dst, dst + bytes) by fill(offset, length) over pieces on several threads (one
+// core's memcpy is slower than the host-to-device link), then copies it up on the copy stream.
+template <class F>
+void MoeRuntime::Impl::fill_and_copy(uint8_t* dst, uint8_t* dev, size_t bytes, const F& fill) {
+  if (bytes == 0) return;
+  constexpr size_t kPiece = size_t{1} << 20;  // even: a piece holds whole pairs of nibbles
+  const int64_t pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
   const auto t0 = std::chrono::steady_clock::now();
-  parallel_for(pieces, pieces > 1 ? 8 : 1, [&](int64_t p0, int64_t p1) {
+  parallel_for(pieces, static_cast<int>(std::min<int64_t>(pieces, 8)), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      const size_t off = static_cast<size_t>(p) * piece;
-      std::memcpy(dst + off, src + off, std::min(piece, bytes - off));
+      const size_t off = static_cast<size_t>(p) * kPiece;
+      fill(off, std::min(kPiece, bytes - off));
     }
   });
-  m.add_host_time("host: copying into pinned staging", host_seconds_since(t0));
-  m.timed("upload (host to device)", m.copy, [&] {
-    check_cuda(cudaMemcpyAsync(dev, dst, bytes, cudaMemcpyHostToDevice, m.copy), "upload");
+  add_host_time("host: copying into pinned staging", host_seconds_since(t0));
+  timed("upload (host to device)", copy, [&] {
+    check_cuda(cudaMemcpyAsync(dev, dst, bytes, cudaMemcpyHostToDevice, copy), "upload");
   });
-  m.uploaded_bytes += bytes;
+  uploaded_bytes += bytes;
+}
+
+const void* MoeRuntime::upload(const void* host, size_t bytes) {
+  Impl& m = *impl_;
+  const auto [dst, dev] = m.stage(bytes);
+  const uint8_t* src = static_cast<const uint8_t*>(host);
+  m.fill_and_copy(dst, dev, bytes,
+                  [&](size_t off, size_t n) { std::memcpy(dst + off, src + off, n); });
+  return dev;
+}
+
+const void* MoeRuntime::upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes) {
+  Impl& m = *impl_;
+  const size_t bytes = (count + 1) / 2;
+  const auto [dst, dev] = m.stage(bytes);
+  m.fill_and_copy(dst, dev, bytes, [&](size_t off, size_t n) {
+    pack_code_nibbles(codes + 2 * off, std::min(2 * n, count - 2 * off), signed_codes, dst + off);
+  });
   return dev;
 }
 

@@ -35,6 +35,9 @@ void MoeRuntime::begin_chunk() {
 const void* MoeRuntime::upload(const void*, size_t) {
   no_cuda();
 }
+const void* MoeRuntime::upload_nibbles(const uint8_t*, size_t, bool) {
+  no_cuda();
+}
 void MoeRuntime::run_chunk(int64_t, int64_t, const reader::ProjReader&, const reader::ProjReader&,
                            const reader::ProjReader&, const reader::ProjReader&) {
   no_cuda();

@@ -144,18 +144,55 @@ TEST(ReaderMaps, ShuffleRowInverse) {
 
 // ---- canonical reader --------------------------------------------------------------------------
 
+// The reader, and for codes of <= 4 bits the reader over codes packed two per byte (what
+// verify --device cuda uploads), equal dequantize_expert bit for bit.
 void expect_canonical_equals_dequantize(const QuantTensor& q, const std::string& what) {
-  const ProjReader r = make_canonical_reader(q, ActQuant::kNone, host_buffer);
-  ASSERT_EQ(r.n, q.n);
-  ASSERT_EQ(r.k, q.k);
-  for (int64_t e = 0; e < q.experts; ++e) {
-    const std::vector<float> d = dequantize_expert(q, e);
-    for (int64_t n = 0; n < q.n; ++n)
-      for (int64_t k = 0; k < q.k; ++k) {
-        const float got = reader::weight(r, e, n, k), want = d[static_cast<size_t>(n * q.k + k)];
-        ASSERT_TRUE(same_float(got, want))
-            << what << " e=" << e << " n=" << n << " k=" << k << ": " << got << " vs " << want;
-      }
+  std::vector<uint8_t> packed;
+  const NibbleLocator pack = [&](const uint8_t* codes, size_t count) {
+    packed.assign((count + 1) / 2, 0xee);
+    pack_code_nibbles(codes, count, q.kind == CodeKind::kInt, packed.data());
+    return static_cast<const void*>(packed.data());
+  };
+  for (bool nibbles : {false, true}) {
+    if (nibbles && q.bits > 4) continue;
+    const ProjReader r =
+        make_canonical_reader(q, ActQuant::kNone, host_buffer, nibbles ? pack : NibbleLocator{});
+    ASSERT_EQ(r.n, q.n);
+    ASSERT_EQ(r.k, q.k);
+    ASSERT_EQ(r.canonical.packed_codes, nibbles ? 1 : 0);
+    for (int64_t e = 0; e < q.experts; ++e) {
+      const std::vector<float> d = dequantize_expert(q, e);
+      for (int64_t n = 0; n < q.n; ++n)
+        for (int64_t k = 0; k < q.k; ++k) {
+          const float got = reader::weight(r, e, n, k), want = d[static_cast<size_t>(n * q.k + k)];
+          ASSERT_TRUE(same_float(got, want))
+              << what << (nibbles ? " packed" : "") << " e=" << e << " n=" << n << " k=" << k
+              << ": " << got << " vs " << want;
+        }
+    }
+  }
+}
+
+// Packing two codes a byte: every 4-bit code and signed code round-trips (odd counts too), and a
+// code that does not fit is refused rather than truncated.
+TEST(CanonicalReader, PackedCodesRoundTripAndRefuseWideCodes) {
+  for (bool signed_codes : {false, true}) {
+    std::vector<uint8_t> codes;
+    for (int v = 0; v < 16; ++v)
+      codes.push_back(static_cast<uint8_t>(signed_codes ? static_cast<int8_t>(v - 8) : v));
+    codes.push_back(codes[3]);  // odd count
+    std::vector<uint8_t> out((codes.size() + 1) / 2);
+    pack_code_nibbles(codes.data(), codes.size(), signed_codes, out.data());
+    reader::CanonicalParams p{};
+    p.codes = out.data();
+    p.code_type = signed_codes ? reader::kCodeInt : reader::kCodeUint;
+    for (size_t i = 0; i < codes.size(); ++i)
+      EXPECT_EQ(reader::code_nibble(p, static_cast<int64_t>(i)), codes[i]) << i;
+    std::vector<uint8_t> wide = codes;
+    wide[5] = signed_codes ? 8 : 16;  // +8 signed, 16 unsigned: five bits
+    test::expect_error(
+        [&] { pack_code_nibbles(wide.data(), wide.size(), signed_codes, out.data()); },
+        ErrorCode::kInternal);
   }
 }
 
