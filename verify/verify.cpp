@@ -998,8 +998,8 @@ int hashing_threads(int threads) {
 
 // Every layer's job first (views only, no bytes; a layer whose job fails gets its error and no
 // chunks), then the chunk list across layers. With `workers` threads preparing chunks each chunk
-// holds 1 / workers of the chunk rule's experts, so that the chunks in flight (two per worker)
-// hold what two chunks of the rule hold.
+// holds 1 / workers of the chunk rule's experts, so that the chunks in flight (workers + 2) hold
+// about what one chunk of the rule holds, and at most what two hold (one worker).
 std::vector<ChunkItem> plan_chunks(const LayerRun& run, int workers, std::vector<LayerJob>* jobs,
                                    std::vector<std::optional<Error>>* job_error) {
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
@@ -1035,13 +1035,13 @@ void release_source_layer(const Checkpoint& src, const MoeLayer& L) {
 
 // The chunks of a run, prepared ahead of their use by `workers` threads: each takes the next
 // chunk in the loop's order (layer after layer, experts in order) and prepares it while the
-// others prepare the following ones, at most `2 * workers` chunks taken and not yet used (being
-// prepared or ready), so a layer's chunks are prepared by every worker at once and what is held
-// is bounded by the chunk rule, not the model. The consumer takes a layer's chunks in order.
-// After a chunk that failed (a decode failure or an error) no later chunk of its layer is
-// started (the loops never read past it); chunks of a layer the consumer is done with are
-// dropped. With no worker (the CPU MoE path, whose evaluation takes every thread; or no thread
-// could start) each chunk is prepared when the loop asks for it.
+// others prepare the following ones, at most `workers + 2` chunks taken and not yet used (being
+// prepared or ready: every worker busy and two ready), so a layer's chunks are prepared by every
+// worker at once and what is held is bounded by the chunk rule, not the model. The consumer takes a
+// layer's chunks in order. After a chunk that failed (a decode failure or an error) no later chunk
+// of its layer is started (the loops never read past it); chunks of a layer the consumer is done
+// with are dropped. With no worker (the CPU MoE path, whose evaluation takes every thread; or no
+// thread could start) each chunk is prepared when the loop asks for it.
 class ChunkPipeline {
  public:
   ChunkPipeline(const LayerRun& run, const std::vector<LayerJob>& jobs,
@@ -1050,7 +1050,7 @@ class ChunkPipeline {
         jobs_(jobs),
         items_(items),
         slots_(items.size()),
-        window_(2 * static_cast<size_t>(std::max(0, workers))),
+        window_(static_cast<size_t>(std::max(0, workers)) + 2),
         range_(jobs.size(), {items.size(), items.size()}),
         cursor_(jobs.size(), 0),
         closed_(jobs.size(), 0),
@@ -1468,7 +1468,7 @@ bool device_error(const Error& e) {
 // chunk's layout parameters and reference experts uploaded through pinned staging and evaluated on
 // the device (kernels/moe_runtime.h): routing, sort, the layout's MoE through its readers (fp32)
 // and the reference's through canonical readers (fp64); outputs compared on the host with the CPU
-// path's metrics (ref::compare_moe). Host memory: the chunks in flight (two per worker, each
+// path's metrics (ref::compare_moe). Host memory: the chunks in flight (workers + 2, each
 // 1 / workers of the chunk rule's), the one being evaluated, two pinned staging areas.
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;

@@ -92,6 +92,7 @@ struct MoeRuntime::Impl {
   int area = -1;
 
   MoeLayerSpec layer;
+  int xq_act[2] = {-1, -1};  // the ActQuant xq_got / xq_ref hold this layer's tokens in, or -1
   int64_t tokens = 0;
   int top_k = 0;
   std::vector<int32_t> host_offsets;
@@ -251,15 +252,21 @@ struct MoeRuntime::Impl {
     const bool ref = sizeof(Acc) == sizeof(double);
     const float* xq = xq_src;
     if (w13.act != reader::ActQuant::kNone) {
-      check_cuda(cudaMemcpyAsync(xq_buf, xq_src, static_cast<size_t>(tokens * H) * sizeof(float),
-                                 cudaMemcpyDeviceToDevice, compute),
-                 "activations");
-      timed(ref ? "quantize tokens (reference)" : "quantize tokens (layout)", compute, [&] {
-        kernels::quantize_rows_kernel<kernels::ReaderWeights, float>
-            <<<blocks_for(tokens, 64), 64, 0, compute>>>(W13, xq_buf, tokens, H, scratch_in.ptr,
-                                                         scratch_out.ptr);
-        check_launch("quantize_rows_kernel (tokens)");
-      });
+      // The tokens as w13's reader takes them: quantize_activation_row depends on the reader's
+      // ActQuant and K only, so a side quantises them once a layer (again if the act changed).
+      int& held = xq_act[ref ? 1 : 0];
+      if (held != static_cast<int>(w13.act)) {
+        check_cuda(cudaMemcpyAsync(xq_buf, xq_src, static_cast<size_t>(tokens * H) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, compute),
+                   "activations");
+        timed(ref ? "quantize tokens (reference)" : "quantize tokens (layout)", compute, [&] {
+          kernels::quantize_rows_kernel<kernels::ReaderWeights, float>
+              <<<blocks_for(tokens, 64), 64, 0, compute>>>(W13, xq_buf, tokens, H, scratch_in.ptr,
+                                                           scratch_out.ptr);
+          check_launch("quantize_rows_kernel (tokens)");
+        });
+        held = static_cast<int>(w13.act);
+      }
       xq = xq_buf;
     }
     const dim3 g1(blocks_for(I, kernels::kWarps), static_cast<unsigned>(last - first));
@@ -327,6 +334,7 @@ void MoeRuntime::Impl::prepare_layer(const MoeLayerSpec& spec, int64_t T, int k,
   layer = spec;
   tokens = T;
   top_k = k;
+  xq_act[0] = xq_act[1] = -1;
   const int64_t E = spec.experts, H = spec.hidden, I = spec.inter;
   const int64_t P = T * k;
   this->x.reserve(static_cast<size_t>(T * H), "hidden states");
@@ -497,7 +505,9 @@ void MoeRuntime::Impl::fill_and_copy(uint8_t* dst, uint8_t* dev, size_t bytes, c
 
 const void* MoeRuntime::upload(const void* host, size_t bytes) {
   Impl& m = *impl_;
-  const auto [dst, dev] = m.stage(bytes);
+  const std::pair<uint8_t*, uint8_t*> at = m.stage(bytes);
+  uint8_t* dst = at.first;
+  uint8_t* dev = at.second;
   const uint8_t* src = static_cast<const uint8_t*>(host);
   m.fill_and_copy(dst, dev, bytes,
                   [&](size_t off, size_t n) { std::memcpy(dst + off, src + off, n); });
@@ -507,7 +517,9 @@ const void* MoeRuntime::upload(const void* host, size_t bytes) {
 const void* MoeRuntime::upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes) {
   Impl& m = *impl_;
   const size_t bytes = (count + 1) / 2;
-  const auto [dst, dev] = m.stage(bytes);
+  const std::pair<uint8_t*, uint8_t*> at = m.stage(bytes);
+  uint8_t* dst = at.first;
+  uint8_t* dev = at.second;
   m.fill_and_copy(dst, dev, bytes, [&](size_t off, size_t n) {
     pack_code_nibbles(codes + 2 * off, std::min(2 * n, count - 2 * off), signed_codes, dst + off);
   });
@@ -603,6 +615,7 @@ std::vector<float> MoeRuntime::router_logits(const float* x, int64_t tokens, int
                                              const float* router_bias) {
   Impl& m = *impl_;
   check_cuda(cudaStreamSynchronize(m.compute), "sync");
+  m.xq_act[0] = m.xq_act[1] = -1;  // x is overwritten
   m.x.reserve(static_cast<size_t>(tokens * hidden), "hidden states");
   m.router_w.reserve(static_cast<size_t>(experts * hidden), "router weight");
   m.router_b.reserve(static_cast<size_t>(experts), "router bias");

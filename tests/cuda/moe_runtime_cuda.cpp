@@ -285,7 +285,9 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         layer.relu2 = !gated;
         const MoeDeviceRouting dr = rt.begin_layer(layer, ref::runtime_router_spec(router),
                                                    x.data(), T, rw.data(), nullptr, nullptr);
-        // Two chunks: the staging areas alternate and the expert offsets are exercised.
+        // Two chunks: the staging areas alternate and the expert offsets are exercised; the
+        // second's reference codes of <= 4 bits go up packed two per byte (upload_nibbles), as
+        // verify uploads them.
         const int64_t split = E / 2;
         const reader::ActQuant act = row.act_quant(o);
         for (auto [e0, e1] : {std::make_pair(int64_t{0}, split), std::make_pair(split, E)}) {
@@ -308,8 +310,18 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
           };
           const reader::ProjReader w13 = row.make_reader(o, part, MoeProj::kW13, locate);
           const reader::ProjReader w2 = row.make_reader(o, part, MoeProj::kW2, locate);
-          rt.run_chunk(e0, e1, w13, w2, make_canonical_reader(dec.w13, act, locate_buffer),
-                       make_canonical_reader(dec.w2, act, locate_buffer));
+          const auto nibbles = [&rt](const QuantTensor& q) -> NibbleLocator {
+            const bool signed_codes = q.kind == CodeKind::kInt;
+            return [&rt, signed_codes](const uint8_t* codes, size_t count) {
+              return rt.upload_nibbles(codes, count, signed_codes);
+            };
+          };
+          const bool pack = e0 > 0;
+          rt.run_chunk(e0, e1, w13, w2,
+                       make_canonical_reader(dec.w13, act, locate_buffer,
+                                             pack ? nibbles(dec.w13) : NibbleLocator{}),
+                       make_canonical_reader(dec.w2, act, locate_buffer,
+                                             pack ? nibbles(dec.w2) : NibbleLocator{}));
         }
         const MoeLayerOutputs out = rt.finish_layer();
         ref::Routing routing;
