@@ -221,6 +221,16 @@ bool draw_writable_layer(const TargetLayout& row, const QuantParams& params, boo
 
 class LayoutRowsCuda : public ::testing::TestWithParam<TargetLayout> {};
 
+// The second chunk's (first > 0) reference codes uploaded packed two per byte, as verify uploads
+// them (upload_nibbles; codes of <= 4 bits); the first chunk's one per byte (no locator).
+NibbleLocator nibbles(MoeRuntime& rt, const QuantTensor& q, int64_t first) {
+  if (first == 0) return {};
+  const bool signed_codes = q.kind == CodeKind::kInt;
+  return [&rt, signed_codes](const uint8_t* codes, size_t count) {
+    return rt.upload_nibbles(codes, count, signed_codes);
+  };
+}
+
 // Every layout row, every codec it takes, random legal layers (gated and relu2): the fused MoE
 // through the layout's readers on the GPU against the CPU definitions.
 TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
@@ -286,8 +296,7 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         const MoeDeviceRouting dr = rt.begin_layer(layer, ref::runtime_router_spec(router),
                                                    x.data(), T, rw.data(), nullptr, nullptr);
         // Two chunks: the staging areas alternate and the expert offsets are exercised; the
-        // second's reference codes of <= 4 bits go up packed two per byte (upload_nibbles), as
-        // verify uploads them.
+        // second's reference codes go up packed (nibbles).
         const int64_t split = E / 2;
         const reader::ActQuant act = row.act_quant(o);
         for (auto [e0, e1] : {std::make_pair(int64_t{0}, split), std::make_pair(split, E)}) {
@@ -310,18 +319,9 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
           };
           const reader::ProjReader w13 = row.make_reader(o, part, MoeProj::kW13, locate);
           const reader::ProjReader w2 = row.make_reader(o, part, MoeProj::kW2, locate);
-          const auto nibbles = [&rt](const QuantTensor& q) -> NibbleLocator {
-            const bool signed_codes = q.kind == CodeKind::kInt;
-            return [&rt, signed_codes](const uint8_t* codes, size_t count) {
-              return rt.upload_nibbles(codes, count, signed_codes);
-            };
-          };
-          const bool pack = e0 > 0;
           rt.run_chunk(e0, e1, w13, w2,
-                       make_canonical_reader(dec.w13, act, locate_buffer,
-                                             pack ? nibbles(dec.w13) : NibbleLocator{}),
-                       make_canonical_reader(dec.w2, act, locate_buffer,
-                                             pack ? nibbles(dec.w2) : NibbleLocator{}));
+                       make_canonical_reader(dec.w13, act, locate_buffer, nibbles(rt, dec.w13, e0)),
+                       make_canonical_reader(dec.w2, act, locate_buffer, nibbles(rt, dec.w2, e0)));
         }
         const MoeLayerOutputs out = rt.finish_layer();
         ref::Routing routing;
