@@ -63,6 +63,17 @@ struct MoeProfileEntry {
   int64_t count = 0;
 };
 
+// One chunk's expert biases (gpt-oss' gate_up_proj_bias / down_proj_bias, vLLM's w13_bias /
+// w2_bias) as float device pointers (upload()), indexed from the chunk's first expert, or null
+// for none: w13 [experts of the chunk, w13 rows] in the readers' logical row order ([gate; up]),
+// w2 [experts of the chunk, H]. Added as verify/moe_reference adds them: the w13 bias to GEMM1's
+// sums before the activation, the w2 bias to GEMM2's before the top-k weighting, in the side's
+// accumulator type (float for the layout side, double for the reference side).
+struct MoeChunkBiases {
+  const float* w13 = nullptr;
+  const float* w2 = nullptr;
+};
+
 // The layer's results: [T, H] combined outputs and [T * top_k, H] unweighted per-slot outputs of
 // the layout side (float, widened) and of the reference side (double).
 struct MoeLayerOutputs {
@@ -92,14 +103,17 @@ class MoeRuntime {
   // the bytes to stage and copy), for a canonical reader with packed_codes. kInternal for a code
   // that does not fit in 4 bits.
   const void* upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes);
-  // Both MoEs for experts [first, last) of the layer. The readers index experts from 0 = first.
+  // Both MoEs for experts [first, last) of the layer. The readers index experts from 0 = first;
+  // `biases` are the layout side's, `ref_biases` the reference side's (each may be none).
   void run_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
                  const reader::ProjReader& w2, const reader::ProjReader& ref_w13,
-                 const reader::ProjReader& ref_w2);
+                 const reader::ProjReader& ref_w2, const MoeChunkBiases& biases = {},
+                 const MoeChunkBiases& ref_biases = {});
   // One side only (fp32 accumulate unless reference): the plain fused MoE forward, for benches
   // and for specialised kernels to compare against.
   void forward_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
-                     const reader::ProjReader& w2, bool reference);
+                     const reader::ProjReader& w2, bool reference,
+                     const MoeChunkBiases& biases = {});
   MoeLayerOutputs finish_layer();
   // Seconds the MoE kernels of every finished layer took on the device (CUDA events around each
   // forward_chunk's launches on the compute stream), for verify's timing.

@@ -390,21 +390,25 @@ void ChunkedMoeLayerCheck::start(Routing routing) {
   got_ = make_output(spec_, routing_);
 }
 
+void check_chunk_biases(const MoeSpec& spec, int64_t first, int64_t last,
+                        const ChunkBiases& biases) {
+  for (const auto& [v, width] : {std::make_pair(&biases.ref_w13, spec.w13_rows()),
+                                 {&biases.ref_w2, spec.hidden},
+                                 {&biases.got_w13, spec.w13_rows()},
+                                 {&biases.got_w2, spec.hidden}})
+    if (!v->empty() && static_cast<int64_t>(v->size()) != (last - first) * width)
+      throw Error(ErrorCode::kBadShape, "", "expert biases",
+                  std::to_string(v->size()) + " bias values for " + std::to_string(last - first) +
+                      " experts of " + std::to_string(width));
+}
+
 void ChunkedMoeLayerCheck::evaluate(int64_t first, int64_t last, const ExpertWeightsFn& weights,
                                     const ExpertMatmulFn& matmul, const ChunkBiases* biases) {
   if (first < 0 || last > spec_.experts || first > last)
     throw Error(ErrorCode::kInternal, "", "experts",
                 "expert range [" + std::to_string(first) + ", " + std::to_string(last) +
                     ") outside the layer's " + std::to_string(spec_.experts));
-  if (biases)
-    for (const auto& [v, width] : {std::make_pair(&biases->ref_w13, spec_.w13_rows()),
-                                   {&biases->ref_w2, spec_.hidden},
-                                   {&biases->got_w13, spec_.w13_rows()},
-                                   {&biases->got_w2, spec_.hidden}})
-      if (!v->empty() && static_cast<int64_t>(v->size()) != (last - first) * width)
-        throw Error(ErrorCode::kBadShape, "", "expert biases",
-                    std::to_string(v->size()) + " bias values for " + std::to_string(last - first) +
-                        " experts of " + std::to_string(width));
+  if (biases) check_chunk_biases(spec_, first, last, *biases);
   reference_slots(spec_, routing_, slots_, x_, weights, first, last, biases, &ref_);
   backend_slots(spec_, routing_, slots_, x_, matmul, first, last, biases, &got_);
 }

@@ -148,6 +148,11 @@ struct ChunkBiases {
   std::vector<float> ref_w13, ref_w2, got_w13, got_w2;
 };
 
+// kBadShape naming "expert biases" when a non-empty bias of `biases` does not hold
+// (last - first) x its width values (the CPU path's evaluate and verify's CUDA path check it).
+void check_chunk_biases(const MoeSpec& spec, int64_t first, int64_t last,
+                        const ChunkBiases& biases);
+
 class ChunkedMoeLayerCheck {
  public:
   // Throws kBadShape when the router does not match the spec (as check_moe_layer).

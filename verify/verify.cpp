@@ -734,19 +734,11 @@ void refuse_expert_biases(const Output& out, const Manifest& manifest, const Che
   }
 }
 
-// Every layer: refuse_expert_biases, and biased layers on the device (the CUDA runtime (kernels/
-// moe_runtime.h) adds no expert biases: such a layer is computed on the CPU only, never on the
-// device without them).
-void refuse_unverifiable_biases(const Output& out, const Manifest& manifest, const Checkpoint* src,
-                                const VerifyOptions& opts) {
-  for (const ManifestLayer& ml : manifest.layers) {
-    refuse_expert_biases(out, manifest, src, ml);
-    if (opts.device == "cuda" && !opts.skip_numerical && layout_carries_biases(ml))
-      throw Error(ErrorCode::kUnsupported, "", ml.module + ".experts",
-                  "--device cuda: the experts of " + ml.module +
-                      " carry biases (gpt-oss), which moepack's CUDA MoE runtime does not add; "
-                      "verify them with --device cpu");
-  }
+// Every layer: refuse_expert_biases. Both paths add the biases a layout carries (the CPU's
+// ref::ChunkBiases, the CUDA runtime's MoeChunkBiases: kernels/moe_runtime.h).
+void refuse_unverifiable_biases(const Output& out, const Manifest& manifest,
+                                const Checkpoint* src) {
+  for (const ManifestLayer& ml : manifest.layers) refuse_expert_biases(out, manifest, src, ml);
 }
 
 // The layer's job without its router and hidden states (load_layer_inputs). Throws Error for
@@ -834,6 +826,16 @@ struct PreparedChunk {
   std::optional<Error> failure;  // the decode failed
   const MoeExperts& reference() const { return has_source ? source : decoded; }
 };
+
+// The chunk's expert biases as floats: the reference's (the source's) and the layout's as unpack
+// decodes them (empty where a side has none), for both paths' numerical check.
+ref::ChunkBiases chunk_biases(const PreparedChunk& c) {
+  const MoeExperts& reference = c.reference();
+  return {bias_floats(reference.w13_bias, reference.bias_dtype),
+          bias_floats(reference.w2_bias, reference.bias_dtype),
+          bias_floats(c.decoded.w13_bias, c.decoded.bias_dtype),
+          bias_floats(c.decoded.w2_bias, c.decoded.bias_dtype)};
+}
 
 // Rank r's parameters of the chunk [c.e0, c.e1) (its experts among them, renamed to the layout's
 // names), decoded with the rank's options; c.decoded is the ranks' reassembled chunk (tensor
@@ -1281,11 +1283,7 @@ void verify_layers_cpu(LayerRun& run) {
       auto weights = [&](int64_t e, MoeProj p) {
         return dequantize_expert(p == MoeProj::kW13 ? reference.w13 : reference.w2, e - e0);
       };
-      // Expert biases: the reference's (the source's) and the layout's as unpack decodes them.
-      const ref::ChunkBiases biases = {bias_floats(reference.w13_bias, reference.bias_dtype),
-                                       bias_floats(reference.w2_bias, reference.bias_dtype),
-                                       bias_floats(c.decoded.w13_bias, c.decoded.bias_dtype),
-                                       bias_floats(c.decoded.w2_bias, c.decoded.bias_dtype)};
+      const ref::ChunkBiases biases = chunk_biases(c);
       try {
         // The layout's readers over this chunk, built once (each validates the whole chunk).
         if (job.par) {
@@ -1422,7 +1420,14 @@ void run_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
       make_canonical_reader(reference.w13, act, locate_buffer, packed(reference.w13));
   const reader::ProjReader ref2 =
       make_canonical_reader(reference.w2, act, locate_buffer, packed(reference.w2));
-  rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2);
+  // Expert biases (gpt-oss), each side's, as the CPU path adds them (ref::ChunkBiases).
+  const ref::ChunkBiases biases = chunk_biases(c);
+  ref::check_chunk_biases(job.spec, c.e0, c.e1, biases);
+  const auto up = [&rt](const std::vector<float>& v) -> const float* {
+    return v.empty() ? nullptr : static_cast<const float*>(rt.upload(v.data(), v.size() * 4));
+  };
+  rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2, {up(biases.got_w13), up(biases.got_w2)},
+               {up(biases.ref_w13), up(biases.ref_w2)});
 }
 
 // The layer's device outputs compared on the host with the CPU path's metrics.
@@ -1849,7 +1854,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (src) r.integrity.push_back(check_copied_tensors(manifest, out, *src));
   r.integrity.push_back(check_carried_files(manifest, opts.dst, src.get()));
 
-  refuse_unverifiable_biases(out, manifest, src.get(), opts);
+  refuse_unverifiable_biases(out, manifest, src.get());
   // 3. Per layer, by chunks of experts: read and hash, decode, exact round trip, numerical check.
   TensorHasher digests;
   StageClock clock;

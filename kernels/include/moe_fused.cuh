@@ -7,9 +7,14 @@
 //
 //   rows of expert e     sorted positions p in [offsets[e], offsets[e + 1]) (moe_sort.cuh);
 //                        the token of p is sorted[p] / top_k
-//   gemm1_act_kernel     a[p, i] = act(sum_kk W13[e][i][kk] * xq[t][act_col(kk)])       (relu2)
-//                               | silu(gate) * up with gate row i, up row I + i         (gated)
+//   gemm1_act_kernel     a[p, i] = act(sum_kk W13[e][i][kk] * xq[t][act_col(kk)] + b13[e][i])
+//                                                                                        (relu2)
+//                               | glu(gate, up) with gate row i, up row I + i           (gated:
+//                               silu, gelu_tanh, gpt-oss' clamped swigluoai; activation.h)
 //   gemm2_kernel         slot_out[sorted[p], n] = sum_kk W2[e][n][kk] * aq[p][act_col(kk)]
+//                                                 + b2[e][n]
+//                        (b13 / b2: the expert biases of gpt-oss, or null; each added once to
+//                        the warp's sum in Acc, as verify/moe_reference adds them)
 //   combine_kernel       out[t, h] = sum_k w[t, k] * double(slot_out[t * top_k + k, h]), k in order
 //
 // Tiling: one warp per (expert, output), kWarps outputs a block; the warp walks its expert's rows
@@ -50,15 +55,16 @@ __device__ inline Acc warp_sum(Acc v) {
 }
 
 // grid (ceil(I / kWarps), experts of the chunk), kThreads threads. xq [T, H] (per token), a_out
-// [P, I] (per sorted position). row_token[p] = the token of sorted position p. One warp per
-// output row i (gate row i and, gated, up row I + i): its lanes walk the columns kk = lane,
-// lane + 32, ... (neighbouring weights and activations), each weight decoded once per tile of
-// kRowTile rows and multiplied into every row of the tile; the lanes' sums are added at the end.
+// [P, I] (per sorted position), bias [experts of the chunk, gated ? 2 I : I] or null. row_token[p]
+// = the token of sorted position p. One warp per output row i (gate row i and, gated, up row I +
+// i): its lanes walk the columns kk = lane, lane + 32, ... (neighbouring weights and activations),
+// each weight decoded once per tile of kRowTile rows and multiplied into every row of the tile; the
+// lanes' sums are added at the end.
 template <class W, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm1_act_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* row_token,
                      const float* xq, int64_t hidden, int64_t inter, int gated, int act,
-                     Acc* a_out) {
+                     const float* bias, Acc* a_out) {
   const int64_t le = blockIdx.y;
   const int64_t begin = offsets[first_expert + le], end = offsets[first_expert + le + 1];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -87,10 +93,17 @@ __global__ void __launch_bounds__(kThreads)
         for (int r = 0; r < kRowTile; ++r) u[r] += wu * xv[r];
       }
     }
+    const float* b = bias ? bias + le * (gated ? 2 * inter : inter) : nullptr;
+    const Acc bg = b ? static_cast<Acc>(b[i]) : Acc(0);
+    const Acc bu = b && gated ? static_cast<Acc>(b[inter + i]) : Acc(0);
 #pragma unroll
     for (int r = 0; r < kRowTile; ++r) {
       g[r] = warp_sum(g[r]);
       if (gated) u[r] = warp_sum(u[r]);
+      if (b) {  // no add without biases: the sums stay exactly the reader's
+        g[r] += bg;
+        u[r] += bu;
+      }
     }
     if (lane == 0)
       for (int r = 0; r < rows; ++r)
@@ -100,12 +113,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // grid (ceil(H / kWarps), experts of the chunk), kThreads threads. aq [P, I] per sorted
-// position; slot_out [T * top_k, H] per slot (sorted[p] is the slot of position p). One warp per
+// position; slot_out [T * top_k, H] per slot (sorted[p] is the slot of position p); bias
+// [experts of the chunk, H] or null. One warp per
 // output n, as gemm1_act_kernel.
 template <class W, class In, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm2_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* sorted,
-                 const In* aq, int64_t inter, int64_t hidden, Acc* slot_out) {
+                 const In* aq, int64_t inter, int64_t hidden, const float* bias, Acc* slot_out) {
   const int64_t le = blockIdx.y;
   const int64_t begin = offsets[first_expert + le], end = offsets[first_expert + le + 1];
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -123,8 +137,12 @@ __global__ void __launch_bounds__(kThreads)
       for (int r = 0; r < kRowTile; ++r)
         if (r < rows) y[r] += wv * static_cast<Acc>(aq[(r0 + r) * inter + col]);
     }
+    const Acc bn = bias ? static_cast<Acc>(bias[le * hidden + n]) : Acc(0);
 #pragma unroll
-    for (int r = 0; r < kRowTile; ++r) y[r] = warp_sum(y[r]);
+    for (int r = 0; r < kRowTile; ++r) {
+      y[r] = warp_sum(y[r]);
+      if (bias) y[r] += bn;
+    }
     if (lane == 0)
       for (int r = 0; r < rows; ++r)
         slot_out[static_cast<int64_t>(sorted[r0 + r]) * hidden + n] = y[r];

@@ -245,8 +245,8 @@ struct MoeRuntime::Impl {
 
   template <typename Acc>
   void side(int64_t first, int64_t last, const reader::ProjReader& w13,
-            const reader::ProjReader& w2, const float* xq_src, float* xq_buf, Acc* inter_buf,
-            Acc* slots) {
+            const reader::ProjReader& w2, const MoeChunkBiases& biases, const float* xq_src,
+            float* xq_buf, Acc* inter_buf, Acc* slots) {
     const int64_t H = layer.hidden, I = layer.inter;
     const kernels::ReaderWeights W13{w13}, W2{w2};
     const bool ref = sizeof(Acc) == sizeof(double);
@@ -273,7 +273,7 @@ struct MoeRuntime::Impl {
     timed(ref ? "gemm1 + activation (reference)" : "gemm1 + activation (layout)", compute, [&] {
       kernels::gemm1_act_kernel<kernels::ReaderWeights, Acc><<<g1, kernels::kThreads, 0, compute>>>(
           W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated,
-          layer.relu2 ? kActRelu2 : layer.activation, inter_buf);
+          layer.relu2 ? kActRelu2 : layer.activation, biases.w13, inter_buf);
       check_launch("gemm1_act_kernel");
     });
     const int64_t p0 = host_offsets[static_cast<size_t>(first)];
@@ -291,7 +291,7 @@ struct MoeRuntime::Impl {
     timed(ref ? "gemm2 (reference)" : "gemm2 (layout)", compute, [&] {
       kernels::gemm2_kernel<kernels::ReaderWeights, Acc, Acc>
           <<<g2, kernels::kThreads, 0, compute>>>(W2, first, offsets.ptr, sorted.ptr, inter_buf, I,
-                                                  H, slots);
+                                                  H, biases.w2, slots);
       check_launch("gemm2_kernel");
     });
   }
@@ -527,7 +527,8 @@ const void* MoeRuntime::upload_nibbles(const uint8_t* codes, size_t count, bool 
 }
 
 void MoeRuntime::forward_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
-                               const reader::ProjReader& w2, bool reference) {
+                               const reader::ProjReader& w2, bool reference,
+                               const MoeChunkBiases& biases) {
   Impl& m = *impl_;
   if (first < 0 || last > m.layer.experts || first >= last)
     throw Error(ErrorCode::kInternal, "", "MoeRuntime",
@@ -540,18 +541,21 @@ void MoeRuntime::forward_chunk(int64_t first, int64_t last, const reader::ProjRe
   const auto timed = Impl::event_pair(m.timing_events, m.timing_used++);
   check_cuda(cudaEventRecord(timed.first, m.compute), "event");
   if (reference)
-    m.side<double>(first, last, w13, w2, m.x.ptr, m.xq_ref.ptr, m.ref_inter.ptr, m.ref_slots.ptr);
+    m.side<double>(first, last, w13, w2, biases, m.x.ptr, m.xq_ref.ptr, m.ref_inter.ptr,
+                   m.ref_slots.ptr);
   else
-    m.side<float>(first, last, w13, w2, m.x.ptr, m.xq_got.ptr, m.got_inter.ptr, m.got_slots.ptr);
+    m.side<float>(first, last, w13, w2, biases, m.x.ptr, m.xq_got.ptr, m.got_inter.ptr,
+                  m.got_slots.ptr);
   check_cuda(cudaEventRecord(timed.second, m.compute), "event");
   if (m.area >= 0) check_cuda(cudaEventRecord(m.areas[m.area].done, m.compute), "event");
 }
 
 void MoeRuntime::run_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
                            const reader::ProjReader& w2, const reader::ProjReader& ref_w13,
-                           const reader::ProjReader& ref_w2) {
-  forward_chunk(first, last, w13, w2, false);
-  forward_chunk(first, last, ref_w13, ref_w2, true);
+                           const reader::ProjReader& ref_w2, const MoeChunkBiases& biases,
+                           const MoeChunkBiases& ref_biases) {
+  forward_chunk(first, last, w13, w2, false, biases);
+  forward_chunk(first, last, ref_w13, ref_w2, true, ref_biases);
 }
 
 MoeLayerOutputs MoeRuntime::finish_layer() {

@@ -39,11 +39,12 @@ const void* MoeRuntime::upload_nibbles(const uint8_t*, size_t, bool) {
   no_cuda();
 }
 void MoeRuntime::run_chunk(int64_t, int64_t, const reader::ProjReader&, const reader::ProjReader&,
-                           const reader::ProjReader&, const reader::ProjReader&) {
+                           const reader::ProjReader&, const reader::ProjReader&,
+                           const MoeChunkBiases&, const MoeChunkBiases&) {
   no_cuda();
 }
 void MoeRuntime::forward_chunk(int64_t, int64_t, const reader::ProjReader&,
-                               const reader::ProjReader&, bool) {
+                               const reader::ProjReader&, bool, const MoeChunkBiases&) {
   no_cuda();
 }
 MoeLayerOutputs MoeRuntime::finish_layer() {

@@ -266,7 +266,7 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         ++cases;
         MoeExperts experts = test::random_moe_experts(rng, s, ro);
         // A layout that carries expert biases (gpt-oss) packs them; the readers compared here
-        // read the weights (the runtime adds no biases; verify's CPU path does).
+        // read the weights, without biases (gpt_oss_moe_cuda.cpp adds them).
         test::add_declared_biases(rng, row.param_specs(o, s), &experts);
         // A decision over the whole layer, as make_plan makes it.
         if (row.decide_layer)

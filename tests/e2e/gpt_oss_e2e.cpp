@@ -6,11 +6,17 @@
 // naming config.json.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "core/sha256.h"
+#include "io/safetensors.h"
 #include "kernels/moepack_cuda.h"
 #include "tests/test_util.h"
 
@@ -85,9 +91,16 @@ TEST(GptOssE2e, ConvertsToMarlinWhereVllmRunsMarlinAndVerifies) {
     for (const auto& c : v["round_trip"])
       bias_checked = bias_checked || c["name"] == "layer 1 w13 bias";
     EXPECT_TRUE(bias_checked) << report;
-    // The CUDA runtime adds no biases: the device path refuses the layers (or there is none).
-    EXPECT_EQ(test::moepack_cli("verify " + dst + " --device cuda", &out, &err), 4) << err;
-    EXPECT_TRUE(contains(err, cuda_device_info().available ? "carry biases" : "no CUDA")) << err;
+    // The CUDA runtime adds the biases too (GptOssE2e.VerifiesOnTheDeviceAsOnTheCpu): the same
+    // verdict on a device, exit 4 saying so without one.
+    const bool gpu = cuda_device_info().available;
+    EXPECT_EQ(
+        test::moepack_cli("verify " + dst + " --source " + kMxfp4 + " --device cuda", &out, &err),
+        gpu ? 0 : 4)
+        << err << out;
+    if (!gpu) {
+      EXPECT_TRUE(contains(err, "no CUDA")) << err;
+    }
   }
 }
 
@@ -234,6 +247,141 @@ TEST(GptOssE2e, Sm90WritesMarlinOnlyWhenAsked) {
       << err;
   EXPECT_TRUE(contains(out, "would pick triton") && contains(out, "TRITON")) << out;
   EXPECT_TRUE(contains(out, "--moe-backend marlin")) << out;
+}
+
+// The three gpt-oss layouts (what vLLM 0.33 runs on sm80, sm90 and sm100) converted from the
+// committed fixtures: the arch, the fixture and the layer whose w2 bias the corruption below flips.
+struct GptOssLayout {
+  const char* arch;
+  const char* backend;
+  const std::string* fixture;
+  int layer;
+};
+const GptOssLayout kGptOssLayouts[] = {{"sm80", "marlin-mxfp4", &kMxfp4, 1},
+                                       {"sm90", "triton-mxfp4", &kMxfp4H192, 0},
+                                       {"sm100", "trtllm-mxfp4", &kMxfp4, 1}};
+
+std::string convert_for(const GptOssLayout& l, const std::string& dst) {
+  std::string out, err;
+  EXPECT_EQ(test::moepack_cli("convert " + *l.fixture + " " + dst + " --target-arch " + l.arch +
+                                  " --backend " + l.backend,
+                              &out, &err),
+            0)
+      << err;
+  return dst;
+}
+
+// verify --device cuda computes gpt-oss' MoE as the CPU path does (the router bias, top-k then
+// softmax over the chosen, the expert biases and the clamped SwiGLU: kernels/moe_runtime.h) and
+// passes every layer on the device with the report's verdict of the CPU. Skips without a device.
+TEST(GptOssE2e, VerifiesOnTheDeviceAsOnTheCpu) {
+  if (!cuda_device_info().available) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  for (const GptOssLayout& l : kGptOssLayouts) {
+    SCOPED_TRACE(l.backend);
+    test::TempDir tmp;
+    const std::string dst = convert_for(l, tmp / "out");
+    std::map<std::string, nlohmann::json> reports;
+    for (const char* device : {"cpu", "cuda"}) {
+      std::string out, err;
+      EXPECT_EQ(test::moepack_cli(
+                    "verify " + dst + " --source " + *l.fixture + " --device " + device + " --json",
+                    &out, &err),
+                0)
+          << device << err << out;
+      reports[device] = nlohmann::json::parse(out, nullptr, false);
+      ASSERT_FALSE(reports[device].is_discarded()) << out;
+      EXPECT_EQ(reports[device]["activation"], "swigluoai");
+    }
+    const nlohmann::json& gpu = reports["cuda"];
+    EXPECT_GT(gpu["run"]["stages"]["device_seconds"].get<double>(), 0.0) << gpu["run"];
+    ASSERT_EQ(gpu["layers"].size(), reports["cpu"]["layers"].size());
+    for (size_t i = 0; i < gpu["layers"].size(); ++i) {
+      const nlohmann::json& g = gpu["layers"][i];
+      EXPECT_EQ(g["passed"], true) << g.dump();
+      // The same routing of the same hidden states: the same tokens per expert.
+      EXPECT_EQ(g["expert_tokens"], reports["cpu"]["layers"][i]["expert_tokens"]) << g.dump();
+    }
+  }
+}
+
+// One byte of a layer's w2 bias flipped in the converted artifact, the manifest's SHA-256 (and
+// config.json's manifest_sha256) rewritten to match, as a buggy converter would write them: the
+// round trip names the bias and the layer's numerical check fails, on the CPU and on the device
+// (which adds the layout's own biases, so the wrong one shows in its outputs).
+void flip_a_w2_bias_byte(const std::string& dir, int layer) {
+  const std::string name =
+      "model.layers." + std::to_string(layer) + ".mlp.experts.routed_experts.w2_bias";
+  nlohmann::json m = test::read_json_file(dir + "/moepack.json");
+  const nlohmann::json& t = m["tensors"][name];
+  ASSERT_TRUE(t.is_object()) << name;
+  const std::string shard = dir + "/" + t["shard"].get<std::string>();
+  uint64_t off = 0;
+  std::vector<uint8_t> bytes;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(shard);
+    const auto* e = f.find(name);
+    ASSERT_NE(e, nullptr) << name;
+    off = 8 + f.header_length() + e->begin;
+    const TensorView v = f.view(*e);
+    bytes.assign(v.data, v.data + v.nbytes);
+  }
+  // The first value with 0 < |v| < 1 (padding is zero; expert 0's, as a rule) gets its
+  // exponent's high bit flipped in its top byte (little-endian BF16 / F32): v * 2^64, finite.
+  const std::string dtype = t["dtype"];
+  ASSERT_TRUE(dtype == "F32" || dtype == "BF16") << dtype;
+  const size_t eb = dtype == "F32" ? 4 : 2;
+  size_t at = bytes.size();
+  for (size_t i = 0; i + eb <= bytes.size() && at == bytes.size(); i += eb) {
+    uint32_t bits = 0;
+    std::memcpy(reinterpret_cast<uint8_t*>(&bits) + (4 - eb), &bytes[i], eb);
+    float v = 0;
+    std::memcpy(&v, &bits, 4);
+    if (v != 0 && std::fabs(v) < 1) at = i + eb - 1;
+  }
+  ASSERT_LT(at, bytes.size()) << name << " holds no value in (0, 1)";
+  bytes[at] ^= 0x40;
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(off + at));
+    f.write(reinterpret_cast<const char*>(&bytes[at]), 1);
+  }
+  m["tensors"][name]["sha256"] = sha256_hex(bytes.data(), bytes.size());
+  const std::string text = m.dump(2);
+  std::ofstream(dir + "/moepack.json") << text;
+  nlohmann::json cfg = test::read_json_file(dir + "/config.json");
+  cfg["quantization_config"]["manifest_sha256"] = sha256_hex(text.data(), text.size());
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+}
+
+TEST(GptOssE2e, AFlippedBiasByteFailsOnEveryDevice) {
+  std::vector<std::string> devices = {"cpu"};
+  if (cuda_device_info().available) devices.push_back("cuda");
+  for (const GptOssLayout& l : kGptOssLayouts) {
+    SCOPED_TRACE(l.backend);
+    test::TempDir tmp;
+    const std::string dst = convert_for(l, tmp / "out");
+    flip_a_w2_bias_byte(dst, l.layer);
+    for (const std::string& device : devices) {
+      SCOPED_TRACE("--device " + device);
+      std::string out, err;
+      EXPECT_EQ(test::moepack_cli(
+                    "verify " + dst + " --source " + *l.fixture + " --device " + device + " --json",
+                    &out, &err),
+                1)
+          << err << out;
+      const nlohmann::json v = nlohmann::json::parse(out, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << out;
+      for (const auto& c : v["integrity"]) EXPECT_EQ(c["passed"], true) << c.dump();
+      bool bias_failed = false, layer_failed = false;
+      for (const auto& c : v["round_trip"])
+        if (c["name"] == "layer " + std::to_string(l.layer) + " w2 bias")
+          bias_failed = c["passed"] == false;
+      for (const auto& c : v["layers"])
+        if (c["layer"] == l.layer) layer_failed = c["passed"] == false;
+      EXPECT_TRUE(bias_failed) << v["round_trip"].dump();
+      EXPECT_TRUE(layer_failed) << "the numerical check did not fail: " << v["layers"].dump();
+    }
+  }
 }
 
 TEST(GptOssE2e, Bf16VariantIsReadAndRefusedForConversion) {
