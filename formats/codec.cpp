@@ -16,6 +16,8 @@ QuantTensor::QuantTensor(const QuantSpec& spec, int64_t experts_, int64_t n_, in
   scales.assign(static_cast<size_t>(experts * scale_rows() * groups() * scale_bytes()), 0);
   if (!symmetric) zeros.assign(static_cast<size_t>(experts * n * groups()), 0);
   if (global_scale != GlobalScale::kNone) global_scales.assign(static_cast<size_t>(experts), 0.0f);
+  if (input_global_scale != GlobalScale::kNone)
+    input_scales.assign(static_cast<size_t>(experts), 0.0f);
 }
 
 MoeShape moe_shape_of(const MoeExperts& x) {
@@ -44,6 +46,13 @@ void QuantTensor::check_consistent(const std::string& what) const {
     if (global_shards < 1 || n % global_shards != 0) fail("global shards do not divide N");
     if (static_cast<int64_t>(global_scales.size()) != experts * global_shards)
       fail("global scales size");
+  }
+  if (input_global_scale == GlobalScale::kNone) {
+    if (!input_scales.empty()) fail("input scales without an input scale convention");
+  } else {
+    if (global_scale == GlobalScale::kNone) fail("input scales without a global scale");
+    if (static_cast<int64_t>(input_scales.size()) != experts * global_shards)
+      fail("input scales size");
   }
 }
 

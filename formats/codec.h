@@ -85,7 +85,11 @@ struct QuantParams {
   std::string actorder;                  // CT: "group", "weight", "static", "dynamic" or ""
   int64_t block_n = 128, block_k = 128;  // FP8 block (weight_block_size)
   DType dtype = DType::kBF16;  // model dtype (torch_dtype): dtype of scales in the checkpoint
-  bool dynamic_input = true;   // W8A8 / FP8: activations quantised at run time
+  // W8A8 / FP8: activations quantised at run time. NVFP4: false for W4A4 checkpoints (ModelOpt
+  // quant_algo NVFP4, compressed-tensors input_activations of 4-bit floats), whose static
+  // activation global scale (input_scale / input_global_scale) every Linear carries; true for
+  // the weight-only NVFP4A16 / W4A16_NVFP4.
+  bool dynamic_input = true;
 };
 
 // How a projection's numbers are encoded, apart from its extents and bytes.
@@ -99,6 +103,10 @@ struct QuantSpec {
   DType scale_dtype = DType::kF16;
   // A second-level per-tensor scale on top of the group scales (NVFP4), and how it applies.
   GlobalScale global_scale = GlobalScale::kNone;
+  // NVFP4 W4A4: the checkpoint's static activation global scale and its convention (ModelOpt
+  // input_scale: kDecodeMultiplier, the activation's amax / (6 * 448); compressed-tensors
+  // input_global_scale: kEncodeDivisor, its reciprocal); kNone for weight-only checkpoints.
+  GlobalScale input_global_scale = GlobalScale::kNone;
 
   int64_t groups(int64_t k) const {
     return group_size <= 0 ? 1 : (k + group_size - 1) / group_size;
@@ -108,7 +116,8 @@ struct QuantSpec {
   bool operator==(const QuantSpec& o) const {
     return kind == o.kind && bits == o.bits && group_size == o.group_size &&
            scale_block_n == o.scale_block_n && symmetric == o.symmetric &&
-           scale_dtype == o.scale_dtype && global_scale == o.global_scale;
+           scale_dtype == o.scale_dtype && global_scale == o.global_scale &&
+           input_global_scale == o.input_global_scale;
   }
   bool operator!=(const QuantSpec& o) const { return !(*this == o); }
 };
@@ -128,10 +137,15 @@ struct QuantTensor : QuantSpec {
   // otherwise.
   std::vector<float> global_scales;
   int64_t global_shards = 1;
+  // With input_global_scale != kNone: the activation global scales [E, global_shards] float32 as
+  // stored, sharded like global_scales (a gated w13 keeps the gate's and the up's: vLLM's
+  // w13_input_scale [E, 2]). They do not enter the weights' values (dequantize_expert); a layout
+  // whose kernel quantises activations with them (trtllm-nvfp4) writes them. Empty otherwise.
+  std::vector<float> input_scales;
 
   QuantTensor() = default;
-  // Zero-filled codes, scales, (asymmetric) zeros and (global_scale) one zero global scale per
-  // expert of the right sizes; g_idx empty.
+  // Zero-filled codes, scales, (asymmetric) zeros, (global_scale) one zero global scale and
+  // (input_global_scale) one zero input scale per expert of the right sizes; g_idx empty.
   QuantTensor(const QuantSpec& spec, int64_t experts, int64_t n, int64_t k);
 
   const QuantSpec& spec() const { return *this; }
@@ -388,6 +402,18 @@ enum class ParamRole : uint8_t {
   kW2GlobalScale,
   kW13Bias,  // expert biases added to the projection's output (gpt-oss; vLLM's w13_bias)
   kW2Bias,
+  // NVFP4 W4A4 (trtllm-nvfp4): the activations' static global scale (vLLM's w13_input_scale;
+  // compressed-tensors' w13_input_global_scale, its reciprocal, as the checkpoint stores it).
+  kW13InputScale,
+  kW2InputScale,
+  // The scale the projection's output is quantised with for the next GEMM (g1_scale_c: w13's
+  // alphas over w2's input scale).
+  kW13OutputScale,
+  kW2OutputScale,
+  // The checkpoint's own second-level scales where vLLM keeps them beside the ones its kernel
+  // reads (compressed-tensors' w13_weight_global_scale [E, 2] beside w13_weight_scale_2).
+  kW13SourceGlobalScale,
+  kW2SourceGlobalScale,
 };
 // "w13_weight", "w2_scale", "w13_sort_indices", ...: the role's name in moepack.json.
 const char* param_role_name(ParamRole r);

@@ -117,15 +117,26 @@ float read_global_scale(const TensorMap& by_suffix, const std::string& suffix,
   return g;
 }
 
+// The tensor names of one NVFP4 format: weight, second-level weight scale, activation scale.
+struct Nvfp4Names {
+  const char* weight;
+  const char* global;
+  const char* input;
+};
+
+// W4A4 (QuantSpec::input_global_scale set) reads the Linear's activation global scale too, with
+// the global scale's checks (vLLM divides by it or multiplies the weights' alphas by it).
 QuantTensor unpack_nvfp4(const QuantSpec& spec, const TensorMap& by_suffix, int64_t n, int64_t k,
-                         const std::string& weight_suffix, const std::string& global_suffix) {
-  check_dims(n, k, kNvBlock, weight_suffix, "NVFP4");
-  const Tensor& w = require_tensor(by_suffix, weight_suffix, "NVFP4 Linear");
+                         const Nvfp4Names& names) {
+  check_dims(n, k, kNvBlock, names.weight, "NVFP4");
+  const Tensor& w = require_tensor(by_suffix, names.weight, "NVFP4 Linear");
   const Tensor& s = require_tensor(by_suffix, "weight_scale", "NVFP4 Linear");
   QuantTensor q(spec, 1, n, k);
-  q.codes = unpack_nibbles(w, weight_suffix, n, k);
+  q.codes = unpack_nibbles(w, names.weight, n, k);
   q.scales = read_e4m3_block_scales(s, n, k);
-  q.global_scales = {read_global_scale(by_suffix, global_suffix, spec.global_scale)};
+  q.global_scales = {read_global_scale(by_suffix, names.global, spec.global_scale)};
+  if (spec.input_global_scale != GlobalScale::kNone)
+    q.input_scales = {read_global_scale(by_suffix, names.input, spec.input_global_scale)};
   q.check_consistent("nvfp4");
   return q;
 }
@@ -147,18 +158,24 @@ void check_packable(const QuantTensor& q, const QuantSpec& want, const char* for
   q.check_consistent(format);
 }
 
-TensorMap pack_nvfp4(const QuantTensor& q, const QuantSpec& want, const std::string& weight_suffix,
-                     const std::string& global_suffix, const Shape& global_shape) {
+Tensor one_f32(const std::string& name, const Shape& shape, float v) {
+  Tensor t(name, DType::kF32, shape);
+  t.data.resize(4);
+  std::memcpy(t.data.data(), &v, 4);
+  return t;
+}
+
+TensorMap pack_nvfp4(const QuantTensor& q, const QuantSpec& want, const Nvfp4Names& names,
+                     const Shape& global_shape) {
   check_packable(q, want, "NVFP4");
   TensorMap out;
-  out.emplace(weight_suffix, pack_nibbles(q, weight_suffix));
+  out.emplace(names.weight, pack_nibbles(q, names.weight));
   Tensor s("weight_scale", DType::kF8_E4M3, {q.n, q.k / kNvBlock});
   s.data = q.scales;
   out.emplace("weight_scale", std::move(s));
-  Tensor g(global_suffix, DType::kF32, global_shape);
-  g.data.resize(4);
-  std::memcpy(g.data.data(), q.global_scales.data(), 4);
-  out.emplace(global_suffix, std::move(g));
+  out.emplace(names.global, one_f32(names.global, global_shape, q.global_scales.at(0)));
+  if (q.input_global_scale != GlobalScale::kNone)
+    out.emplace(names.input, one_f32(names.input, global_shape, q.input_scales.at(0)));
   return out;
 }
 
@@ -172,34 +189,49 @@ QuantSpec fp4_spec(int64_t group, DType scale_dtype, GlobalScale gs) {
   return s;
 }
 
-QuantParams fp4_params(QuantMethod m, int64_t group) {
+QuantParams fp4_params(QuantMethod m, int64_t group, bool dynamic_input = true) {
   QuantParams p;
   p.method = m;
   p.bits = 4;
   p.group_size = group;
+  p.dynamic_input = dynamic_input;
   return p;
 }
+
+// An NVFP4 format's spec: W4A4 (dynamic_input false) carries the activation global scale in the
+// weight global scale's convention.
+QuantSpec nvfp4_spec(const QuantParams& p, GlobalScale convention) {
+  QuantSpec s = fp4_spec(kNvBlock, DType::kF8_E4M3, convention);
+  if (!p.dynamic_input) s.input_global_scale = convention;
+  return s;
+}
+
+constexpr Nvfp4Names kModeloptNames = {"weight", "weight_scale_2", "input_scale"};
+constexpr Nvfp4Names kCtNvfp4Names = {"weight_packed", "weight_global_scale", "input_global_scale"};
 
 }  // namespace
 
 // ---- ModelOpt NVFP4 ----------------------------------------------------------------------------
 
-std::vector<std::string> modelopt_nvfp4_required_suffixes(const QuantParams&) {
+std::vector<std::string> modelopt_nvfp4_required_suffixes(const QuantParams& p) {
+  if (!p.dynamic_input) return {"weight", "weight_scale", "weight_scale_2", "input_scale"};
   return {"weight", "weight_scale", "weight_scale_2"};
 }
-std::vector<std::string> modelopt_nvfp4_optional_suffixes(const QuantParams&) {
-  return {"input_scale"};  // W4A4's static activation scale: Marlin runs 16-bit activations
+std::vector<std::string> modelopt_nvfp4_optional_suffixes(const QuantParams& p) {
+  if (!p.dynamic_input) return {};
+  return {"input_scale"};  // not read for a weight-only config
 }
-QuantSpec modelopt_nvfp4_spec_for(const QuantParams&) {
-  return fp4_spec(kNvBlock, DType::kF8_E4M3, GlobalScale::kDecodeMultiplier);
+QuantSpec modelopt_nvfp4_spec_for(const QuantParams& p) {
+  return nvfp4_spec(p, GlobalScale::kDecodeMultiplier);
 }
 QuantTensor unpack_modelopt_nvfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
                                   int64_t k) {
-  return unpack_nvfp4(modelopt_nvfp4_spec_for(p), by_suffix, n, k, "weight", "weight_scale_2");
+  return unpack_nvfp4(modelopt_nvfp4_spec_for(p), by_suffix, n, k, kModeloptNames);
 }
 TensorMap pack_modelopt_nvfp4(const QuantParams& p, const QuantTensor& q) {
-  // ModelOpt saves weight_scale_2 as a 0-d tensor (NVFP4QTensor.get_weights_scaling_factor_2).
-  return pack_nvfp4(q, modelopt_nvfp4_spec_for(p), "weight", "weight_scale_2", {});
+  // ModelOpt saves weight_scale_2 and input_scale as 0-d tensors
+  // (NVFP4QTensor.get_weights_scaling_factor_2, the input quantizer's amax / (6 * 448)).
+  return pack_nvfp4(q, modelopt_nvfp4_spec_for(p), kModeloptNames, {});
 }
 std::pair<int64_t, int64_t> modelopt_nvfp4_logical_shape(
     const QuantParams&, const std::map<std::string, TensorView>& by_suffix) {
@@ -207,30 +239,36 @@ std::pair<int64_t, int64_t> modelopt_nvfp4_logical_shape(
   return {s[0], 2 * s[1]};
 }
 std::vector<QuantParams> modelopt_nvfp4_param_space() {
-  return {fp4_params(QuantMethod::kModeloptNvfp4, kNvBlock)};
+  // Weight-only and W4A4 (the activation global scale on every Linear).
+  return {fp4_params(QuantMethod::kModeloptNvfp4, kNvBlock),
+          fp4_params(QuantMethod::kModeloptNvfp4, kNvBlock, /*dynamic_input=*/false)};
 }
 
 // ---- compressed-tensors nvfp4-pack-quantized ----------------------------------------------------
 
-std::vector<std::string> ct_nvfp4_required_suffixes(const QuantParams&) {
+std::vector<std::string> ct_nvfp4_required_suffixes(const QuantParams& p) {
+  if (!p.dynamic_input)
+    return {"weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"};
   return {"weight_packed", "weight_scale", "weight_global_scale"};
 }
-std::vector<std::string> ct_nvfp4_optional_suffixes(const QuantParams&) {
-  return {"input_global_scale"};  // W4A4 only (NVFP4A16 has none); not read by Marlin
+std::vector<std::string> ct_nvfp4_optional_suffixes(const QuantParams& p) {
+  if (!p.dynamic_input) return {};
+  return {"input_global_scale"};  // not read for NVFP4A16
 }
-QuantSpec ct_nvfp4_spec_for(const QuantParams&) {
-  return fp4_spec(kNvBlock, DType::kF8_E4M3, GlobalScale::kEncodeDivisor);
+QuantSpec ct_nvfp4_spec_for(const QuantParams& p) {
+  return nvfp4_spec(p, GlobalScale::kEncodeDivisor);
 }
 QuantTensor unpack_ct_nvfp4(const QuantParams& p, const TensorMap& by_suffix, int64_t n,
                             int64_t k) {
-  return unpack_nvfp4(ct_nvfp4_spec_for(p), by_suffix, n, k, "weight_packed",
-                      "weight_global_scale");
+  return unpack_nvfp4(ct_nvfp4_spec_for(p), by_suffix, n, k, kCtNvfp4Names);
 }
 TensorMap pack_ct_nvfp4(const QuantParams& p, const QuantTensor& q) {
-  return pack_nvfp4(q, ct_nvfp4_spec_for(p), "weight_packed", "weight_global_scale", {1});
+  return pack_nvfp4(q, ct_nvfp4_spec_for(p), kCtNvfp4Names, {1});
 }
 std::vector<QuantParams> ct_nvfp4_param_space() {
-  return {fp4_params(QuantMethod::kCtNvfp4, kNvBlock)};
+  // Weight-only and W4A4 (the activation global scale on every Linear).
+  return {fp4_params(QuantMethod::kCtNvfp4, kNvBlock),
+          fp4_params(QuantMethod::kCtNvfp4, kNvBlock, /*dynamic_input=*/false)};
 }
 
 std::pair<int64_t, int64_t> ct_fp4_logical_shape(

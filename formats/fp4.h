@@ -8,13 +8,16 @@
 //     weight          U8      [N, K/2]
 //     weight_scale    F8_E4M3 [N, K/16]   block scale s of the 16 codes k in [16b, 16b + 16)
 //     weight_scale_2  F32     [] or [1]   g, a decode multiplier: x = e2m1 * (s * g)
-//     input_scale     F32     [] or [1]   (W4A4 only; not read: Marlin runs 16-bit activations)
+//     input_scale     F32     [] or [1]   W4A4 (quant_algo NVFP4) only: the activations' global
+//                                         scale a, a decode multiplier (QuantTensor::input_scales)
 //   compressed-tensors nvfp4-pack-quantized (NVFP4PackedCompressor; vLLM
 //   CompressedTensorsW4A4Nvfp4MoEMethod):
 //     weight_packed        U8      [N, K/2]
 //     weight_scale         F8_E4M3 [N, K/16]
 //     weight_global_scale  F32     [1]      g, an encode divisor: x = e2m1 * (s / g)
-//     input_global_scale   F32     [1]      (W4A4 only; not read)
+//     input_global_scale   F32     [1]      W4A4 only: 1 / a, an encode divisor
+//   A W4A4 config (QuantParams::dynamic_input false) requires the activation scale and sets
+//   QuantSpec::input_global_scale; layouts whose kernels take 16-bit activations ignore it.
 //   compressed-tensors mxfp4-pack-quantized (MXFP4PackedCompressor; vLLM
 //   CompressedTensorsW4A4Mxfp4MoEMethod):
 //     weight_packed  U8          [N, K/2]

@@ -144,6 +144,7 @@ MoeExperts tp_canonical_split(const MoeExperts& whole, bool gated, int tp, int r
     }
   // NVFP4's second-level scales are per expert (and per gate/up shard): every rank holds them.
   out.w13.global_scales = w13.global_scales;
+  out.w13.input_scales = w13.input_scales;
   out.w13.global_shards = w13.global_shards;
   // w2: K columns [rank ip, (rank + 1) ip) and their groups; one group (channelwise) stays whole.
   out.w2 = QuantTensor(w2.spec(), E, w2.n, ip);
@@ -157,6 +158,7 @@ MoeExperts tp_canonical_split(const MoeExperts& whole, bool gated, int tp, int r
     for (int64_t row = 0; row < E * w2.n; ++row)
       copy_items(w2.zeros, row * G2 + g0, out.w2.zeros, row * G2p, G2p, 1);
   out.w2.global_scales = w2.global_scales;
+  out.w2.input_scales = w2.input_scales;
   out.w2.global_shards = w2.global_shards;
   out.w13.check_consistent("w13 of rank " + num(rank));
   out.w2.check_consistent("w2 of rank " + num(rank));
@@ -175,8 +177,10 @@ MoeExperts tp_canonical_merge(const std::vector<MoeExperts>& ranks, bool gated) 
   out.w2 = QuantTensor(r2.spec(), E, r2.n, I);
   // Every rank holds the experts' second-level scales whole: rank 0's.
   out.w13.global_scales = r13.global_scales;
+  out.w13.input_scales = r13.input_scales;
   out.w13.global_shards = r13.global_shards;
   out.w2.global_scales = r2.global_scales;
+  out.w2.input_scales = r2.input_scales;
   out.w2.global_shards = r2.global_shards;
   const int64_t G13 = r13.groups(), sb13 = r13.scale_bytes();
   const int64_t rows13 = out.w13.scale_rows(), rows13p = r13.scale_rows();
@@ -310,6 +314,7 @@ QuantTensor concat_experts(const std::vector<QuantTensor>& parts) {
     out.g_idx.insert(out.g_idx.end(), q.g_idx.begin(), q.g_idx.end());
     out.global_scales.insert(out.global_scales.end(), q.global_scales.begin(),
                              q.global_scales.end());
+    out.input_scales.insert(out.input_scales.end(), q.input_scales.begin(), q.input_scales.end());
   }
   out.check_consistent("concatenated experts");
   return out;
@@ -337,6 +342,7 @@ QuantTensor select_experts(const QuantTensor& q, const std::vector<int64_t>& ids
   pick(q.zeros, out.zeros);
   pick(q.g_idx, out.g_idx);
   pick(q.global_scales, out.global_scales);
+  pick(q.input_scales, out.input_scales);
   out.check_consistent("selected experts");
   return out;
 }

@@ -427,6 +427,32 @@ std::vector<TargetLayout> trtllm_layouts(const std::vector<TargetArch>& sm100) {
        .tensor_parallel = {.unsupported = "trtllm-mxfp4 takes gpt-oss experts only, which are "
                                           "written for one rank (vLLM 0.33's gpt-oss loader "
                                           "splits them its own way, _load_weights_mxfp4)"}},
+      {.name = "trtllm-nvfp4",
+       .kernel = "the FlashInfer TRT-LLM-Gen NVFP4 MoE kernel (NVFP4 activations)",
+       .layout_version = 1,
+       .schemes = {"nvfp4"},
+       .archs = sm100,
+       .unsupported_reasons = trtllm_nvfp4_unsupported_reasons,
+       .param_specs = trtllm_nvfp4_param_specs,
+       .pack = pack_trtllm_nvfp4_moe,
+       .unpack = unpack_trtllm_nvfp4_moe,
+       .reader_kind = reader::Kind::kTrtllmFp4,
+       .act_quant = trtllm_nvfp4_act_quant,
+       .make_reader = trtllm_nvfp4_make_reader,
+       .deviations_from_vllm = trtllm_nvfp4_deviations_from_vllm,
+       .padded_inter = trtllm_nvfp4_padded_inter,
+       .vllm_serving = {{.target = VllmTarget::kV0_33,
+                         .reason = "not yet served by this plugin (ModelOptNvFp4FusedMoE declares "
+                                   "supports_pre_processed_weights for FLASHINFER_TRTLLM; the "
+                                   "plugin's declaration for it is not written)"}},
+       .decide_layer = trtllm_nvfp4_decide_layer,
+       // vLLM 0.33 reduces the activation scales over every expert of the layer, all ranks' (the
+       // FlashInfer backends load global_num_experts input scales): a rank's share alone does
+       // not give its bytes.
+       .tensor_parallel = {.unsupported = "its activation scales are the maximum over every "
+                                          "expert of the layer, which moepack's parallel "
+                                          "writers (one rank's share each) do not reduce"},
+       .vllm_loaded = trtllm_nvfp4_vllm_loaded},
   };
 }
 
@@ -735,6 +761,12 @@ const std::vector<ParamRoleRow>& param_role_rows() {
       {ParamRole::kW2GlobalScale, "w2_global_scale"},
       {ParamRole::kW13Bias, "w13_bias"},
       {ParamRole::kW2Bias, "w2_bias"},
+      {ParamRole::kW13InputScale, "w13_input_scale"},
+      {ParamRole::kW2InputScale, "w2_input_scale"},
+      {ParamRole::kW13OutputScale, "w13_output_scale"},
+      {ParamRole::kW2OutputScale, "w2_output_scale"},
+      {ParamRole::kW13SourceGlobalScale, "w13_source_global_scale"},
+      {ParamRole::kW2SourceGlobalScale, "w2_source_global_scale"},
   };
   return rows;
 }

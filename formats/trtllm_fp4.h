@@ -1,6 +1,15 @@
 // FlashInfer TRT-LLM-Gen FP4 MoE layouts (Blackwell): what vLLM 0.33.0 leaves on the FusedMoE
 // layer for its FlashInfer TRT-LLM FP4 experts. docs/trtllm_fp4.md has the diagrams.
 //
+//   trtllm-nvfp4  NVFP4 W4A4 on FLASHINFER_TRTLLM: prepare_nvfp4_moe_layer_for_fi_or_cutlass
+//                 (reorder_w1w3_to_w3w1, H padded to 256, I to 64 / 128 per half, the same
+//                 interleave + shuffle + 128x4 as below with blocks of 16 and E4M3 scales) and
+//                 TrtLlmNvFp4Experts' fold: w13_weight_scale_2 = g_gate * a13, w2_weight_scale_2 =
+//                 g2 * a2, g1_scale_c = w13_weight_scale_2 / a2 (F32 [E]), with a13 / a2 the
+//                 layer's largest activation scale. ModelOpt keeps w13_input_scale / w2_input_scale
+//                 [E] (a13, a2 repeated); compressed-tensors keeps its loaded
+//                 w13_weight_global_scale / w13_input_global_scale [E, 2] and w2_* [E].
+//
 //   trtllm-mxfp4  gpt-oss MXFP4 on FLASHINFER_TRTLLM_MXFP4_BF16 (bf16 activations, the default
 //                 _get_priority_backends_for_gpt_oss picks on sm100): GptOssMxfp4MoEMethod's
 //                 loader copies the checkpoint into parameters padded to Hp = H rounded up to 256
@@ -49,6 +58,38 @@ reader::ActQuant trtllm_mxfp4_act_quant(const LayoutOptions& opts);
 std::vector<std::string> trtllm_mxfp4_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeShape& shape);
 int64_t trtllm_mxfp4_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
+
+// ---- trtllm-nvfp4 -------------------------------------------------------------------------------
+// NVFP4 W4A4 experts (ModelOpt NVFP4, compressed-tensors nvfp4-pack-quantized with 4-bit float
+// activations) on FLASHINFER_TRTLLM (vLLM 0.33's first NVFP4 backend on sm100): every reason
+// (with the numbers) they cannot take it; empty when they can. Weight-only NVFP4 never goes there.
+std::vector<std::string> trtllm_nvfp4_unsupported_reasons(const LayoutOptions& opts,
+                                                          const MoeShape& shape);
+std::vector<ParamSpec> trtllm_nvfp4_param_specs(const LayoutOptions& opts, const MoeShape& shape);
+// Needs the layer's decisions (trtllm_nvfp4_decide_layer): the activation scales a13, a2.
+std::vector<Tensor> pack_trtllm_nvfp4_moe(const LayoutOptions& opts, const MoeExperts& experts);
+// The inverse up to what vLLM keeps (trtllm_nvfp4_vllm_loaded); refuses (kBadValue) folded
+// scales that are not vLLM's products of the scales beside them.
+MoeExperts unpack_trtllm_nvfp4_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
+// e2m1 codes of the shuffled rows times their swizzled E4M3 scales and second-level scales;
+// act_quant: NVFP4 blocks of 16 with the layer's activation scale (ProjReader::act_scale).
+reader::ProjReader trtllm_nvfp4_make_reader(const LayoutOptions& opts,
+                                            const TensorMap& params_by_name, MoeProj proj,
+                                            const ParamLocator& locate);
+reader::ActQuant trtllm_nvfp4_act_quant(const LayoutOptions& opts);
+std::vector<std::string> trtllm_nvfp4_deviations_from_vllm(const LayoutOptions& opts,
+                                                           const MoeShape& shape);
+int64_t trtllm_nvfp4_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
+// The layer's activation scales a13 / a2 (decode multipliers), the maximum over all its experts
+// as vLLM computes them (amax_for_moe_activation_quant), as "w13_input_scale" /
+// "w2_input_scale" -> the float32's bits "0x%08x".
+std::map<std::string, std::string> trtllm_nvfp4_decide_layer(const LayoutOptions& opts,
+                                                             const MoeShape& shape,
+                                                             const LayerExperts& layer);
+// What vLLM keeps of ModelOpt experts: each projection's input scales the layer's maximum a, and
+// its second-level scales the smallest g with fl(g * a) = fl(g_gate * a) (trtllm::unfold_global);
+// compressed-tensors experts as they are.
+MoeExperts trtllm_nvfp4_vllm_loaded(const LayoutOptions& opts, const MoeExperts& experts);
 
 // The physical -> logical row map of one projection (-1: padding), out[r] = in[src[r]]: for a
 // gated w13 of `inter` real rows per shard padded to `rows` = 2 Ip, the interleave then the

@@ -1114,6 +1114,7 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
   // check_gate_up_global_scales has refused those vLLM would not treat as one; which one a
   // kernel reads is the target layout's to decide.
   out.global_scale = t0.global_scale;
+  out.input_global_scale = t0.input_global_scale;  // the activation scales stay as stored too
   out.global_shards =
       out.global_scale == GlobalScale::kNone ? 1 : static_cast<int64_t>(projs.size());
   bool any_g_idx = force_g_idx == 1;
@@ -1129,7 +1130,8 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
       const std::string what = layer.param_prefix + std::to_string(e0 + e);
       if (t.kind != out.kind || t.bits != out.bits || t.group_size != out.group_size ||
           t.scale_dtype != out.scale_dtype || t.symmetric != out.symmetric ||
-          t.global_scale != out.global_scale || t.global_shards != 1)
+          t.global_scale != out.global_scale || t.global_shards != 1 ||
+          t.input_global_scale != out.input_global_scale)
         throw Error(ErrorCode::kBadValue, ckpt.dir(), what,
                     "projections of one layer disagree in quantization parameters");
       if (t.scale_block_n > 1 && t.n % t.scale_block_n != 0 && projs.size() > 1)
@@ -1142,6 +1144,7 @@ QuantTensor stack_projections(const Checkpoint& ckpt, const MoeLayer& layer,
       out.zeros.insert(out.zeros.end(), t.zeros.begin(), t.zeros.end());
       out.global_scales.insert(out.global_scales.end(), t.global_scales.begin(),
                                t.global_scales.end());
+      out.input_scales.insert(out.input_scales.end(), t.input_scales.begin(), t.input_scales.end());
       if (!any_g_idx) continue;
       std::vector<int32_t> g = t.g_idx;
       if (g.empty()) {  // trivial g_idx made explicit so gate and up compare equal

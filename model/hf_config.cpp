@@ -148,12 +148,15 @@ QuantParams normalize_awq(const json& qc, const std::string& file, DType dtype) 
 
 // compressed-tensors nvfp4-pack-quantized (strategy tensor_group, group 16, a global scale) and
 // mxfp4-pack-quantized (strategy group, group 32): 4-bit float weights, symmetric. Activations:
-// none (NVFP4A16) or FP4 (W4A4); Marlin runs 16-bit activations either way.
-// input_activations (W4A4: "dynamic": "local") are not read.
-QuantParams normalize_ct_fp4(const std::string& fmt, const json& w, const std::string& file,
-                             DType dtype) {
+// none (NVFP4A16) or FP4 (W4A4: input_activations of 4-bit floats, "dynamic": "local", whose
+// Linears carry input_global_scale): NVFP4 W4A4 is dynamic_input false, as vLLM's
+// CompressedTensorsW4A4Nvfp4MoEMethod reads it (use_a16 false).
+QuantParams normalize_ct_fp4(const std::string& fmt, const json& w, const json& a,
+                             const std::string& file, DType dtype) {
   const bool nv = fmt == "nvfp4-pack-quantized";
   QuantParams p;
+  p.dynamic_input = !(nv && a.is_object() && get_int(a, "num_bits", 16) == 4 &&
+                      get_str(a, "type", "") == "float");
   p.dtype = dtype;
   p.method = nv ? QuantMethod::kCtNvfp4 : QuantMethod::kCtMxfp4;
   p.bits = 4;
@@ -228,7 +231,7 @@ QuantParams normalize_ct_group(const json& qc, const std::string& name, const js
     return p;
   }
   if (fmt == "nvfp4-pack-quantized" || fmt == "mxfp4-pack-quantized")
-    return normalize_ct_fp4(fmt, w, file, dtype);
+    return normalize_ct_fp4(fmt, w, a, file, dtype);
   if (fmt == "mxfp8-quantized") {
     p.method = QuantMethod::kCtMxfp8;
     p.bits = 8;
@@ -366,6 +369,8 @@ QuantParams normalize_modelopt(const json& qc, const std::string& file, DType dt
   if (up == "NVFP4" || up == "W4A16_NVFP4") {
     p.method = QuantMethod::kModeloptNvfp4;
     p.bits = 4;
+    // NVFP4 is W4A4: every Linear carries its activations' static global scale (input_scale).
+    p.dynamic_input = up == "W4A16_NVFP4";
     p.group_size = get_int(*body, "group_size", 16);
     if (p.group_size != 16) bad(file, "group_size", "NVFP4 uses blocks of 16");
     return p;

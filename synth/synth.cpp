@@ -118,7 +118,7 @@ json modelopt_nvfp4_config(const SynthOptions&, const QuantParams&) {
 
 // llm-compressor's NVFP4A16 (nvfp4-pack-quantized, tensor_group 16, weights only) and MXFP4
 // (mxfp4-pack-quantized, group 32) schemes.
-json ct_fp4_config(bool nv) {
+json ct_fp4_config(bool nv, bool w4a4 = false) {
   const json w = {{"num_bits", 4},
                   {"type", "float"},
                   {"symmetric", true},
@@ -126,11 +126,23 @@ json ct_fp4_config(bool nv) {
                   {"group_size", nv ? 16 : 32},
                   {"dynamic", false},
                   {"observer", nv ? "static_minmax" : "minmax"}};
+  // llm-compressor's NVFP4 (W4A4) scheme: 4-bit float activations, tensor_group 16, with a
+  // calibrated global scale (input_global_scale) and block scales computed at run time.
+  const json a = {{"num_bits", 4},
+                  {"type", "float"},
+                  {"symmetric", true},
+                  {"group_size", 16},
+                  {"strategy", "tensor_group"},
+                  {"dynamic", "local"},
+                  {"observer", "static_minmax"}};
   return ct_envelope(nv ? "nvfp4-pack-quantized" : "mxfp4-pack-quantized",
-                     json::array({"lm_head", "re:.*mlp.gate$"}), w, nullptr);
+                     json::array({"lm_head", "re:.*mlp.gate$"}), w, w4a4 ? a : json(nullptr));
 }
 json ct_nvfp4_config(const SynthOptions&, const QuantParams&) {
   return ct_fp4_config(true);
+}
+json ct_nvfp4_w4a4_config(const SynthOptions&, const QuantParams&) {
+  return ct_fp4_config(true, /*w4a4=*/true);
 }
 json ct_mxfp4_config(const SynthOptions&, const QuantParams&) {
   return ct_fp4_config(false);
@@ -272,15 +284,30 @@ float synth_nvfp4_global(const SynthOptions& o, const std::string& order_label) 
   const float amax = static_cast<float>(1.5 + 1.5 * rng.uniform());
   return amax / (6.0f * 448.0f);
 }
-QuantTensor quantize_modelopt_nvfp4_linear(const SynthOptions& o, const QuantParams&,
+// W4A4's static activation scale a = amax / (6 * 448) of the Linear's input, from a stand-in
+// activation amax per input label (gate and up share theirs), stored in the weight global
+// scale's convention (ModelOpt input_scale a, compressed-tensors input_global_scale 1 / a).
+QuantTensor with_input_scale(QuantTensor q, const SynthOptions& o, const QuantParams& p,
+                             const std::string& order_label) {
+  if (p.dynamic_input) return q;
+  Rng rng(Rng::hash(o.seed, order_label + "/input"));
+  const float a = static_cast<float>(4.0 + 8.0 * rng.uniform()) / (6.0f * 448.0f);
+  q.input_global_scale = q.global_scale;
+  q.input_scales = {q.global_scale == GlobalScale::kEncodeDivisor ? 1.0f / a : a};
+  return q;
+}
+QuantTensor quantize_modelopt_nvfp4_linear(const SynthOptions& o, const QuantParams& p,
                                            const float* w, int64_t n, int64_t k,
                                            const std::string& order_label) {
-  return quantize_nvfp4(w, n, k, synth_nvfp4_global(o, order_label),
-                        GlobalScale::kDecodeMultiplier);
+  return with_input_scale(
+      quantize_nvfp4(w, n, k, synth_nvfp4_global(o, order_label), GlobalScale::kDecodeMultiplier),
+      o, p, order_label);
 }
-QuantTensor quantize_ct_nvfp4_linear(const SynthOptions& o, const QuantParams&, const float* w,
+QuantTensor quantize_ct_nvfp4_linear(const SynthOptions& o, const QuantParams& p, const float* w,
                                      int64_t n, int64_t k, const std::string& order_label) {
-  return quantize_nvfp4(w, n, k, synth_nvfp4_global(o, order_label), GlobalScale::kEncodeDivisor);
+  return with_input_scale(
+      quantize_nvfp4(w, n, k, synth_nvfp4_global(o, order_label), GlobalScale::kEncodeDivisor), o,
+      p, order_label);
 }
 QuantTensor quantize_mxfp4_linear(const SynthOptions&, const QuantParams&, const float* w,
                                   int64_t n, int64_t k, const std::string&) {
@@ -338,6 +365,9 @@ struct SynthGenerator {
   json (*side_file_json)() = nullptr;
   QuantTensor (*quantize)(const SynthOptions&, const QuantParams&, const float* w, int64_t n,
                           int64_t k, const std::string& order_label) = nullptr;
+  // false: the config quantises activations with a static scale every Linear carries
+  // (QuantParams::dynamic_input; NVFP4 W4A4's input_scale / input_global_scale).
+  bool dynamic_input = true;
 };
 
 // The params a generator row writes, with the flags applied.
@@ -352,6 +382,7 @@ QuantParams generator_params(const SynthGenerator& g, const SynthOptions& o) {
   }
   p.act_order = g.act_order;
   p.symmetric = g.symmetric;
+  p.dynamic_input = g.dynamic_input;
   return p;
 }
 
@@ -544,7 +575,8 @@ std::vector<SynthGenerator> fp4_generators() {
        .quant_config = modelopt_nvfp4_config,
        .side_file = "hf_quant_config.json",
        .side_file_json = modelopt_nvfp4_side_file,
-       .quantize = quantize_modelopt_nvfp4_linear},
+       .quantize = quantize_modelopt_nvfp4_linear,
+       .dynamic_input = false},  // quant_algo NVFP4 is W4A4: input_scale on every Linear
       {.format = "ct-nvfp4",
        .method = M::kCtNvfp4,
        .bits = 4,
@@ -554,6 +586,16 @@ std::vector<SynthGenerator> fp4_generators() {
        .symmetric = true,
        .quant_config = ct_nvfp4_config,
        .quantize = quantize_ct_nvfp4_linear},
+      {.format = "ct-nvfp4-w4a4",
+       .method = M::kCtNvfp4,
+       .bits = 4,
+       .group_size = 16,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = ct_nvfp4_w4a4_config,
+       .quantize = quantize_ct_nvfp4_linear,
+       .dynamic_input = false},
       {.format = "ct-mxfp4",
        .method = M::kCtMxfp4,
        .bits = 4,

@@ -272,6 +272,14 @@ QuantTensor random_quant_tensor(Rng& rng, const QuantSpec& spec, int64_t experts
       std::memcpy(&g, b, 4);
     }
   }
+  if (q.input_global_scale != GlobalScale::kNone) {  // W4A4's activation scales, like the globals
+    q.input_scales.assign(static_cast<size_t>(experts * q.global_shards), 0.0f);
+    for (float& a : q.input_scales) {
+      uint8_t b[4];
+      random_scale(rng, DType::kF32, opts.scales, b);
+      std::memcpy(&a, b, 4);
+    }
+  }
   if (!q.symmetric) {
     const int hi = opts.zero_hi < 0 ? (1 << q.bits) - 1 : opts.zero_hi;
     std::uniform_int_distribution<int> zero(opts.zero_lo, hi);
@@ -303,6 +311,7 @@ QuantTensor slice_experts(const QuantTensor& q, int64_t first, int64_t end) {
   s.zeros = cut(q.zeros);
   s.g_idx = cut(q.g_idx);
   s.global_scales = cut(q.global_scales);
+  s.input_scales = cut(q.input_scales);
   s.check_consistent("slice");
   return s;
 }
@@ -345,7 +354,16 @@ QuantTensor marlin_nvfp4_view(const QuantTensor& q, DType act) {
 MoeExperts as_layout_reads(const TargetLayout& row, const LayoutOptions& o,
                            const MoeExperts& given) {
   // What vLLM's method makes of the experts first (per-tensor FP8: w13 requantised).
-  const MoeExperts x = row.vllm_loaded ? row.vllm_loaded(o, given) : given;
+  MoeExperts x = row.vllm_loaded ? row.vllm_loaded(o, given) : given;
+  // A layout without parameters for the activation scales (16-bit activations) keeps none.
+  bool keeps_input_scales = false;
+  for (const ParamSpec& p : row.param_specs(o, moe_shape_of(x)))
+    keeps_input_scales = keeps_input_scales || p.role == ParamRole::kW13InputScale;
+  if (!keeps_input_scales)
+    for (QuantTensor* q : {&x.w13, &x.w2}) {
+      q->input_global_scale = GlobalScale::kNone;
+      q->input_scales.clear();
+    }
   if (row.reader_kind != reader::Kind::kMarlinFloat || x.w13.global_scale == GlobalScale::kNone)
     return x;
   return {marlin_nvfp4_view(x.w13, o.act_dtype), marlin_nvfp4_view(x.w2, o.act_dtype)};

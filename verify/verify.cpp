@@ -368,6 +368,19 @@ std::vector<RoundTripCheck> compare_quant(int64_t layer, const std::string& whic
   if (!want.g_idx.empty() || !got.g_idx.empty())
     out.push_back(compare_per_expert(base + "g_idx", layer, explicit_g_idx(got),
                                      explicit_g_idx(want), got.experts, 1, first_expert));
+  // A layout that keeps the activation scales (trtllm-nvfp4) keeps what vLLM keeps of the
+  // second-level scales beside them: both bit for bit (the source side as vllm_loaded gives it).
+  if (!got.input_scales.empty()) {
+    const auto bits = [](const std::vector<float>& v) {
+      std::vector<uint32_t> b(v.size());
+      if (!v.empty()) std::memcpy(b.data(), v.data(), v.size() * 4);
+      return b;
+    };
+    out.push_back(compare_per_expert(base + "global_scales", layer, bits(got.global_scales),
+                                     bits(want.global_scales), got.experts, 1, first_expert));
+    out.push_back(compare_per_expert(base + "input_scales", layer, bits(got.input_scales),
+                                     bits(want.input_scales), got.experts, 1, first_expert));
+  }
   return out;
 }
 

@@ -114,6 +114,29 @@ MOEPACK_HD float e2m1_value(uint8_t b) {
   return bits_as_float(sign | ((exp + 126u) << 23) | (mant << 22));
 }
 
+// Nearest e2m1 nibble of x, ties to the even code, saturating at +-6 (PTX
+// cvt.rn.satfinite.e2m1x2.f32, = formats/fp4.h float_to_e2m1 for finite x); the sign is kept.
+MOEPACK_HD uint8_t e2m1_round_satfinite(float x) {
+  const uint8_t sign = static_cast<uint8_t>((float_as_bits(x) >> 28) & 0x8u);
+  const float a = bits_as_float(float_as_bits(x) & 0x7fffffffu);
+  uint8_t m = 7;
+  if (a <= 0.25f)
+    m = 0;
+  else if (a < 0.75f)
+    m = 1;
+  else if (a <= 1.25f)
+    m = 2;
+  else if (a < 1.75f)
+    m = 3;
+  else if (a <= 2.5f)
+    m = 4;
+  else if (a < 3.5f)
+    m = 5;
+  else if (a <= 5.0f)
+    m = 6;
+  return static_cast<uint8_t>(sign | m);
+}
+
 // = formats/fp8.h e8m0_to_float: 2^(c-127), c = 0 the float32 subnormal 2^-127, 255 NaN.
 MOEPACK_HD float e8m0_value(uint8_t c) {
   if (c == 255) return bits_as_float(kQuietNanBits);

@@ -68,6 +68,13 @@
 //                   q = e4m3_rn_satfinite(clamp(x / s, +-448)); the GEMM sees e4m3(q) * s.
 //   triton-mxfp4    kBf16: matmul_ogs multiplies the bf16 hidden states as they are (gpt-oss'
 //                   MXFP4 config takes bf16 only; the OAI kernel widens the weights to bf16).
+//   trtllm-nvfp4    kNvfp4Block16: TrtLlmNvFp4Experts quantises the hidden states with
+//                   flashinfer fp4_quantize(x, a1_gscale = 1 / w13_input_scale, sf_vec_size 16)
+//                   and the kernel re-quantises FC1's output with 1 / w2_input_scale (TRT-LLM
+//                   cvt_warp_fp16_to_fp4): per 16 block sf = e4m3_rn_satfinite(gs * (amax / 6)),
+//                   q = e2m1_rn_satfinite(x / (sf / gs)), sf = 0: zeros; the GEMM sees
+//                   e2m1(q) * sf and multiplies by g1_alphas = w * a, so the activation it
+//                   computes with is e2m1(q) * sf * a (a = ProjReader::act_scale, gs = 1 / a).
 // The CPU expert matmul (reader_expert_matmul) keeps activations in float: it measures the
 // weights; verify's GPU path quantises both sides.
 #pragma once
@@ -101,7 +108,8 @@ enum class ActQuant : int32_t {
   kFp16,
   kInt8PerToken,
   kFp8PerTokenGroup128,
-  kMxfp8Block32
+  kMxfp8Block32,
+  kNvfp4Block16  // NVFP4 with the static activation global scale ProjReader::act_scale
 };
 
 // Scale element types (scale_type fields below).
@@ -204,13 +212,20 @@ struct TrtllmFp8BlockParams {
 struct TrtllmFp4Params {
   const uint8_t* weight;        // [E, np, kp/2] e2m1 pairs, the even column in the low nibble
   const uint8_t* weight_scale;  // [E, np, scale_cols] 128x4-swizzled per expert (E8M0 / E4M3)
-  const float* global_scale;    // [E] decode multiplier (NVFP4), or null
-  int32_t scale_type;           // kScaleE8m0 (MXFP4) / kScaleE4m3 (NVFP4)
-  int32_t block;                // 32 (MXFP4) / 16 (NVFP4) columns per scale
-  int32_t gated_w13;            // up/gate interleave (gated w13), else the shuffle alone
-  int64_t np, kp;               // physical rows and columns
-  int64_t scale_cols;           // kp / block
-  int64_t inter;                // I (gated w13: its gate rows are n < inter)
+  // NVFP4: [E, global_shards] second-level scales (logical row n reads shard n /
+  // global_shard_rows), or null (MXFP4). ModelOpt: vLLM's w13_weight_scale_2 = g * a (g1_alphas,
+  // the input scale a = global_fold folded in: the reader takes trtllm::unfold_global of it);
+  // compressed-tensors: the checkpoint's weight_global_scale, an encode divisor.
+  const float* global_scale;
+  int32_t global_type;  // kGlobalDecode / kGlobalEncode
+  int64_t global_shards, global_shard_rows;
+  float global_fold;   // a (> 0) where global_scale holds g * a, else 0
+  int32_t scale_type;  // kScaleE8m0 (MXFP4) / kScaleE4m3 (NVFP4)
+  int32_t block;       // 32 (MXFP4) / 16 (NVFP4) columns per scale
+  int32_t gated_w13;   // up/gate interleave (gated w13), else the shuffle alone
+  int64_t np, kp;      // physical rows and columns
+  int64_t scale_cols;  // kp / block
+  int64_t inter;       // I (gated w13: its gate rows are n < inter)
 };
 
 // How kHumming's stored codes map back to offset-binary codes (formats/humming.h).
@@ -281,6 +296,7 @@ struct ProjReader {
   Kind kind;
   ActQuant act;
   int64_t experts, n, k;  // LOGICAL sizes (padding hidden inside)
+  float act_scale;        // kNvfp4Block16: the activations' global scale a (decode); else 0
   union {                 // the member `kind` names
     CanonicalParams canonical;
     MarlinParams marlin;
@@ -754,11 +770,19 @@ MOEPACK_HD int64_t trtllm_fp4_row(const TrtllmFp4Params& p, int64_t n) {
   return trtllm::shuffle_a_dst_row(p.gated_w13 ? trtllm::gated_w13_prerow(n, p.inter) : n, 32);
 }
 
-// dequantize_expert's order: code * (scale * global).
-MOEPACK_HD float trtllm_fp4_scale(const TrtllmFp4Params& p, int64_t e, int64_t pr, int64_t b) {
+// The second-level scale of logical row n of expert e (1 without one).
+MOEPACK_HD float trtllm_fp4_global(const TrtllmFp4Params& p, int64_t e, int64_t n) {
+  if (!p.global_scale) return 1.0f;
+  const float g = p.global_scale[e * p.global_shards + n / p.global_shard_rows];
+  return p.global_fold > 0.0f ? trtllm::unfold_global(g, p.global_fold) : g;
+}
+
+// dequantize_expert's order: code * (scale * global) or code * (scale / global).
+MOEPACK_HD float trtllm_fp4_scale(const TrtllmFp4Params& p, int64_t e, int64_t pr, int64_t b,
+                                  float global) {
   const uint8_t* sq = p.weight_scale + e * p.np * p.scale_cols;
   float s = scale_at(sq, trtllm::scale_128x4_offset(pr, b, p.scale_cols), p.scale_type);
-  if (p.global_scale) s *= p.global_scale[e];
+  if (p.global_scale) s = p.global_type == kGlobalEncode ? s / global : s * global;
   return s;
 }
 
@@ -767,7 +791,7 @@ MOEPACK_HD float kind_weight(const TrtllmFp4Params& p, const ProjReader&, int64_
   const int64_t pr = trtllm_fp4_row(p, n);
   const uint8_t byte = p.weight[(e * p.np + pr) * (p.kp / 2) + kk / 2];
   return hd::e2m1_value(static_cast<uint8_t>((byte >> (4 * (kk & 1))) & 15)) *
-         trtllm_fp4_scale(p, e, pr, kk / p.block);
+         trtllm_fp4_scale(p, e, pr, kk / p.block, trtllm_fp4_global(p, e, n));
 }
 
 // The row with its physical row found once and one scale per block.
@@ -775,8 +799,9 @@ MOEPACK_HD void kind_weight_row(const TrtllmFp4Params& p, const ProjReader& r, i
                                 float* w) {
   const int64_t pr = trtllm_fp4_row(p, n);
   const uint8_t* wrow = p.weight + (e * p.np + pr) * (p.kp / 2);
+  const float global = trtllm_fp4_global(p, e, n);
   for (int64_t b = 0; b * p.block < r.k; ++b) {
-    const float s = trtllm_fp4_scale(p, e, pr, b);
+    const float s = trtllm_fp4_scale(p, e, pr, b, global);
     const int64_t k1 = r.k - b * p.block < p.block ? r.k : b * p.block + p.block;
     for (int64_t kk = b * p.block; kk < k1; ++kk)
       w[kk] = hd::e2m1_value(static_cast<uint8_t>((wrow[kk / 2] >> (4 * (kk & 1))) & 15)) * s;
@@ -903,6 +928,26 @@ MOEPACK_HD void quantize_mxfp8_block32(const float* x, int64_t k, float* out) {
   }
 }
 
+// TRT-LLM's NVFP4 activation quantiser (cvt_warp_fp16_to_fp4 with SFScaleVal = gs = 1 / a), in
+// the activations' own units: per block of 16 the e4m3 block scale sf of gs * amax / 6, codes
+// e2m1(x / (sf / gs)) (all zero where sf is 0), each value e2m1(q) * sf * a.
+MOEPACK_HD void quantize_nvfp4_block16(const float* x, int64_t k, float a, float* out) {
+  const float gs = 1.0f / a;
+  for (int64_t b0 = 0; b0 < k; b0 += 16) {
+    const int64_t len = k - b0 < 16 ? k - b0 : 16;
+    bool finite = true;
+    const float amax = abs_max(x + b0, len, &finite);
+    if (!finite || !hd::is_finite_bits(gs)) {
+      fill_nan(out + b0, len);
+      continue;
+    }
+    const float sf = hd::e4m3_value(hd::e4m3_round_satfinite(gs * (amax * (1.0f / 6.0f))));
+    const float inv = sf != 0.0f ? 1.0f / (sf * (1.0f / gs)) : 0.0f;
+    for (int64_t i = 0; i < len; ++i)
+      out[b0 + i] = hd::e2m1_value(hd::e2m1_round_satfinite(x[b0 + i] * inv)) * sf * a;
+  }
+}
+
 // k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
 MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
   const int64_t k = r.k;
@@ -920,6 +965,8 @@ MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, flo
       return quantize_int8_per_token(x, k, out);
     case ActQuant::kFp8PerTokenGroup128:
       return quantize_fp8_group128(x, k, out);
+    case ActQuant::kNvfp4Block16:
+      return quantize_nvfp4_block16(x, k, r.act_scale, out);
     default:
       return quantize_mxfp8_block32(x, k, out);
   }

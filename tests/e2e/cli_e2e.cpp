@@ -41,7 +41,8 @@ json run_json(const std::string& args, int expect_rc) {
 }
 
 bool is_fp4_format(const std::string& format) {
-  return format == "modelopt-nvfp4" || format == "ct-nvfp4" || format == "ct-mxfp4";
+  return format == "modelopt-nvfp4" || format == "ct-nvfp4" || format == "ct-nvfp4-w4a4" ||
+         format == "ct-mxfp4";
 }
 
 // compressed-tensors FP8 channel / per-tensor and ModelOpt FP8 (formats/fp8_scaled.h).
@@ -88,6 +89,7 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
       {"ct-fp8-block", "compressed-tensors-fp8-block"},
       {"modelopt-nvfp4", "modelopt-nvfp4"},
       {"ct-nvfp4", "compressed-tensors-nvfp4"},
+      {"ct-nvfp4-w4a4", "compressed-tensors-nvfp4"},
       {"ct-mxfp4", "compressed-tensors-mxfp4"},
       {"ct-fp8-channel", "compressed-tensors-fp8-channel"},
       {"ct-fp8-tensor", "compressed-tensors-fp8-tensor"},

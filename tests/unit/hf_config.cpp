@@ -471,7 +471,10 @@ TEST(HfConfigCt, Fp4PackQuantized) {
   const json act = {{"num_bits", 4},     {"type", "float"},
                     {"symmetric", true}, {"strategy", "tensor_group"},
                     {"group_size", 16},  {"dynamic", "local"}};
-  EXPECT_EQ(norm(ct_config("nvfp4-pack-quantized", w, act)).method, QuantMethod::kCtNvfp4);
+  EXPECT_TRUE(a16.dynamic_input);  // weight-only: no activation global scale
+  const QuantParams w4a4 = norm(ct_config("nvfp4-pack-quantized", w, act));
+  EXPECT_EQ(w4a4.method, QuantMethod::kCtNvfp4);
+  EXPECT_FALSE(w4a4.dynamic_input);  // W4A4: input_global_scale on every Linear
   json mx = w;
   mx["strategy"] = "group";
   mx["group_size"] = 32;
@@ -645,6 +648,8 @@ TEST(HfConfigModelopt, Nvfp4) {
         norm({{"quant_method", "modelopt"}, {"quant_algo", algo}, {"group_size", 16}});
     EXPECT_EQ(p.method, QuantMethod::kModeloptNvfp4) << algo;
     EXPECT_EQ(p.group_size, 16) << algo;
+    // NVFP4 is W4A4 (input_scale per Linear), W4A16_NVFP4 weight-only.
+    EXPECT_EQ(p.dynamic_input, std::string(algo) == "W4A16_NVFP4") << algo;
   }
   const QuantParams side = norm({{"producer", {{"name", "modelopt"}}},
                                  {"quantization", {{"quant_algo", "NVFP4"}, {"group_size", 16}}}});

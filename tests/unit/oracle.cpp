@@ -1136,5 +1136,46 @@ TEST(Oracle, GptOssOnSm100WritesTrtllmMxfp4) {
   EXPECT_EQ(choose_backend(q).chosen, "");
 }
 
+// NVFP4 W4A4 on Blackwell: vLLM 0.33's select_nvfp4_moe_backend runs FLASHINFER_TRTLLM first
+// (TrtLlmNvFp4Experts: kNvfp4Static weights, NVFP4 activations); auto writes trtllm-nvfp4 for
+// ModelOpt and compressed-tensors W4A4, padded layers included. Never for weight-only NVFP4
+// (NVFP4A16 / W4A16_NVFP4: no activation scales, TrtLlmNvFp4Experts refuses them), never on
+// another arch, and not for the 2026-05 target (the row follows vLLM 0.33.0 only).
+TEST(Oracle, Nvfp4W4a4OnSm100WritesTrtllmNvfp4) {
+  OracleQuery q;
+  q.quant.bits = 4;
+  q.quant.group_size = 16;
+  q.quant.dynamic_input = false;
+  q.experts = 8;
+  q.arch = TargetArch::kSm100;
+  q.vllm_target = VllmTarget::kV0_33;
+  for (QuantMethod m : {QuantMethod::kModeloptNvfp4, QuantMethod::kCtNvfp4})
+    for (const auto& [h, i] : std::vector<std::pair<int64_t, int64_t>>{{256, 128}, {2880, 96}}) {
+      q.quant.method = m;
+      q.hidden = h;
+      q.inter = i;
+      const OracleDecision d = choose_backend(q);
+      SCOPED_TRACE(d.explain());
+      EXPECT_EQ(d.chosen, "trtllm-nvfp4");
+      EXPECT_EQ(d.vllm_would_pick, "trtllm-nvfp4");
+      ASSERT_FALSE(d.vllm_order.empty());
+      EXPECT_EQ(d.vllm_order[0].backend, "FLASHINFER_TRTLLM");
+      EXPECT_TRUE(d.vllm_order[0].moepack_writes);
+    }
+  q.quant.dynamic_input = true;  // weight-only
+  const OracleDecision a16 = choose_backend(q);
+  EXPECT_NE(a16.chosen, "trtllm-nvfp4") << a16.explain();
+  q.requested = "trtllm-nvfp4";
+  EXPECT_EQ(choose_backend(q).chosen, "");
+  q.quant.dynamic_input = false;
+  q.arch = TargetArch::kSm90;
+  EXPECT_EQ(choose_backend(q).chosen, "");
+  q.arch = TargetArch::kSm100;
+  q.vllm_target = VllmTarget::kV2026_05;
+  EXPECT_EQ(choose_backend(q).chosen, "");
+  q.vllm_target = VllmTarget::kV0_33;
+  EXPECT_EQ(choose_backend(q).chosen, "trtllm-nvfp4");
+}
+
 }  // namespace
 }  // namespace moepack

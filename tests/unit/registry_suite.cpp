@@ -134,6 +134,9 @@ void expect_same_quant(const QuantTensor& got, const QuantTensor& want, const st
     EXPECT_EQ(got.global_shards, want.global_shards);
   }
   EXPECT_TRUE(bytes_equal(got.global_scales, want.global_scales, 16, what + " global scales"));
+  // W4A4's activation global scales likewise, where kept.
+  EXPECT_EQ(got.input_global_scale, want.input_global_scale);
+  EXPECT_TRUE(bytes_equal(got.input_scales, want.input_scales, 16, what + " input scales"));
 }
 
 // ---- source codecs ---------------------------------------------------------------------------
@@ -296,7 +299,8 @@ void expect_same_params(const std::vector<Tensor>& got, const std::vector<Tensor
 
 // The roles a serving plugin finds the parameters by: one parameter per role, the weights and
 // scales of both projections always, and each parameter's role of its own projection (vLLM names
-// every expert parameter w13_... or w2_...).
+// every expert parameter w13_... or w2_..., except the TRT-LLM NVFP4 experts' g1_scale_c, which
+// is w13's output scale).
 void expect_roles(const LayoutOptions& o, const std::vector<ParamSpec>& declared) {
   std::set<ParamRole> seen;
   for (const ParamSpec& p : declared) {
@@ -304,7 +308,9 @@ void expect_roles(const LayoutOptions& o, const std::vector<ParamSpec>& declared
     const std::string local = p.name.substr(o.prefix.size());
     const std::string role = param_role_name(p.role);
     const std::string proj = role.substr(0, role.find('_') + 1);  // "w13_" or "w2_"
-    EXPECT_EQ(local.rfind(proj, 0), 0u) << local << " has role " << role;
+    if (!(local == "g1_scale_c" && p.role == ParamRole::kW13OutputScale)) {
+      EXPECT_EQ(local.rfind(proj, 0), 0u) << local << " has role " << role;
+    }
   }
   for (ParamRole r :
        {ParamRole::kW13Weight, ParamRole::kW2Weight, ParamRole::kW13Scale, ParamRole::kW2Scale})
@@ -770,7 +776,7 @@ TEST_P(TargetLayoutRows, TensorAndExpertParallelRanksAssembleTheWholeLayer) {
 }
 
 TEST(ParamRoles, NamesRoundTripAndPairW13WithW2) {
-  for (int i = 0; i <= static_cast<int>(ParamRole::kW2Bias); ++i) {
+  for (int i = 0; i <= static_cast<int>(ParamRole::kW2SourceGlobalScale); ++i) {
     const auto r = static_cast<ParamRole>(i);
     const std::string name = param_role_name(r);
     EXPECT_EQ(parse_param_role(name), r) << name;
