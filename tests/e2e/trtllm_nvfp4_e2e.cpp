@@ -2,13 +2,15 @@
 // compressed-tensors NVFP4 with 4-bit float activations) synthesised, inspected and converted for
 // sm100, where vLLM 0.33 runs FLASHINFER_TRTLLM, and verified against the source (the round trip
 // of codes, scales, and what vLLM keeps of the global and activation scales; the MoE through the
-// layout's reader); weight-only NVFP4 never takes the layout.
+// layout's reader; with a GPU also through the CUDA runtime, whose activations are NVFP4-quantised
+// as the kernel's); weight-only NVFP4 never takes the layout.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kernels/moepack_cuda.h"
 #include "tests/test_util.h"
 
 namespace moepack {
@@ -43,6 +45,10 @@ TEST(TrtllmNvfp4E2e, W4a4ConvertsForSm100AndVerifies) {
         << "the layer's activation scales are recorded decisions";
     const json ver = run_json("verify " + dst + " --source " + src, 0);
     EXPECT_NE(ver.dump().find("input_scales"), std::string::npos) << "checked bit for bit";
+    // The GPU runtime quantises both sides' activations as TRT-LLM does (kNvfp4Block16).
+    if (cuda_device_info().available) {
+      EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src + " --device cuda"), 0);
+    }
   }
 }
 
