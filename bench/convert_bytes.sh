@@ -16,9 +16,15 @@ mkdir -p "$work"
 # Every --format synth makes, as its --help lists them ("--format TEXT REQUIRED bf16|gptq|...").
 formats=$("$bin" synth --help | awk '$1 == "--format" { print $NF; exit }' | tr '|' ' ')
 [ -n "$formats" ] || { echo "could not read the synth formats from $bin synth --help" >&2; exit 1; }
-for fam in qwen3 mixtral deepseek fused3d; do
+families="qwen3 mixtral deepseek fused3d"
+# gpt-oss is its own family and format (a build that synthesizes it).
+case " $formats " in *" gpt-oss-mxfp4 "*) families="$families gpt_oss" ;; esac
+for fam in $families; do
   for fmt in $formats; do
     [ "$fam" = fused3d ] && [ "$fmt" != bf16 ] && continue
+    # gpt-oss-mxfp4 only as gpt_oss, and gpt_oss only as it (its bf16 variant is not converted).
+    { [ "$fam" = gpt_oss ] || [ "$fmt" = gpt-oss-mxfp4 ]; } &&
+      { [ "$fam" != gpt_oss ] || [ "$fmt" != gpt-oss-mxfp4 ]; } && continue
     src="$work/src-$fmt-$fam"
     "$bin" synth "$src" --format "$fmt" --family "$fam" --layers 2 --experts 4 \
       --hidden 256 --inter 128 --seed 7 --force >/dev/null
@@ -31,6 +37,7 @@ for fam in qwen3 mixtral deepseek fused3d; do
       gptq | awq | ct-w4a16) variants+=("triton:--backend triton-wna16" "fp16:--act-dtype fp16") ;;
       gptq-asym) variants+=("fp16:--act-dtype fp16") ;;
       gptq-actorder) variants+=("vllm-scale:--vllm-w13-scale-size-k") ;;
+      gpt-oss-mxfp4) variants+=("marlin:--backend marlin-mxfp4" "trtllm:--target-arch sm100") ;;
     esac
     for v in "${variants[@]}"; do
       name=${v%%:*}

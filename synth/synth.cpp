@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::vector<std::string>& synth_families() {
-  static const std::vector<std::string> f = {"qwen3", "mixtral", "deepseek", "fused3d"};
+  static const std::vector<std::string> f = {"qwen3", "mixtral", "deepseek", "fused3d", "gpt_oss"};
   return f;
 }
 
@@ -148,6 +148,14 @@ json ct_mxfp4_config(const SynthOptions&, const QuantParams&) {
   return ct_fp4_config(false);
 }
 
+// The published gpt-oss checkpoints' quantization_config (openai/gpt-oss-20b and -120b).
+json gpt_oss_mxfp4_config(const SynthOptions&, const QuantParams&) {
+  return {{"modules_to_not_convert",
+           json::array({"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                        "model.embed_tokens", "lm_head"})},
+          {"quant_method", "mxfp4"}};
+}
+
 json fp8_block_config(const SynthOptions&, const QuantParams&) {
   return {{"quant_method", "fp8"},
           {"fmt", "e4m3"},
@@ -198,9 +206,12 @@ const char* torch_dtype_name(DType d) {
 
 // One thing synth writes: a dense tensor or one quantised Linear (several tensors).
 struct Item {
-  enum class Kind { kDense, kNorm, kBias, kLinear } kind = Kind::kDense;
+  // kFusedExperts: gpt-oss' experts of one projection, every expert's W [n, k] in one tensor
+  // (MXFP4: <name>_blocks [E, n, k/32, 16] and <name>_scales [E, n, k/32]; bf16: <name>
+  // [E, k, n], transformers' parameter), written expert by expert (write_fused_experts).
+  enum class Kind { kDense, kNorm, kBias, kLinear, kFusedExperts } kind = Kind::kDense;
   std::string name;  // tensor name, or the Linear's base name for kLinear
-  Shape shape;       // dense: tensor shape; kLinear: {n, k}
+  Shape shape;       // dense: tensor shape; kLinear: {n, k}; kFusedExperts: {E, n, k}
   DType dtype = DType::kBF16;
   std::string order_label;  // act-order permutation shared by Linears with the same input
   float stddev = 0.02f;
@@ -218,6 +229,30 @@ std::vector<float> random_matrix(uint64_t seed, const std::string& label, int64_
       float v = rng.normal() * row_scale;
       if (rng.uniform() < 1e-3) v *= 8.0f;
       w[static_cast<size_t>(r * k + c)] = v;
+    }
+  }
+  return w;
+}
+
+// random_matrix's distribution at a tenth of its cost, for the fused gpt-oss experts (120b holds
+// 115 G weights): one 64-bit draw per value, three 16-bit uniforms summed (Irwin-Hall, variance
+// 1/4, so times 2 for a unit normal's; tails end at 3 sigma) and a 10-bit field that makes one
+// value in 1024 an outlier (x 8), as random_matrix's 1e-3.
+std::vector<float> fast_random_matrix(uint64_t seed, const std::string& label, int64_t n, int64_t k,
+                                      float stddev) {
+  Rng rng(Rng::hash(seed, label));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  constexpr float kUnit = 2.0f / 65536.0f;
+  for (int64_t r = 0; r < n; ++r) {
+    const float row_scale = stddev * static_cast<float>(0.5 + rng.uniform());
+    float* row = w.data() + r * k;
+    for (int64_t c = 0; c < k; ++c) {
+      const uint64_t u = rng.next_u64();
+      const float sum =
+          static_cast<float>((u & 0xffff) + ((u >> 16) & 0xffff) + ((u >> 32) & 0xffff)) -
+          1.5f * 65535.0f;
+      const float outlier = ((u >> 48) & 0x3ff) == 0 ? 8.0f : 1.0f;
+      row[c] = sum * kUnit * row_scale * outlier;
     }
   }
   return w;
@@ -605,6 +640,16 @@ std::vector<SynthGenerator> fp4_generators() {
        .symmetric = true,
        .quant_config = ct_mxfp4_config,
        .quantize = quantize_mxfp4_linear},
+      // gpt-oss' fused experts are written by write_fused_experts (--family gpt_oss only).
+      {.format = "gpt-oss-mxfp4",
+       .method = M::kGptOssMxfp4,
+       .bits = 4,
+       .group_size = 32,
+       .fixed = true,
+       .act_order = false,
+       .symmetric = true,
+       .quant_config = gpt_oss_mxfp4_config,
+       .quantize = quantize_mxfp4_linear},
   };
 }
 
@@ -656,8 +701,15 @@ const SourceCodec* check_synth_options(const SynthOptions& o, const QuantParams&
   const bool quantized = p.method != QuantMethod::kNone;
   if (std::find(synth_families().begin(), synth_families().end(), o.family) ==
       synth_families().end())
+    throw Error(ErrorCode::kUsage, "unknown --family \"" + o.family +
+                                       "\" (qwen3, mixtral, deepseek, fused3d, gpt_oss)");
+  const bool gpt_oss_format = p.method == QuantMethod::kGptOssMxfp4;
+  if ((o.family == "gpt_oss") != gpt_oss_format && (gpt_oss_format || quantized))
     throw Error(ErrorCode::kUsage,
-                "unknown --family \"" + o.family + "\" (qwen3, mixtral, deepseek, fused3d)");
+                "--family gpt_oss is written as gpt-oss-mxfp4 (the published format) or bf16, "
+                "and --format gpt-oss-mxfp4 only as --family gpt_oss");
+  if (o.family == "gpt_oss" && o.dtype != DType::kBF16)
+    throw Error(ErrorCode::kUsage, "--family gpt_oss is written in bf16 (--dtype bf16)");
   if (o.family == "fused3d" && quantized)
     throw Error(ErrorCode::kUsage,
                 "--family fused3d is written unquantized (bf16): quantized "
@@ -686,9 +738,59 @@ bool synth_has_dense_layer(const SynthOptions& o) {
   return (o.family == "qwen3" || o.family == "deepseek") && o.layers > 1;
 }
 
+// gpt-oss' attention shape: head_dim 64 as published; 4 query and 2 key/value heads (the published
+// models have 64 and 8: attention is not what moepack converts, only its tensors are written).
+constexpr int64_t kGptOssHeadDim = 64, kGptOssHeads = 4, kGptOssKvHeads = 2;
+
+// Every tensor of a gpt-oss checkpoint in the published layout (tests/gpt_oss/fixtures/mxfp4,
+// docs/gpt-oss.md): attention with biases and sinks, the router with its bias, and per layer two
+// fused expert projections -- gate_up [E, 2I, H] (rows interleaved: 2j gate j, 2j + 1 up j; the
+// random rows are drawn row by row, so the interleave is the names') and down [E, H, I] -- with
+// their BF16 biases.
+std::vector<Item> synth_gpt_oss_items(const SynthOptions& o) {
+  const int64_t H = o.hidden, I = o.inter, E = o.experts;
+  const int64_t q_rows = kGptOssHeads * kGptOssHeadDim, kv_rows = kGptOssKvHeads * kGptOssHeadDim;
+  std::vector<Item> items;
+  auto add = [&](const std::string& name, Shape shape, Item::Kind kind, float stddev = 0.02f) {
+    Item it;
+    it.kind = kind;
+    it.name = name;
+    it.shape = std::move(shape);
+    it.dtype = DType::kBF16;
+    it.stddev = stddev;
+    items.push_back(std::move(it));
+  };
+  using K = Item::Kind;
+  add("model.embed_tokens.weight", {o.vocab, H}, K::kDense);
+  for (int64_t L = 0; L < o.layers; ++L) {
+    const std::string P = "model.layers." + std::to_string(L) + ".";
+    add(P + "input_layernorm.weight", {H}, K::kNorm);
+    for (const auto& [proj, rows] : {std::pair<const char*, int64_t>{"q_proj", q_rows},
+                                     {"k_proj", kv_rows},
+                                     {"v_proj", kv_rows}}) {
+      add(P + "self_attn." + proj + ".weight", {rows, H}, K::kDense);
+      add(P + "self_attn." + proj + ".bias", {rows}, K::kBias);
+    }
+    add(P + "self_attn.o_proj.weight", {H, q_rows}, K::kDense);
+    add(P + "self_attn.o_proj.bias", {H}, K::kBias);
+    add(P + "self_attn.sinks", {kGptOssHeads}, K::kDense, 1.0f);
+    add(P + "post_attention_layernorm.weight", {H}, K::kNorm);
+    add(P + "mlp.router.weight", {E, H}, K::kDense);
+    add(P + "mlp.router.bias", {E}, K::kDense, 0.1f);
+    add(P + "mlp.experts.gate_up_proj", {E, 2 * I, H}, K::kFusedExperts);
+    add(P + "mlp.experts.gate_up_proj_bias", {E, 2 * I}, K::kDense, 0.1f);
+    add(P + "mlp.experts.down_proj", {E, H, I}, K::kFusedExperts);
+    add(P + "mlp.experts.down_proj_bias", {E, H}, K::kDense, 0.1f);
+  }
+  add("model.norm.weight", {H}, K::kNorm);
+  add("lm_head.weight", {o.vocab, H}, K::kDense);
+  return items;
+}
+
 // Every tensor of the model (a quantised Linear as one kLinear item), in file order: embeddings,
 // per layer attention, norms and the MLP in the family's naming, final norm and head.
 std::vector<Item> synth_items(const SynthOptions& o, bool quantized) {
+  if (o.family == "gpt_oss") return synth_gpt_oss_items(o);
   const bool fused = o.family == "fused3d";
   const std::string root = fused ? "model.language_model." : "model.";
   const int64_t H = o.hidden, I = o.inter, E = o.experts;
@@ -774,6 +876,15 @@ void plan_item_outputs(std::vector<Item>& items, const SynthGenerator& gen,
                        const SourceCodec* codec, const SynthOptions& o, const QuantParams& p) {
   std::map<std::pair<int64_t, int64_t>, std::vector<SafetensorsEntry>> probe;
   for (auto& it : items) {
+    if (it.kind == Item::Kind::kFusedExperts) {
+      const int64_t E = it.shape[0], n = it.shape[1], k = it.shape[2];
+      if (codec)
+        it.outputs = {{it.name + "_blocks", DType::kU8, {E, n, k / 32, 16}, 0, 0},
+                      {it.name + "_scales", DType::kU8, {E, n, k / 32}, 0, 0}};
+      else
+        it.outputs = {{it.name, it.dtype, {E, k, n}, 0, 0}};
+      continue;
+    }
     if (it.kind != Item::Kind::kLinear) {
       it.outputs = {{it.name, it.dtype, it.shape, 0, 0}};
       continue;
@@ -793,17 +904,66 @@ void plan_item_outputs(std::vector<Item>& items, const SynthGenerator& gen,
   }
 }
 
-// The random values of every item (seeded by its name: threads do not change them), quantised
-// Linears packed by the format's codec.
+// One expert's tensors of a kFusedExperts item, in its outputs' order: the codec's blocks and
+// scales of W [n, k] quantised to MXFP4, or (bf16) W^T [k, n] as transformers stores it.
+std::vector<std::vector<uint8_t>> fused_expert_bytes(const Item& it, int64_t expert,
+                                                     const SourceCodec* codec,
+                                                     const SynthOptions& o, const QuantParams& p) {
+  const int64_t n = it.shape[1], k = it.shape[2];
+  const std::vector<float> w =
+      fast_random_matrix(o.seed, it.name + "/" + std::to_string(expert), n, k, it.stddev);
+  if (!codec) {
+    std::vector<uint8_t> t(static_cast<size_t>(n * k * 2));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const uint16_t h = float_to_bf16(w[static_cast<size_t>(r * k + c)]);
+        std::memcpy(t.data() + (c * n + r) * 2, &h, 2);
+      }
+    return {std::move(t)};
+  }
+  TensorMap packed = codec->pack(p, quantize_mxfp4(w.data(), n, k));
+  return {std::move(packed.at("blocks").data), std::move(packed.at("scales").data)};
+}
+
+// A kFusedExperts item expert by expert: a batch of experts at a time on the threads, each
+// tensor's slices then written in order, so that memory holds a batch, never the tensor.
+void write_fused_experts(ShardedWriter& writer, const Item& it, const SourceCodec* codec,
+                         const SynthOptions& o, const QuantParams& p, ProgressCounter& progress) {
+  const int64_t E = it.shape[0];
+  const int64_t batch = resolve_threads(o.threads);
+  std::vector<uint64_t> written(it.outputs.size(), 0);
+  for (int64_t e0 = 0; e0 < E; e0 += batch) {
+    const int64_t count = std::min(batch, E - e0);
+    std::vector<std::vector<std::vector<uint8_t>>> slices(static_cast<size_t>(count));
+    parallel_for(count, o.threads, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        slices[static_cast<size_t>(i)] = fused_expert_bytes(it, e0 + i, codec, o, p);
+    });
+    for (const auto& expert : slices)
+      for (size_t t = 0; t < it.outputs.size(); ++t) {
+        writer.write_part(it.outputs[t].name, expert[t].data(), expert[t].size(), written[t]);
+        written[t] += expert[t].size();
+        progress.add(0, expert[t].size());
+      }
+  }
+  progress.add(static_cast<int64_t>(it.outputs.size()), 0);
+}
+
+// The random values of every item (seeded by its name, and a fused item's experts by theirs:
+// threads do not change them), quantised Linears packed by the format's codec.
 void write_items(ShardedWriter& writer, const std::vector<Item>& items, const SynthGenerator& gen,
                  const SourceCodec* codec, const SynthOptions& o, const QuantParams& p) {
   int64_t tensors = 0;
   for (const Item& it : items) tensors += static_cast<int64_t>(it.outputs.size());
   ProgressCounter progress(o.progress, "tensors", tensors, writer.plan().total_tensor_bytes);
+  for (const Item& it : items)
+    if (it.kind == Item::Kind::kFusedExperts)
+      write_fused_experts(writer, it, codec, o, p, progress);
   parallel_for(static_cast<int64_t>(items.size()), o.threads, [&](int64_t b, int64_t e) {
     std::vector<uint8_t> bytes;
     for (int64_t i = b; i < e; ++i) {
       const Item& it = items[static_cast<size_t>(i)];
+      if (it.kind == Item::Kind::kFusedExperts) continue;
       if (it.kind != Item::Kind::kLinear) {
         fill_dense(it, o.seed, &bytes);
         writer.write(it.name, bytes.data(), bytes.size());
@@ -822,8 +982,55 @@ void write_items(ShardedWriter& writer, const std::vector<Item>& items, const Sy
   writer.finish();
 }
 
+// config.json as openai/gpt-oss-* publish it (their fields; experts_per_token beside
+// num_experts_per_tok, the yarn rope_scaling, swiglu_limit 7.0), without quantization_config.
+json gpt_oss_config_json(const SynthOptions& o) {
+  json layer_types = json::array();
+  for (int64_t L = 0; L < o.layers; ++L)
+    layer_types.push_back(L % 2 == 0 ? "sliding_attention" : "full_attention");
+  return {{"architectures", {"GptOssForCausalLM"}},
+          {"attention_bias", true},
+          {"attention_dropout", 0.0},
+          {"eos_token_id", 1},
+          {"experts_per_token", o.top_k},
+          {"head_dim", kGptOssHeadDim},
+          {"hidden_act", "silu"},
+          {"hidden_size", o.hidden},
+          {"initial_context_length", 4096},
+          {"initializer_range", 0.02},
+          {"intermediate_size", o.inter},
+          {"layer_types", layer_types},
+          {"max_position_embeddings", 131072},
+          {"model_type", "gpt_oss"},
+          {"num_attention_heads", kGptOssHeads},
+          {"num_experts_per_tok", o.top_k},
+          {"num_hidden_layers", o.layers},
+          {"num_key_value_heads", kGptOssKvHeads},
+          {"num_local_experts", o.experts},
+          {"output_router_logits", false},
+          {"pad_token_id", 0},
+          {"rms_norm_eps", 1e-05},
+          {"rope_scaling",
+           {{"beta_fast", 32.0},
+            {"beta_slow", 1.0},
+            {"factor", 32.0},
+            {"original_max_position_embeddings", 4096},
+            {"rope_type", "yarn"},
+            {"truncate", false}}},
+          {"rope_theta", 150000},
+          {"router_aux_loss_coef", 0.9},
+          {"sliding_window", 128},
+          {"swiglu_limit", 7.0},
+          {"tie_word_embeddings", false},
+          {"torch_dtype", "bfloat16"},
+          {"transformers_version", "4.55.0.dev0"},
+          {"use_cache", true},
+          {"vocab_size", o.vocab}};
+}
+
 // config.json like the real producers write it, without its quantization_config.
 json synth_config_json(const SynthOptions& o) {
+  if (o.family == "gpt_oss") return gpt_oss_config_json(o);
   const int64_t H = o.hidden, I = o.inter, E = o.experts;
   const int64_t dense_inter = 2 * I;
   const bool has_dense_layer = synth_has_dense_layer(o);
@@ -893,7 +1100,9 @@ json synth_config_json(const SynthOptions& o) {
 
 }  // namespace
 
-SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) {
+SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& opts) {
+  SynthOptions o = opts;
+  if (o.family.empty()) o.family = o.format == "gpt-oss-mxfp4" ? "gpt_oss" : "qwen3";
   const SynthGenerator& gen = synth_generator(o.format);
   const QuantParams p = generator_params(gen, o);
   const SourceCodec* codec = check_synth_options(o, p);
@@ -922,6 +1131,7 @@ SynthResult synth_checkpoint(const std::string& out_dir, const SynthOptions& o) 
 
   SynthResult r;
   r.dir = out_dir;
+  r.family = o.family;
   r.tensors = static_cast<int64_t>(all.size());
   r.shards = static_cast<int64_t>(plan.shard_names.size());
   r.bytes = plan.total_tensor_bytes;

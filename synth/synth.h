@@ -14,8 +14,10 @@
 namespace moepack {
 
 struct SynthOptions {
-  std::string format = "gptq";   // see synth_formats()
-  std::string family = "qwen3";  // qwen3 | mixtral | deepseek | fused3d
+  std::string format = "gptq";  // see synth_formats()
+  // qwen3 | mixtral | deepseek | fused3d | gpt_oss; empty: the format's own (gpt_oss for
+  // gpt-oss-mxfp4, qwen3 for the rest)
+  std::string family;
   int64_t layers = 2;
   int64_t experts = 4;
   int64_t hidden = 256;
@@ -36,7 +38,8 @@ const std::vector<std::string>& synth_formats();
 const std::vector<std::string>& synth_families();
 
 struct SynthResult {
-  std::string dir;  // out_dir
+  std::string dir;     // out_dir
+  std::string family;  // the family written (SynthOptions::family resolved)
   int64_t tensors = 0;
   uint64_t bytes = 0;
   int64_t shards = 0;

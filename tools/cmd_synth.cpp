@@ -1,4 +1,4 @@
-// moepack synth OUT --format F [--family qwen3|mixtral|deepseek|fused3d] [...]
+// moepack synth OUT --format F [--family qwen3|mixtral|deepseek|fused3d|gpt_oss] [...]
 #include <iostream>
 
 #include "synth/synth.h"
@@ -17,7 +17,8 @@ Runner add_synth(CLI::App& app, Globals& g) {
   for (const auto& f : synth_families()) families += (families.empty() ? "" : "|") + f;
   app.add_option("out", *out, "Output directory")->required();
   app.add_option("--format", o->format, formats)->required();
-  app.add_option("--family", o->family, families)->capture_default_str();
+  app.add_option("--family", o->family,
+                 families + " (default: gpt_oss for gpt-oss-mxfp4, qwen3 for the rest)");
   app.add_option("--layers", o->layers, "Decoder layers")
       ->check(integer_at_least(1))
       ->capture_default_str();
@@ -64,14 +65,14 @@ Runner add_synth(CLI::App& app, Globals& g) {
       print_json({{"ok", true},
                   {"dir", r.dir},
                   {"format", o->format},
-                  {"family", o->family},
+                  {"family", r.family},
                   {"tensors", r.tensors},
                   {"tensor_bytes", r.bytes},
                   {"shards", r.shards},
                   {"run", summary_json(sum)}});
       return 0;
     }
-    std::cout << "wrote " << r.dir << ": " << o->format << " " << o->family << ", " << r.tensors
+    std::cout << "wrote " << r.dir << ": " << o->format << " " << r.family << ", " << r.tensors
               << " tensors, " << human_bytes(r.bytes) << " in " << r.shards << " shard(s)\n"
               << summary_line(sum);
     return 0;

@@ -138,12 +138,16 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
 }
 
 // Every format synth makes (its generator rows) x every family; fused 3-D experts are written
-// unquantized only. A new generator row shows up here and needs its expected method above.
+// unquantized only; gpt-oss (its own family and format) has its own tests
+// (tests/e2e/gpt_oss_synth.cpp: its bf16 variant is refused by convert, and the CUDA runtime
+// refuses its biased layers). A new generator row shows up here and needs its expected method
+// above.
 std::vector<Combo> combos() {
   std::vector<Combo> v;
   for (const std::string& f : synth_formats())
     for (const std::string& fam : synth_families())
-      if (fam != "fused3d" || f == "bf16") v.push_back({f, fam});
+      if ((fam != "fused3d" || f == "bf16") && fam != "gpt_oss" && f != "gpt-oss-mxfp4")
+        v.push_back({f, fam});
   return v;
 }
 
