@@ -49,6 +49,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 
@@ -158,6 +159,7 @@ def plugin_wrapper():
         return None
     spec = importlib.util.spec_from_file_location("moepack_triton_mxfp4", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass resolves annotations through it
     spec.loader.exec_module(mod)
     return getattr(mod, "wrap_triton_mxfp4", None)
 
@@ -307,20 +309,30 @@ def main():
               "paths": {}}
     print(f"device {result['device']}, torch {torch.__version__}, {a.layers} layers x {a.E} "
           f"experts, H {a.H} I {a.I}; plugin-triton: {result['plugin_triton_wrap']}", flush=True)
+    failed = False
     for p in paths:
-        result["paths"][p] = run_path(p, a, vns, mns, wrap)
+        try:
+            result["paths"][p] = run_path(p, a, vns, mns, wrap)
+        except Exception as e:  # one path's failure (e.g. out of memory) keeps the others
+            traceback.print_exc()
+            result["paths"][p] = {"error": f"{type(e).__name__}: {e}"}
+            failed = True
         if DEV == "cuda":
             torch.cuda.empty_cache()
     print("\n| path | model s | first layer s | mean layer ms | max transient GiB | loaded GiB "
           "| held after GiB |\n|---|---|---|---|---|---|---|")
     for p, r in result["paths"].items():
+        if "error" in r:
+            print(f"| {p} | {r['error'][:80]} | | | | | |")
+            continue
         print(f"| {p} | {r['total_seconds']:.3f} | {r['first_layer_seconds']:.3f} | "
               f"{1e3 * r['total_seconds'] / a.layers:.2f} | {r['max_transient_GiB']:.3f} | "
               f"{r['loaded_GiB']:.2f} | {r['held_after_GiB']:.2f} |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -65,7 +65,10 @@ run() {
   local sum
   sum=$(sha256sum "$so" | cut -d' ' -f1)
   [ "$sum" = "$KNOWN_SHA256" ] || { echo "C.so SHA-256 $sum is not vLLM 0.33.0's ($KNOWN_SHA256)"; return 1; }
-  python3 "$here/gpt_oss_postprocess_gpu.py" --carry "$carry" --so "$so" --layers "${1:-36}" \
+  # Expandable segments: the model's ~60 GiB of loaded experts and their outputs, freed and
+  # allocated layer by layer, without the allocator's fragmentation deciding the peak.
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+    python3 "$here/gpt_oss_postprocess_gpu.py" --carry "$carry" --so "$so" --layers "${1:-36}" \
     --E "${2:-128}" --H "${3:-2880}" --I "${4:-2880}" --json "$OUT/postprocess.json" \
     >"$OUT/postprocess.log" 2>&1
   local rc=$?
@@ -79,7 +82,7 @@ all() {
   run 36 2>&1 | tee "$OUT/run.txt"
   local bin=/tmp/gob-bin
   mkdir -p "$bin" && cp "$carry"/bin/* "$bin/" && xz -df "$bin/moepack.xz" && chmod +x "$bin/moepack"
-  LD_LIBRARY_PATH=$bin bash "$here/gpt_oss_fullshape.sh" "$bin/moepack" "${1:-4}" /tmp/gpt-oss-full \
+  LD_LIBRARY_PATH=$bin BUDGET_S=${BUDGET_S:-240} bash "$here/gpt_oss_fullshape.sh" "$bin/moepack" "${1:-4}" /tmp/gpt-oss-full \
     2>&1 | tee "$OUT/fullshape.md"
   (cd "$OUT" && tar czf /tmp/gob.tgz . && mv /tmp/gob.tgz "$OUT/gob.tgz")
 }
