@@ -594,6 +594,11 @@ struct TargetLayout {
   // JSON objects).
   std::vector<std::pair<std::string, std::string>> (*layer_config)(const LayoutOptions&,
                                                                    const MoeShape&) = nullptr;
+  // Optional (nullptr: none): the shapes the serving kernel fails on although the target vLLM's
+  // own oracle picks its backend for them (it checks no such shape): each reason also in
+  // unsupported_reasons. The oracle reads them as vLLM picking the backend and failing there, and
+  // `auto` then writes the next layout of vLLM's order that takes the layer (pipeline/oracle.cpp).
+  std::vector<std::string> (*kernel_failures)(const LayoutOptions&, const MoeShape&) = nullptr;
   // How vLLM 0.33 splits the layer's experts over tensor-parallel ranks (see
   // TensorParallelSplit): required for --tensor-parallel-size above 1; the registry suite fails
   // for a row without it.

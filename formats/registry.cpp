@@ -596,6 +596,8 @@ std::vector<TargetLayout> triton_mxfp4_layouts() {
        .vllm_serving = {{.target = VllmTarget::kV0_33,
                          .path = S::kKernelBuilder,
                          .kernel_builder = "gpt-oss-triton"}},
+       // vLLM 0.33 picks TRITON for every gpt-oss layer on sm90; these shapes fail in its kernel.
+       .kernel_failures = triton_mxfp4_kernel_failures,
        .tensor_parallel = {.unsupported =
                                "gpt-oss experts are written for one rank only: vLLM 0.33's "
                                "gpt-oss loader narrows the interleaved gate/up rows in pairs and "

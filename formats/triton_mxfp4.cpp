@@ -125,6 +125,14 @@ std::vector<std::string> triton_mxfp4_unsupported_reasons(const LayoutOptions& o
     why.push_back("H=" + num(H) + " is not a multiple of 32 (MXFP4 blocks along w13's K)");
   if (I % kMxBlock != 0)
     why.push_back("I=" + num(I) + " is not a multiple of 32 (MXFP4 blocks along w2's K)");
+  for (auto& r : triton_mxfp4_kernel_failures(o, x)) why.push_back(std::move(r));
+  return why;
+}
+
+std::vector<std::string> triton_mxfp4_kernel_failures(const LayoutOptions&, const MoeShape& x) {
+  std::vector<std::string> why;
+  const int64_t H = x.hidden(), I = x.inter();
+  if (H <= 0 || I <= 0 || x.experts < 1) return why;
   // What vLLM 0.33's matmul_ogs runs on Hopper (checked on an H200, bench/gpu_triton_mxfp4.sh):
   // compute_block_n takes BLOCK_N = 256 only for N > 128, and the HOPPER_SCALE path asserts
   // BLOCK_N % (2 * num_warps * 2 * 8) == 0 (num_warps 8), so an N <= 128 does not compile; with

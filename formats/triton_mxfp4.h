@@ -42,5 +42,10 @@ reader::ActQuant triton_mxfp4_act_quant(const LayoutOptions& opts);
 std::vector<std::string> triton_mxfp4_deviations_from_vllm(const LayoutOptions& opts,
                                                            const MoeShape& shape);
 int64_t triton_mxfp4_padded_inter(const LayoutOptions& opts, const MoeShape& shape);
+// The shapes vLLM 0.33's matmul_ogs does not run on Hopper although its oracle picks TRITON for
+// every gpt-oss layer on sm90 (OAITritonExperts checks no shape): a GEMM output N <= 128 (does not
+// compile) and H % 64 != 0 (a wrong product). Part of triton_mxfp4_unsupported_reasons.
+std::vector<std::string> triton_mxfp4_kernel_failures(const LayoutOptions& opts,
+                                                      const MoeShape& shape);
 
 }  // namespace moepack

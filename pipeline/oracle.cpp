@@ -102,6 +102,30 @@ std::vector<BackendVerdict> auto_verdicts(const VllmBackendOrder* order,
   return out;
 }
 
+// vLLM's pick is a layout moepack writes whose kernel fails on this layer (kernel_failures: vLLM
+// picks it anyway and fails at run time, or computes wrong): the layouts moepack writes for the
+// backends after it in vLLM's order, each judged -- the first that takes the layer is what `auto`
+// writes, served by that vLLM with its --moe-backend; `none` saying why when none does.
+std::vector<BackendVerdict> past_failing_pick(const VllmBackendOrder& order,
+                                              const std::vector<VllmOrderVerdict>& judged,
+                                              size_t pick, const std::vector<TargetLayout>& layouts,
+                                              const Judge& judge, const VllmTargetRow& target,
+                                              std::vector<BackendVerdict> out) {
+  for (size_t j = pick + 1; j < order.backends.size(); ++j)
+    if (const TargetLayout* t = written_by(order.backends[j], layouts, judge.scheme)) {
+      out.push_back(judge(*t));
+      if (out.back().supported) return out;
+    }
+  BackendVerdict none;
+  none.backend = "none";
+  none.reasons.push_back(std::string(target.follows) + " on " + target_arch_name(judge.q.arch) +
+                         " picks " + judged[pick].backend +
+                         " for this layer, whose kernel fails "
+                         "on it, and no later backend of its order that moepack writes takes it");
+  out.push_back(std::move(none));
+  return out;
+}
+
 // `auto` for an order that writes only vLLM's pick (VllmBackendOrder::auto_writes_only_vllm_pick):
 // the layouts moepack writes up to the backend vLLM would run, each judged (those before it are
 // why vLLM does not run them); when vLLM's pick is not one moepack writes, `none` saying so and
@@ -117,7 +141,9 @@ std::vector<BackendVerdict> vllm_pick_verdicts(const VllmBackendOrder& order,
       out.push_back(judge(*t));
     if (judged[i].vllm_runs) break;
   }
-  if (i < judged.size() && judged[i].moepack_writes) return out;
+  if (i < judged.size() && judged[i].moepack_writes && judged[i].kernel_fails.empty()) return out;
+  if (i < judged.size() && judged[i].moepack_writes)
+    return past_failing_pick(order, judged, i, layouts, judge, target, std::move(out));
   BackendVerdict none;
   none.backend = "none";
   const std::string where = std::string(target.follows) + " on " + target_arch_name(judge.q.arch);
@@ -154,7 +180,11 @@ std::vector<VllmOrderVerdict> judge_vllm_order(const VllmBackendOrder& order,
     v.reads = b.reads;
     if (const TargetLayout* t = written_by(b, layouts, judge.scheme)) {
       v.moepack_writes = true;
-      v.reasons = judge(*t).reasons;
+      // vLLM's oracle checks no kernel_failures shape: it picks the backend and fails there.
+      if (t->kernel_failures) v.kernel_fails = t->kernel_failures(judge.opts, judge.shape);
+      for (auto& r : judge(*t).reasons)
+        if (std::find(v.kernel_fails.begin(), v.kernel_fails.end(), r) == v.kernel_fails.end())
+          v.reasons.push_back(std::move(r));
     } else {
       v.reasons = judge.scheme_reasons;
       if (!runs_on(b.archs, judge.q.arch))
@@ -181,6 +211,9 @@ std::string vllm_note(const OracleDecision& d, const VllmOrderVerdict* pick,
     s = where + " would run " + pick->backend;
     if (pick->moepack_writes) {
       s += " (moepack's " + pick->layout + " layout)";
+      if (!pick->kernel_fails.empty())
+        s += ", whose kernel fails on this layer (its oracle checks no shape): " +
+             pick->kernel_fails.front();
     } else {
       s += ", which reads " + pick->reads;
       s += pick->layout.empty() ? ": there is nothing to convert, serve the checkpoint as it is"
@@ -279,7 +312,7 @@ nlohmann::json OracleDecision::to_json() const {
     j["candidates"].push_back(
         {{"backend", v.backend}, {"supported", v.supported}, {"reasons", v.reasons}});
   j["vllm_order"] = json::array();
-  for (const auto& v : vllm_order)
+  for (const auto& v : vllm_order) {
     j["vllm_order"].push_back({{"backend", v.backend},
                                {"moe_backend", string_or_null(v.moe_backend)},
                                {"layout", string_or_null(v.layout)},
@@ -287,6 +320,8 @@ nlohmann::json OracleDecision::to_json() const {
                                {"vllm_runs", v.vllm_runs},
                                {"reads", v.reads},
                                {"reasons", v.reasons}});
+    if (!v.kernel_fails.empty()) j["vllm_order"].back()["kernel_fails"] = v.kernel_fails;
+  }
   j["vllm_order_source"] = string_or_null(vllm_order_source);
   return j;
 }
@@ -308,6 +343,7 @@ std::string OracleDecision::explain() const {
       s << (i ? ", " : " ") << v.backend;
       if (v.moepack_writes) s << " [" << v.layout << "]";
       if (!v.vllm_runs) s << " (x)";
+      if (!v.kernel_fails.empty()) s << " (picked; its kernel fails here)";
     }
     s << "\n    (" << vllm_order_source << ")\n";
   }

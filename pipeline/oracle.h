@@ -43,6 +43,9 @@ struct VllmOrderVerdict {
   bool vllm_runs = false;       // that vLLM would run it for this layer on the target arch
   std::string reads;            // what it reads (VllmBackend::reads)
   std::vector<std::string> reasons;  // why it would not (empty when it runs)
+  // Where it runs (vLLM's oracle picks it) but its kernel fails on this layer's shape
+  // (TargetLayout::kernel_failures): why. `auto` then writes the next layout of the order.
+  std::vector<std::string> kernel_fails;
 };
 
 struct OracleDecision {

@@ -108,7 +108,7 @@ TEST(GptOssE2e, ConvertsToMarlinWhereVllmRunsMarlinAndVerifies) {
 // float32 biases; E2 H192 I96: I padded to 128, 6 scale groups to 8, 192 w2 rows to 256 scale
 // rows), served by the plugin's gpt-oss-triton builder (--require-servable takes it), verified
 // exactly against the source; on shapes the kernel does not run (H = I = 64: N <= 128) and on
-// other archs it refuses.
+// other archs the layout refuses (auto then writes marlin-mxfp4 for the former).
 TEST(GptOssE2e, ConvertsToTritonOnSm90AndVerifies) {
   test::TempDir tmp;
   const std::string dst = tmp / "out";
@@ -164,12 +164,21 @@ TEST(GptOssE2e, ConvertsToTritonOnSm90AndVerifies) {
         << arch << err;
     EXPECT_TRUE(contains(err, "runs only on SM90")) << err;
   }
-  // H = I = 64: both GEMMs' N <= 128, which matmul_ogs on Hopper does not compile.
-  EXPECT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "small") + " --target-arch sm90",
+  // H = I = 64: both GEMMs' N <= 128, which matmul_ogs on Hopper does not compile: the layout
+  // refuses it, and `auto` writes the next layout of vLLM's order that takes it (vLLM 0.33 itself
+  // picks TRITON there and fails: tests/e2e/gpt_oss_synth.cpp, Sm90ShapesTritonFailsOn).
+  EXPECT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "small") +
+                                  " --target-arch sm90 --backend triton-mxfp4",
                               &out, &err),
             4)
       << err;
   EXPECT_TRUE(contains(err, "BLOCK_N % 256")) << err;
+  EXPECT_FALSE(fs::exists(tmp / "small"));
+  ASSERT_EQ(test::moepack_cli("convert " + kMxfp4 + " " + (tmp / "small") + " --target-arch sm90",
+                              &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(test::read_json_file(tmp / "small/moepack.json")["backend"], "marlin-mxfp4");
 }
 
 // On sm100 vLLM 0.33 runs FLASHINFER_TRTLLM_MXFP4_BF16 for gpt-oss: auto writes trtllm-mxfp4 with

@@ -252,5 +252,72 @@ TEST(GptOssSynth, RefusesOtherFamiliesFormatsAndDtypes) {
   }
 }
 
+// Shapes vLLM 0.33's OAI Triton kernel does not run on Hopper (a GEMM output N <= 128: no
+// compile; H % 64 != 0: a wrong product), which its oracle still picks TRITON for (no shape
+// check in OAITritonExperts.is_supported_config): inspect says vLLM picks TRITON and its kernel
+// fails, and `auto` on sm90 writes the next layout of vLLM's order that takes the layer (Marlin,
+// what that vLLM runs with --moe-backend marlin; FLASHINFER_CUTLASS_MXFP4_BF16 before it has no
+// moepack layout), which verifies; --backend triton-mxfp4 still refuses naming the reason. A shape
+// the kernel runs keeps triton-mxfp4 and no kernel_fails entry.
+TEST(GptOssSynth, Sm90ShapesTritonFailsOn) {
+  TempDir tmp;
+  struct Case {
+    const char* shape;
+    const char* reason;
+    const char* backend;
+  };
+  for (const Case& c : {Case{"--hidden 160 --inter 256", "is not a multiple of 64", "marlin-mxfp4"},
+                        Case{"--hidden 256 --inter 32", "2Ip = 128 <= 128", "marlin-mxfp4"},
+                        Case{"--hidden 128 --inter 256", "N = H = 128 <= 128", "marlin-mxfp4"},
+                        Case{"--hidden 192 --inter 96", "", "triton-mxfp4"}}) {
+    SCOPED_TRACE(c.shape);
+    const std::string src = tmp / "src", dst = tmp / "dst";
+    fs::remove_all(src);
+    fs::remove_all(dst);
+    ASSERT_EQ(
+        moepack_cli("synth " + src + " --format gpt-oss-mxfp4 --layers 1 --experts 3 " + c.shape),
+        0);
+    std::string out, err;
+    ASSERT_EQ(moepack_cli("inspect " + src + " --target-arch sm90 --json", &out, &err), 0) << err;
+    const json ins = json::parse(out);
+    const json& d = ins["oracle"]["kinds"][0];
+    ASSERT_TRUE(d.is_object()) << out;
+    EXPECT_EQ(d["chosen"], c.backend) << d.dump(1);
+    EXPECT_EQ(d["vllm_would_pick"], "triton-mxfp4") << d.dump(1);
+    bool triton_seen = false;
+    for (const auto& v : d["vllm_order"])
+      if (v["backend"] == "TRITON") {
+        triton_seen = true;
+        EXPECT_EQ(v["vllm_runs"], true);
+        EXPECT_EQ(v.contains("kernel_fails"), *c.reason != 0) << v.dump();
+        if (*c.reason) {
+          EXPECT_NE(v["kernel_fails"].dump().find(c.reason), std::string::npos);
+        }
+      }
+    EXPECT_TRUE(triton_seen) << d.dump(1);
+    if (*c.reason) {
+      const std::string note = d["vllm_note"].get<std::string>();
+      EXPECT_NE(note.find("whose kernel fails on this layer"), std::string::npos) << note;
+      EXPECT_NE(note.find("--moe-backend marlin"), std::string::npos) << note;
+      std::string text;
+      ASSERT_EQ(moepack_cli("inspect " + src + " --target-arch sm90", &text, &err), 0);
+      EXPECT_NE(text.find("TRITON [triton-mxfp4] (picked; its kernel fails here)"),
+                std::string::npos)
+          << text;
+      EXPECT_EQ(moepack_cli("convert " + src + " " + dst +
+                                " --target-arch sm90 --backend "
+                                "triton-mxfp4",
+                            &out, &err),
+                4);
+      EXPECT_NE(err.find(c.reason), std::string::npos) << err;
+      EXPECT_FALSE(fs::exists(dst));
+    }
+    ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm90", &out, &err), 0)
+        << err;
+    EXPECT_EQ(read_json_file(dst + "/moepack.json")["backend"], c.backend);
+    EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 0) << err << out;
+  }
+}
+
 }  // namespace
 }  // namespace moepack
