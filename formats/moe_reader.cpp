@@ -137,6 +137,13 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
   return r;
 }
 
+ProjReader make_reference_reader(const ProjReader& layout, const QuantTensor& q,
+                                 const BufferLocator& locate, const NibbleLocator& pack) {
+  ProjReader r = make_canonical_reader(q, layout.act, locate, pack);
+  r.act_scale = layout.act_scale;
+  return r;
+}
+
 // ---- the generic expert matmul ---------------------------------------------------------------
 
 namespace {

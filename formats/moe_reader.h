@@ -44,6 +44,13 @@ reader::ProjReader make_canonical_reader(const QuantTensor& q, reader::ActQuant 
                                          const BufferLocator& locate,
                                          const NibbleLocator& pack = {});
 
+// The canonical reader of q as the reference beside a layout's reader: it quantises activations
+// exactly as `layout` does (its ActQuant and, for kNvfp4Block16, its activation global scale),
+// so the device's two MoEs differ by their weights alone.
+reader::ProjReader make_reference_reader(const reader::ProjReader& layout, const QuantTensor& q,
+                                         const BufferLocator& locate,
+                                         const NibbleLocator& pack = {});
+
 // y[m, r.n] = x[m, r.k] . W_e^T for expert `expert` of the chunk the reader covers: each output
 // row's weights decoded once by reader::weight_row and multiplied with every activation row,
 // activation columns gathered by reader::act_col, float accumulation in column order. Single

@@ -1420,7 +1420,6 @@ void run_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
       run.layout->make_reader(job.lo, c.params, MoeProj::kW13, locate_param);
   const reader::ProjReader w2 =
       run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
-  const reader::ActQuant act = run.layout->act_quant(job.lo);
   const MoeExperts& reference = c.reference();
   // The reference's codes of <= 4 bits go up two per byte (half the canonical bytes).
   const auto packed = [&rt](const QuantTensor& q) -> NibbleLocator {
@@ -1429,10 +1428,11 @@ void run_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
       return rt.upload_nibbles(codes, count, signed_codes);
     };
   };
+  // The reference quantises activations as the layout's readers do (NVFP4's activation scale too).
   const reader::ProjReader ref13 =
-      make_canonical_reader(reference.w13, act, locate_buffer, packed(reference.w13));
+      make_reference_reader(w13, reference.w13, locate_buffer, packed(reference.w13));
   const reader::ProjReader ref2 =
-      make_canonical_reader(reference.w2, act, locate_buffer, packed(reference.w2));
+      make_reference_reader(w2, reference.w2, locate_buffer, packed(reference.w2));
   // Expert biases (gpt-oss), each side's, as the CPU path adds them (ref::ChunkBiases).
   const ref::ChunkBiases biases = chunk_biases(c);
   ref::check_chunk_biases(job.spec, c.e0, c.e1, biases);
