@@ -319,7 +319,6 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
           };
           const reader::ProjReader w13 = row.make_reader(o, part, MoeProj::kW13, locate);
           const reader::ProjReader w2 = row.make_reader(o, part, MoeProj::kW2, locate);
-          ASSERT_EQ(w13.act, act);
           rt.run_chunk(e0, e1, w13, w2,
                        make_reference_reader(w13, dec.w13, locate_buffer, nibbles(rt, dec.w13, e0)),
                        make_reference_reader(w2, dec.w2, locate_buffer, nibbles(rt, dec.w2, e0)));
