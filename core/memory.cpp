@@ -10,6 +10,8 @@
 #include <cstdlib>  // defines __GLIBC__ (via features.h) for the check below
 #include <cstring>
 
+#include "core/sha256.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -98,6 +100,26 @@ void release_mapped(const void* data, size_t len) {
   if (len == 0 || end <= begin) return;
   // Advice only: a failure leaves the pages resident and changes no byte.
   (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+std::string sha256_hex_read_once(const void* data, size_t len, bool release) {
+  if (!release) return sha256_hex(data, len);
+  constexpr size_t kPiece = size_t{4} << 20;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  Sha256 sha;
+  // Each release starts at `kept`: the page a piece ends inside is dropped with the next piece.
+  size_t kept = 0;
+  for (size_t off = 0; off < len;) {
+    const size_t n = std::min(kPiece, len - off);
+    sha.update(bytes + off, n);
+    off += n;
+    release_mapped(bytes + kept, off - kept);
+    const uintptr_t start = reinterpret_cast<uintptr_t>(bytes);
+    const uintptr_t page_of_end = (start + off) & ~(page - 1);
+    if (page_of_end > start + kept) kept = static_cast<size_t>(page_of_end - start);
+  }
+  return sha.hex_digest();
 }
 
 void prefetch_mapped(const void* data, size_t len) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <thread>
 
 namespace moepack {
@@ -59,5 +60,13 @@ void advise_willneed(const void* data, size_t len);
 // (RssFile). The page cache keeps them; a later read faults them back in with the same bytes.
 // Never call it on anything else: on anonymous or written memory DONTNEED discards the contents.
 void release_mapped(const void* data, size_t len);
+
+// SHA-256 (lowercase hex) of [data, data + len), for a reader that reads the range once. With
+// `release` (the range lies in a read-only MAP_PRIVATE file mapping, as for release_mapped) it is
+// hashed a piece at a time and each piece's pages are dropped as soon as they are hashed, so
+// hashing a tensor of any size holds about one piece of it resident, not the whole tensor (a
+// fused 3-D expert tensor is a whole layer's experts: gpt-oss' gate_up_proj_blocks is 1 GB).
+// Without `release` it is sha256_hex.
+std::string sha256_hex_read_once(const void* data, size_t len, bool release);
 
 }  // namespace moepack

@@ -790,9 +790,10 @@ void check_source_fingerprint(const Checkpoint& ckpt,
     for (int64_t i = b; i < e; ++i) {
       const std::string& name = names[static_cast<size_t>(i)];
       const TensorView v = ckpt.view(name);
-      got[static_cast<size_t>(i)] = sha256_hex(v.data, v.nbytes);
-      // Read once and done with: its mapped pages stop counting as resident (verify streams).
-      if (ckpt.shard(ckpt.shard_of(name)).mapped()) release_mapped(v.data, v.nbytes);
+      // Read once: its mapped pages stop counting as resident as they are hashed (verify
+      // streams), a piece at a time, so a thread holds a piece, not a whole fused expert tensor.
+      got[static_cast<size_t>(i)] =
+          sha256_hex_read_once(v.data, v.nbytes, ckpt.shard(ckpt.shard_of(name)).mapped());
     }
   });
   for (size_t i = 0; i < names.size(); ++i) {

@@ -898,6 +898,28 @@ void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk&
   }
 }
 
+// The source's experts [range.begin, range.end) of a layer, loaded and done with: their mapped
+// pages dropped (core/memory.h), so the source held follows the chunks, not the layer (a fused
+// family's layer is one tensor per parameter, every expert in it: gpt-oss' gate_up_proj_blocks
+// [E, 2I, H/32, 16] is 1 GB a layer at gpt-oss-120b's shape). Per-expert families drop the
+// range's experts' tensors, fused ones the range's rows of each tensor that leads with the
+// experts (the rest when the layer is done, release_source_layer).
+void release_source_experts(const Checkpoint& src, const MoeLayer& L, const ExpertRange& range) {
+  const int64_t E = L.num_experts, end = range.end < 0 ? E : range.end;
+  const auto release = [&src](const std::string& name, int64_t e0, int64_t e1, int64_t experts) {
+    if (!src.has_tensor(name) || !src.shard(src.shard_of(name)).mapped()) return;
+    const TensorView v = src.view(name);
+    if (experts > 1 && (v.shape.empty() || v.shape[0] != experts)) return;
+    const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
+    release_mapped(v.data + per * static_cast<uint64_t>(e0), per * static_cast<uint64_t>(e1 - e0));
+  };
+  for (int64_t e = range.begin; e < end && static_cast<size_t>(e) < L.experts.size(); ++e)
+    for (const auto& proj : L.experts[static_cast<size_t>(e)])
+      for (const auto& [suffix, name] : proj) release(name, 0, 1, 1);
+  for (const auto* fused : {&L.fused_gate_up, &L.fused_down})
+    for (const auto& [suffix, name] : *fused) release(name, range.begin, end, E);
+}
+
 // Errors reading the source propagate (input errors); a layout that does not decode is
 // `failure`.
 PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0, int64_t e1) {
@@ -933,6 +955,7 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
   } else {
     c.source = load_moe_experts(*run.src, *job.src_layer, run.threads, range);
   }
+  release_source_experts(*run.src, *job.src_layer, range);
   c.has_source = true;
   // What vLLM's MoE method serves where it changes the source's values before the layout's
   // transform (per-tensor FP8: w13 requantised to one scale per expert): the reference is that.
@@ -1593,9 +1616,7 @@ IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& ou
   const auto sha_of = [&digests](const TensorView& v, const SafetensorsFile& shard) {
     std::string sha = digests.digest(v);
     if (!sha.empty()) return sha;
-    sha = sha256_hex(v.data, v.nbytes);
-    if (shard.mapped()) release_mapped(v.data, v.nbytes);
-    return sha;
+    return sha256_hex_read_once(v.data, v.nbytes, shard.mapped());
   };
   parallel_for(static_cast<int64_t>(listed.size()), threads, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {

@@ -227,5 +227,38 @@ TEST(VerifyStreaming, MappedPagesAreReleasedAfterUse) {
   }
 }
 
+// The same with --source for a family whose experts are fused 3-D tensors (gpt-oss MXFP4: one
+// gate_up_proj_blocks of every expert a layer): the source's pages are dropped as they are hashed
+// for its fingerprint, a piece at a time, and as each chunk's experts are loaded, not only when a
+// layer is done. Before, every thread of the fingerprint held a whole fused tensor (31 GiB of a
+// 61 GB gpt-oss on 64 threads): at 16 threads here half the source was resident at once, and
+// now the peak is a few chunks. Both the numerical path and the pipeline's workers (the
+// round trip alone, as the CUDA path prepares its chunks).
+TEST(VerifyStreaming, FusedSourceExpertsAreReleasedAsTheyAreRead) {
+  TempDir tmp;
+  const std::string src = tmp / "src", dst = tmp / "dst", small_src = tmp / "s", small = tmp / "d";
+  const std::string synth = " --format gpt-oss-mxfp4 --family gpt_oss --vocab 1024 --seed 5";
+  ASSERT_EQ(moepack_cli("synth " + src + synth + " --layers 6 --experts 32 --hidden 1024" +
+                        " --inter 512"),
+            0);
+  ASSERT_EQ(moepack_cli("synth " + small_src + synth), 0);
+  ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm90"), 0);
+  ASSERT_EQ(moepack_cli("convert " + small_src + " " + small + " --target-arch sm90"), 0);
+  const uint64_t bytes = tensor_bytes(dst) + tensor_bytes(src);
+  std::vector<std::string> runs;
+  for (const std::string& device : devices()) runs.push_back(" --device " + device);
+  runs.push_back(" --device cpu --skip-numerical");
+  for (const std::string& run : runs) {
+    SCOPED_TRACE(run);
+    const std::string flags = run + " --tokens 8 --threads 16";
+    const uint64_t own =
+        verify_json(small + " --source " + small_src + flags, 0)["run"]["peak_rss_file_bytes"]
+            .get<uint64_t>();
+    const json with = verify_json(dst + " --source " + src + flags, 0);
+    EXPECT_LT(with["run"]["peak_rss_file_bytes"].get<uint64_t>(), own + bytes / 8)
+        << with["run"].dump() << " own " << own << " checkpoint and source " << bytes;
+  }
+}
+
 }  // namespace
 }  // namespace moepack

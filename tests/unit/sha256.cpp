@@ -1,12 +1,21 @@
 // SHA-256: FIPS 180-4 test vectors, and the SHA-NI path equal to the scalar one on random data of
-// every length around the block boundaries and across update() splits.
+// every length around the block boundaries and across update() splits; hashing a mapped range
+// read once (core/memory.h) equal to hashing it whole, its pages dropped.
 #include "core/sha256.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "core/memory.h"
+#include "tests/test_util.h"
 
 namespace moepack {
 namespace {
@@ -46,6 +55,44 @@ TEST(Sha256, HardwarePathEqualsScalarPath) {
       EXPECT_EQ(hash_with(true, data, split), hash_with(false, data, split)) << len << " " << split;
     }
   }
+}
+
+// sha256_hex_read_once over a read-only file mapping: the digest of the range whatever its
+// offset and length (pieces of 4 MiB, ranges starting and ending inside pages), the range's pages
+// dropped from the process's resident memory and the bytes still the file's; without release,
+// on ordinary memory, sha256_hex and the bytes untouched.
+TEST(Sha256, ReadOnceOfAMappingEqualsTheWholeHashAndDropsItsPages) {
+  test::TempDir tmp;
+  const std::string path = tmp / "data.bin";
+  std::vector<uint8_t> data((size_t{24} << 20) + 4321);
+  std::mt19937_64 rng(11);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, data.size(), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  const auto* mapped = static_cast<const uint8_t*>(map);
+  for (const auto& [off, len] : std::vector<std::pair<size_t, size_t>>{
+           {0, 0}, {0, 100}, {77, (size_t{4} << 20) + 1}, {4095, (size_t{9} << 20) + 123}}) {
+    SCOPED_TRACE(std::to_string(off) + " + " + std::to_string(len));
+    EXPECT_EQ(sha256_hex_read_once(mapped + off, len, true), sha256_hex(data.data() + off, len));
+  }
+  // Resident, then dropped as hashed: all but a page at each end of the range.
+  const std::string want = sha256_hex(data.data() + 100, data.size() - 200);
+  EXPECT_EQ(sha256_hex(mapped, data.size()), sha256_hex(data.data(), data.size()));
+  const uint64_t before = resident_memory().file_bytes;
+  EXPECT_EQ(sha256_hex_read_once(mapped + 100, data.size() - 200, true), want);
+  const uint64_t after = resident_memory().file_bytes;
+  EXPECT_GT(before, after + (size_t{23} << 20)) << "before " << before << " after " << after;
+  EXPECT_EQ(std::memcmp(mapped, data.data(), data.size()), 0);  // faulted back, the same bytes
+  ::munmap(map, data.size());
+  std::vector<uint8_t> copy = data;
+  EXPECT_EQ(sha256_hex_read_once(copy.data(), copy.size(), false),
+            sha256_hex(data.data(), data.size()));
+  EXPECT_EQ(copy, data);
 }
 
 }  // namespace
