@@ -13,7 +13,7 @@
 # and `verify` (without --source: integrity + the layout's MoE against its decoding) and prints
 # the ratio, the peak resident memory (/usr/bin/time's maximum RSS of the timed run, and
 # verify's own sampled anonymous / file-backed peaks) and where verify's time went (the stages of
-# its --json "run": read_hash, decode, wait, evaluate, and the MoE kernels' device seconds).
+# its --json "run": read_hash, decode, wait, stage, evaluate, and the MoE kernels' device seconds).
 #
 # Environment:
 #   LAYERS=N     decoder layers (default 29); LAYERS=3 is a smoke test that fits 2 cores
@@ -96,7 +96,8 @@ if st:
     dev = st.get("device_seconds", 0)
     print(f"  stages (busy seconds over threads): lanes {st['lanes']}, read+hash "
           f"{st['read_hash_seconds']:.2f}, decode {st['decode_seconds']:.2f}, wait "
-          f"{st['wait_seconds']:.2f}, evaluate {st['evaluate_seconds']:.2f}, device kernels "
+          f"{st['wait_seconds']:.2f}, stage {st.get('stage_seconds', 0):.2f}, evaluate "
+          f"{st['evaluate_seconds']:.2f}, device kernels "
           f"{dev:.3f} ({100 * dev / secs:.1f} % of the run)")
 # --device cuda with MOEPACK_VERIFY_PROFILE: each kernel's and upload's device seconds, and the
 # host's staging (verify's stderr).

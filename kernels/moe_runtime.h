@@ -12,9 +12,17 @@
 //                 after the chunk's copies)
 //   finish_layer  weighted combine on the device; outputs and slot outputs come back
 //
+// Chunk stages (verify's pipeline): instead of begin_chunk + upload on the driving thread, any
+// thread may fill a chunk's pinned staging ahead of its turn. make_stages(n) makes a pool of n
+// slots (pinned host memory mirrored by device memory, grown to what a chunk needs and then
+// reused); acquire_stage() (thread-safe) takes a free slot once the kernels of the chunk that used
+// it last have finished; MoeChunkStage::upload / upload_nibbles copy into it on the calling thread
+// and return the device addresses; run_staged_chunk (the driving thread) only issues the slot's
+// host-to-device copies and the chunk's kernels, and gives the slot back to the pool.
+//
 // Device buffers and pinned areas grow as needed and are reused across layers. Declared always;
-// without CUDA every entry point throws Error{kNoCuda} (kernels/src/stub.cpp). Not thread-safe:
-// one thread drives one runtime.
+// without CUDA every entry point throws Error{kNoCuda} (kernels/src/stub.cpp). Not thread-safe
+// apart from acquire_stage and the stages it returns: one thread drives one runtime.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +34,8 @@
 #include "formats/layout/moe_reader.h"
 
 namespace moepack {
+
+class MoeChunkStage;
 
 // ref::RouterConfig without verify/ types (verify converts).
 struct MoeRouterSpec {
@@ -114,6 +124,19 @@ class MoeRuntime {
   void forward_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
                      const reader::ProjReader& w2, bool reference,
                      const MoeChunkBiases& biases = {});
+  // The pool of chunk stages: `slots` slots, each empty until a chunk fills it. Once, before any
+  // acquire_stage. A caller that holds at most `slots` stages at once never waits for one
+  // that is not coming (a slot in use comes back when its stage is run or destroyed).
+  void make_stages(int slots);
+  // A free slot of the pool, once the kernels that read it last have finished (waits for both).
+  // Thread-safe. kInternal before make_stages.
+  MoeChunkStage acquire_stage();
+  // run_chunk over a filled stage: its slot copied up on the copy stream, then both MoEs; the
+  // slot goes back to the pool (reused once these kernels finished) and `stage` is left empty.
+  void run_staged_chunk(MoeChunkStage& stage, int64_t first, int64_t last,
+                        const reader::ProjReader& w13, const reader::ProjReader& w2,
+                        const reader::ProjReader& ref_w13, const reader::ProjReader& ref_w2,
+                        const MoeChunkBiases& biases = {}, const MoeChunkBiases& ref_biases = {});
   MoeLayerOutputs finish_layer();
   // Seconds the MoE kernels of every finished layer took on the device (CUDA events around each
   // forward_chunk's launches on the compute stream), for verify's timing.
@@ -138,6 +161,32 @@ class MoeRuntime {
 
  private:
   std::unique_ptr<Impl> impl_;
+};
+
+// One chunk's slot of pinned staging (MoeRuntime::acquire_stage), filled on the thread that holds
+// it: upload() copies host[0, bytes) into the slot and returns the device address the bytes have
+// once MoeRuntime::run_staged_chunk copied the slot up; upload_nibbles() packs codes two per byte
+// into it as MoeRuntime::upload_nibbles does. Destroyed (or moved from) unrun, its slot goes back
+// to the pool as it is. Must not outlive its runtime. Default-constructed: empty.
+class MoeChunkStage {
+ public:
+  MoeChunkStage() = default;
+  ~MoeChunkStage();
+  MoeChunkStage(MoeChunkStage&& other) noexcept;
+  MoeChunkStage& operator=(MoeChunkStage&& other) noexcept;
+  MoeChunkStage(const MoeChunkStage&) = delete;
+  MoeChunkStage& operator=(const MoeChunkStage&) = delete;
+
+  // kInternal on an empty stage.
+  const void* upload(const void* host, size_t bytes);
+  const void* upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes);
+  bool empty() const { return runtime_ == nullptr; }
+
+ private:
+  friend class MoeRuntime;
+  void release() noexcept;
+  MoeRuntime::Impl* runtime_ = nullptr;
+  int slot_ = -1;
 };
 
 }  // namespace moepack

@@ -92,6 +92,7 @@ Runner add_verify(CLI::App& app, Globals& g) {
                             {"decode_seconds", t.decode_seconds},
                             {"wait_seconds", t.wait_seconds},
                             {"evaluate_seconds", t.evaluate_seconds},
+                            {"stage_seconds", t.stage_seconds},
                             {"device_seconds", t.device_seconds}};
       print_json(j);
     } else {

@@ -11,6 +11,8 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -475,9 +477,10 @@ void report_broken_layer(VerifyReport& r, int64_t layer, const std::string& back
 
 // Busy seconds of verify's stages (VerifyTiming), added from every thread.
 struct StageClock {
-  std::atomic<int64_t> read_ns{0}, decode_ns{0}, wait_ns{0}, evaluate_ns{0};
+  std::atomic<int64_t> read_ns{0}, decode_ns{0}, wait_ns{0}, evaluate_ns{0}, stage_ns{0};
   void record(VerifyTiming* t) const {
     t->read_hash_seconds = static_cast<double>(read_ns.load()) * 1e-9;
+    t->stage_seconds = static_cast<double>(stage_ns.load()) * 1e-9;
     t->decode_seconds = static_cast<double>(decode_ns.load()) * 1e-9;
     t->wait_seconds = static_cast<double>(wait_ns.load()) * 1e-9;
     t->evaluate_seconds = static_cast<double>(evaluate_ns.load()) * 1e-9;
@@ -620,8 +623,6 @@ TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int
     t.dtype = v.dtype;
     t.shape = v.shape;
     t.shape[0] = last - first;
-    const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
-    t.data.resize(static_cast<size_t>(per * static_cast<uint64_t>(last - first)));
     work.emplace_back(&v, &out.emplace(t.name, std::move(t)).first->second);
   }
   parallel_for(static_cast<int64_t>(work.size()), threads, [&](int64_t b, int64_t e) {
@@ -630,13 +631,16 @@ TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int
       Tensor& t = *work[static_cast<size_t>(i)].second;
       const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
       const uint8_t* from = v.data + per * static_cast<uint64_t>(first);
-      if (t.data.empty()) continue;
-      std::memcpy(t.data.data(), from, t.data.size());
-      release_mapped(from, t.data.size());
+      const size_t n = static_cast<size_t>(per * static_cast<uint64_t>(last - first));
+      if (n == 0) continue;
+      t.data.assign(from, from + n);  // one pass: no zero fill before the copy
+      release_mapped(from, n);
     }
   });
   return out;
 }
+
+class DeviceStartup;
 
 // The reading side of one run: what both devices' layer loops share.
 struct LayerRun {
@@ -652,6 +656,7 @@ struct LayerRun {
   VerifyReport* report;
   TensorHasher* hasher;
   StageClock* clock;
+  DeviceStartup* device = nullptr;  // --device cuda: the runtime, made from verify's start
   bool rounded_note = false;
   bool requant_note = false;
   // Progress: each layer's parameter bytes and the bytes of the layers before it.
@@ -821,6 +826,14 @@ void load_layer_inputs(const LayerRun& run, LayerJob* job) {
                                      run.opts->seed + static_cast<uint64_t>(job->ml->layer));
 }
 
+// A chunk staged for the device by the worker that prepared it (stage_device_chunk): its slot of
+// pinned staging, filled, and the readers and biases over the device addresses it will have.
+struct DeviceChunk {
+  MoeChunkStage stage;
+  reader::ProjReader w13, w2, ref_w13, ref_w2;
+  MoeChunkBiases biases, ref_biases;
+};
+
 // One chunk of experts [e0, e1) of a layer: the layout's parameters, their decoding, the
 // reference experts (the source's, re-quantised when the conversion quantised, scales rounded as
 // the layout serves them; or the decoding itself without a source) and the exact round trip.
@@ -837,6 +850,10 @@ struct PreparedChunk {
   std::string rounded_from, rounded_to;  // the source scales' dtype and the served one
   bool vllm_changed = false;  // layout->vllm_loaded changed the source's codes (vLLM requantises)
   std::optional<Error> failure;  // the decode failed
+  // --device cuda: staged by its worker (then params, decoded and source are dropped: the device
+  // reads the stage), or what staging it threw, which the loop treats as its evaluation failing.
+  std::unique_ptr<DeviceChunk> device;
+  std::optional<Error> stage_failure;
   const MoeExperts& reference() const { return has_source ? source : decoded; }
 };
 
@@ -1022,22 +1039,33 @@ struct ChunkItem {
   int64_t e0, e1;
 };
 
-// How many threads prepare chunks ahead of the layer loop (read, decode, compare with the
-// source): half the threads, the others hashing (TensorHasher), unpacking within a chunk and
-// staging for the device. At most 8: the chunk rule's experts are shared among them.
-int pipeline_workers(int threads) {
-  return std::clamp(threads / 2, 1, 8);
-}
-
 // How many threads hash the converted parameters beside the layer loop.
 int hashing_threads(int threads) {
   return std::clamp(threads / 4, 1, 8);
 }
 
+// How many threads prepare chunks ahead of the layer loop (read, decode, compare with the
+// source; on the device path also stage them into pinned memory): every thread the hashers
+// (TensorHasher) and the loop leave, at least 1 and at most 16. The loop itself only takes the
+// prepared chunks (the device path: it issues the copies up and the kernels), so it gets no
+// core of its own beyond its one thread.
+int pipeline_workers(int threads) {
+  return std::clamp(threads - hashing_threads(threads) - 1, 1, 16);
+}
+
+// Into how many chunks a chunk of the rule is split for `workers` workers: one each, and at
+// most 8, so that a chunk of a 128-expert layer keeps at least 4 experts (the device's kernels
+// run a chunk's experts at once) while the chunks in flight (workers + 2) hold at most about two
+// chunks of the rule.
+int chunk_shares(int workers) {
+  return std::clamp(workers, 1, 8);
+}
+
 // Every layer's job first (views only, no bytes; a layer whose job fails gets its error and no
 // chunks), then the chunk list across layers. With `workers` threads preparing chunks each chunk
-// holds 1 / workers of the chunk rule's experts, so that the chunks in flight (workers + 2) hold
-// about what one chunk of the rule holds, and at most what two hold (one worker).
+// holds 1 / chunk_shares(workers) of the chunk rule's experts, so that the chunks in flight
+// (workers + 2) hold about what one chunk of the rule holds, and at most what two hold (one
+// worker; 16 workers: 18 / 8).
 std::vector<ChunkItem> plan_chunks(const LayerRun& run, int workers, std::vector<LayerJob>* jobs,
                                    std::vector<std::optional<Error>>* job_error) {
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
@@ -1052,7 +1080,7 @@ std::vector<ChunkItem> plan_chunks(const LayerRun& run, int workers, std::vector
       (*job_error)[i] = e;
       continue;
     }
-    job.chunk = std::max<int64_t>(1, job.chunk / std::max(1, workers));
+    job.chunk = std::max<int64_t>(1, job.chunk / chunk_shares(workers));
     for (const TensorView& v : job.views) run.hasher->track(v, true, i);
     for (const auto& views : job.rank_views)
       for (const TensorView& v : views) run.hasher->track(v, true, i);
@@ -1082,10 +1110,15 @@ void release_source_layer(const Checkpoint& src, const MoeLayer& L) {
 // thread could start) each chunk is prepared when the loop asks for it.
 class ChunkPipeline {
  public:
+  // What the worker that prepared a chunk does next with it (--device cuda: stage it), unless
+  // it failed to decode; errors it throws are the chunk's (rethrown by next()).
+  using StageFn = std::function<void(const LayerJob&, PreparedChunk&)>;
+
   ChunkPipeline(const LayerRun& run, const std::vector<LayerJob>& jobs,
-                const std::vector<ChunkItem>& items, int workers)
+                const std::vector<ChunkItem>& items, int workers, StageFn stage = {})
       : run_(run),
         jobs_(jobs),
+        stage_(std::move(stage)),
         items_(items),
         slots_(items.size()),
         window_(static_cast<size_t>(std::max(0, workers)) + 2),
@@ -1127,7 +1160,7 @@ class ChunkPipeline {
     const size_t i = cursor_[layer]++;
     if (i >= range_[layer].second)
       throw Error(ErrorCode::kInternal, "", "verify", "chunk pipeline: no chunk left");
-    if (threads_.empty()) return prepare_chunk(run_, jobs_[layer], items_[i].e0, items_[i].e1);
+    if (threads_.empty()) return prepared(layer, i);
     std::unique_lock<std::mutex> lock(m_);
     cv_.wait(lock,
              [&] { return slots_[i].state == State::kReady || slots_[i].state == State::kDone; });
@@ -1186,12 +1219,12 @@ class ChunkPipeline {
       lock.unlock();
       Slot done;
       try {
-        done.chunk = prepare_chunk(run_, jobs_[layer], items_[i].e0, items_[i].e1);
+        done.chunk = prepared(layer, i);
       } catch (...) {
         done.error = std::current_exception();
       }
       lock.lock();
-      if (done.error || done.chunk.failure) closed_[layer] = 1;
+      if (done.error || done.chunk.failure || done.chunk.stage_failure) closed_[layer] = 1;
       if (finished_[layer]) {
         slots_[i].state = State::kDone;
         --held_;
@@ -1203,8 +1236,16 @@ class ChunkPipeline {
     }
   }
 
+  // Item i of `layer` prepared and, unless it failed to decode, staged.
+  PreparedChunk prepared(size_t layer, size_t i) const {
+    PreparedChunk c = prepare_chunk(run_, jobs_[layer], items_[i].e0, items_[i].e1);
+    if (stage_ && !c.failure) stage_(jobs_[layer], c);
+    return c;
+  }
+
   const LayerRun& run_;
   const std::vector<LayerJob>& jobs_;
+  const StageFn stage_;
   const std::vector<ChunkItem> items_;
   std::vector<Slot> slots_;
   const size_t window_;
@@ -1427,43 +1468,130 @@ MoeDeviceRouting begin_device_layer(const LayerRun& run, MoeRuntime& rt, LayerJo
                         t.correction_bias.empty() ? nullptr : t.correction_bias.data());
 }
 
-// One prepared chunk on the device: its layout parameters and reference experts uploaded, the
-// layout's readers and the canonical readers of the reference over them, both MoEs evaluated.
-// upload() copies into pinned memory: the host chunk may go afterwards.
-void run_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
-                      const PreparedChunk& c) {
-  rt.begin_chunk();
-  const ParamLocator locate_param = [&rt](const std::string&, const Tensor& t) {
-    return rt.upload(t.data.data(), t.data.size());
-  };
-  const BufferLocator locate_buffer = [&rt](const void* p, size_t bytes) {
-    return rt.upload(p, bytes);
-  };
-  const reader::ProjReader w13 =
-      run.layout->make_reader(job.lo, c.params, MoeProj::kW13, locate_param);
-  const reader::ProjReader w2 =
-      run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
-  const MoeExperts& reference = c.reference();
-  // The reference's codes of <= 4 bits go up two per byte (half the canonical bytes).
-  const auto packed = [&rt](const QuantTensor& q) -> NibbleLocator {
-    const bool signed_codes = q.kind == CodeKind::kInt;
-    return [&rt, signed_codes](const uint8_t* codes, size_t count) {
-      return rt.upload_nibbles(codes, count, signed_codes);
+// --device cuda: the runtime (CUDA context, streams, the pool of chunk stages) made on a thread of
+// its own from verify's start, while the checkpoint is opened, the integrity checks run and the
+// chunk workers read and decode the first chunks. runtime() waits for it and rethrows what
+// making it threw (kNoCuda); the destructor waits for the thread.
+class DeviceStartup {
+ public:
+  using Clock = std::chrono::steady_clock;
+  DeviceStartup(int stage_slots, Clock::time_point verify_start)
+      : verify_start_(verify_start), ready_(made_.get_future().share()) {
+    try {
+      thread_ = std::thread([this, stage_slots] { make(stage_slots); });
+    } catch (const std::system_error&) {
+      make(stage_slots);  // no thread to spare: made here
+    }
+  }
+  ~DeviceStartup() {
+    if (thread_.joinable()) thread_.join();
+  }
+  DeviceStartup(const DeviceStartup&) = delete;
+  DeviceStartup& operator=(const DeviceStartup&) = delete;
+
+  MoeRuntime& runtime() const { return *ready_.get(); }
+  // For the chunk workers (each waits on its own copy).
+  std::shared_future<MoeRuntime*> ready() const { return ready_; }
+  // The loop launches the first chunk's kernels now (the first call counts).
+  void launching() {
+    if (first_launch_ < 0) first_launch_ = seconds_since(verify_start_);
+  }
+  // After runtime(): making it took `make_seconds`, ready `ready_at` seconds after verify began;
+  // the first chunk's kernels were launched `first_launch` seconds after it began (< 0: none).
+  double make_seconds() const { return make_seconds_; }
+  double ready_at() const { return ready_at_; }
+  double first_launch() const { return first_launch_; }
+
+ private:
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  void make(int stage_slots) {
+    const Clock::time_point t0 = Clock::now();
+    try {
+      runtime_ = std::make_unique<MoeRuntime>();
+      runtime_->make_stages(stage_slots);
+      make_seconds_ = seconds_since(t0);
+      ready_at_ = seconds_since(verify_start_);
+      made_.set_value(runtime_.get());
+    } catch (...) {
+      made_.set_exception(std::current_exception());
+    }
+  }
+
+  const Clock::time_point verify_start_;
+  std::promise<MoeRuntime*> made_;
+  std::shared_future<MoeRuntime*> ready_;
+  std::unique_ptr<MoeRuntime> runtime_;
+  double make_seconds_ = 0, ready_at_ = 0, first_launch_ = -1;
+  std::thread thread_;  // last: started once everything it uses is constructed
+};
+
+// How many chunk stages the CUDA path's pool holds: one per chunk the pipeline may hold at once
+// (`workers` preparing, two ready) and the one the loop evaluates, so a worker never waits for a
+// slot that no one will give back (ChunkPipeline, stage_device_chunk).
+int device_stage_slots(int workers) {
+  return workers + 3;
+}
+
+// Chunk c on its way to the device, on the worker that prepared it: a slot of the runtime's
+// pinned staging taken (acquire_stage: the kernels that read it last have finished), the layout's
+// readers built over it (make_reader's locator copies each parameter into the slot) and the
+// reference's canonical readers beside them (its codes of <= 4 bits packed two per byte into the
+// slot, half the canonical bytes), the expert biases (gpt-oss) of both sides after them. The loop
+// thread then only issues the slot's copy up and the kernels (MoeRuntime::run_staged_chunk). The
+// chunk's host bytes are dropped here, on the worker: the device reads the slot. What building
+// the readers throws is c.stage_failure, handled by the loop where evaluating fails.
+void stage_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
+                        PreparedChunk& c) {
+  StageTimer staging(&run.clock->stage_ns);
+  try {
+    auto d = std::make_unique<DeviceChunk>();
+    d->stage = rt.acquire_stage();
+    MoeChunkStage& st = d->stage;
+    const ParamLocator locate_param = [&st](const std::string&, const Tensor& t) {
+      return st.upload(t.data.data(), t.data.size());
     };
-  };
-  // The reference quantises activations as the layout's readers do (NVFP4's activation scale too).
-  const reader::ProjReader ref13 =
-      make_reference_reader(w13, reference.w13, locate_buffer, packed(reference.w13));
-  const reader::ProjReader ref2 =
-      make_reference_reader(w2, reference.w2, locate_buffer, packed(reference.w2));
-  // Expert biases (gpt-oss), each side's, as the CPU path adds them (ref::ChunkBiases).
-  const ref::ChunkBiases biases = chunk_biases(c);
-  ref::check_chunk_biases(job.spec, c.e0, c.e1, biases);
-  const auto up = [&rt](const std::vector<float>& v) -> const float* {
-    return v.empty() ? nullptr : static_cast<const float*>(rt.upload(v.data(), v.size() * 4));
-  };
-  rt.run_chunk(c.e0, c.e1, w13, w2, ref13, ref2, {up(biases.got_w13), up(biases.got_w2)},
-               {up(biases.ref_w13), up(biases.ref_w2)});
+    const BufferLocator locate_buffer = [&st](const void* p, size_t bytes) {
+      return st.upload(p, bytes);
+    };
+    d->w13 = run.layout->make_reader(job.lo, c.params, MoeProj::kW13, locate_param);
+    d->w2 = run.layout->make_reader(job.lo, c.params, MoeProj::kW2, locate_param);
+    const MoeExperts& reference = c.reference();
+    const auto packed = [&st](const QuantTensor& q) -> NibbleLocator {
+      const bool signed_codes = q.kind == CodeKind::kInt;
+      return [&st, signed_codes](const uint8_t* codes, size_t count) {
+        return st.upload_nibbles(codes, count, signed_codes);
+      };
+    };
+    // The reference quantises activations as the layout's readers do (NVFP4's activation scale).
+    d->ref_w13 = make_reference_reader(d->w13, reference.w13, locate_buffer, packed(reference.w13));
+    d->ref_w2 = make_reference_reader(d->w2, reference.w2, locate_buffer, packed(reference.w2));
+    // Expert biases (gpt-oss), each side's, as the CPU path adds them (ref::ChunkBiases).
+    const ref::ChunkBiases biases = chunk_biases(c);
+    ref::check_chunk_biases(job.spec, c.e0, c.e1, biases);
+    const auto up = [&st](const std::vector<float>& v) -> const float* {
+      return v.empty() ? nullptr : static_cast<const float*>(st.upload(v.data(), v.size() * 4));
+    };
+    d->biases = {up(biases.got_w13), up(biases.got_w2)};
+    d->ref_biases = {up(biases.ref_w13), up(biases.ref_w2)};
+    c.device = std::move(d);
+  } catch (const Error& e) {
+    c.stage_failure = e;
+  }
+  c.params = TensorMap{};
+  c.decoded = MoeExperts{};
+  c.source = MoeExperts{};
+}
+
+// The chunk's staged kernels launched (the loop thread): rethrows what staging it threw.
+void run_device_chunk(MoeRuntime& rt, DeviceStartup& device, PreparedChunk& c) {
+  if (c.stage_failure) throw *c.stage_failure;
+  if (!c.device) throw Error(ErrorCode::kInternal, "", "verify", "a chunk was not staged");
+  DeviceChunk& d = *c.device;
+  device.launching();
+  rt.run_staged_chunk(d.stage, c.e0, c.e1, d.w13, d.w2, d.ref_w13, d.ref_w2, d.biases,
+                      d.ref_biases);
 }
 
 // The layer's device outputs compared on the host with the CPU path's metrics.
@@ -1487,12 +1615,16 @@ LayerResult device_layer_result(const LayerRun& run, const ManifestLayer& ml,
 
 // MOEPACK_VERIFY_PROFILE (kernels/moe_runtime.h kernel_profile): where the device path's time
 // went, per kernel and upload, on stderr (a debugging aid; the report is unchanged).
-void print_device_profile(const MoeRuntime& rt) {
+void print_device_profile(const MoeRuntime& rt, const DeviceStartup& device) {
   const std::vector<MoeProfileEntry> profile = rt.kernel_profile();
   if (profile.empty()) return;
   std::ostringstream o;
   o << "moepack: verify profile (MOEPACK_VERIFY_PROFILE): " << rt.uploaded_bytes()
     << " bytes uploaded; device kernels " << rt.kernel_seconds() << " s\n";
+  o << "moepack: verify profile: start-up: the CUDA runtime and its chunk stages made in "
+    << device.make_seconds() << " s on their own thread, ready " << device.ready_at()
+    << " s after verify began; the first chunk's kernels launched at " << device.first_launch()
+    << " s\n";
   for (const MoeProfileEntry& e : profile)
     o << "moepack: verify profile: " << e.name << ": " << e.seconds << " s over " << e.count
       << "\n";
@@ -1506,22 +1638,36 @@ bool device_error(const Error& e) {
 
 // The CUDA path: the same chunks, read, decoded and compared on the CPU (shared code above)
 // ahead of their use by ChunkPipeline's workers, the parameters hashed beside (TensorHasher); each
-// chunk's layout parameters and reference experts uploaded through pinned staging and evaluated on
-// the device (kernels/moe_runtime.h): routing, sort, the layout's MoE through its readers (fp32)
-// and the reference's through canonical readers (fp64); outputs compared on the host with the CPU
-// path's metrics (ref::compare_moe). Host memory: the chunks in flight (workers + 2, each
-// 1 / workers of the chunk rule's), the one being evaluated, two pinned staging areas.
+// chunk's layout parameters and reference experts staged into pinned memory by the worker that
+// prepared it (stage_device_chunk), copied up and evaluated on the device by the loop
+// (kernels/moe_runtime.h): routing, sort, the layout's MoE through its readers (fp32) and the
+// reference's through canonical readers (fp64); outputs compared on the host with the CPU path's
+// metrics (ref::compare_moe). Host memory: the chunks in flight (workers + 2, each 1 / workers of
+// the chunk rule's, their host bytes dropped once staged), the pool of stages (workers + 3 slots,
+// each a chunk's packed and reference bytes).
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
-  MoeRuntime rt;
+  DeviceStartup& device = *run.device;
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
   const int workers = pipeline_workers(run.threads);
   const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
   run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
-  ChunkPipeline chunks(run, jobs, items, workers);
+  const auto stage = [&run, ready = device.ready()](const LayerJob& job, PreparedChunk& c) {
+    MoeRuntime* rt = nullptr;
+    try {
+      rt = ready.get();
+    } catch (const Error& e) {
+      c.stage_failure = e;  // the loop rethrows it (kNoCuda) when it takes the runtime
+      return;
+    }
+    stage_device_chunk(run, *rt, job, c);
+  };
+  ChunkPipeline chunks(run, jobs, items, workers, stage);
   run.report->timing.lanes = workers;
+  // The workers read and decode the first chunks while the runtime is made.
+  MoeRuntime& rt = device.runtime();
   for (size_t li = 0; li < layers.size(); ++li) {
     const ManifestLayer& ml = layers[li];
     LayerJob& job = jobs[li];
@@ -1544,7 +1690,7 @@ void verify_layers_cuda(LayerRun& run) {
     LayerRoundTrip round_trip;
     bool ok = true;
     for (size_t i = 0, n = chunks.chunks(li); ok && i < n; ++i) {
-      const PreparedChunk c = chunks.next(li);
+      PreparedChunk c = chunks.next(li);
       if (c.failure) {
         run.broken(ml, experts_label("decode", c.e0, c.e1), *c.failure);
         ok = false;
@@ -1554,7 +1700,7 @@ void verify_layers_cuda(LayerRun& run) {
       note_rounding(run, c);
       try {
         StageTimer evaluating(&run.clock->evaluate_ns);
-        run_device_chunk(run, rt, job, c);
+        run_device_chunk(rt, device, c);
         run.progress(li, c.e1);
       } catch (const Error& e) {
         if (device_error(e)) throw;
@@ -1575,7 +1721,7 @@ void verify_layers_cuda(LayerRun& run) {
     r.layers.push_back(device_layer_result(run, ml, rt.finish_layer(), routing));
   }
   r.timing.device_seconds = rt.kernel_seconds();
-  print_device_profile(rt);
+  print_device_profile(rt, device);
 }
 
 // The manifest's backend as a layout row this moepack reads (kBadConfig naming the manifest
@@ -1814,7 +1960,41 @@ std::string describe_router(const ref::RouterConfig& c) {
 
 }  // namespace
 
+// The note a parallel output's report carries: every rank checked, the MoE combined as vLLM does.
+std::string parallel_note(const Manifest& manifest, const VerifyOptions& opts) {
+  // Every rank's parameters through its layout's readers, the ranks combined as vLLM combines
+  // them (rank_matmul): on the CPU whatever --device says.
+  return manifest.parallel->parallel.describe() + ": " +
+         std::to_string(manifest.parallel->parallel.ranks()) +
+         " ranks checked, each rank's bytes against its share of the source, the "
+         "MoE through every rank's readers (partial w2 outputs summed / experts "
+         "routed to their owners)" +
+         (opts.device == "cuda" ? "; on the CPU (the device path reads whole "
+                                  "layers only)"
+                                : "");
+}
+
+// The notes that say what the reference was and what was not checked.
+void add_closing_notes(const VerifyOptions& opts, bool quantized_from_dense, bool has_source,
+                       VerifyReport* report) {
+  VerifyReport& r = *report;
+  if (quantized_from_dense)
+    r.notes.push_back(
+        "experts were quantised to MXFP8 by moepack: the reference re-quantises the source with "
+        "the same recipe");
+  if (!has_source)
+    r.notes.push_back(
+        "no --source: the reference is the decoded layout itself (no round-trip check)");
+  if (opts.skip_numerical)
+    r.notes.push_back(
+        "--skip-numerical: the MoE was not computed, so the router, the activation and the "
+        "kernel's reading of the layout were NOT checked; integrity" +
+        std::string(has_source ? " and the exact round trip against the source" : " and decoding") +
+        " ran");
+}
+
 VerifyReport run_verify(const VerifyOptions& opts) {
+  const auto verify_start = std::chrono::steady_clock::now();
   VerifyReport r;
   r.tool_version = moepack_version_string();
   r.destination = opts.dst;
@@ -1832,6 +2012,11 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   if (opts.tokens < 1) throw Error(ErrorCode::kUsage, "--tokens must be >= 1");
 
   const Manifest manifest = read_manifest(opts.dst);
+  const int threads = resolve_threads(opts.threads);
+  // The CUDA runtime is made on a thread of its own from here on (verify_layers_cuda).
+  std::optional<DeviceStartup> device;
+  if (opts.device == "cuda" && !opts.skip_numerical && !manifest.parallel)
+    device.emplace(device_stage_slots(pipeline_workers(threads)), verify_start);
   const std::string mpath = manifest_path(opts.dst);
   r.backend = manifest.backend;
   const TargetLayout& layout = manifest_layout(manifest, mpath);
@@ -1848,7 +2033,6 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   }
   const HfConfig cfg = load_hf_config(opts.dst);
   r.model = cfg.architecture.empty() ? cfg.model_type : cfg.architecture;
-  const int threads = resolve_threads(opts.threads);
 
   // 1. Integrity.
   Output out = open_output(opts.dst, manifest, r);
@@ -1894,18 +2078,9 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   StageClock clock;
   LayerRun run{&out,  src.get(), &layout,    recipe, &manifest, threads,
                &opts, router,    activation, &r,     &digests,  &clock};
+  if (device) run.device = &*device;
   run.count_layer_bytes();
-  if (manifest.parallel && !opts.skip_numerical)
-    // Every rank's parameters through its layout's readers, the ranks combined as vLLM combines
-    // them (rank_matmul): on the CPU whatever --device says.
-    r.notes.push_back(manifest.parallel->parallel.describe() + ": " +
-                      std::to_string(manifest.parallel->parallel.ranks()) +
-                      " ranks checked, each rank's bytes against its share of the source, the "
-                      "MoE through every rank's readers (partial w2 outputs summed / experts "
-                      "routed to their owners)" +
-                      (opts.device == "cuda" ? "; on the CPU (the device path reads whole "
-                                               "layers only)"
-                                             : ""));
+  if (manifest.parallel && !opts.skip_numerical) r.notes.push_back(parallel_note(manifest, opts));
   if (opts.skip_numerical)
     verify_layers_round_trip(run);
   else if (opts.device == "cuda" && !manifest.parallel)
@@ -1918,19 +2093,7 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   }
   clock.record(&r.timing);
   run.progress(manifest.layers.size(), 0);
-  if (quantized_from_dense)
-    r.notes.push_back(
-        "experts were quantised to MXFP8 by moepack: the reference re-quantises the source with "
-        "the same recipe");
-  if (!src)
-    r.notes.push_back(
-        "no --source: the reference is the decoded layout itself (no round-trip check)");
-  if (opts.skip_numerical)
-    r.notes.push_back(
-        "--skip-numerical: the MoE was not computed, so the router, the activation and the "
-        "kernel's reading of the layout were NOT checked; integrity" +
-        std::string(src ? " and the exact round trip against the source" : " and decoding") +
-        " ran");
+  add_closing_notes(opts, quantized_from_dense, src != nullptr, &r);
   r.finalize();
   return r;
 }

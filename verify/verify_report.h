@@ -83,8 +83,11 @@ struct VerifyTiming {
       0;  // chunks copied out of the mapped shards, parameters hashed (TensorHasher, integrity 1)
   double decode_seconds = 0;    // the layout's unpack; with --source, its load and exact compare
   double wait_seconds = 0;      // the layer loop waiting for a prepared chunk
-  double evaluate_seconds = 0;  // the MoE: CPU evaluation, or staging + launches (--device cuda)
-  double device_seconds = 0;    // --device cuda: the MoE kernels on the device (CUDA events)
+  double evaluate_seconds = 0;  // the MoE: CPU evaluation, or the copies up + launches (cuda)
+  // --device cuda: the chunk workers filling each chunk's pinned staging (its readers built over
+  // it: the layout's parameters copied, the reference packed, the biases)
+  double stage_seconds = 0;
+  double device_seconds = 0;  // --device cuda: the MoE kernels on the device (CUDA events)
 };
 
 struct VerifyReport {

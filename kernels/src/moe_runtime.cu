@@ -4,10 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -67,7 +71,55 @@ struct StagingArea {
   std::vector<StagingBlock> blocks;
   size_t current = 0;
   cudaEvent_t done = nullptr;  // recorded after the last chunk that read this area
+  uint64_t bytes = 0;          // bytes uploaded into it since it was last emptied
+  // Empty again (its chunk's kernels finished).
+  void clear() {
+    for (StagingBlock& b : blocks) b.used = 0;
+    current = 0;
+    bytes = 0;
+  }
+  void free_all() {
+    for (StagingBlock& b : blocks) {
+      if (b.host) cudaFreeHost(b.host);
+      if (b.device) cudaFree(b.device);
+    }
+    blocks.clear();
+    if (done) cudaEventDestroy(done);
+    done = nullptr;
+  }
 };
+
+// Room for `bytes` in `a`, 256-byte aligned: its pinned host address and its device address. A
+// new block (pinned host and device alike) when none left has room: at least `min_block` bytes,
+// and with `double_up` at least what the area holds already (a chunk stage grows to its chunk in
+// a few blocks and keeps them).
+std::pair<uint8_t*, uint8_t*> stage_in(StagingArea& a, size_t bytes, size_t min_block,
+                                       bool double_up) {
+  constexpr size_t kAlign = 256;
+  const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+  while (a.current < a.blocks.size() &&
+         a.blocks[a.current].capacity - a.blocks[a.current].used < need)
+    ++a.current;
+  if (a.current == a.blocks.size()) {
+    size_t held = 0;
+    for (const StagingBlock& b : a.blocks) held += b.capacity;
+    StagingBlock b;
+    b.capacity = std::max({need, min_block, double_up ? held : size_t{0}});
+    check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&b.host), b.capacity, cudaHostAllocDefault),
+               "pinned staging");
+    if (cudaMalloc(reinterpret_cast<void**>(&b.device), b.capacity) != cudaSuccess) {
+      cudaFreeHost(b.host);
+      check_cuda(cudaGetLastError(), "device staging");
+      throw Error(ErrorCode::kInternal, "MoeRuntime: device staging: out of memory");
+    }
+    a.blocks.push_back(b);
+  }
+  StagingBlock& b = a.blocks[a.current];
+  const std::pair<uint8_t*, uint8_t*> at{b.host + b.used, b.device + b.used};
+  b.used += need;
+  a.bytes += bytes;
+  return at;
+}
 
 // MOEPACK_VERIFY_PROFILE set (not "0"): every launch and upload of the runtime timed by its own
 // CUDA events (kernel_profile), host-side staging times beside them. Off, nothing is recorded.
@@ -81,7 +133,13 @@ double host_seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 constexpr size_t kMinStagingBlock = size_t{64} << 20;
-constexpr size_t kStagingAlign = 256;
+constexpr size_t kMinStageSlotBlock = size_t{1} << 20;
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
@@ -90,6 +148,15 @@ struct MoeRuntime::Impl {
   cudaEvent_t copied = nullptr;
   StagingArea areas[2];
   int area = -1;
+  StagingArea* active = nullptr;  // what forward_chunk's kernels read: its `done` follows them
+
+  // Chunk stages (make_stages): the pool, its free slots (oldest first), and the staging times
+  // of the threads that fill them (MOEPACK_VERIFY_PROFILE).
+  std::vector<std::unique_ptr<StagingArea>> stage_slots;
+  std::deque<int> free_slots;
+  std::mutex stage_m;
+  std::condition_variable stage_cv;
+  std::atomic<int64_t> fill_ns{0}, fills{0}, slot_wait_ns{0}, slot_waits{0};
 
   MoeLayerSpec layer;
   int xq_act[2] = {-1, -1};  // the ActQuant xq_got / xq_ref hold this layer's tokens in, or -1
@@ -170,20 +237,14 @@ struct MoeRuntime::Impl {
         cudaEventDestroy(a);
         cudaEventDestroy(b);
       }
-    for (StagingArea& a : areas) {
-      for (StagingBlock& b : a.blocks) {
-        if (b.host) cudaFreeHost(b.host);
-        if (b.device) cudaFree(b.device);
-      }
-      if (a.done) cudaEventDestroy(a.done);
-    }
+    for (StagingArea& a : areas) a.free_all();
+    for (auto& a : stage_slots) a->free_all();
     if (copied) cudaEventDestroy(copied);
     if (compute) cudaStreamDestroy(compute);
     if (copy) cudaStreamDestroy(copy);
   }
 
   void prepare_layer(const MoeLayerSpec& spec, int64_t T, int k, const float* x);
-  std::pair<uint8_t*, uint8_t*> stage(size_t bytes);
   template <class F>
   void fill_and_copy(uint8_t* dst, uint8_t* dev, size_t bytes, const F& fill);
   MoeDeviceRouting sort_layer();
@@ -456,30 +517,8 @@ void MoeRuntime::begin_chunk() {
   const auto t0 = std::chrono::steady_clock::now();
   check_cuda(cudaEventSynchronize(a.done), "staging area");
   m.add_host_time("host: waiting for a staging area", host_seconds_since(t0));
-  for (StagingBlock& b : a.blocks) b.used = 0;
-  a.current = 0;
-}
-
-// Room for `bytes` in the current staging area: its pinned host address and device address.
-std::pair<uint8_t*, uint8_t*> MoeRuntime::Impl::stage(size_t bytes) {
-  if (area < 0) throw Error(ErrorCode::kInternal, "", "MoeRuntime", "upload before begin_chunk");
-  StagingArea& a = areas[area];
-  const size_t need = (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
-  while (a.current < a.blocks.size() &&
-         a.blocks[a.current].capacity - a.blocks[a.current].used < need)
-    ++a.current;
-  if (a.current == a.blocks.size()) {
-    StagingBlock b;
-    b.capacity = std::max(need, kMinStagingBlock);
-    check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&b.host), b.capacity, cudaHostAllocDefault),
-               "pinned staging");
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&b.device), b.capacity), "device staging");
-    a.blocks.push_back(b);
-  }
-  StagingBlock& b = a.blocks[a.current];
-  const std::pair<uint8_t*, uint8_t*> at{b.host + b.used, b.device + b.used};
-  b.used += need;
-  return at;
+  a.clear();
+  m.active = &a;
 }
 
 // Fills pinned [dst, dst + bytes) by fill(offset, length) over pieces on several threads (one
@@ -505,7 +544,9 @@ void MoeRuntime::Impl::fill_and_copy(uint8_t* dst, uint8_t* dev, size_t bytes, c
 
 const void* MoeRuntime::upload(const void* host, size_t bytes) {
   Impl& m = *impl_;
-  const std::pair<uint8_t*, uint8_t*> at = m.stage(bytes);
+  if (m.area < 0) throw Error(ErrorCode::kInternal, "", "MoeRuntime", "upload before begin_chunk");
+  const std::pair<uint8_t*, uint8_t*> at =
+      stage_in(m.areas[m.area], bytes, kMinStagingBlock, false);
   uint8_t* dst = at.first;
   uint8_t* dev = at.second;
   const uint8_t* src = static_cast<const uint8_t*>(host);
@@ -517,7 +558,9 @@ const void* MoeRuntime::upload(const void* host, size_t bytes) {
 const void* MoeRuntime::upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes) {
   Impl& m = *impl_;
   const size_t bytes = (count + 1) / 2;
-  const std::pair<uint8_t*, uint8_t*> at = m.stage(bytes);
+  if (m.area < 0) throw Error(ErrorCode::kInternal, "", "MoeRuntime", "upload before begin_chunk");
+  const std::pair<uint8_t*, uint8_t*> at =
+      stage_in(m.areas[m.area], bytes, kMinStagingBlock, false);
   uint8_t* dst = at.first;
   uint8_t* dev = at.second;
   m.fill_and_copy(dst, dev, bytes, [&](size_t off, size_t n) {
@@ -547,7 +590,7 @@ void MoeRuntime::forward_chunk(int64_t first, int64_t last, const reader::ProjRe
     m.side<float>(first, last, w13, w2, biases, m.x.ptr, m.xq_got.ptr, m.got_inter.ptr,
                   m.got_slots.ptr);
   check_cuda(cudaEventRecord(timed.second, m.compute), "event");
-  if (m.area >= 0) check_cuda(cudaEventRecord(m.areas[m.area].done, m.compute), "event");
+  if (m.active) check_cuda(cudaEventRecord(m.active->done, m.compute), "event");
 }
 
 void MoeRuntime::run_chunk(int64_t first, int64_t last, const reader::ProjReader& w13,
@@ -556,6 +599,138 @@ void MoeRuntime::run_chunk(int64_t first, int64_t last, const reader::ProjReader
                            const MoeChunkBiases& ref_biases) {
   forward_chunk(first, last, w13, w2, false, biases);
   forward_chunk(first, last, ref_w13, ref_w2, true, ref_biases);
+}
+
+void MoeRuntime::make_stages(int slots) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.stage_m);
+  if (!m.stage_slots.empty() || slots < 1)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                "make_stages(" + std::to_string(slots) + "): once, with at least one slot");
+  for (int i = 0; i < slots; ++i) {
+    m.stage_slots.push_back(std::make_unique<StagingArea>());
+    check_cuda(cudaEventCreateWithFlags(&m.stage_slots.back()->done, cudaEventDisableTiming),
+               "event");
+    m.free_slots.push_back(i);
+  }
+}
+
+MoeChunkStage MoeRuntime::acquire_stage() {
+  Impl& m = *impl_;
+  const int64_t t0 = steady_ns();
+  MoeChunkStage stage;
+  {
+    std::unique_lock<std::mutex> lock(m.stage_m);
+    if (m.stage_slots.empty())
+      throw Error(ErrorCode::kInternal, "", "MoeRuntime", "acquire_stage before make_stages");
+    m.stage_cv.wait(lock, [&] { return !m.free_slots.empty(); });
+    stage.slot_ = m.free_slots.front();
+    m.free_slots.pop_front();
+    stage.runtime_ = &m;  // from here on the stage gives the slot back
+  }
+  StagingArea& a = *m.stage_slots[static_cast<size_t>(stage.slot_)];
+  // The chunk that used this slot last: its copies and kernels have finished.
+  check_cuda(cudaEventSynchronize(a.done), "chunk stage");
+  a.clear();
+  if (m.profile) {
+    m.slot_wait_ns += steady_ns() - t0;
+    ++m.slot_waits;
+  }
+  return stage;
+}
+
+void MoeRuntime::run_staged_chunk(MoeChunkStage& stage, int64_t first, int64_t last,
+                                  const reader::ProjReader& w13, const reader::ProjReader& w2,
+                                  const reader::ProjReader& ref_w13,
+                                  const reader::ProjReader& ref_w2, const MoeChunkBiases& biases,
+                                  const MoeChunkBiases& ref_biases) {
+  Impl& m = *impl_;
+  if (stage.runtime_ != &m)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                "run_staged_chunk: an empty stage, or one of another runtime");
+  StagingArea& a = *m.stage_slots[static_cast<size_t>(stage.slot_)];
+  StagingArea* const before = m.active;
+  m.active = &a;
+  try {
+    m.timed("upload (host to device)", m.copy, [&] {
+      for (const StagingBlock& b : a.blocks)
+        if (b.used > 0)
+          check_cuda(cudaMemcpyAsync(b.device, b.host, b.used, cudaMemcpyHostToDevice, m.copy),
+                     "upload");
+    });
+    m.uploaded_bytes += a.bytes;
+    run_chunk(first, last, w13, w2, ref_w13, ref_w2, biases, ref_biases);
+  } catch (...) {
+    // The slot is reused only after whatever was queued on it (best effort: this is a failure).
+    cudaEventRecord(m.copied, m.copy);
+    cudaStreamWaitEvent(m.compute, m.copied, 0);
+    cudaEventRecord(a.done, m.compute);
+    m.active = before;
+    throw;
+  }
+  m.active = before;
+  stage.release();
+}
+
+MoeChunkStage::~MoeChunkStage() {
+  release();
+}
+
+MoeChunkStage::MoeChunkStage(MoeChunkStage&& other) noexcept
+    : runtime_(other.runtime_), slot_(other.slot_) {
+  other.runtime_ = nullptr;
+  other.slot_ = -1;
+}
+
+MoeChunkStage& MoeChunkStage::operator=(MoeChunkStage&& other) noexcept {
+  if (this != &other) {
+    release();
+    runtime_ = other.runtime_;
+    slot_ = other.slot_;
+    other.runtime_ = nullptr;
+    other.slot_ = -1;
+  }
+  return *this;
+}
+
+void MoeChunkStage::release() noexcept {
+  if (!runtime_) return;
+  MoeRuntime::Impl& m = *runtime_;
+  {
+    std::lock_guard<std::mutex> lock(m.stage_m);
+    m.free_slots.push_back(slot_);
+  }
+  m.stage_cv.notify_one();
+  runtime_ = nullptr;
+  slot_ = -1;
+}
+
+const void* MoeChunkStage::upload(const void* host, size_t bytes) {
+  if (!runtime_) throw Error(ErrorCode::kInternal, "", "MoeChunkStage", "upload to an empty stage");
+  MoeRuntime::Impl& m = *runtime_;
+  const int64_t t0 = steady_ns();
+  const auto at =
+      stage_in(*m.stage_slots[static_cast<size_t>(slot_)], bytes, kMinStageSlotBlock, true);
+  if (bytes > 0) std::memcpy(at.first, host, bytes);
+  if (m.profile) {
+    m.fill_ns += steady_ns() - t0;
+    ++m.fills;
+  }
+  return at.second;
+}
+
+const void* MoeChunkStage::upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes) {
+  if (!runtime_) throw Error(ErrorCode::kInternal, "", "MoeChunkStage", "upload to an empty stage");
+  MoeRuntime::Impl& m = *runtime_;
+  const int64_t t0 = steady_ns();
+  const auto at = stage_in(*m.stage_slots[static_cast<size_t>(slot_)], (count + 1) / 2,
+                           kMinStageSlotBlock, true);
+  if (count > 0) pack_code_nibbles(codes, count, signed_codes, at.first);
+  if (m.profile) {
+    m.fill_ns += steady_ns() - t0;
+    ++m.fills;
+  }
+  return at.second;
 }
 
 MoeLayerOutputs MoeRuntime::finish_layer() {
@@ -609,8 +784,16 @@ uint64_t MoeRuntime::uploaded_bytes() const {
 }
 
 std::vector<MoeProfileEntry> MoeRuntime::kernel_profile() const {
+  const Impl& m = *impl_;
   std::vector<MoeProfileEntry> out;
-  for (const auto& [name, t] : impl_->profile_totals) out.push_back({name, t.first, t.second});
+  for (const auto& [name, t] : m.profile_totals) out.push_back({name, t.first, t.second});
+  // The chunk stages' filling, busy seconds summed over the threads that filled them.
+  if (m.fills > 0)
+    out.push_back({"stages (filling threads): copying into pinned slots",
+                   static_cast<double>(m.fill_ns.load()) * 1e-9, m.fills.load()});
+  if (m.slot_waits > 0)
+    out.push_back({"stages (filling threads): waiting for a free slot",
+                   static_cast<double>(m.slot_wait_ns.load()) * 1e-9, m.slot_waits.load()});
   return out;
 }
 

@@ -47,6 +47,34 @@ void MoeRuntime::forward_chunk(int64_t, int64_t, const reader::ProjReader&,
                                const reader::ProjReader&, bool, const MoeChunkBiases&) {
   no_cuda();
 }
+void MoeRuntime::make_stages(int) {
+  no_cuda();
+}
+MoeChunkStage MoeRuntime::acquire_stage() {
+  no_cuda();
+}
+void MoeRuntime::run_staged_chunk(MoeChunkStage&, int64_t, int64_t, const reader::ProjReader&,
+                                  const reader::ProjReader&, const reader::ProjReader&,
+                                  const reader::ProjReader&, const MoeChunkBiases&,
+                                  const MoeChunkBiases&) {
+  no_cuda();
+}
+// No runtime is ever made without CUDA, so no stage is ever filled.
+MoeChunkStage::~MoeChunkStage() = default;
+MoeChunkStage::MoeChunkStage(MoeChunkStage&& other) noexcept
+    : runtime_(other.runtime_), slot_(other.slot_) {}
+MoeChunkStage& MoeChunkStage::operator=(MoeChunkStage&& other) noexcept {
+  runtime_ = other.runtime_;
+  slot_ = other.slot_;
+  return *this;
+}
+void MoeChunkStage::release() noexcept {}
+const void* MoeChunkStage::upload(const void*, size_t) {
+  no_cuda();
+}
+const void* MoeChunkStage::upload_nibbles(const uint8_t*, size_t, bool) {
+  no_cuda();
+}
 MoeLayerOutputs MoeRuntime::finish_layer() {
   no_cuda();
 }
