@@ -657,6 +657,11 @@ struct LayerRun {
   TensorHasher* hasher;
   StageClock* clock;
   DeviceStartup* device = nullptr;  // --device cuda: the runtime, made from verify's start
+  // Threads within one chunk (its copy, unpack, the source's load): all of them where the loop
+  // prepares its chunks (0), threads / workers beside a pool of workers, which already keeps
+  // every core busy (more would only start threads per chunk).
+  int chunk_threads = 0;
+  int within_chunk() const { return chunk_threads > 0 ? chunk_threads : threads; }
   bool rounded_note = false;
   bool requant_note = false;
   // Progress: each layer's parameter bytes and the bytes of the layers before it.
@@ -765,7 +770,7 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   const Manifest& manifest = *run.manifest;
   LayerJob job;
   job.ml = &ml;
-  job.lo = layout_options_of(manifest, ml, run.threads);
+  job.lo = layout_options_of(manifest, ml, run.within_chunk());
   if (run.src)
     for (const auto& L : run.src->moe_layers())
       if (L.module == ml.module) job.src_layer = &L;
@@ -787,7 +792,7 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   if (manifest.parallel) {
     job.par = &manifest.parallel->parallel;
     for (int r = 0; r < job.par->ranks(); ++r)
-      job.rank_lo.push_back(rank_options_of(manifest, ml, r, run.threads));
+      job.rank_lo.push_back(rank_options_of(manifest, ml, r, run.within_chunk()));
     job.rank_views.resize(static_cast<size_t>(job.par->ranks()));
   }
   for (const auto& p : ml.params) {
@@ -883,7 +888,7 @@ void decode_rank_chunks(const LayerRun& run, const LayerJob& job, PreparedChunk&
     TensorMap named;
     {
       StageTimer t(&run.clock->read_ns);
-      named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.threads);
+      named = param_chunk(job.rank_views[static_cast<size_t>(r)], local, b, e, run.within_chunk());
     }
     TensorMap& mine = c.rank_params[static_cast<size_t>(r)];
     for (auto& [key, t] : named) {
@@ -950,7 +955,7 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     } else {
       {
         StageTimer t(&run.clock->read_ns);
-        c.params = param_chunk(job.views, E, e0, e1, run.threads);
+        c.params = param_chunk(job.views, E, e0, e1, run.within_chunk());
       }
       StageTimer t(&run.clock->decode_ns);
       c.decoded = run.layout->unpack(job.lo, c.params);
@@ -970,7 +975,7 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
         run.recipe->quantize(d.w13.data(), d.experts, d.gated ? 2 * d.inter : d.inter, d.hidden);
     c.source.w2 = run.recipe->quantize(d.w2.data(), d.experts, d.hidden, d.inter);
   } else {
-    c.source = load_moe_experts(*run.src, *job.src_layer, run.threads, range);
+    c.source = load_moe_experts(*run.src, *job.src_layer, run.within_chunk(), range);
   }
   release_source_experts(*run.src, *job.src_layer, range);
   c.has_source = true;
@@ -1392,6 +1397,7 @@ void verify_layers_round_trip(LayerRun& run) {
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
   const int workers = pipeline_workers(run.threads);
+  run.chunk_threads = std::max(1, run.threads / workers);
   const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
   run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
   ChunkPipeline chunks(run, jobs, items, workers);
@@ -1652,12 +1658,14 @@ void verify_layers_cuda(LayerRun& run) {
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
   const int workers = pipeline_workers(run.threads);
+  run.chunk_threads = std::max(1, run.threads / workers);
   const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
   run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
   const auto stage = [&run, ready = device.ready()](const LayerJob& job, PreparedChunk& c) {
     MoeRuntime* rt = nullptr;
     try {
-      rt = ready.get();
+      const std::shared_future<MoeRuntime*> mine = ready;  // each worker waits on its own copy
+      rt = mine.get();
     } catch (const Error& e) {
       c.stage_failure = e;  // the loop rethrows it (kNoCuda) when it takes the runtime
       return;
