@@ -128,17 +128,8 @@ def load_vllm(carry):
     """Executes vLLM 0.33.0's TRITON conversion functions from the carried source files."""
     import triton_kernels  # noqa: F401  (the carried vendored package, top level)
     from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
-
-    def tk_version():
-        try:
-            import triton_kernels.matmul_ogs  # noqa: F401
-        except ImportError:
-            return "3.8"
-        try:
-            from triton_kernels.tensor import SparseMatrix  # noqa: F401
-        except ImportError:
-            return "3.5.1"
-        return "3.6"
+    # The plugin's reading of the API generation, vLLM's get_triton_kernels_version's rule.
+    from moepack_vllm.triton_mxfp4 import triton_kernels_api
 
     def torch_geq(v):
         def parts(x):
@@ -148,7 +139,7 @@ def load_vllm(carry):
 
     ns = {"torch": torch, "Any": Any, "Union": Union, "Enum": enum.Enum, "logger": Log(),
           "current_platform": Platform(), "has_triton_kernels": lambda: True,
-          "get_triton_kernels_version": tk_version, "is_torch_equal_or_newer": torch_geq,
+          "get_triton_kernels_version": triton_kernels_api, "is_torch_equal_or_newer": torch_geq,
           "should_use_gfx1250_mx_scale_swizzle": lambda: False,
           "should_use_cdna4_mx_scale_swizzle": lambda: False,
           "round_up": lambda x, y: (x + y - 1) // y * y, "OCP_MX_BLOCK_SIZE": 32,
@@ -443,6 +434,9 @@ def main():
     ap.add_argument("--cpu-selftest", action="store_true")
     a = ap.parse_args()
     sys.path.insert(0, a.carry)
+    # The plugin's triton_mxfp4 module imports torch and triton_kernels only (no vLLM here).
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "integrations", "vllm"))
     if a.cpu_selftest:
         global DEV
         DEV = "cpu"
@@ -464,9 +458,6 @@ def main():
         "mxfp4_utils.py": sha256(os.path.join(a.carry, "vllm_src", "mxfp4_utils.py")) ==
         rec["model_executor/layers/quantization/utils/mxfp4_utils.py"]}
     ns = load_vllm(a.carry)
-    # The plugin's wrapping module imports torch and triton_kernels only (no vLLM here).
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                    "integrations", "vllm"))
     ns["forward"] = load_vllm_forward(a.carry)
     result["fixtures"], result["cases"] = {}, {}
     for path in sorted(glob.glob(os.path.join(a.fixtures, "*.safetensors"))):
