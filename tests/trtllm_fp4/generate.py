@@ -19,40 +19,17 @@ with (docs/trtllm_fp4.md).
   manifest.json              the cases, and the vLLM / FlashInfer / torch versions.
 
 The functions run unchanged, on CPU tensors: FlashInfer's row indices
-(get_w2_permute_indices_with_cache, plain torch) and its block_scale_interleave, whose compiled
-module (JIT-built here for sm100, FLASHINFER_CUDA_ARCH_LIST=10.0a, no GPU) takes CPU tensors on
-its host path (csrc/nv_internal/tensorrt_llm/thop/fp4Op.cpp blockScaleInterleaveHost). Only the
-Python wrapper's device query is bypassed: flashinfer.fp4_quantization.nvfp4_block_scale_interleave
-is pointed at the module's block_scale_interleave_sm100 (the op the wrapper calls).
+(get_w2_permute_indices_with_cache, plain torch) and its block_scale_interleave on its host path
+(fixture_common.py: the Python wrapper's device query bypassed).
 
 Run (CPU only; the first run JIT-compiles FlashInfer's fp4 module, minutes):
   ~/.cache/moepack/venv-vllm-0.33.0/bin/python tests/trtllm_fp4/generate.py
 Nothing here runs at test time.
 """
-import importlib.metadata as md
-import json
-import os
+import torch
 
-os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "10.0a")
-
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-import flashinfer.fp4_quantization as fi_fp4  # noqa: E402
-from flashinfer.quantization.fp4_quantization import get_fp4_quantization_module  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "fixtures")
-
-_module = get_fp4_quantization_module("100")
-
-
-def block_scale_interleave_cpu(unswizzled_sf):
-    assert unswizzled_sf.device.type == "cpu"
-    return _module.block_scale_interleave_sm100(unswizzled_sf.contiguous())
-
-
-fi_fp4.nvfp4_block_scale_interleave = block_scale_interleave_cpu
+# Before vLLM: FlashInfer's block-scale interleave on the CPU (fixture_common.py).
+from fixture_common import save_fixture, write_manifest
 
 from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as vllm_mxfp4  # noqa: E402
 
@@ -113,28 +90,16 @@ def mxfp4_case(name, E, H, I, gen):
         "out.w13_bias": ob13,
         "out.w2_bias": ob2,
     }
-    path = os.path.join(OUT, f"mxfp4_{name}.safetensors")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, path)
-    os.chmod(path, 0o644)
+    save_fixture(f"mxfp4_{name}", tensors)
     return {"name": name, "experts": E, "hidden": H, "inter": I, "hidden_padded": Hp,
             "inter_padded": Ip, "backend": backend.value,
             "dtypes": {k: str(v.dtype) for k, v in tensors.items() if k.startswith("out.")}}
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
     gen = torch.Generator().manual_seed(26)
     cases = [mxfp4_case(*c, gen) for c in MXFP4_CASES]
-    manifest = {
-        "producer": "tests/trtllm_fp4/generate.py",
-        "versions": {p: md.version(p) for p in ("vllm", "flashinfer-python", "torch")},
-        "flashinfer_block_scale_interleave": "fp4_quantization_100 JIT module, host path",
-        "mxfp4": cases,
-    }
-    with open(os.path.join(OUT, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.write("\n")
-    print(json.dumps(manifest["versions"]))
+    write_manifest("manifest.json", "tests/trtllm_fp4/generate.py", "mxfp4", cases)
 
 
 if __name__ == "__main__":

@@ -25,41 +25,18 @@ Per case (<source>_<case>.safetensors):
       stood in for by an object of TrtLlmNvFp4ExpertsBase's attributes, built from vLLM's own
       make_nvfp4_moe_quant_config.
 
-FlashInfer: its row indices are plain torch; nvfp4_block_scale_interleave's Python wrapper asks
-the CUDA device for its arch, so it is pointed at the op it wraps (block_scale_interleave_sm100 of
-the fp4_quantization_100 JIT module, FLASHINFER_CUDA_ARCH_LIST=10.0a), whose host path takes CPU
-tensors (tests/trtllm_fp4/generate.py says more).
+FlashInfer: its row indices are plain torch; its block-scale interleave runs on its host path
+(fixture_common.py: the Python wrapper's device query bypassed).
 
 Run (CPU only): ~/.cache/moepack/venv-vllm-0.33.0/bin/python tests/trtllm_fp4/generate_nvfp4.py
 Nothing here runs at test time.
 """
-import importlib.metadata as md
-import json
-import os
 from types import SimpleNamespace
 
-os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "10.0a")
+import torch
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-import flashinfer  # noqa: E402
-import flashinfer.fp4_quantization as fi_fp4  # noqa: E402
-from flashinfer.quantization.fp4_quantization import get_fp4_quantization_module  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "fixtures")
-
-_module = get_fp4_quantization_module("100")
-
-
-def block_scale_interleave_cpu(unswizzled_sf):
-    assert unswizzled_sf.device.type == "cpu"
-    return _module.block_scale_interleave_sm100(unswizzled_sf.contiguous())
-
-
-fi_fp4.nvfp4_block_scale_interleave = block_scale_interleave_cpu
-flashinfer.nvfp4_block_scale_interleave = block_scale_interleave_cpu
+# Before vLLM: FlashInfer's block-scale interleave on the CPU (fixture_common.py).
+from fixture_common import save_fixture, write_manifest
 
 from vllm.model_executor import parameter as vllm_parameter  # noqa: E402
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation  # noqa: E402
@@ -164,32 +141,42 @@ def f32(v):
     return torch.tensor(v, dtype=torch.float32)
 
 
-def run_modelopt(ck, E, H, I, gated):
-    cls = vllm_modelopt.ModelOptNvFp4FusedMoE
-    s = method_self(cls, gated)
-    layer = Layer(E, H, I, gated)
-    cls.create_weights(s, layer, E, H, I, torch.bfloat16, weight_loader=lambda *a: None,
-                       global_num_experts=E)
+def fill_layer(layer, ck, I, gated, weight, weight_global, act_global, stored):
+    """The checkpoint `ck` copied into `layer` as the FusedMoE loader does (w1 rows then w3 rows
+    of w13, per expert), and the checkpoint's tensors (in.<e>.<proj>.<name>). The layer's
+    parameters are w13_<name> / w2_<name> for the checkpoint's <name>s: `weight` (the packed
+    codes), weight_scale, `weight_global` and `act_global`; `stored(v)` is how the checkpoint
+    stores a global scale whose decode multiplier is v (ModelOpt: v, a scalar; CT: 1 / v, [1])."""
     tensors = {}
     with torch.no_grad():
         for e, d in enumerate(ck):
             shards = ("w1", "w3") if gated else ("w1",)
             for j, p in enumerate(shards):
                 c, sc, g, a = d[p]
-                layer.w13_weight[e, j * I:(j + 1) * I] = c
+                getattr(layer, f"w13_{weight}")[e, j * I:(j + 1) * I] = c
                 layer.w13_weight_scale.view(torch.uint8)[e, j * I:(j + 1) * I] = sc
-                layer.w13_weight_scale_2[e, j] = g
-                layer.w13_input_scale[e, j] = a
+                getattr(layer, f"w13_{weight_global}")[e, j] = stored(g).reshape(())
+                getattr(layer, f"w13_{act_global}")[e, j] = stored(a).reshape(())
             c, sc, g, a = d["w2"]
-            layer.w2_weight[e] = c
+            getattr(layer, f"w2_{weight}")[e] = c
             layer.w2_weight_scale.view(torch.uint8)[e] = sc
-            layer.w2_weight_scale_2[e] = g
-            layer.w2_input_scale[e] = a
+            getattr(layer, f"w2_{weight_global}")[e] = stored(g).reshape(())
+            getattr(layer, f"w2_{act_global}")[e] = stored(a).reshape(())
             for p, (c, sc, g, a) in d.items():
-                tensors[f"in.{e}.{p}.weight"] = c
+                tensors[f"in.{e}.{p}.{weight}"] = c
                 tensors[f"in.{e}.{p}.weight_scale"] = sc.view(torch.float8_e4m3fn)
-                tensors[f"in.{e}.{p}.weight_scale_2"] = f32(g)
-                tensors[f"in.{e}.{p}.input_scale"] = f32(a)
+                tensors[f"in.{e}.{p}.{weight_global}"] = stored(g)
+                tensors[f"in.{e}.{p}.{act_global}"] = stored(a)
+    return tensors
+
+
+def run_modelopt(ck, E, H, I, gated):
+    cls = vllm_modelopt.ModelOptNvFp4FusedMoE
+    s = method_self(cls, gated)
+    layer = Layer(E, H, I, gated)
+    cls.create_weights(s, layer, E, H, I, torch.bfloat16, weight_loader=lambda *a: None,
+                       global_num_experts=E)
+    tensors = fill_layer(layer, ck, I, gated, "weight", "weight_scale_2", "input_scale", f32)
 
     def build(layer_):
         qc = s.get_fused_moe_quant_config(layer_)
@@ -207,26 +194,8 @@ def run_ct(ck, E, H, I, gated):
     s = method_self(cls, gated)
     layer = Layer(E, H, I, gated)
     cls.create_weights(s, layer, E, H, I, torch.bfloat16)
-    tensors = {}
-    with torch.no_grad():
-        for e, d in enumerate(ck):
-            shards = ("w1", "w3") if gated else ("w1",)
-            for j, p in enumerate(shards):
-                c, sc, g, a = d[p]
-                layer.w13_weight_packed[e, j * I:(j + 1) * I] = c
-                layer.w13_weight_scale.view(torch.uint8)[e, j * I:(j + 1) * I] = sc
-                layer.w13_weight_global_scale[e, j] = f32(1.0) / f32(g)
-                layer.w13_input_global_scale[e, j] = f32(1.0) / f32(a)
-            c, sc, g, a = d["w2"]
-            layer.w2_weight_packed[e] = c
-            layer.w2_weight_scale.view(torch.uint8)[e] = sc
-            layer.w2_weight_global_scale[e] = f32(1.0) / f32(g)
-            layer.w2_input_global_scale[e] = f32(1.0) / f32(a)
-            for p, (c, sc, g, a) in d.items():
-                tensors[f"in.{e}.{p}.weight_packed"] = c
-                tensors[f"in.{e}.{p}.weight_scale"] = sc.view(torch.float8_e4m3fn)
-                tensors[f"in.{e}.{p}.weight_global_scale"] = (f32(1.0) / f32(g)).reshape(1)
-                tensors[f"in.{e}.{p}.input_global_scale"] = (f32(1.0) / f32(a)).reshape(1)
+    tensors = fill_layer(layer, ck, I, gated, "weight_packed", "weight_global_scale",
+                         "input_global_scale", lambda v: (f32(1.0) / f32(v)).reshape(1))
 
     def make_kernel(moe_quant_config, **_):
         return SimpleNamespace(fused_experts=SimpleNamespace(
@@ -250,9 +219,7 @@ def one_case(source, name, E, H, I, gated, gen):
     for pname, p in layer.named_parameters():
         tensors[f"out.{pname}"] = p.data.detach().contiguous()
         params.append({"name": pname, "dtype": str(p.dtype), "shape": list(p.shape)})
-    path = os.path.join(OUT, f"nvfp4_{source}_{name}.safetensors")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, path)
-    os.chmod(path, 0o644)
+    save_fixture(f"nvfp4_{source}_{name}", tensors)
     return {"source": source, "name": name, "experts": E, "hidden": H, "inter": I,
             "gated": gated, "hidden_padded": layer.moe_config.hidden_dim,
             "inter_padded": layer.moe_config.intermediate_size_per_partition,
@@ -260,19 +227,9 @@ def one_case(source, name, E, H, I, gated, gen):
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
     gen = torch.Generator().manual_seed(2606)
     cases = [one_case(src, *c, gen) for src in ("modelopt", "ct") for c in CASES]
-    manifest = {
-        "producer": "tests/trtllm_fp4/generate_nvfp4.py",
-        "versions": {p: md.version(p) for p in ("vllm", "flashinfer-python", "torch")},
-        "flashinfer_block_scale_interleave": "fp4_quantization_100 JIT module, host path",
-        "nvfp4": cases,
-    }
-    with open(os.path.join(OUT, "manifest_nvfp4.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.write("\n")
-    print(json.dumps(manifest["versions"]))
+    write_manifest("manifest_nvfp4.json", "tests/trtllm_fp4/generate_nvfp4.py", "nvfp4", cases)
 
 
 if __name__ == "__main__":
