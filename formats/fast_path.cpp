@@ -24,6 +24,7 @@
 #include "core/half.h"
 #include "core/threads.h"
 #include "formats/awq.h"
+#include "formats/fast_path_mxfp4.h"
 #include "formats/fp8.h"
 #include "formats/layout/marlin_layout.h"
 #include "formats/marlin.h"
@@ -870,6 +871,16 @@ const std::vector<DirectPath>& direct_paths() {
        .layout = "trtllm-mxfp8",
        .refusals = mxfp8_direct_refusals,
        .convert = mxfp8_to_trtllm},
+      {.name = "gpt-oss-mxfp4->triton-mxfp4",
+       .source = QuantMethod::kGptOssMxfp4,
+       .layout = "triton-mxfp4",
+       .refusals = gpt_oss_mxfp4_direct_refusals,
+       .convert = gpt_oss_mxfp4_to_triton},
+      {.name = "gpt-oss-mxfp4->marlin-mxfp4",
+       .source = QuantMethod::kGptOssMxfp4,
+       .layout = "marlin-mxfp4",
+       .refusals = gpt_oss_mxfp4_direct_refusals,
+       .convert = gpt_oss_mxfp4_to_marlin},
   };
   return rows;
 }

@@ -42,6 +42,12 @@ struct DirectSource {
   // The plan's act-order flags (ExpertRange::g_idx_w13 / g_idx_w2): explicit g_idx, trivial ones
   // made explicit, or none at all.
   bool g_idx_w13 = false, g_idx_w2 = false;
+  // Fused experts (gpt-oss): the layer's whole [E_layer, ...] tensors by suffix ("blocks",
+  // "scales", "bias"), [0] gate_up (rows interleaved as the checkpoint stores them), [1] down; the
+  // chunk is experts [first_expert, first_expert + experts()) of them, and `linears` holds that
+  // many empty entries. Both maps are empty for per-expert layers.
+  std::array<std::map<std::string, TensorView>, 2> fused;
+  int64_t first_expert = 0;
   int64_t experts() const { return static_cast<int64_t>(linears.size()); }
 };
 

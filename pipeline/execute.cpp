@@ -53,6 +53,9 @@ DirectSource direct_source(const Checkpoint& ckpt, const PlannedLayer& pl, int64
     for (int p = 0; p < 3; ++p)
       for (const auto& [suffix, name] : L.experts[static_cast<size_t>(e)][p])
         src.linears[static_cast<size_t>(e - e0)][p][suffix] = ckpt.view(name);
+  src.first_expert = e0;
+  for (const auto& [suffix, name] : L.fused_gate_up) src.fused[0][suffix] = ckpt.view(name);
+  for (const auto& [suffix, name] : L.fused_down) src.fused[1][suffix] = ckpt.view(name);
   return src;
 }
 
