@@ -5,7 +5,8 @@
 #
 # For each path (GPTQ -> Marlin, CT W4A16 -> Marlin, AWQ -> Marlin, ModelOpt MXFP8 -> TRT-LLM
 # sm100) on a synthetic checkpoint of ~1.7 GB (8 MoE layers x 64 experts, H 2048; I 768 for int4,
-# 384 for MXFP8 so the bytes are alike): `cp -r` of the source and a convert at the default
+# 384 for MXFP8 so the bytes are alike), and gpt-oss MXFP4 -> triton-mxfp4 / marlin-mxfp4 (sm90)
+# on one synthetic gpt-oss of ~1.7 GB (4 MoE layers x 32 experts at gpt-oss-120b's H = I = 2880): `cp -r` of the source and a convert at the default
 # threads, both with a warm page cache (the source is read once first) and both ending on disk
 # (sync; convert fsyncs), their ratio, MB/s (source bytes / convert time), peak anonymous and
 # file-backed RSS (convert --json, sampled in-process every 10 ms) and peak total RSS (the
@@ -15,18 +16,20 @@
 # Prints markdown tables and the machine (nproc, CPU, load average).
 #
 #   bench/bench_convert.sh [WORKDIR] [extra synth flags]     (sources are kept in WORKDIR)
-# Environment: PATHS="gptq ct awq mxfp8" (a subset), THREADS="1 2 4 8 16", SHAPE (synth's
-# --family/--layers/--experts/--hidden/--vocab), INTER_INT4=768, INTER_MXFP8=384.
+# Environment: PATHS="gptq ct awq mxfp8 gptoss-triton gptoss-marlin" (a subset), THREADS="1 2 4 8
+# 16", SHAPE (synth's --family/--layers/--experts/--hidden/--vocab), INTER_INT4=768,
+# INTER_MXFP8=384, GPT_OSS_SHAPE (the gpt-oss paths' synth shape).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 M=${MOEPACK:-$here/build/bin/moepack}
 work=${1:-/tmp/moepack-bench}
 shift || true
-PATHS=${PATHS:-gptq ct awq mxfp8}
+PATHS=${PATHS:-gptq ct awq mxfp8 gptoss-triton gptoss-marlin}
 THREADS=${THREADS:-1 2 4 8 16}
 SHAPE=${SHAPE:---family qwen3 --layers 9 --experts 64 --hidden 2048 --vocab 32000}
 INTER_INT4=${INTER_INT4:-768}
 INTER_MXFP8=${INTER_MXFP8:-384}
+GPT_OSS_SHAPE=${GPT_OSS_SHAPE:---layers 4 --experts 32 --hidden 2880 --inter 2880 --vocab 32000}
 mkdir -p "$work"
 
 # synth flags, convert flags and a label per path.
@@ -36,11 +39,27 @@ path_synth() {
     ct) echo "--format ct-w4a16 --inter $INTER_INT4" ;;
     awq) echo "--format awq --inter $INTER_INT4" ;;
     mxfp8) echo "--format modelopt-mxfp8 --inter $INTER_MXFP8" ;;
+    gptoss-*) echo "--format gpt-oss-mxfp4 --family gpt_oss" ;;
+  esac
+}
+path_shape() {
+  case $1 in
+    gptoss-*) echo "$GPT_OSS_SHAPE" ;;
+    *) echo "$SHAPE" ;;
+  esac
+}
+# The source directory (both gpt-oss paths read one source).
+path_src() {
+  case $1 in
+    gptoss-*) echo "$work/src-gptoss" ;;
+    *) echo "$work/src-$1" ;;
   esac
 }
 path_convert() {
   case $1 in
     mxfp8) echo "--backend trtllm-mxfp8 --target-arch sm100" ;;
+    gptoss-triton) echo "--backend triton-mxfp4 --target-arch sm90" ;;
+    gptoss-marlin) echo "--backend marlin-mxfp4 --target-arch sm90" ;;
     *) echo "--backend marlin --target-arch sm90" ;;
   esac
 }
@@ -50,6 +69,8 @@ path_label() {
     ct) echo "CT W4A16 -> Marlin" ;;
     awq) echo "AWQ int4 -> Marlin" ;;
     mxfp8) echo "MXFP8 -> TRT-LLM (sm100)" ;;
+    gptoss-triton) echo "gpt-oss MXFP4 -> triton-mxfp4 (sm90)" ;;
+    gptoss-marlin) echo "gpt-oss MXFP4 -> marlin-mxfp4 (sm90)" ;;
   esac
 }
 
@@ -79,10 +100,11 @@ main_rows=()
 scale_rows=()
 stage_rows=()
 for p in $PATHS; do
-  src=$work/src-$p
+  src=$(path_src "$p")
   if [ ! -f "$src/config.json" ]; then
     # shellcheck disable=SC2046
-    "$M" synth "$src" $(path_synth "$p") $SHAPE --seed 1 --max-shard-size 2GB "$@" >/dev/null
+    "$M" synth "$src" $(path_synth "$p") $(path_shape "$p") --seed 1 --max-shard-size 2GB "$@" \
+      >/dev/null
   fi
   src_bytes=$(du -sb "$src" | awk '{print $1}')
   cat "$src"/*.safetensors >/dev/null  # warm the page cache for every run

@@ -7,7 +7,7 @@
 #                                  real), each GPU test binary's own log, the fused Marlin kernel
 #                                  benchmark (bench/bench_marlin_moe.py)
 #   bash bench/gpu_run.sh convert  the conversion benchmark on the device's cores
-#                                  (bench/bench_convert.sh: four paths, cp -r ratio, RSS, threads)
+#                                  (bench/bench_convert.sh: six paths, cp -r ratio, RSS, threads)
 #   bash bench/gpu_run.sh verify   whole-model verify --device cuda against cat (bench/verify_gpu.sh)
 # `convert` and `verify` reuse build-gpu/ from `test` when the machine is still warm, else build.
 set -uo pipefail
