@@ -128,6 +128,29 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(i.param.inter);
     });
 
+// Random shapes each layout takes (triton-mxfp4: H % 64 == 0, H > 128, 2Ip > 128, I % 32 == 0;
+// marlin-mxfp4: H and I multiples of 32), random expert counts, threads and chunk sizes.
+TEST(GptOssFastPath, RandomShapes) {
+  test::Rng rng(27);
+  const auto pick = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int i = 0; i < 10; ++i) {
+    const bool triton = i % 2 == 0;
+    Case c{triton ? "triton-mxfp4" : "marlin-mxfp4", pick(2, 6), 0, 0};
+    c.hidden = triton ? 64 * pick(3, 8) : 32 * pick(1, 18);
+    c.inter = 32 * (triton ? pick(3, 12) : pick(1, 12));
+    SCOPED_TRACE(testing::PrintToString(c));
+    TempDir tmp;
+    const std::string src = synth_gpt_oss(tmp, c, 100 + i);
+    const auto ckpt = Checkpoint::open(src);
+    const int64_t chunk = pick(1, 3 * c.inter * c.hidden * c.experts);
+    const Plan plan =
+        make_plan(*ckpt, options_for(src, c.layout, static_cast<int>(pick(1, 4)), chunk));
+    expect_every_chunk_identical(*ckpt, plan, c.layout);
+  }
+}
+
 std::map<std::string, std::string> digests(const std::string& dir) {
   std::map<std::string, std::string> out;
   for (const auto& f : fs::recursive_directory_iterator(dir)) {
