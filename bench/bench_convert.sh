@@ -113,7 +113,8 @@ for p in $PATHS; do
   read -r cp_s cp_kib _ <<<"$(timed cp -r "$src" "$work/cp")"
   rm -rf "$work/cp"
   # shellcheck disable=SC2046
-  read -r cv_s hwm_kib json <<<"$(timed "$M" convert "$src" "$work/out" $(path_convert "$p") --json)"
+  read -r cv_s hwm_kib json <<<"$(timed "$M" convert "$src" "$work/out" $(path_convert "$p") --json \
+    --progress none)"
   load_after=$(cut -d' ' -f1 /proc/loadavg)
   ref_sha=$(tree_sha "$work/out")
   read -r anon file stages <<<"$(echo "$json" | python3 -c '
@@ -133,7 +134,8 @@ print(j["peak_rss_anon_bytes"] >> 20, j["peak_rss_file_bytes"] >> 20,
   for t in $THREADS; do
     rm -rf "$work/out-t"
     # shellcheck disable=SC2046
-    read -r s _ <<<"$(timed "$M" convert "$src" "$work/out-t" $(path_convert "$p") --threads "$t")"
+    read -r s _ <<<"$(timed "$M" convert "$src" "$work/out-t" $(path_convert "$p") --threads "$t" \
+      --progress none)"
     [ "$(tree_sha "$work/out-t")" = "$ref_sha" ] || same="**NO**"
     row="$row $s |"
   done
