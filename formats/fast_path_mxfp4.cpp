@@ -250,15 +250,20 @@ std::array<int, 64> chunk_sources(bool grouped, bool swap) {
 }
 
 // One expert's E8M0 scales [n, G] as the physical [Gp, np] matrix (zeros beyond), permuted.
+// np is a multiple of the chunk (64 or 32 entries: vLLM pads the rows to 256), so a chunk is a
+// run of rows of one group; the rows of a chunk are read for every group while in cache.
 void marlin_scales(const uint8_t* scales, int64_t n, int64_t groups, int64_t gp, int64_t np,
                    uint8_t* out) {
   const bool grouped = gp > 1;
   const int c = marlin::scale_chunk(grouped);
   const std::array<int, 64> from = chunk_sources(grouped, true);
-  for (int64_t base = 0; base < gp * np; base += c)
-    for (int i = 0; i < c; ++i) {
-      const int64_t at = base + from[static_cast<size_t>(i)], g = at / np, r = at % np;
-      out[base + i] = r < n && g < groups ? scales[r * groups + g] : 0;
+  for (int64_t r0 = 0; r0 < n; r0 += c)  // chunks of padding rows only stay zero
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* dst = out + g * np + r0;
+      for (int i = 0; i < c; ++i) {
+        const int64_t r = r0 + from[static_cast<size_t>(i)];
+        dst[i] = r < n ? scales[r * groups + g] : 0;
+      }
     }
 }
 
