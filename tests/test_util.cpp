@@ -537,6 +537,16 @@ void expect_proj_reader_matches(Rng& rng, const reader::ProjReader& r, const Qua
       ASSERT_TRUE(same_float(row[static_cast<size_t>(kk)], reader::weight(r, whole, n, kk)))
           << "weight_row e=" << whole << " n=" << n << " kk=" << kk;
     }
+    // And its span decoder (the GPU runtime's), span by span, the last one short where
+    // kSpanMax does not divide K.
+    for (int64_t k0 = 0; k0 < K; k0 += reader::kSpanMax) {
+      float span[reader::kSpanMax];
+      const int len = static_cast<int>(std::min<int64_t>(reader::kSpanMax, K - k0));
+      reader::weight_span(r, whole, n, k0, len, span);
+      for (int t = 0; t < len; ++t)
+        ASSERT_TRUE(same_float(span[t], reader::weight(r, whole, n, k0 + t)))
+            << "weight_span e=" << whole << " n=" << n << " kk=" << k0 + t;
+    }
   }
   std::uniform_int_distribution<int64_t> pe(0, E - 1), pn(0, N - 1), pk(0, K - 1);
   for (int64_t i = 0; i < how.samples; ++i) {

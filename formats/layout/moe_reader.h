@@ -394,6 +394,62 @@ MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int6
   }
 }
 
+// The dequantised value of canonical code c with zero point zf (kCodeUint) and scale s: the
+// switch of kind_weight below.
+MOEPACK_HD float canonical_value(const CanonicalParams& p, uint8_t c, float zf, float s) {
+  switch (p.code_type) {
+    case kCodeUint:
+      return (static_cast<float>(c) - zf) * s;
+    case kCodeInt:
+      return static_cast<float>(static_cast<int8_t>(c)) * s;
+    case kCodeFp4:
+      return hd::e2m1_value(c) * s;
+    default:
+      return hd::e4m3_value(c) * s;
+  }
+}
+
+// Columns [k0, k0 + len) of row n at once (weight_span below): kind_weight's formula with the
+// row's scale row, zero row and global scale found once, the scale and zero point reloaded only
+// where the group changes, and no 64-bit division (one sizes below 2^31). Same floats.
+MOEPACK_HD void kind_weight_span(const CanonicalParams& p, const ProjReader& r, int64_t e,
+                                 int64_t n, int64_t k0, int len, float* w) {
+  const int64_t K = r.k, G = p.groups, row = e * r.n + n;
+  const uint32_t un = static_cast<uint32_t>(n);
+  const int64_t srow = (e * p.scale_rows + un / static_cast<uint32_t>(p.scale_block_n)) * G;
+  const float global =
+      p.global_type != kGlobalNone
+          ? p.global_scales[e * p.global_shards + un / static_cast<uint32_t>(p.global_shard_rows)]
+          : 0.0f;
+  const uint8_t* zrow = p.zeros ? p.zeros + row * G : nullptr;
+  const int32_t* gs = p.g_idx ? p.g_idx + e * K : nullptr;
+  // Without g_idx, group g covers [g * group_size, (g + 1) * group_size): the group of column
+  // k0 by one division, then a step at each boundary.
+  const uint32_t gsize = p.group_size > 0 ? static_cast<uint32_t>(p.group_size) : 0u;
+  int64_t g_plain = gsize ? static_cast<uint32_t>(k0) / gsize : 0;
+  int64_t next = gsize ? (g_plain + 1) * gsize : K;
+  int64_t g = -1;
+  float s = 0.0f, zf = static_cast<float>(1 << (p.bits - 1));
+  MOEPACK_UNROLL
+  for (int t = 0; t < len; ++t) {
+    const int64_t kk = k0 + t;
+    if (gsize && kk == next) {
+      ++g_plain;
+      next += gsize;
+    }
+    const int64_t gk = gs ? gs[kk] : g_plain;
+    if (gk != g) {
+      g = gk;
+      s = scale_at(p.scales, srow + g, p.scale_type);
+      if (p.global_type != kGlobalNone)
+        s = p.global_type == kGlobalDecode ? s * global : s / global;
+      if (zrow) zf = static_cast<float>(zrow[g]);
+    }
+    const int64_t ci = row * K + kk;
+    w[t] = canonical_value(p, p.packed_codes ? code_nibble(p, ci) : p.codes[ci], zf, s);
+  }
+}
+
 // ---- kMarlin -----------------------------------------------------------------------------------
 
 // The Marlin MoE kernel's reading of (n, kk): tiles through marlin::word_field_of, scales and
@@ -485,6 +541,60 @@ MOEPACK_HD void kind_weight_row(const MarlinParams& p, const ProjReader& r, int6
 // indices).
 MOEPACK_HD int64_t kind_act_col(const MarlinParams& p, const ProjReader&, int64_t e, int64_t kk) {
   return p.sort_indices ? p.sort_indices[e * p.kp + kk] : kk;
+}
+
+// Columns [k0, k0 + len) of row n at once, k0 a multiple of 16 and len <= 16 (inside one tile
+// along K, also for the a8 tiles of 32): kind_weight's formula with the physical row and the
+// tile found once, the scale and zero point reloaded only where the group changes, and no 64-bit
+// division (one expert's sizes are below 2^31; tile, chunk and pack sizes are powers of two). The
+// GPU runtime's hot loop; same floats.
+MOEPACK_HD void kind_weight_span(const MarlinParams& p, const ProjReader&, int64_t e, int64_t n,
+                                 int64_t k0, int len, float* w) {
+  const int bits = p.bits;
+  const bool a8 = p.a8 != 0;
+  const int64_t Np = p.np;
+  if (p.padded_w13)
+    n += static_cast<int64_t>(static_cast<uint32_t>(n) / static_cast<uint32_t>(p.inter)) *
+         (p.padded_inter - p.inter);
+  const int64_t tau = (a8 ? k0 >> 5 : k0 >> 4) * p.tiles_n + (a8 ? n >> 5 : n >> 6);
+  const uint32_t* tile = p.qweight + e * p.words_per_expert + tau * marlin::words_per_tile(bits);
+  const uint32_t mask = (1u << bits) - 1u;
+  const bool grouped = p.grouped_scales != 0;
+  const int64_t sc = marlin::scale_chunk(grouped);  // 64 or 32
+  const uint16_t* scales = p.scales + e * p.groups * Np;
+  const int pf_shift = bits == 4 ? 3 : 2;  // log2 of pack_factor: 8 or 4 fields a word
+  const uint32_t* zeros = p.qzeros ? p.qzeros + e * p.groups * (Np >> pf_shift) : nullptr;
+  const int32_t* gs = p.g_idx ? p.g_idx + e * p.kp : nullptr;
+  const uint32_t gsize = p.group_size > 0 ? static_cast<uint32_t>(p.group_size) : 0u;
+  int64_t g_plain = gsize ? static_cast<uint32_t>(k0) / gsize : 0;
+  int64_t next = gsize ? (g_plain + 1) * gsize : k0 + len;
+  int64_t g = -1;
+  float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
+  MOEPACK_UNROLL
+  for (int t = 0; t < len; ++t) {
+    const int64_t kk = k0 + t;
+    if (gsize && kk == next) {
+      ++g_plain;
+      next += gsize;
+    }
+    const int64_t gk = gs ? gs[kk] : g_plain;
+    if (gk != g) {
+      g = gk;
+      const int64_t j = g * Np + n;
+      s = scale_at(
+          scales, (j & ~(sc - 1)) + marlin::scale_perm_dst(grouped, static_cast<int>(j & (sc - 1))),
+          p.scale_type);
+      if (zeros) {
+        const int64_t zpos =
+            (j & ~int64_t{63}) + marlin::zero_point_dst(bits, a8, static_cast<int>(j & 63));
+        z = static_cast<float>(
+            (zeros[zpos >> pf_shift] >> (bits * (zpos & ((1 << pf_shift) - 1)))) & mask);
+      }
+    }
+    int word = 0, field = 0;
+    marlin::word_field_of(bits, a8, kk, n, &word, &field);
+    w[t] = (static_cast<float>((tile[word] >> (bits * field)) & mask) - z) * s;
+  }
 }
 
 // ---- kTritonWna16 ------------------------------------------------------------------------------
@@ -836,6 +946,24 @@ MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) 
   visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
 }
 
+// A kind without a span decoder of its own reads its span element by element.
+template <class P>
+MOEPACK_HD void kind_weight_span(const P& p, const ProjReader& r, int64_t e, int64_t n, int64_t k0,
+                                 int len, float* w) {
+  for (int t = 0; t < len; ++t) w[t] = kind_weight(p, r, e, n, k0 + t);
+}
+
+// The widest span weight_span decodes, and the alignment of its first column.
+constexpr int kSpanMax = 16;
+
+// w[t] = weight(r, e, n, k0 + t) for t in [0, len): a span of a row with one dispatch, k0 a
+// multiple of kSpanMax, len <= kSpanMax and k0 + len <= r.k (the GPU runtime's lanes each take
+// one span of a row; bit for bit the same values: tests/test_util.cpp expect_reader_matches).
+MOEPACK_HD void weight_span(const ProjReader& r, int64_t e, int64_t n, int64_t k0, int len,
+                            float* w) {
+  visit(r, [&](const auto& p) { kind_weight_span(p, r, e, n, k0, len, w); });
+}
+
 // col[kk] = act_col(r, e, kk) for kk in [0, r.k).
 MOEPACK_HD void act_cols(const ProjReader& r, int64_t e, int64_t* col) {
   visit(r, [&](const auto& p) {
@@ -948,28 +1076,54 @@ MOEPACK_HD void quantize_nvfp4_block16(const float* x, int64_t k, float a, float
   }
 }
 
-// k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
-MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
-  const int64_t k = r.k;
+// The length of one quantisation unit of `act` over a row of k values: each unit's outputs depend
+// on its own inputs only, and the units start at multiples of it (int8 per token: the whole row;
+// the 16-bit roundings and kNone: each value alone).
+MOEPACK_HD int64_t activation_unit(ActQuant act, int64_t k) {
+  switch (act) {
+    case ActQuant::kInt8PerToken:
+      return k;
+    case ActQuant::kFp8PerTokenGroup128:
+      return 128;
+    case ActQuant::kMxfp8Block32:
+      return 32;
+    case ActQuant::kNvfp4Block16:
+      return 16;
+    default:
+      return 1;
+  }
+}
+
+// The values [k0, k0 + len) of a row of r.k, quantised and dequantised, with x and out pointing at
+// column k0: k0 a multiple of activation_unit(r.act, r.k) and len whole units (or up to the row's
+// end). Equals quantize_activation_row over the same columns (the GPU runtime quantises the units
+// of a row in parallel). Sequential.
+MOEPACK_HD void quantize_activation_span(const ProjReader& r, const float* x, int64_t len,
+                                         float* out) {
   switch (r.act) {
     case ActQuant::kNone:
-      for (int64_t i = 0; i < k; ++i) out[i] = x[i];
+      for (int64_t i = 0; i < len; ++i) out[i] = x[i];
       return;
     case ActQuant::kBf16:
-      for (int64_t i = 0; i < k; ++i) out[i] = hd::bf16_value(hd::bf16_round(x[i]));
+      for (int64_t i = 0; i < len; ++i) out[i] = hd::bf16_value(hd::bf16_round(x[i]));
       return;
     case ActQuant::kFp16:
-      for (int64_t i = 0; i < k; ++i) out[i] = hd::f16_value(hd::f16_round(x[i]));
+      for (int64_t i = 0; i < len; ++i) out[i] = hd::f16_value(hd::f16_round(x[i]));
       return;
     case ActQuant::kInt8PerToken:
-      return quantize_int8_per_token(x, k, out);
+      return quantize_int8_per_token(x, len, out);
     case ActQuant::kFp8PerTokenGroup128:
-      return quantize_fp8_group128(x, k, out);
+      return quantize_fp8_group128(x, len, out);
     case ActQuant::kNvfp4Block16:
-      return quantize_nvfp4_block16(x, k, r.act_scale, out);
+      return quantize_nvfp4_block16(x, len, r.act_scale, out);
     default:
-      return quantize_mxfp8_block32(x, k, out);
+      return quantize_mxfp8_block32(x, len, out);
   }
+}
+
+// k = r.k values in, k out: the kernel's input row, quantised and dequantised. Sequential.
+MOEPACK_HD void quantize_activation_row(const ProjReader& r, const float* x, float* out) {
+  quantize_activation_span(r, x, r.k, out);
 }
 
 }  // namespace moepack::reader

@@ -1,7 +1,9 @@
 // Device code of the generic fused MoE: GEMM1 on w13 with the activation, GEMM2 on w2, and the
 // weighted combine, for any weight reader W (a functor with
 //   float   weight(int64_t e, int64_t n, int64_t kk)   dequantised W[e][n][column kk]
+//   void    weight_span(e, n, k0, len, float* w)       w[t] = weight(e, n, k0 + t), t < len
 //   int64_t act_col(int64_t e, int64_t kk)             activation column of column kk
+//   void    quantize_span(const float* x, len, out)    the activation quantisation of a unit
 // where e is the expert index within the uploaded chunk). Acc is float for the layout side (as
 // the serving kernel accumulates) and double for the reference side (as verify/moe_reference).
 //
@@ -18,10 +20,14 @@
 //   combine_kernel       out[t, h] = sum_k w[t, k] * double(slot_out[t * top_k + k, h]), k in order
 //
 // Tiling: one warp per (expert, output), kWarps outputs a block; the warp walks its expert's rows
-// kRowTile at a time, its lanes the columns (neighbouring weights and activations, gathered
-// through act_col), so each weight is decoded once per row tile and multiplies kRowTile rows from
-// registers, and a chunk of a few experts fills the device (thousands of warps, not tens of
-// blocks). Raw pointers only.
+// kRowTile at a time, and each lane a span of kSpan neighbouring columns of the output's weight
+// row at a time (lane l takes columns [16 l, 16 l + 16), then 512 further on, ...), decoded at
+// once by the reader's span decoder (reader::weight_span: the kind's index work -- Marlin's tile,
+// physical row, scale and zero point; the canonical reader's scale row and group -- done once per
+// span, no 64-bit division), so each weight is decoded once per row tile and multiplies kRowTile
+// rows from registers. A chunk of a few experts fills the device (thousands of warps). Each lane
+// sums its columns in order, the lanes' sums are added in a fixed order at the end: the result
+// does not depend on timing. Raw pointers only.
 #pragma once
 
 #include <cstdint>
@@ -31,21 +37,48 @@
 
 namespace moepack::kernels {
 
-// The generic reader as a W: every layout through formats/layout/moe_reader.h.
+// The generic reader as a W: every layout through formats/layout/moe_reader.h, element by
+// element (one dispatch over the kind per weight).
 struct ReaderWeights {
   reader::ProjReader r;
   __device__ float weight(int64_t e, int64_t n, int64_t kk) const {
     return reader::weight(r, e, n, kk);
   }
+  // w[t] = weight(e, n, k0 + t), t < len.
+  __device__ void weight_span(int64_t e, int64_t n, int64_t k0, int len, float* w) const {
+    for (int t = 0; t < len; ++t) w[t] = reader::weight(r, e, n, k0 + t);
+  }
   __device__ int64_t act_col(int64_t e, int64_t kk) const { return reader::act_col(r, e, kk); }
-  __device__ void quantize_row(const float* x, float* out) const {
-    reader::quantize_activation_row(r, x, out);
+  // The activation quantisation of columns [k0, k0 + len) of a row (x, out at column k0).
+  __device__ void quantize_span(const float* x, int64_t len, float* out) const {
+    reader::quantize_activation_span(r, x, len, out);
+  }
+  int64_t quantize_unit() const { return reader::activation_unit(r.act, r.k); }
+};
+
+// The hot reader kinds (takes()): Marlin's (int4 / int8, every variant of the kind) and the
+// canonical reader (the reference side), through their span decoders (reader::kind_weight_span,
+// the readers' formulas with the index work done once per span; equal to weight() bit for bit),
+// unrolled over a span of constant length so that the span stays in registers.
+struct SpanWeights : ReaderWeights {
+  static bool takes(const reader::ProjReader& r) {
+    return r.kind == reader::Kind::kMarlin || r.kind == reader::Kind::kCanonical;
+  }
+  __device__ void weight_span(int64_t e, int64_t n, int64_t k0, int len, float* w) const {
+    if (r.kind == reader::Kind::kMarlin)
+      reader::kind_weight_span(r.marlin, r, e, n, k0, len, w);
+    else
+      reader::kind_weight_span(r.canonical, r, e, n, k0, len, w);
+  }
+  __device__ int64_t act_col(int64_t e, int64_t kk) const {
+    return r.kind == reader::Kind::kMarlin ? reader::kind_act_col(r.marlin, r, e, kk) : kk;
   }
 };
 
 constexpr int kWarps = 4;  // warps per block: one output row each
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowTile = 8;
+constexpr int kSpan = reader::kSpanMax;  // columns a lane decodes at once
 
 // The sum of v over the warp's lanes, in a fixed order (the result does not depend on timing).
 template <class Acc>
@@ -54,12 +87,28 @@ __device__ inline Acc warp_sum(Acc v) {
   return v;
 }
 
+// acc[r] += sum over columns kk in [k0, k0 + len) of wv[kk - k0] * x_r[act_col(kk)], in column
+// order, for the rows r < rows of the tile (x_r = xr[r], a row of the layer's activations or of the
+// intermediate). Len is kSpan (unrolled, the weights in registers) or a shorter tail.
+template <class W, class In, class Acc>
+__device__ inline void span_fma(const W& w, int64_t e, int64_t k0, int len, const float* wv,
+                                const In* const* xr, int rows, Acc* acc) {
+#pragma unroll
+  for (int t = 0; t < kSpan; ++t) {
+    if (t >= len) break;
+    const int64_t col = w.act_col(e, k0 + t);
+    const Acc wt = static_cast<Acc>(wv[t]);
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r)
+      if (r < rows) acc[r] += wt * static_cast<Acc>(xr[r][col]);
+  }
+}
+
 // grid (ceil(I / kWarps), experts of the chunk), kThreads threads. xq [T, H] (per token), a_out
 // [P, I] (per sorted position), bias [experts of the chunk, gated ? 2 I : I] or null. row_token[p]
 // = the token of sorted position p. One warp per output row i (gate row i and, gated, up row I +
-// i): its lanes walk the columns kk = lane, lane + 32, ... (neighbouring weights and activations),
-// each weight decoded once per tile of kRowTile rows and multiplied into every row of the tile; the
-// lanes' sums are added at the end.
+// i): its lanes walk spans of the columns, each span of weights decoded once per tile of
+// kRowTile rows and multiplied into every row of the tile; the lanes' sums are added at the end.
 template <class W, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm1_act_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* row_token,
@@ -79,18 +128,26 @@ __global__ void __launch_bounds__(kThreads)
       xr[r] = xq + static_cast<int64_t>(row_token[r0 + (r < rows ? r : 0)]) * hidden;
       g[r] = u[r] = Acc(0);
     }
-    for (int64_t kk = lane; kk < hidden; kk += 32) {
-      const int64_t col = w.act_col(le, kk);
-      Acc xv[kRowTile];
-#pragma unroll
-      for (int r = 0; r < kRowTile; ++r) xv[r] = r < rows ? static_cast<Acc>(xr[r][col]) : Acc(0);
-      const Acc wg = static_cast<Acc>(w.weight(le, i, kk));
-#pragma unroll
-      for (int r = 0; r < kRowTile; ++r) g[r] += wg * xv[r];
-      if (gated) {
-        const Acc wu = static_cast<Acc>(w.weight(le, inter + i, kk));
-#pragma unroll
-        for (int r = 0; r < kRowTile; ++r) u[r] += wu * xv[r];
+    for (int64_t k0 = int64_t{lane} * kSpan; k0 < hidden; k0 += 32 * kSpan) {
+      // A whole span has a constant length (its weights stay in registers); the row's tail
+      // where kSpan does not divide H.
+      const int len = hidden - k0 < kSpan ? static_cast<int>(hidden - k0) : kSpan;
+      if (len == kSpan) {
+        float wv[kSpan];
+        w.weight_span(le, i, k0, kSpan, wv);
+        span_fma(w, le, k0, kSpan, wv, xr, rows, g);
+        if (gated) {
+          w.weight_span(le, inter + i, k0, kSpan, wv);
+          span_fma(w, le, k0, kSpan, wv, xr, rows, u);
+        }
+      } else {
+        float tail[kSpan];
+        w.weight_span(le, i, k0, len, tail);
+        span_fma(w, le, k0, len, tail, xr, rows, g);
+        if (gated) {
+          w.weight_span(le, inter + i, k0, len, tail);
+          span_fma(w, le, k0, len, tail, xr, rows, u);
+        }
       }
     }
     const float* b = bias ? bias + le * (gated ? 2 * inter : inter) : nullptr;
@@ -105,17 +162,20 @@ __global__ void __launch_bounds__(kThreads)
         u[r] += bu;
       }
     }
-    if (lane == 0)
-      for (int r = 0; r < rows; ++r)
-        a_out[(r0 + r) * inter + i] =
-            gated ? expert_glu<Acc>(act, g[r], u[r]) : expert_activation<Acc>(act, g[r]);
+    // Constant indices only (an unrolled loop with a guard): the accumulators stay in registers.
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRowTile; ++r)
+        if (r < rows)
+          a_out[(r0 + r) * inter + i] =
+              gated ? expert_glu<Acc>(act, g[r], u[r]) : expert_activation<Acc>(act, g[r]);
+    }
   }
 }
 
 // grid (ceil(H / kWarps), experts of the chunk), kThreads threads. aq [P, I] per sorted
 // position; slot_out [T * top_k, H] per slot (sorted[p] is the slot of position p); bias
-// [experts of the chunk, H] or null. One warp per
-// output n, as gemm1_act_kernel.
+// [experts of the chunk, H] or null. One warp per output n, as gemm1_act_kernel.
 template <class W, class In, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm2_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* sorted,
@@ -127,15 +187,24 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = static_cast<int>(threadIdx.x & 31);
   for (int64_t r0 = begin; r0 < end; r0 += kRowTile) {
     const int rows = static_cast<int>(end - r0 < kRowTile ? end - r0 : kRowTile);
+    const In* ar[kRowTile];
     Acc y[kRowTile];
 #pragma unroll
-    for (int r = 0; r < kRowTile; ++r) y[r] = Acc(0);
-    for (int64_t kk = lane; kk < inter; kk += 32) {
-      const int64_t col = w.act_col(le, kk);
-      const Acc wv = static_cast<Acc>(w.weight(le, n, kk));
-#pragma unroll
-      for (int r = 0; r < kRowTile; ++r)
-        if (r < rows) y[r] += wv * static_cast<Acc>(aq[(r0 + r) * inter + col]);
+    for (int r = 0; r < kRowTile; ++r) {
+      ar[r] = aq + (r0 + (r < rows ? r : 0)) * inter;
+      y[r] = Acc(0);
+    }
+    for (int64_t k0 = int64_t{lane} * kSpan; k0 < inter; k0 += 32 * kSpan) {
+      const int len = inter - k0 < kSpan ? static_cast<int>(inter - k0) : kSpan;
+      if (len == kSpan) {  // as in gemm1_act_kernel
+        float wv[kSpan];
+        w.weight_span(le, n, k0, kSpan, wv);
+        span_fma(w, le, k0, kSpan, wv, ar, rows, y);
+      } else {
+        float tail[kSpan];
+        w.weight_span(le, n, k0, len, tail);
+        span_fma(w, le, k0, len, tail, ar, rows, y);
+      }
     }
     const Acc bn = bias ? static_cast<Acc>(bias[le * hidden + n]) : Acc(0);
 #pragma unroll
@@ -143,26 +212,32 @@ __global__ void __launch_bounds__(kThreads)
       y[r] = warp_sum(y[r]);
       if (bias) y[r] += bn;
     }
-    if (lane == 0)
-      for (int r = 0; r < rows; ++r)
-        slot_out[static_cast<int64_t>(sorted[r0 + r]) * hidden + n] = y[r];
+    if (lane == 0) {  // as in gemm1_act_kernel
+#pragma unroll
+      for (int r = 0; r < kRowTile; ++r)
+        if (r < rows) slot_out[static_cast<int64_t>(sorted[r0 + r]) * hidden + n] = y[r];
+    }
   }
 }
 
-// One thread per row: the row as the next GEMM's input (the reader's activation quantisation).
-// In may be double (the reference's intermediate): rounded to float first, as the kernel's
-// input is; scratch [rows, k] float.
+// One thread per (row, quantisation unit): the rows as the next GEMM's input (the reader's
+// activation quantisation, quantize_span over the unit's columns: the units of a row are
+// independent, reader::activation_unit). In may be double (the reference's intermediate): rounded
+// to float first, as the kernel's input is; scratch, out_scratch [rows, k] float.
 template <class W, class In>
-__global__ void quantize_rows_kernel(W w, In* rows_buf, int64_t rows, int64_t k, float* scratch,
-                                     float* out_scratch) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  In* row = rows_buf + r * k;
-  float* in = scratch + r * k;
-  float* out = out_scratch + r * k;
-  for (int64_t i = 0; i < k; ++i) in[i] = static_cast<float>(row[i]);
-  w.quantize_row(in, out);
-  for (int64_t i = 0; i < k; ++i) row[i] = static_cast<In>(out[i]);
+__global__ void quantize_rows_kernel(W w, In* rows_buf, int64_t rows, int64_t k, int64_t unit,
+                                     float* scratch, float* out_scratch) {
+  const int64_t units = (k + unit - 1) / unit;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * units) return;
+  const int64_t k0 = (i % units) * unit, at = (i / units) * k + k0;
+  const int64_t len = k - k0 < unit ? k - k0 : unit;
+  In* row = rows_buf + at;
+  float* in = scratch + at;
+  float* out = out_scratch + at;
+  for (int64_t j = 0; j < len; ++j) in[j] = static_cast<float>(row[j]);
+  w.quantize_span(in, len, out);
+  for (int64_t j = 0; j < len; ++j) row[j] = static_cast<In>(out[j]);
 }
 
 // One thread per (t, h).

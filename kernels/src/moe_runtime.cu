@@ -304,12 +304,42 @@ struct MoeRuntime::Impl {
     return r;
   }
 
+  // rows [rows, k] quantised in place as w's reader takes them: a thread per quantisation unit
+  // (reader::activation_unit), units of 16-bit roundings taken 8 values a thread.
+  template <typename In>
+  void quantize_rows(const kernels::ReaderWeights& w, In* rows_buf, int64_t rows, int64_t k) {
+    int64_t unit = w.quantize_unit();
+    if (unit == 1) unit = 8;  // value by value: any length is whole units
+    const int64_t threads = rows * ((k + unit - 1) / unit);
+    kernels::quantize_rows_kernel<kernels::ReaderWeights, In>
+        <<<blocks_for(threads, 128), 128, 0, compute>>>(w, rows_buf, rows, k, unit, scratch_in.ptr,
+                                                        scratch_out.ptr);
+  }
+
+  // GEMM1 + activation of experts [first, last) through w (a kernels:: W), a warp per output row.
+  template <class W, typename Acc>
+  void gemm1(const W& w, int64_t first, int64_t last, const float* xq, const float* bias,
+             Acc* inter_buf) {
+    const dim3 grid(blocks_for(layer.inter, kernels::kWarps), static_cast<unsigned>(last - first));
+    kernels::gemm1_act_kernel<W, Acc><<<grid, kernels::kThreads, 0, compute>>>(
+        w, first, offsets.ptr, row_token.ptr, xq, layer.hidden, layer.inter, layer.gated,
+        layer.relu2 ? kActRelu2 : layer.activation, bias, inter_buf);
+  }
+  // GEMM2 of experts [first, last) through w into the slot outputs, a warp per output.
+  template <class W, typename Acc>
+  void gemm2(const W& w, int64_t first, int64_t last, const Acc* inter_buf, const float* bias,
+             Acc* slots) {
+    const dim3 grid(blocks_for(layer.hidden, kernels::kWarps), static_cast<unsigned>(last - first));
+    kernels::gemm2_kernel<W, Acc, Acc><<<grid, kernels::kThreads, 0, compute>>>(
+        w, first, offsets.ptr, sorted.ptr, inter_buf, layer.inter, layer.hidden, bias, slots);
+  }
+
   template <typename Acc>
   void side(int64_t first, int64_t last, const reader::ProjReader& w13,
             const reader::ProjReader& w2, const MoeChunkBiases& biases, const float* xq_src,
             float* xq_buf, Acc* inter_buf, Acc* slots) {
     const int64_t H = layer.hidden, I = layer.inter;
-    const kernels::ReaderWeights W13{w13}, W2{w2};
+    const kernels::ReaderWeights W13{w13}, W2{w2};  // quantisation; GEMMs of the other kinds
     const bool ref = sizeof(Acc) == sizeof(double);
     const float* xq = xq_src;
     if (w13.act != reader::ActQuant::kNone) {
@@ -321,20 +351,18 @@ struct MoeRuntime::Impl {
                                    cudaMemcpyDeviceToDevice, compute),
                    "activations");
         timed(ref ? "quantize tokens (reference)" : "quantize tokens (layout)", compute, [&] {
-          kernels::quantize_rows_kernel<kernels::ReaderWeights, float>
-              <<<blocks_for(tokens, 64), 64, 0, compute>>>(W13, xq_buf, tokens, H, scratch_in.ptr,
-                                                           scratch_out.ptr);
+          quantize_rows(W13, xq_buf, tokens, H);
           check_launch("quantize_rows_kernel (tokens)");
         });
         held = static_cast<int>(w13.act);
       }
       xq = xq_buf;
     }
-    const dim3 g1(blocks_for(I, kernels::kWarps), static_cast<unsigned>(last - first));
     timed(ref ? "gemm1 + activation (reference)" : "gemm1 + activation (layout)", compute, [&] {
-      kernels::gemm1_act_kernel<kernels::ReaderWeights, Acc><<<g1, kernels::kThreads, 0, compute>>>(
-          W13, first, offsets.ptr, row_token.ptr, xq, H, I, layer.gated,
-          layer.relu2 ? kActRelu2 : layer.activation, biases.w13, inter_buf);
+      if (kernels::SpanWeights::takes(w13))
+        gemm1(kernels::SpanWeights{W13}, first, last, xq, biases.w13, inter_buf);
+      else
+        gemm1(W13, first, last, xq, biases.w13, inter_buf);
       check_launch("gemm1_act_kernel");
     });
     const int64_t p0 = host_offsets[static_cast<size_t>(first)];
@@ -342,17 +370,15 @@ struct MoeRuntime::Impl {
     if (w2.act != reader::ActQuant::kNone && p1 > p0) {
       timed(ref ? "quantize intermediate (reference)" : "quantize intermediate (layout)", compute,
             [&] {
-              kernels::quantize_rows_kernel<kernels::ReaderWeights, Acc>
-                  <<<blocks_for(p1 - p0, 64), 64, 0, compute>>>(W2, inter_buf + p0 * I, p1 - p0, I,
-                                                                scratch_in.ptr, scratch_out.ptr);
+              quantize_rows(W2, inter_buf + p0 * I, p1 - p0, I);
               check_launch("quantize_rows_kernel (intermediate)");
             });
     }
-    const dim3 g2(blocks_for(H, kernels::kWarps), static_cast<unsigned>(last - first));
     timed(ref ? "gemm2 (reference)" : "gemm2 (layout)", compute, [&] {
-      kernels::gemm2_kernel<kernels::ReaderWeights, Acc, Acc>
-          <<<g2, kernels::kThreads, 0, compute>>>(W2, first, offsets.ptr, sorted.ptr, inter_buf, I,
-                                                  H, biases.w2, slots);
+      if (kernels::SpanWeights::takes(w2))
+        gemm2(kernels::SpanWeights{W2}, first, last, inter_buf, biases.w2, slots);
+      else
+        gemm2(W2, first, last, inter_buf, biases.w2, slots);
       check_launch("gemm2_kernel");
     });
   }

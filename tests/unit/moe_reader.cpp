@@ -169,6 +169,17 @@ void expect_canonical_equals_dequantize(const QuantTensor& q, const std::string&
               << what << (nibbles ? " packed" : "") << " e=" << e << " n=" << n << " k=" << k
               << ": " << got << " vs " << want;
         }
+      // The span decoder (the GPU runtime's) gives the same floats, span by span.
+      for (int64_t n = 0; n < q.n; ++n)
+        for (int64_t k0 = 0; k0 < q.k; k0 += reader::kSpanMax) {
+          float span[reader::kSpanMax];
+          const int len = static_cast<int>(std::min<int64_t>(reader::kSpanMax, q.k - k0));
+          reader::weight_span(r, e, n, k0, len, span);
+          for (int t = 0; t < len; ++t)
+            ASSERT_TRUE(same_float(span[t], d[static_cast<size_t>(n * q.k + k0 + t)]))
+                << what << (nibbles ? " packed" : "") << " weight_span e=" << e << " n=" << n
+                << " k=" << k0 + t;
+        }
     }
   }
 }
@@ -671,6 +682,35 @@ TEST(ActivationQuant, EachRuleEqualsItsIndependentStatement) {
       expect_same_rows(quantized(ActQuant::kBf16, x), bf, what + " bf16");
       expect_same_rows(quantized(ActQuant::kFp16, x), hf, what + " fp16");
       expect_same_rows(quantized(ActQuant::kNone, x), x, what + " none");
+    }
+  }
+}
+
+// The GPU runtime quantises a row unit by unit in parallel (quantize_activation_span over
+// activation_unit columns from multiples of it): the same values as the whole row for every rule,
+// on the edge rows (NaN and Inf units) and on a row whose length no unit divides.
+TEST(ActivationQuant, UnitByUnitEqualsTheRow) {
+  Rng rng(78);
+  for (size_t k : {size_t{256}, size_t{392}}) {
+    int row_no = 0;
+    for (const auto& x : edge_rows(rng, k)) {
+      for (ActQuant act :
+           {ActQuant::kNone, ActQuant::kBf16, ActQuant::kFp16, ActQuant::kInt8PerToken,
+            ActQuant::kFp8PerTokenGroup128, ActQuant::kMxfp8Block32, ActQuant::kNvfp4Block16}) {
+        const std::string what = "k=" + std::to_string(k) + " row " + std::to_string(row_no) +
+                                 " act " + std::to_string(static_cast<int>(act));
+        ProjReader r = act_reader(act, static_cast<int64_t>(k));
+        r.act_scale = 0.75f;  // NVFP4's activation global scale
+        std::vector<float> want(k), got(k, -3.0f);
+        reader::quantize_activation_row(r, x.data(), want.data());
+        const int64_t unit = reader::activation_unit(act, r.k);
+        ASSERT_GE(unit, 1) << what;
+        for (int64_t k0 = 0; k0 < r.k; k0 += unit)
+          reader::quantize_activation_span(r, x.data() + k0, std::min(unit, r.k - k0),
+                                           got.data() + k0);
+        expect_same_rows(got, want, what);
+      }
+      ++row_no;
     }
   }
 }
