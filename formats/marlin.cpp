@@ -209,6 +209,25 @@ std::vector<uint8_t> marlin_unrepack(const uint32_t* words, int64_t n, int64_t k
   return out;
 }
 
+MarlinCodeMap marlin_code_map(int bits, bool a8) {
+  check_bits(bits, "qweight");
+  MarlinCodeMap m;
+  m.bits = bits;
+  m.a8 = a8;
+  m.tile_n = marlin::tile_n(a8);
+  m.tile_k = marlin::tile_k(a8);
+  m.pack_factor = pack_factor(bits);
+  m.words_per_tile = marlin::words_per_tile(bits);
+  m.word_field.assign(static_cast<size_t>(m.tile_n * m.tile_k), -1);
+  for (int r = 0; r < m.words_per_tile; ++r)
+    for (int f = 0; f < m.pack_factor; ++f) {
+      int64_t kk, nn;
+      marlin::word_field_coords(bits, a8, 0, 0, r, f, &kk, &nn);
+      m.word_field[static_cast<size_t>(nn * m.tile_k + kk)] = r * m.pack_factor + f;
+    }
+  return m;
+}
+
 static void permute_chunks(uint8_t* data, int64_t total, int elem_bytes,
                            const std::vector<int32_t>& src, const char* what) {
   const int64_t c = static_cast<int64_t>(src.size());
@@ -815,7 +834,9 @@ reader::ProjReader marlin_make_reader(const LayoutOptions& lo, const TensorMap& 
 namespace {
 
 // Every parameter decoded, padding included; `rule_inter` is the I the scale rule was given.
-MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t rule_inter) {
+// codes = false: QuantTensor::codes left empty (unpack_marlin_moe_without_codes).
+MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t rule_inter,
+                         bool codes = true) {
   MoeExperts out;
   for (int i = 0; i < 2; ++i) {
     const ProjView& v = L.p[i];
@@ -832,7 +853,7 @@ MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t 
     q.scale_dtype = opts.act_dtype;
     const int64_t E = v.E, N = v.N, K = v.K, G = v.G;
     const int pf = pack_factor(L.bits);
-    q.codes.resize(static_cast<size_t>(E * N * K));
+    if (codes) q.codes.resize(static_cast<size_t>(E * N * K));
     q.scales.resize(static_cast<size_t>(E * N * G * 2));
     if (!q.symmetric) q.zeros.resize(static_cast<size_t>(E * N * G));
     if (v.act_order) q.g_idx.resize(static_cast<size_t>(E * K));
@@ -841,18 +862,21 @@ MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t 
     parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
       for (int64_t e = e0; e < e1; ++e) {
         const std::vector<uint8_t> qp =
-            marlin_unrepack(v.qweight->as<uint32_t>() + e * (K * N / pf), N, K, L.bits, opts.a8);
-        uint8_t* codes = q.codes.data() + e * N * K;
+            codes ? marlin_unrepack(v.qweight->as<uint32_t>() + e * (K * N / pf), N, K, L.bits,
+                                    opts.a8)
+                  : std::vector<uint8_t>{};
+        uint8_t* dst = codes ? q.codes.data() + e * N * K : nullptr;
         if (v.act_order) {
           const std::vector<int32_t> s = read_sort(v, e, opts.prefix + v.names.sort_indices);
           const int32_t* gs = v.g_idx->as<int32_t>() + e * K;
           for (int64_t k = 0; k < K; ++k) {
             const int64_t src = s[static_cast<size_t>(k)];
             q.g_idx[static_cast<size_t>(e * K + src)] = gs[k];
-            for (int64_t n = 0; n < N; ++n) codes[n * K + src] = qp[static_cast<size_t>(n * K + k)];
+            if (!codes) continue;
+            for (int64_t n = 0; n < N; ++n) dst[n * K + src] = qp[static_cast<size_t>(n * K + k)];
           }
-        } else {
-          std::memcpy(codes, qp.data(), qp.size());
+        } else if (codes) {
+          std::memcpy(dst, qp.data(), qp.size());
         }
         std::vector<uint8_t> s(v.scales->data.begin() + e * G * N * 2,
                                v.scales->data.begin() + (e + 1) * G * N * 2);
@@ -876,6 +900,14 @@ MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params)
   if (opts.inter > 0 && opts.inter < L.I)
     return crop_intermediate(opts, unpack_padded(opts, L, opts.inter), opts.inter);
   return unpack_padded(opts, L, L.I);
+}
+
+MoeExperts unpack_marlin_moe_without_codes(const LayoutOptions& opts, const TensorMap& params) {
+  const LayerView L = read_layer(opts, params);
+  // Cropping vLLM 0.33's padded I reads the codes: decoded as unpack_marlin_moe decodes them.
+  if (opts.inter > 0 && opts.inter < L.I)
+    return crop_intermediate(opts, unpack_padded(opts, L, opts.inter), opts.inter);
+  return unpack_padded(opts, L, L.I, false);
 }
 
 // ---- deviations

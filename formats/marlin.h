@@ -19,6 +19,14 @@ namespace moepack {
 
 std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts& experts);
 MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
+// unpack_marlin_moe without the codes where their decode is a pure per-tile gather (every layer
+// but one whose padded I is cropped back): QuantTensor::codes left EMPTY, everything else
+// decoded and validated as unpack_marlin_moe does (the same errors: the act-order sort indices
+// checked to be permutations); the caller decodes the codes elsewhere through marlin_code_map
+// (verify --device cuda: on the device, kernels/moe_runtime.h MarlinCodeDecode). Where the decode
+// crops, the codes are held (the caller tells by codes.empty()).
+MoeExperts unpack_marlin_moe_without_codes(const LayoutOptions& opts,
+                                           const TensorMap& params_by_name);
 std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
                                                      const MoeShape& shape);
 std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts);
@@ -78,6 +86,22 @@ std::vector<uint32_t> marlin_repack(const uint8_t* codes_nk, int64_t n, int64_t 
 // Inverse: words -> codes [N, K] of the logical (permuted) matrix Q'[k, n] = Q[perm[k], n].
 std::vector<uint8_t> marlin_unrepack(const uint32_t* words, int64_t n, int64_t k, int bits,
                                      bool a8);
+// Where each code of a Marlin-tiled [N, K] matrix lies, as data (the device's code decoder,
+// kernels/moe_runtime.h MarlinCodeDecode, reads it; built from word_field_coords, the table
+// marlin_unrepack decodes by): every tile holds tile_n x tile_k codes in words_per_tile words;
+// word_field[nn * tile_k + kk] = r * pack_factor + f: code (nn, kk) of a tile sits in field f
+// (bits [bits*f, bits*f + bits)) of its word r. Tile (kt, nt) of expert e is words
+// [e * K*N/pf + (kt * (N / tile_n) + nt) * words_per_tile, + words_per_tile). A bijection
+// between the tile's codes and its fields.
+struct MarlinCodeMap {
+  int bits = 4;
+  bool a8 = false;
+  int tile_n = 0, tile_k = 0, pack_factor = 0, words_per_tile = 0;
+  std::vector<int32_t> word_field;  // [tile_n * tile_k]
+};
+// kUnsupported for bits other than 4 and 8 (as marlin_unrepack).
+MarlinCodeMap marlin_code_map(int bits, bool a8);
+
 // Scale permutations on a row-major [G, N] tensor of elem_bytes-wide elements (§4.1).
 void marlin_permute_scales(uint8_t* data, int64_t rows, int64_t n, int elem_bytes, bool grouped);
 void marlin_unpermute_scales(uint8_t* data, int64_t rows, int64_t n, int elem_bytes, bool grouped);

@@ -82,9 +82,39 @@ void pack_code_nibbles(const uint8_t* codes, size_t count, bool signed_codes, ui
                 "codes do not fit in 4 bits: cannot be packed two per byte");
 }
 
+namespace {
+
+// QuantTensor::check_consistent for a tensor whose codes live elsewhere (codes_at): no codes
+// held, every other buffer the size its shape says.
+void check_consistent_without_codes(const QuantTensor& q) {
+  const auto fail = [](const std::string& m) {
+    throw Error(ErrorCode::kInternal, "", "canonical reader", "inconsistent QuantTensor: " + m);
+  };
+  if (!q.codes.empty()) fail("codes held and located elsewhere");
+  if (q.experts < 0 || q.n < 0 || q.k < 0) fail("negative extent");
+  if (static_cast<int64_t>(q.scales.size()) !=
+      q.experts * q.scale_rows() * q.groups() * q.scale_bytes())
+    fail("scales size");
+  if (q.symmetric ? !q.zeros.empty()
+                  : static_cast<int64_t>(q.zeros.size()) != q.experts * q.n * q.groups())
+    fail("zeros size");
+  if (!q.g_idx.empty() && static_cast<int64_t>(q.g_idx.size()) != q.experts * q.k)
+    fail("g_idx size");
+  if (q.global_scale == GlobalScale::kNone
+          ? !q.global_scales.empty()
+          : q.global_shards < 1 || q.n % q.global_shards != 0 ||
+                static_cast<int64_t>(q.global_scales.size()) != q.experts * q.global_shards)
+    fail("global scales");
+}
+
+}  // namespace
+
 ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const BufferLocator& locate,
-                                 const NibbleLocator& pack) {
-  q.check_consistent("canonical reader");
+                                 const NibbleLocator& pack, const uint8_t* codes_at) {
+  if (codes_at)
+    check_consistent_without_codes(q);
+  else
+    q.check_consistent("canonical reader");
   ProjReader r = blank_reader(Kind::kCanonical, act);
   r.experts = q.experts;
   r.n = q.n;
@@ -96,7 +126,10 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
     return d;
   };
   reader::CanonicalParams& c = r.canonical;
-  if (pack && q.bits <= 4 && !q.codes.empty()) {
+  if (codes_at) {
+    c.codes = codes_at;
+    c.packed_codes = q.bits <= 4 ? 1 : 0;
+  } else if (pack && q.bits <= 4 && !q.codes.empty()) {
     c.codes = static_cast<const uint8_t*>(pack(q.codes.data(), q.codes.size()));
     if (!c.codes)
       throw Error(ErrorCode::kInternal, "", "canonical reader", "the locator returned null");
@@ -138,8 +171,9 @@ ProjReader make_canonical_reader(const QuantTensor& q, ActQuant act, const Buffe
 }
 
 ProjReader make_reference_reader(const ProjReader& layout, const QuantTensor& q,
-                                 const BufferLocator& locate, const NibbleLocator& pack) {
-  ProjReader r = make_canonical_reader(q, layout.act, locate, pack);
+                                 const BufferLocator& locate, const NibbleLocator& pack,
+                                 const uint8_t* codes_at) {
+  ProjReader r = make_canonical_reader(q, layout.act, locate, pack, codes_at);
   r.act_scale = layout.act_scale;
   return r;
 }

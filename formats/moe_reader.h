@@ -40,16 +40,22 @@ void pack_code_nibbles(const uint8_t* codes, size_t count, bool signed_codes, ui
 // exactly. Throws kInternal when q's buffers disagree with its shape (check_consistent). With
 // `pack` and codes of <= 4 bits, the codes are located packed two per byte (half the bytes to
 // copy to a device).
+// With `codes_at`: q holds no codes (unpack_marlin_moe_without_codes; q.codes empty, else
+// kInternal)
+// and they are at codes_at already, in the form the reader reads them (two per byte, as
+// pack_code_nibbles packs them, for codes of <= 4 bits; one per byte otherwise).
 reader::ProjReader make_canonical_reader(const QuantTensor& q, reader::ActQuant act,
                                          const BufferLocator& locate,
-                                         const NibbleLocator& pack = {});
+                                         const NibbleLocator& pack = {},
+                                         const uint8_t* codes_at = nullptr);
 
 // The canonical reader of q as the reference beside a layout's reader: it quantises activations
 // exactly as `layout` does (its ActQuant and, for kNvfp4Block16, its activation global scale),
 // so the device's two MoEs differ by their weights alone.
 reader::ProjReader make_reference_reader(const reader::ProjReader& layout, const QuantTensor& q,
                                          const BufferLocator& locate,
-                                         const NibbleLocator& pack = {});
+                                         const NibbleLocator& pack = {},
+                                         const uint8_t* codes_at = nullptr);
 
 // y[m, r.n] = x[m, r.k] . W_e^T for expert `expert` of the chunk the reader covers: each output
 // row's weights decoded once by reader::weight_row and multiplied with every activation row,

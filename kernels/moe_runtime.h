@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "formats/layout/moe_reader.h"
+#include "formats/marlin.h"
 
 namespace moepack {
 
@@ -82,6 +83,20 @@ struct MoeProfileEntry {
 struct MoeChunkBiases {
   const float* w13 = nullptr;
   const float* w2 = nullptr;
+};
+
+// The codes of one Marlin-tiled projection of a chunk, decoded on the device (MoeChunkStage::
+// decode_marlin_codes): verify --device cuda's reference codes without --source, read straight
+// from the layout's qweight already in the stage. The output is what the canonical reader reads
+// with packed_codes (formats/moe_reader.h pack_code_nibbles of unpack's codes) for 4-bit codes,
+// unpack's codes themselves for 8-bit: canonical [E, N, K], column j of expert e holding the
+// tiled matrix's row inverse_sort[e * K + j] (act-order: the inverse of the validated sort
+// indices; null: row j), each code found through map (formats/marlin.h marlin_code_map).
+struct MarlinCodeDecode {
+  const void* qweight = nullptr;  // device address (MoeChunkStage::upload) of [E, K/16, N*16/pf]
+  int64_t experts = 0, n = 0, k = 0;
+  const MarlinCodeMap* map = nullptr;
+  const int32_t* inverse_sort = nullptr;  // host [E, K] (copied into the stage), or null
 };
 
 // The layer's results: [T, H] combined outputs and [T * top_k, H] unweighted per-slot outputs of
@@ -138,6 +153,9 @@ class MoeRuntime {
                         const reader::ProjReader& ref_w13, const reader::ProjReader& ref_w2,
                         const MoeChunkBiases& biases = {}, const MoeChunkBiases& ref_biases = {});
   MoeLayerOutputs finish_layer();
+  // Tests: the stage's copy up and its code decodes issued as run_staged_chunk issues them, then
+  // device[0, bytes) (an address the stage returned) brought back; the stage goes back to the pool.
+  std::vector<uint8_t> staged_bytes(MoeChunkStage& stage, const void* device, size_t bytes);
   // Seconds the MoE kernels of every finished layer took on the device (CUDA events around each
   // forward_chunk's launches on the compute stream), for verify's timing.
   double kernel_seconds() const;
@@ -180,6 +198,12 @@ class MoeChunkStage {
   // kInternal on an empty stage.
   const void* upload(const void* host, size_t bytes);
   const void* upload_nibbles(const uint8_t* codes, size_t count, bool signed_codes);
+  // Codes decoded on the device (MarlinCodeDecode): the map and the inverse sort copied into the
+  // slot, device memory of the slot set aside for the output, whose address this returns; the
+  // decode runs in run_staged_chunk after the slot's copy up, before the chunk's kernels
+  // ("decode codes (reference)" in the profile). kInternal for a shape that is not whole tiles
+  // or a map that does not match the bits.
+  const uint8_t* decode_marlin_codes(const MarlinCodeDecode& decode);
   bool empty() const { return runtime_ == nullptr; }
 
  private:

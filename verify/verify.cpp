@@ -6,6 +6,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -27,6 +28,7 @@
 #include "core/memory.h"
 #include "core/sha256.h"
 #include "core/threads.h"
+#include "formats/marlin.h"
 #include "formats/moe_reader.h"
 #include "formats/mxfp8.h"
 #include "formats/parallel.h"
@@ -662,6 +664,10 @@ struct LayerRun {
   // every core busy (more would only start threads per chunk).
   int chunk_threads = 0;
   int within_chunk() const { return chunk_threads > 0 ? chunk_threads : threads; }
+  // --device cuda without --source: the reference's codes of the Marlin rows decoded on the
+  // device (LayerJob::device_codes), unless MOEPACK_VERIFY_HOST_DECODE is set (not "0": decoded
+  // and packed on the host as for every other row).
+  bool device_codes = false;
   bool rounded_note = false;
   bool requant_note = false;
   // Progress: each layer's parameter bytes and the bytes of the layers before it.
@@ -719,6 +725,10 @@ struct LayerJob {
   std::vector<std::vector<TensorView>> rank_views;
   std::vector<LayoutOptions> rank_lo;
   int64_t chunk = 1;
+  // A Marlin row evaluated on the device without a source: its chunks are decoded without the
+  // codes (unpack_marlin_moe_without_codes) and the reference's codes decoded on the device
+  // (stage_device_chunk, device_reference_codes).
+  bool device_codes = false;
   // The router and the hidden states; the experts' input where the router changes it
   // (route_layer: Llama-4 scales it by the weight), else empty.
   ref::RouterTensors router;
@@ -780,6 +790,8 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
   job.spec.gated = job.lo.gated;
   job.spec.activation = run.activation;
   job.spec.threads = run.threads;
+  job.device_codes = run.device_codes && !job.src_layer && !manifest.parallel &&
+                     run.layout->unpack == &unpack_marlin_moe;
   // Expert chunks by convert's rule (--chunk-size, and at least kMinChunksPerLayer chunks a
   // layer, as make_plan): the packed chunk, its decoding and the source's chunk are all that is
   // held (the mapped shards are read, not copied). With a source verify holds two canonical
@@ -958,7 +970,8 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
         c.params = param_chunk(job.views, E, e0, e1, run.within_chunk());
       }
       StageTimer t(&run.clock->decode_ns);
-      c.decoded = run.layout->unpack(job.lo, c.params);
+      c.decoded = job.device_codes ? unpack_marlin_moe_without_codes(job.lo, c.params)
+                                   : run.layout->unpack(job.lo, c.params);
     }
   } catch (const Error& e) {
     c.failure = e;
@@ -1548,6 +1561,49 @@ int device_stage_slots(int workers) {
 // thread then only issues the slot's copy up and the kernels (MoeRuntime::run_staged_chunk). The
 // chunk's host bytes are dropped here, on the worker: the device reads the slot. What building
 // the readers throws is c.stage_failure, handled by the loop where evaluating fails.
+// The reference's codes of one projection where unpack left them empty
+// (unpack_marlin_moe_without_codes: a Marlin row, no padded I cropped), decoded on the device from
+// the layout's qweight already in the stage (`located`: each staged parameter's device address by
+// name) through the code map (formats/marlin.h marlin_code_map), act-order columns through the
+// inverse of the sort indices unpack validated. Null where unpack held the codes (the host packs
+// them, as for every other row).
+const uint8_t* device_reference_codes(const LayoutOptions& lo, const PreparedChunk& c, MoeProj proj,
+                                      const QuantTensor& q, MoeChunkStage& st,
+                                      const std::map<std::string, const void*>& located) {
+  if (!q.codes.empty() || q.experts * q.n * q.k == 0) return nullptr;
+  const MarlinParamNames names = marlin_param_names(lo.source_method, proj);
+  const std::string qname = lo.prefix + names.qweight;
+  const auto at = located.find(qname);
+  if (at == located.end())
+    throw Error(ErrorCode::kInternal, "", qname, "the reference's codes: qweight not staged");
+  std::vector<int32_t> inverse;
+  if (!q.g_idx.empty()) {
+    const std::string sname = lo.prefix + names.sort_indices;
+    const Tensor& sort = require_tensor(c.params, sname);
+    const int64_t K = q.k, count = q.experts * q.k;
+    if (static_cast<int64_t>(sort.data.size()) != count * 4)
+      throw Error(ErrorCode::kInternal, "", sname, "sort indices do not match the codes");
+    inverse.assign(static_cast<size_t>(count), -1);
+    const int32_t* s = sort.as<int32_t>();
+    for (int64_t e = 0; e < q.experts; ++e)
+      for (int64_t k = 0; k < K; ++k) {
+        const int32_t j = s[e * K + k];  // a permutation: unpack checked it (read_sort)
+        if (j < 0 || j >= K)
+          throw Error(ErrorCode::kInternal, "", sname, "sort index outside [0, K)");
+        inverse[static_cast<size_t>(e * K + j)] = static_cast<int32_t>(k);
+      }
+  }
+  const MarlinCodeMap map = marlin_code_map(q.bits, lo.a8);
+  MarlinCodeDecode d;
+  d.qweight = at->second;
+  d.experts = q.experts;
+  d.n = q.n;
+  d.k = q.k;
+  d.map = &map;
+  d.inverse_sort = inverse.empty() ? nullptr : inverse.data();
+  return st.decode_marlin_codes(d);
+}
+
 void stage_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job,
                         PreparedChunk& c) {
   StageTimer staging(&run.clock->stage_ns);
@@ -1555,8 +1611,11 @@ void stage_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job
     auto d = std::make_unique<DeviceChunk>();
     d->stage = rt.acquire_stage();
     MoeChunkStage& st = d->stage;
-    const ParamLocator locate_param = [&st](const std::string&, const Tensor& t) {
-      return st.upload(t.data.data(), t.data.size());
+    std::map<std::string, const void*> located;  // each staged parameter's device address
+    const ParamLocator locate_param = [&st, &located](const std::string& name, const Tensor& t) {
+      const void* at = st.upload(t.data.data(), t.data.size());
+      located[name] = at;
+      return at;
     };
     const BufferLocator locate_buffer = [&st](const void* p, size_t bytes) {
       return st.upload(p, bytes);
@@ -1571,8 +1630,13 @@ void stage_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job
       };
     };
     // The reference quantises activations as the layout's readers do (NVFP4's activation scale).
-    d->ref_w13 = make_reference_reader(d->w13, reference.w13, locate_buffer, packed(reference.w13));
-    d->ref_w2 = make_reference_reader(d->w2, reference.w2, locate_buffer, packed(reference.w2));
+    // Codes unpack left to the device (job.device_codes) are decoded there, after the copy up.
+    d->ref_w13 = make_reference_reader(
+        d->w13, reference.w13, locate_buffer, packed(reference.w13),
+        device_reference_codes(job.lo, c, MoeProj::kW13, reference.w13, st, located));
+    d->ref_w2 = make_reference_reader(
+        d->w2, reference.w2, locate_buffer, packed(reference.w2),
+        device_reference_codes(job.lo, c, MoeProj::kW2, reference.w2, st, located));
     // Expert biases (gpt-oss), each side's, as the CPU path adds them (ref::ChunkBiases).
     const ref::ChunkBiases biases = chunk_biases(c);
     ref::check_chunk_biases(job.spec, c.e0, c.e1, biases);
@@ -1659,6 +1723,8 @@ void verify_layers_cuda(LayerRun& run) {
   std::vector<std::optional<Error>> job_error;
   const int workers = pipeline_workers(run.threads);
   run.chunk_threads = std::max(1, run.threads / workers);
+  const char* host_decode = std::getenv("MOEPACK_VERIFY_HOST_DECODE");
+  run.device_codes = !run.src && !(host_decode && *host_decode && std::string(host_decode) != "0");
   const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
   run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
   const auto stage = [&run, ready = device.ready()](const LayerJob& job, PreparedChunk& c) {

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "formats/moe_reader.h"
+#include "kernels/include/marlin_code_decode.cuh"
 #include "kernels/include/moe_fused.cuh"
 #include "kernels/include/moe_routing.cuh"
 #include "kernels/include/moe_sort.cuh"
@@ -67,14 +68,25 @@ struct StagingBlock {
   uint8_t* device = nullptr;
   size_t capacity = 0, used = 0;
 };
+// A code decode a chunk stage runs after its copy up (MoeChunkStage::decode_marlin_codes).
+struct CodeDecodeJob {
+  kernels::MarlinCodeGather gather;
+  uint8_t* out = nullptr;
+  int64_t out_bytes = 0;
+};
 struct StagingArea {
   std::vector<StagingBlock> blocks;
   size_t current = 0;
   cudaEvent_t done = nullptr;  // recorded after the last chunk that read this area
   uint64_t bytes = 0;          // bytes uploaded into it since it was last emptied
+  // Device-only memory of a chunk stage (decoded codes): blocks, grown and reused like `blocks`.
+  std::vector<StagingBlock> device_blocks;
+  std::vector<CodeDecodeJob> decodes;
   // Empty again (its chunk's kernels finished).
   void clear() {
     for (StagingBlock& b : blocks) b.used = 0;
+    for (StagingBlock& b : device_blocks) b.used = 0;
+    decodes.clear();
     current = 0;
     bytes = 0;
   }
@@ -83,6 +95,9 @@ struct StagingArea {
       if (b.host) cudaFreeHost(b.host);
       if (b.device) cudaFree(b.device);
     }
+    for (StagingBlock& b : device_blocks)
+      if (b.device) cudaFree(b.device);
+    device_blocks.clear();
     blocks.clear();
     if (done) cudaEventDestroy(done);
     done = nullptr;
@@ -119,6 +134,28 @@ std::pair<uint8_t*, uint8_t*> stage_in(StagingArea& a, size_t bytes, size_t min_
   b.used += need;
   a.bytes += bytes;
   return at;
+}
+
+// Device memory for `bytes` in `a`'s device-only blocks, 256-byte aligned: a new block (at least
+// `min_block`, at least what the area holds) when none has room.
+uint8_t* device_in(StagingArea& a, size_t bytes, size_t min_block) {
+  constexpr size_t kAlign = 256;
+  const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+  size_t held = 0;
+  for (StagingBlock& b : a.device_blocks) {
+    if (b.capacity - b.used >= need) {
+      uint8_t* at = b.device + b.used;
+      b.used += need;
+      return at;
+    }
+    held += b.capacity;
+  }
+  StagingBlock b;
+  b.capacity = std::max({need, min_block, held});
+  check_cuda(cudaMalloc(reinterpret_cast<void**>(&b.device), b.capacity), "device codes");
+  b.used = need;
+  a.device_blocks.push_back(b);
+  return b.device;
 }
 
 // MOEPACK_VERIFY_PROFILE set (not "0"): every launch and upload of the runtime timed by its own
@@ -244,6 +281,26 @@ struct MoeRuntime::Impl {
     if (copy) cudaStreamDestroy(copy);
   }
 
+  // A chunk stage's slot copied up on the copy stream, then its code decodes on the same stream
+  // (the chunk's kernels wait for both through `copied`).
+  void issue_stage(StagingArea& a) {
+    timed("upload (host to device)", copy, [&] {
+      for (const StagingBlock& b : a.blocks)
+        if (b.used > 0)
+          check_cuda(cudaMemcpyAsync(b.device, b.host, b.used, cudaMemcpyHostToDevice, copy),
+                     "upload");
+    });
+    uploaded_bytes += a.bytes;
+    if (a.decodes.empty()) return;
+    timed("decode codes (reference)", copy, [&] {
+      for (const CodeDecodeJob& j : a.decodes) {
+        const unsigned blocks =
+            static_cast<unsigned>(std::min<int64_t>((j.out_bytes + 255) / 256, int64_t{65535} * 8));
+        kernels::marlin_code_decode_kernel<<<blocks, 256, 0, copy>>>(j.gather, j.out, j.out_bytes);
+        check_launch("marlin_code_decode_kernel");
+      }
+    });
+  }
   void prepare_layer(const MoeLayerSpec& spec, int64_t T, int k, const float* x);
   template <class F>
   void fill_and_copy(uint8_t* dst, uint8_t* dev, size_t bytes, const F& fill);
@@ -678,13 +735,7 @@ void MoeRuntime::run_staged_chunk(MoeChunkStage& stage, int64_t first, int64_t l
   StagingArea* const before = m.active;
   m.active = &a;
   try {
-    m.timed("upload (host to device)", m.copy, [&] {
-      for (const StagingBlock& b : a.blocks)
-        if (b.used > 0)
-          check_cuda(cudaMemcpyAsync(b.device, b.host, b.used, cudaMemcpyHostToDevice, m.copy),
-                     "upload");
-    });
-    m.uploaded_bytes += a.bytes;
+    m.issue_stage(a);
     run_chunk(first, last, w13, w2, ref_w13, ref_w2, biases, ref_biases);
   } catch (...) {
     // The slot is reused only after whatever was queued on it (best effort: this is a failure).
@@ -696,6 +747,30 @@ void MoeRuntime::run_staged_chunk(MoeChunkStage& stage, int64_t first, int64_t l
   }
   m.active = before;
   stage.release();
+}
+
+std::vector<uint8_t> MoeRuntime::staged_bytes(MoeChunkStage& stage, const void* device,
+                                              size_t bytes) {
+  Impl& m = *impl_;
+  if (stage.runtime_ != &m)
+    throw Error(ErrorCode::kInternal, "", "MoeRuntime",
+                "staged_bytes: an empty stage, or one of another runtime");
+  StagingArea& a = *m.stage_slots[static_cast<size_t>(stage.slot_)];
+  std::vector<uint8_t> out(bytes);
+  try {
+    m.issue_stage(a);
+    check_cuda(cudaStreamSynchronize(m.copy), "staged bytes");
+    if (bytes > 0)
+      check_cuda(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), "staged bytes");
+  } catch (...) {
+    cudaStreamSynchronize(m.copy);
+    cudaEventRecord(a.done, m.copy);
+    throw;
+  }
+  check_cuda(cudaEventRecord(a.done, m.copy), "event");
+  if (m.profile) m.collect_profile();
+  stage.release();
+  return out;
 }
 
 MoeChunkStage::~MoeChunkStage() {
@@ -757,6 +832,48 @@ const void* MoeChunkStage::upload_nibbles(const uint8_t* codes, size_t count, bo
     ++m.fills;
   }
   return at.second;
+}
+
+const uint8_t* MoeChunkStage::decode_marlin_codes(const MarlinCodeDecode& d) {
+  if (!runtime_) throw Error(ErrorCode::kInternal, "", "MoeChunkStage", "decode in an empty stage");
+  const auto bad = [](const std::string& why) {
+    return Error(ErrorCode::kInternal, "", "MoeChunkStage", "decode_marlin_codes: " + why);
+  };
+  if (!d.map || !d.qweight) throw bad("no map or no qweight");
+  const MarlinCodeMap& map = *d.map;
+  if ((map.bits != 4 && map.bits != 8) || map.tile_n <= 0 || map.tile_k <= 0 ||
+      map.word_field.size() != static_cast<size_t>(map.tile_n * map.tile_k) ||
+      map.pack_factor != 32 / map.bits || map.words_per_tile * map.pack_factor != 1024)
+    throw bad("a map that does not match its bits");
+  if (d.experts <= 0 || d.n <= 0 || d.k <= 0 || d.n % map.tile_n != 0 || d.k % map.tile_k != 0)
+    throw bad("shape [" + std::to_string(d.experts) + ", " + std::to_string(d.n) + ", " +
+              std::to_string(d.k) + "] is not whole tiles");
+  MoeRuntime::Impl& m = *runtime_;
+  kernels::MarlinCodeGather g{};
+  g.qweight = static_cast<const uint32_t*>(d.qweight);
+  g.word_field =
+      static_cast<const int32_t*>(upload(map.word_field.data(), map.word_field.size() * 4));
+  g.inverse_sort = d.inverse_sort ? static_cast<const int32_t*>(upload(
+                                        d.inverse_sort, static_cast<size_t>(d.experts * d.k) * 4))
+                                  : nullptr;
+  g.experts = d.experts;
+  g.n = d.n;
+  g.k = d.k;
+  g.tiles_n = d.n / map.tile_n;
+  g.words_per_expert = d.k * d.n / map.pack_factor;
+  g.bits = map.bits;
+  g.tile_n = map.tile_n;
+  g.tile_k = map.tile_k;
+  g.pack_factor = map.pack_factor;
+  g.words_per_tile = map.words_per_tile;
+  const int64_t count = d.experts * d.n * d.k;
+  CodeDecodeJob job;
+  job.gather = g;
+  job.out_bytes = map.bits == 4 ? (count + 1) / 2 : count;
+  StagingArea& a = *m.stage_slots[static_cast<size_t>(slot_)];
+  job.out = device_in(a, static_cast<size_t>(job.out_bytes), kMinStageSlotBlock);
+  a.decodes.push_back(job);
+  return job.out;
 }
 
 MoeLayerOutputs MoeRuntime::finish_layer() {

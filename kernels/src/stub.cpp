@@ -75,6 +75,12 @@ const void* MoeChunkStage::upload(const void*, size_t) {
 const void* MoeChunkStage::upload_nibbles(const uint8_t*, size_t, bool) {
   no_cuda();
 }
+const uint8_t* MoeChunkStage::decode_marlin_codes(const MarlinCodeDecode&) {
+  no_cuda();
+}
+std::vector<uint8_t> MoeRuntime::staged_bytes(MoeChunkStage&, const void*, size_t) {
+  no_cuda();
+}
 MoeLayerOutputs MoeRuntime::finish_layer() {
   no_cuda();
 }
