@@ -845,6 +845,8 @@ const uint8_t* MoeChunkStage::decode_marlin_codes(const MarlinCodeDecode& d) {
       map.word_field.size() != static_cast<size_t>(map.tile_n * map.tile_k) ||
       map.pack_factor != 32 / map.bits || map.words_per_tile * map.pack_factor != 1024)
     throw bad("a map that does not match its bits");
+  for (const int32_t v : map.word_field)
+    if (v < 0 || v >= 1024) throw bad("a map entry outside its tile's fields");
   if (d.experts <= 0 || d.n <= 0 || d.k <= 0 || d.n % map.tile_n != 0 || d.k % map.tile_k != 0)
     throw bad("shape [" + std::to_string(d.experts) + ", " + std::to_string(d.n) + ", " +
               std::to_string(d.k) + "] is not whole tiles");
