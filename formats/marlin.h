@@ -18,7 +18,11 @@
 namespace moepack {
 
 std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts& experts);
+// The row's unpack: the 16-bit-activation tiles through the word-at-a-time decode
+// (formats/fast_unpack.h), the a8 tiles through the scalar one. Same bytes and errors as
+// unpack_marlin_moe_scalar, the definition (STYLE.md §4), which tests compare it with.
 MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
+MoeExperts unpack_marlin_moe_scalar(const LayoutOptions& opts, const TensorMap& params_by_name);
 std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
                                                      const MoeShape& shape);
 std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts);
