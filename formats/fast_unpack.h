@@ -1,5 +1,6 @@
-// Fast Marlin decode: tile words -> canonical codes several codes per operation, scales and
-// zero points un-permuted and transposed in one pass. The inverse of the word-at-a-time pack of
+// Fast Marlin decode: tile words -> canonical codes several codes per operation (SSE2 on
+// x86-64, 64-bit integer words elsewhere), scales and zero points un-permuted and transposed
+// in one pass. The inverse of the word-at-a-time pack of
 // formats/fast_path.cpp (marlin_tile_int4 / marlin_tile_int8), used by the Marlin row's unpack
 // (formats/marlin.cpp) for every 16-bit-activation integer layer: GPTQ int4/int8, AWQ int4 with
 // zero points, compressed-tensors W4A16/W8A16, with and without act-order, every group size.
@@ -30,6 +31,10 @@ bool marlin_unrepack_fast_applies(int bits, bool a8);
 // Codes [N, K] (one per byte) of the logical matrix Q'[k, n] the tiles hold, written to out_nk
 // (N * K bytes): marlin_unrepack's bytes. words: [K/16, N*16/pf] uint32. N % 64 == 0, K % 16 == 0.
 void marlin_unrepack_fast(const uint32_t* words, int64_t n, int64_t k, int bits, uint8_t* out_nk);
+
+// The same bytes with 64-bit integer words only (no SIMD): what marlin_unrepack_fast runs where
+// SSE2 is missing (it takes SSE2 on x86-64); tests compare both with the scalar decode.
+void marlin_unrepack_swar(const uint32_t* words, int64_t n, int64_t k, int bits, uint8_t* out_nk);
 
 // The same with the act-order rows put back: out_nk[n * K + sort[k]] = Q'[k, n]. `sort` is a
 // permutation of [0, K) (checked by the caller); scratch holds N * K bytes.

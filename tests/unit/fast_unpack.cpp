@@ -43,6 +43,9 @@ TEST(FastUnpack, TilesEqualScalarUnrepackOnRandomWords) {
     std::vector<uint8_t> got(static_cast<size_t>(n * k), 0xee);
     marlin_unrepack_fast(w.data(), n, k, bits, got.data());
     ASSERT_TRUE(got == want) << dims(n, k, bits);
+    std::vector<uint8_t> swar(got.size(), 0xee);
+    marlin_unrepack_swar(w.data(), n, k, bits, swar.data());
+    ASSERT_TRUE(swar == want) << dims(n, k, bits) << " (64-bit words)";
     // Act-order rows: row n's code k' lands at column sort[k'].
     std::vector<int32_t> sort(static_cast<size_t>(k));
     std::iota(sort.begin(), sort.end(), 0);
