@@ -6,6 +6,7 @@
 
 #include "core/half.h"
 #include "core/threads.h"
+#include "formats/fast_unpack.h"
 #include "formats/layout/marlin_layout.h"
 #include "formats/moe_reader.h"
 #include "formats/wna16_util.h"
@@ -833,15 +834,84 @@ reader::ProjReader marlin_make_reader(const LayoutOptions& lo, const TensorMap& 
 
 namespace {
 
+// One expert of one projection, the scalar definition: the tiles through the per-code map
+// (marlin_unrepack), the act-order rows put back code by code, scales and zero points through
+// the generic chunk permutations. `q` is allocated; `grouped`: the scale permutation.
+void unpack_expert_scalar(const LayoutOptions& opts, const ProjView& v, int bits, bool grouped,
+                          int64_t e, QuantTensor& q) {
+  const int64_t N = v.N, K = v.K, G = v.G;
+  const int pf = pack_factor(bits);
+  // Empty codes: everything but the codes (unpack_marlin_moe_without_codes).
+  const bool with_codes = !q.codes.empty();
+  const std::vector<uint8_t> qp =
+      with_codes
+          ? marlin_unrepack(v.qweight->as<uint32_t>() + e * (K * N / pf), N, K, bits, opts.a8)
+          : std::vector<uint8_t>{};
+  uint8_t* codes = with_codes ? q.codes.data() + e * N * K : nullptr;
+  if (v.act_order) {
+    const std::vector<int32_t> s = read_sort(v, e, opts.prefix + v.names.sort_indices);
+    const int32_t* gs = v.g_idx->as<int32_t>() + e * K;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t src = s[static_cast<size_t>(k)];
+      q.g_idx[static_cast<size_t>(e * K + src)] = gs[k];
+      if (!with_codes) continue;
+      for (int64_t n = 0; n < N; ++n) codes[n * K + src] = qp[static_cast<size_t>(n * K + k)];
+    }
+  } else if (with_codes) {
+    std::memcpy(codes, qp.data(), qp.size());
+  }
+  std::vector<uint8_t> s(v.scales->data.begin() + e * G * N * 2,
+                         v.scales->data.begin() + (e + 1) * G * N * 2);
+  marlin_unpermute_scales(s.data(), G, N, 2, grouped);
+  wna16::transpose_bytes(s.data(), G, N, 2, q.scales.data() + e * N * G * 2);
+  if (v.qzeros) {
+    const std::vector<uint8_t> zp =
+        marlin_unpack_zero_points(v.qzeros->as<uint32_t>() + e * G * (N / pf), G, N, bits, opts.a8);
+    wna16::transpose_bytes(zp.data(), G, N, 1, q.zeros.data() + e * N * G);
+  }
+}
+
+// The same bytes and errors through formats/fast_unpack.h (16-bit-activation tiles): the codes
+// decoded straight into q, the sort indices checked first as the scalar path checks them.
+// `scratch`: the calling thread's buffer for act-order rows.
+void unpack_expert_fast(const LayoutOptions& opts, const ProjView& v, int bits, bool grouped,
+                        int64_t e, QuantTensor& q, std::vector<uint8_t>& scratch) {
+  const int64_t N = v.N, K = v.K, G = v.G;
+  const int pf = pack_factor(bits);
+  const uint32_t* words = v.qweight->as<uint32_t>() + e * (K * N / pf);
+  uint8_t* codes = q.codes.data() + e * N * K;
+  if (v.act_order) {
+    const std::vector<int32_t> s = read_sort(v, e, opts.prefix + v.names.sort_indices);
+    const int32_t* gs = v.g_idx->as<int32_t>() + e * K;
+    for (int64_t k = 0; k < K; ++k)
+      q.g_idx[static_cast<size_t>(e * K + s[static_cast<size_t>(k)])] = gs[k];
+    scratch.resize(static_cast<size_t>(N * K));
+    marlin_unrepack_sorted_fast(words, N, K, bits, s.data(), scratch.data(), codes);
+  } else {
+    marlin_unrepack_fast(words, N, K, bits, codes);
+  }
+  marlin_unpermute_transpose_scales(v.scales->as<uint16_t>() + e * G * N, G, N, grouped,
+                                    reinterpret_cast<uint16_t*>(q.scales.data()) + e * N * G);
+  if (v.qzeros)
+    marlin_unpack_zero_points_transposed(v.qzeros->as<uint32_t>() + e * G * (N / pf), G, N, bits,
+                                         opts.a8, q.zeros.data() + e * N * G);
+}
+
 // Every parameter decoded, padding included; `rule_inter` is the I the scale rule was given.
-// codes = false: QuantTensor::codes left empty (unpack_marlin_moe_without_codes).
+// fast: the word-at-a-time decode where it applies (unpack_expert_fast), else the scalar one.
+// One parallel loop over (projection, expert), w13's experts first: a failing expert stops its
+// thread's range and the lowest failing item is reported, as projection by projection.
+// codes = false: QuantTensor::codes left empty (unpack_marlin_moe_without_codes), through the
+// scalar per-expert decode, which skips them.
 MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t rule_inter,
-                         bool codes = true) {
+                         bool fast, bool codes = true) {
   MoeExperts out;
+  QuantTensor* qs[2] = {&out.w13, &out.w2};
+  bool grouped[2];
   for (int i = 0; i < 2; ++i) {
     const ProjView& v = L.p[i];
     const MoeProj proj = i == 0 ? MoeProj::kW13 : MoeProj::kW2;
-    QuantTensor& q = i == 0 ? out.w13 : out.w2;
+    QuantTensor& q = *qs[i];
     q.experts = v.E;
     q.n = v.N;
     q.k = v.K;
@@ -852,62 +922,52 @@ MoeExperts unpack_padded(const LayoutOptions& opts, const LayerView& L, int64_t 
     q.symmetric = v.qzeros == nullptr;
     q.scale_dtype = opts.act_dtype;
     const int64_t E = v.E, N = v.N, K = v.K, G = v.G;
-    const int pf = pack_factor(L.bits);
     if (codes) q.codes.resize(static_cast<size_t>(E * N * K));
     q.scales.resize(static_cast<size_t>(E * N * G * 2));
     if (!q.symmetric) q.zeros.resize(static_cast<size_t>(E * N * G));
     if (v.act_order) q.g_idx.resize(static_cast<size_t>(E * K));
-    const bool grouped = marlin_scales_grouped(opts, proj, L.group_size, G, rule_inter, L.bits,
-                                               opts.vllm_w13_scale_size_k);
-    parallel_for(E, opts.threads, [&](int64_t e0, int64_t e1) {
-      for (int64_t e = e0; e < e1; ++e) {
-        const std::vector<uint8_t> qp =
-            codes ? marlin_unrepack(v.qweight->as<uint32_t>() + e * (K * N / pf), N, K, L.bits,
-                                    opts.a8)
-                  : std::vector<uint8_t>{};
-        uint8_t* dst = codes ? q.codes.data() + e * N * K : nullptr;
-        if (v.act_order) {
-          const std::vector<int32_t> s = read_sort(v, e, opts.prefix + v.names.sort_indices);
-          const int32_t* gs = v.g_idx->as<int32_t>() + e * K;
-          for (int64_t k = 0; k < K; ++k) {
-            const int64_t src = s[static_cast<size_t>(k)];
-            q.g_idx[static_cast<size_t>(e * K + src)] = gs[k];
-            if (!codes) continue;
-            for (int64_t n = 0; n < N; ++n) dst[n * K + src] = qp[static_cast<size_t>(n * K + k)];
-          }
-        } else if (codes) {
-          std::memcpy(dst, qp.data(), qp.size());
-        }
-        std::vector<uint8_t> s(v.scales->data.begin() + e * G * N * 2,
-                               v.scales->data.begin() + (e + 1) * G * N * 2);
-        marlin_unpermute_scales(s.data(), G, N, 2, grouped);
-        wna16::transpose_bytes(s.data(), G, N, 2, q.scales.data() + e * N * G * 2);
-        if (v.qzeros) {
-          const std::vector<uint8_t> zp = marlin_unpack_zero_points(
-              v.qzeros->as<uint32_t>() + e * G * (N / pf), G, N, L.bits, opts.a8);
-          wna16::transpose_bytes(zp.data(), G, N, 1, q.zeros.data() + e * N * G);
-        }
-      }
-    });
+    grouped[i] = marlin_scales_grouped(opts, proj, L.group_size, G, rule_inter, L.bits,
+                                       opts.vllm_w13_scale_size_k);
   }
+  const bool take_fast = codes && fast && marlin_unrepack_fast_applies(L.bits, opts.a8);
+  const int64_t E = L.p[0].E;
+  parallel_for(2 * E, opts.threads, [&](int64_t i0, int64_t i1) {
+    std::vector<uint8_t> scratch;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int p = i < E ? 0 : 1;
+      const int64_t e = i - p * E;
+      if (take_fast)
+        unpack_expert_fast(opts, L.p[p], L.bits, grouped[p], e, *qs[p], scratch);
+      else
+        unpack_expert_scalar(opts, L.p[p], L.bits, grouped[p], e, *qs[p]);
+    }
+  });
   return out;
+}
+
+MoeExperts unpack_marlin(const LayoutOptions& opts, const TensorMap& params, bool fast) {
+  const LayerView L = read_layer(opts, params);
+  if (opts.inter > 0 && opts.inter < L.I)
+    return crop_intermediate(opts, unpack_padded(opts, L, opts.inter, fast), opts.inter);
+  return unpack_padded(opts, L, L.I, fast);
 }
 
 }  // namespace
 
 MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params) {
-  const LayerView L = read_layer(opts, params);
-  if (opts.inter > 0 && opts.inter < L.I)
-    return crop_intermediate(opts, unpack_padded(opts, L, opts.inter), opts.inter);
-  return unpack_padded(opts, L, L.I);
+  return unpack_marlin(opts, params, true);
+}
+
+MoeExperts unpack_marlin_moe_scalar(const LayoutOptions& opts, const TensorMap& params) {
+  return unpack_marlin(opts, params, false);
 }
 
 MoeExperts unpack_marlin_moe_without_codes(const LayoutOptions& opts, const TensorMap& params) {
   const LayerView L = read_layer(opts, params);
   // Cropping vLLM 0.33's padded I reads the codes: decoded as unpack_marlin_moe decodes them.
   if (opts.inter > 0 && opts.inter < L.I)
-    return crop_intermediate(opts, unpack_padded(opts, L, opts.inter), opts.inter);
-  return unpack_padded(opts, L, L.I, false);
+    return crop_intermediate(opts, unpack_padded(opts, L, opts.inter, true), opts.inter);
+  return unpack_padded(opts, L, L.I, false, false);
 }
 
 // ---- deviations

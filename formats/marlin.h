@@ -18,7 +18,11 @@
 namespace moepack {
 
 std::vector<Tensor> pack_marlin_moe(const LayoutOptions& opts, const MoeExperts& experts);
+// The row's unpack: the 16-bit-activation tiles through the word-at-a-time decode
+// (formats/fast_unpack.h), the a8 tiles through the scalar one. Same bytes and errors as
+// unpack_marlin_moe_scalar, the definition (STYLE.md §4), which tests compare it with.
 MoeExperts unpack_marlin_moe(const LayoutOptions& opts, const TensorMap& params_by_name);
+MoeExperts unpack_marlin_moe_scalar(const LayoutOptions& opts, const TensorMap& params_by_name);
 // unpack_marlin_moe without the codes where their decode is a pure per-tile gather (every layer
 // but one whose padded I is cropped back): QuantTensor::codes left EMPTY, everything else
 // decoded and validated as unpack_marlin_moe does (the same errors: the act-order sort indices

@@ -35,6 +35,9 @@ using NibbleLocator = std::function<const void*(const uint8_t* codes, size_t cou
 // <= 4 bits only: kind kInt codes must be -8..7 (sign-extended bytes), others 0..15; anything
 // else is kInternal (a code that would not survive packing).
 void pack_code_nibbles(const uint8_t* codes, size_t count, bool signed_codes, uint8_t* out);
+// The definition, a code at a time; pack_code_nibbles (eight codes a step) equals it byte for
+// byte and throws where it throws (after writing every byte of out).
+void pack_code_nibbles_scalar(const uint8_t* codes, size_t count, bool signed_codes, uint8_t* out);
 
 // The reader of a canonical QuantTensor: weight(r, e, n, k) == dequantize_expert(q, e)[n*K + k]
 // exactly. Throws kInternal when q's buffers disagree with its shape (check_consistent). With

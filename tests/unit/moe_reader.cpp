@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include "core/half.h"
@@ -204,6 +205,44 @@ TEST(CanonicalReader, PackedCodesRoundTripAndRefuseWideCodes) {
     test::expect_error(
         [&] { pack_code_nibbles(wide.data(), wide.size(), signed_codes, out.data()); },
         ErrorCode::kInternal);
+  }
+}
+
+// The eight-codes-a-step pack equals the scalar definition on random lengths (odd ones, tails
+// of every length), signed and unsigned, and refuses a wide code wherever it sits: in a whole
+// word at every byte position, or in the tail.
+TEST(CanonicalReader, PackedCodesFastEqualsScalar) {
+  std::mt19937_64 rng(2706);
+  for (int trial = 0; trial < 400; ++trial) {
+    const bool signed_codes = trial % 2;
+    const size_t count = trial < 40 ? static_cast<size_t>(trial) : 1 + rng() % 300;
+    std::vector<uint8_t> codes(count);
+    for (auto& c : codes) {
+      const int v = static_cast<int>(rng() % 16);
+      c = static_cast<uint8_t>(signed_codes ? static_cast<int8_t>(v - 8) : v);
+    }
+    std::vector<uint8_t> want((count + 1) / 2 + 1, 0xee), got(want.size(), 0xee);
+    pack_code_nibbles_scalar(codes.data(), count, signed_codes, want.data());
+    pack_code_nibbles(codes.data(), count, signed_codes, got.data());
+    ASSERT_TRUE(got == want) << "count " << count << " signed " << signed_codes;
+    if (count == 0) continue;
+    // One wide code at each position of the first word and of the tail, and one at random.
+    std::vector<size_t> spots;
+    for (size_t i = 0; i < std::min<size_t>(count, 8); ++i) spots.push_back(i);
+    for (size_t i = count - count % 8; i < count; ++i) spots.push_back(i);
+    spots.push_back(rng() % count);
+    for (size_t at : spots) {
+      std::vector<uint8_t> wide = codes;
+      // Signed: +8, -9, 112, 16 (high nibble not the low one's sign); unsigned: 16..255.
+      const uint8_t bad[] = {8, 0xf7, 0x70, 0x10};
+      wide[at] = signed_codes ? bad[rng() % 4] : static_cast<uint8_t>(16 + rng() % 240);
+      test::expect_error(
+          [&] { pack_code_nibbles_scalar(wide.data(), count, signed_codes, want.data()); },
+          ErrorCode::kInternal);
+      test::expect_error([&] { pack_code_nibbles(wide.data(), count, signed_codes, got.data()); },
+                         ErrorCode::kInternal);
+      ASSERT_TRUE(got == want) << "count " << count << " wide code at " << at;
+    }
   }
 }
 
