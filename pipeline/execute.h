@@ -94,6 +94,12 @@ constexpr int kChunksInFlight = 3;  // being converted, queued, being written
 // them, and the converted bytes when the writer hashes and writes them, so each byte comes from
 // memory once. The plan's chunk (--chunk-size) stays the bound.
 constexpr uint64_t kPipelineChunkBytes = uint64_t{8} << 20;
+// Experts per pipeline chunk of planned layer `pl` (of `experts` experts): for a direct-path
+// layer, enough experts for about `chunk_bytes` of its output, at least plan.threads (the
+// direct paths split a chunk by experts between the workers), at most the plan's chunk (the
+// memory bound); the plan's chunk for any other layer.
+int64_t pipeline_experts_per_chunk(const Plan& plan, const PlannedLayer& pl, int64_t experts,
+                                   uint64_t chunk_bytes);
 // Returns the SHA-256 of every source tensor those tensors were made from (the source fingerprint
 // moepack.json records): the converted layers' tensors as the reader hashed them, the copied ones
 // as the writer hashed them while writing their (identical) bytes. No byte is read twice for it.
