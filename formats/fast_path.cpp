@@ -430,18 +430,24 @@ void marlin_words_tiled(WordOrder order, int bits, const ProjSource& p, uint32_t
   const int64_t ntiles_n = p.n / 64, kw_real = p.k_real / pf;
   const KpackedRows kr = order == WordOrder::kAwq ? KpackedRows() : kpacked_rows(order, pf, p);
   TileWords s;
-  for (int64_t kt = 0; kt < p.k / 16; ++kt)
-    for (int64_t nt = 0; nt < ntiles_n; ++nt) {
-      if (order == WordOrder::kAwq)
-        gather_awq(p, kt, nt, s);
-      else
-        gather_kpacked(kr, kw_per_tile, kw_real, kt, nt, s);
-      uint32_t* dst = out + (kt * ntiles_n + nt) * T;
-      if (bits == 4)
-        marlin_tile_int4(s, dst);
-      else
-        marlin_tile_int8(s, dst);
-    }
+  // Tiles are independent: GPTQ and AWQ rows are N-contiguous, so a row of tiles (all nt for one
+  // kt) reads whole source lines; compressed-tensors rows are K-contiguous, so a column of tiles
+  // (all kt for one nt: 64 rows read front to back) does, from a few KiB that stay in cache.
+  const bool k_inner = order == WordOrder::kCt;
+  const int64_t ktiles = p.k / 16;
+  for (int64_t i = 0; i < ktiles * ntiles_n; ++i) {
+    const int64_t kt = k_inner ? i % ktiles : i / ntiles_n;
+    const int64_t nt = k_inner ? i / ktiles : i % ntiles_n;
+    if (order == WordOrder::kAwq)
+      gather_awq(p, kt, nt, s);
+    else
+      gather_kpacked(kr, kw_per_tile, kw_real, kt, nt, s);
+    uint32_t* dst = out + (kt * ntiles_n + nt) * T;
+    if (bits == 4)
+      marlin_tile_int4(s, dst);
+    else
+      marlin_tile_int8(s, dst);
+  }
 }
 
 // Scale (g, n) of a source Linear.

@@ -90,7 +90,10 @@ struct ShardedWriter::Flusher {
 };
 
 ShardedWriter::ShardedWriter(const std::string& dir, ShardPlan plan)
-    : dir_(dir), plan_(std::move(plan)), flusher_(std::make_unique<Flusher>()) {
+    : dir_(dir),
+      plan_(std::move(plan)),
+      shard_write_mu_(new std::mutex[plan_.shard_names.size()]),
+      flusher_(std::make_unique<Flusher>()) {
   for (size_t i = 0; i < plan_.shard_names.size(); ++i) {
     std::vector<SafetensorsEntry> layout = plan_.shards[i];
     writers_.push_back(
@@ -165,7 +168,13 @@ void ShardedWriter::write_range(size_t shard, const std::string& name, const voi
   // Nothing to write (an empty tensor): its shard may already be complete, and closed by the
   // flusher, so it is not touched.
   if (len == 0) return;
-  writers_[shard]->write(name, data, len, offset);
+  {
+    // One pwrite per shard at a time: the kernel serialises buffered writes to a file on its
+    // inode lock anyway, and its waiters spin on the CPU while the holder copies (a whole core
+    // of two lost to spinning); a waiter here sleeps and leaves the core to hashing.
+    std::lock_guard<std::mutex> one_at_a_time(shard_write_mu_[shard]);
+    writers_[shard]->write(name, data, len, offset);
+  }
   Flusher& f = *flusher_;
   {
     std::lock_guard<std::mutex> lock(f.mu);

@@ -96,6 +96,7 @@ class ShardedWriter {
   mutable std::mutex mu_;
   std::map<std::string, std::string> sha_;
   std::map<std::string, std::pair<uint64_t, Sha256>> partial_;  // bytes so far, running hash
+  std::unique_ptr<std::mutex[]> shard_write_mu_;                // one pwrite per shard at a time
   std::unique_ptr<Flusher> flusher_;
 };
 

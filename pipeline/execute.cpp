@@ -402,6 +402,22 @@ struct PlannedWork {
   int64_t layers = 0;
 };
 
+}  // namespace
+
+int64_t pipeline_experts_per_chunk(const Plan& plan, const PlannedLayer& pl, int64_t E,
+                                   uint64_t chunk_bytes) {
+  if (!pl.direct || E < 1) return pl.experts_per_chunk;
+  uint64_t layer_bytes = 0;
+  for (const PlannedTensor& t : plan.tensors)
+    if (t.converted && t.layer == pl.index) layer_bytes += t.bytes;
+  const uint64_t per_expert = std::max<uint64_t>(1, layer_bytes / static_cast<uint64_t>(E));
+  const uint64_t fit = chunk_bytes / per_expert + (chunk_bytes % per_expert != 0);
+  const auto cut = static_cast<int64_t>(std::min<uint64_t>(fit, static_cast<uint64_t>(E)));
+  return std::min(pl.experts_per_chunk, std::max<int64_t>(cut, std::max(1, plan.threads)));
+}
+
+namespace {
+
 PlannedWork planned_work(const Plan& plan, const Checkpoint& ckpt,
                          const std::vector<size_t>& tensors) {
   PlannedWork w;
@@ -423,8 +439,9 @@ PlannedWork planned_work(const Plan& plan, const Checkpoint& ckpt,
   for (const PlannedLayer& pl : plan.layers) {
     if (!layers_wanted.count(pl.index)) continue;
     const int64_t E = ckpt.moe_layers()[static_cast<size_t>(pl.index)].num_experts;
-    for (int64_t e0 = 0; e0 < E; e0 += pl.experts_per_chunk) {
-      const int64_t e1 = std::min(E, e0 + pl.experts_per_chunk);
+    const int64_t step = pipeline_experts_per_chunk(plan, pl, E, kPipelineChunkBytes);
+    for (int64_t e0 = 0; e0 < E; e0 += step) {
+      const int64_t e1 = std::min(E, e0 + step);
       w.chunks.push_back({&pl, e0, e1, e1 == E});
     }
   }

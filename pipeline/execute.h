@@ -88,6 +88,18 @@ ConvertResult execute_plan(const Plan& plan, const Checkpoint& ckpt,
 // their order per tensor are those of the plain one-chunk-after-the-other loop, so the output
 // does not depend on the overlap, the thread count or the writer count.
 constexpr int kChunksInFlight = 3;  // being converted, queued, being written
+// A layer converted by a direct path (formats/fast_path.h) goes through the pipeline in chunks of
+// about this many output bytes (the plan's chunks cut smaller, at least --threads experts each):
+// the source bytes the reader hashed are still in the last-level cache when the converter reads
+// them, and the converted bytes when the writer hashes and writes them, so each byte comes from
+// memory once. The plan's chunk (--chunk-size) stays the bound.
+constexpr uint64_t kPipelineChunkBytes = uint64_t{8} << 20;
+// Experts per pipeline chunk of planned layer `pl` (of `experts` experts): for a direct-path
+// layer, enough experts for about `chunk_bytes` of its output, at least plan.threads (the
+// direct paths split a chunk by experts between the workers), at most the plan's chunk (the
+// memory bound); the plan's chunk for any other layer.
+int64_t pipeline_experts_per_chunk(const Plan& plan, const PlannedLayer& pl, int64_t experts,
+                                   uint64_t chunk_bytes);
 // Returns the SHA-256 of every source tensor those tensors were made from (the source fingerprint
 // moepack.json records): the converted layers' tensors as the reader hashed them, the copied ones
 // as the writer hashed them while writing their (identical) bytes. No byte is read twice for it.

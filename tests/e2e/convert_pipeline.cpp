@@ -159,6 +159,48 @@ TEST(ConvertPipeline, PlanSplitsEveryLayerIntoAtLeastFourChunks) {
   }
 }
 
+// A direct-path layer goes through the pipeline in chunks of about kPipelineChunkBytes of
+// output (what the bytes test above cannot reach: its layers are smaller than that): cut to the
+// bytes, never fewer experts than the workers, never more than the plan's chunk; a layer on the
+// canonical path keeps the plan's chunk.
+TEST(ConvertPipeline, DirectLayersGoThroughInChunksOfAboutTheirBytes) {
+  TempDir tmp;
+  SynthOptions so;
+  so.format = "gptq";
+  so.family = "qwen3";
+  so.layers = 2;
+  so.experts = 16;
+  so.hidden = 256;
+  so.inter = 256;
+  synth_checkpoint(tmp / "src", so);
+  const auto ckpt = Checkpoint::open(tmp / "src");
+  ConvertOptions o;
+  o.src = tmp / "src";
+  o.backend = "marlin";
+  o.threads = 1;
+  Plan plan = make_plan(*ckpt, o);
+  const PlannedLayer& pl = plan.layers.at(0);
+  ASSERT_NE(pl.direct, nullptr);
+  ASSERT_EQ(pl.experts_per_chunk, 4);  // ceil(16 / kMinChunksPerLayer)
+  uint64_t layer_bytes = 0;            // Marlin int4 of 16 experts, H = I = 256, g 128
+  for (const PlannedTensor& t : plan.tensors)
+    if (t.converted && t.layer == pl.index) layer_bytes += t.bytes;
+  ASSERT_GT(layer_bytes, 16u * 90000);  // about 96 KiB of codes per expert, plus scales
+  const uint64_t per_expert = layer_bytes / 16;
+  EXPECT_EQ(pipeline_experts_per_chunk(plan, pl, 16, 2 * per_expert + per_expert / 2), 3);
+  EXPECT_EQ(pipeline_experts_per_chunk(plan, pl, 16, 2 * per_expert), 2);
+  EXPECT_EQ(pipeline_experts_per_chunk(plan, pl, 16, 1), 1);
+  EXPECT_EQ(pipeline_experts_per_chunk(plan, pl, 16, kPipelineChunkBytes), 4);  // the plan's
+  plan.threads = 3;
+  EXPECT_EQ(pipeline_experts_per_chunk(plan, pl, 16, 1), 3);
+  plan.threads = 16;
+  EXPECT_EQ(pipeline_experts_per_chunk(plan, pl, 16, 1), 4);
+  o.no_fast_path = true;
+  const Plan canonical = make_plan(*ckpt, o);
+  ASSERT_EQ(canonical.layers.at(0).direct, nullptr);
+  EXPECT_EQ(pipeline_experts_per_chunk(canonical, canonical.layers.at(0), 16, 1), 4);
+}
+
 TEST(ProgressLine, LayersBytesRateAndEta) {
   ConvertProgress p;
   p.layers_done = 3;
