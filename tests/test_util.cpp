@@ -537,15 +537,18 @@ void expect_proj_reader_matches(Rng& rng, const reader::ProjReader& r, const Qua
       ASSERT_TRUE(same_float(row[static_cast<size_t>(kk)], reader::weight(r, whole, n, kk)))
           << "weight_row e=" << whole << " n=" << n << " kk=" << kk;
     }
-    // And its span decoder (the GPU runtime's), span by span, the last one short where
-    // kSpanMax does not divide K.
-    for (int64_t k0 = 0; k0 < K; k0 += reader::kSpanMax) {
-      float span[reader::kSpanMax];
-      const int len = static_cast<int>(std::min<int64_t>(reader::kSpanMax, K - k0));
-      reader::weight_span(r, whole, n, k0, len, span);
-      for (int t = 0; t < len; ++t)
-        ASSERT_TRUE(same_float(span[t], reader::weight(r, whole, n, k0 + t)))
-            << "weight_span e=" << whole << " n=" << n << " kk=" << k0 + t;
+    // And its strided decoder (the GPU runtime's: columns kStrideCols apart, up to 8 at once),
+    // from every column, the last runs short at the row's end.
+    for (int64_t k0 = 0; k0 < K; ++k0) {
+      float got[8];
+      const int count = static_cast<int>(
+          std::min<int64_t>(8, (K - k0 + reader::kStrideCols - 1) / reader::kStrideCols));
+      reader::weight_strided(r, whole, n, k0, count, got);
+      for (int j = 0; j < count; ++j) {
+        const int64_t kk = k0 + reader::kStrideCols * j;
+        ASSERT_TRUE(same_float(got[j], row[static_cast<size_t>(kk)]))
+            << "weight_strided e=" << whole << " n=" << n << " kk=" << kk << " from " << k0;
+      }
     }
   }
   std::uniform_int_distribution<int64_t> pe(0, E - 1), pn(0, N - 1), pk(0, K - 1);

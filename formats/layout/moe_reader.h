@@ -339,6 +339,10 @@ MOEPACK_HD auto visit(const ProjReader& r, F&& f) -> decltype(f(r.canonical)) {
   }
 }
 
+// The distance between the columns weight_strided decodes at once: a warp's 32 lanes, each taking
+// every 32nd column (a multiple of Marlin's tile heights, 16 and 32).
+constexpr int64_t kStrideCols = 32;
+
 // ---- scalar helpers ----------------------------------------------------------------------------
 
 MOEPACK_HD float scale_at(const void* base, int64_t index, int32_t type) {
@@ -409,11 +413,12 @@ MOEPACK_HD float canonical_value(const CanonicalParams& p, uint8_t c, float zf, 
   }
 }
 
-// Columns [k0, k0 + len) of row n at once (weight_span below): kind_weight's formula with the
-// row's scale row, zero row and global scale found once, the scale and zero point reloaded only
-// where the group changes, and no 64-bit division (one sizes below 2^31). Same floats.
-MOEPACK_HD void kind_weight_span(const CanonicalParams& p, const ProjReader& r, int64_t e,
-                                 int64_t n, int64_t k0, int len, float* w) {
+// Columns k0, k0 + kStrideCols, ... (count of them) of row n at once (weight_strided below):
+// kind_weight's formula with the row's scale row, zero row and global scale found once, the scale
+// and zero point reloaded only where the group changes, and no 64-bit division (one expert's sizes
+// are below 2^31). Same floats.
+MOEPACK_HD void kind_weight_strided(const CanonicalParams& p, const ProjReader& r, int64_t e,
+                                    int64_t n, int64_t k0, int count, float* w) {
   const int64_t K = r.k, G = p.groups, row = e * r.n + n;
   const uint32_t un = static_cast<uint32_t>(n);
   const int64_t srow = (e * p.scale_rows + un / static_cast<uint32_t>(p.scale_block_n)) * G;
@@ -423,19 +428,17 @@ MOEPACK_HD void kind_weight_span(const CanonicalParams& p, const ProjReader& r, 
           : 0.0f;
   const uint8_t* zrow = p.zeros ? p.zeros + row * G : nullptr;
   const int32_t* gs = p.g_idx ? p.g_idx + e * K : nullptr;
-  // Without g_idx, group g covers [g * group_size, (g + 1) * group_size): the group of column
-  // k0 by one division, then a step at each boundary.
+  // Without g_idx, group g covers [g * group_size, (g + 1) * group_size): found by a division
+  // where a column passes the group's end.
   const uint32_t gsize = p.group_size > 0 ? static_cast<uint32_t>(p.group_size) : 0u;
-  int64_t g_plain = gsize ? static_cast<uint32_t>(k0) / gsize : 0;
-  int64_t next = gsize ? (g_plain + 1) * gsize : K;
-  int64_t g = -1;
+  int64_t g_plain = 0, next = 0, g = -1;
   float s = 0.0f, zf = static_cast<float>(1 << (p.bits - 1));
   MOEPACK_UNROLL
-  for (int t = 0; t < len; ++t) {
-    const int64_t kk = k0 + t;
-    if (gsize && kk == next) {
-      ++g_plain;
-      next += gsize;
+  for (int j = 0; j < count; ++j) {
+    const int64_t kk = k0 + kStrideCols * j;
+    if (gsize && kk >= next) {
+      g_plain = static_cast<uint32_t>(kk) / gsize;
+      next = (g_plain + 1) * gsize;
     }
     const int64_t gk = gs ? gs[kk] : g_plain;
     if (gk != g) {
@@ -446,7 +449,7 @@ MOEPACK_HD void kind_weight_span(const CanonicalParams& p, const ProjReader& r, 
       if (zrow) zf = static_cast<float>(zrow[g]);
     }
     const int64_t ci = row * K + kk;
-    w[t] = canonical_value(p, p.packed_codes ? code_nibble(p, ci) : p.codes[ci], zf, s);
+    w[j] = canonical_value(p, p.packed_codes ? code_nibble(p, ci) : p.codes[ci], zf, s);
   }
 }
 
@@ -543,21 +546,26 @@ MOEPACK_HD int64_t kind_act_col(const MarlinParams& p, const ProjReader&, int64_
   return p.sort_indices ? p.sort_indices[e * p.kp + kk] : kk;
 }
 
-// Columns [k0, k0 + len) of row n at once, k0 a multiple of 16 and len <= 16 (inside one tile
-// along K, also for the a8 tiles of 32): kind_weight's formula with the physical row and the
-// tile found once, the scale and zero point reloaded only where the group changes, and no 64-bit
-// division (one expert's sizes are below 2^31; tile, chunk and pack sizes are powers of two). The
-// GPU runtime's hot loop; same floats.
-MOEPACK_HD void kind_weight_span(const MarlinParams& p, const ProjReader&, int64_t e, int64_t n,
-                                 int64_t k0, int len, float* w) {
+// Columns k0, k0 + kStrideCols, ... (count of them) of row n at once: kind_weight's formula with
+// the physical row found once, and with it the word and field of every tile (a column 32 further
+// on keeps its place in the 16- or 32-high tile: one tile row further), the scale and zero point
+// reloaded only where the group changes, and no 64-bit division (one expert's sizes are below 2^31;
+// tile, chunk and pack sizes are powers of two). The GPU runtime's hot loop; same floats.
+MOEPACK_HD void kind_weight_strided(const MarlinParams& p, const ProjReader&, int64_t e, int64_t n,
+                                    int64_t k0, int count, float* w) {
   const int bits = p.bits;
   const bool a8 = p.a8 != 0;
   const int64_t Np = p.np;
   if (p.padded_w13)
     n += static_cast<int64_t>(static_cast<uint32_t>(n) / static_cast<uint32_t>(p.inter)) *
          (p.padded_inter - p.inter);
-  const int64_t tau = (a8 ? k0 >> 5 : k0 >> 4) * p.tiles_n + (a8 ? n >> 5 : n >> 6);
-  const uint32_t* tile = p.qweight + e * p.words_per_expert + tau * marlin::words_per_tile(bits);
+  int word = 0, field = 0;
+  marlin::word_field_of(bits, a8, k0, n, &word, &field);
+  const int shift = bits * field, tk_shift = a8 ? 5 : 4;
+  const int64_t tile_words = marlin::words_per_tile(bits);
+  const int64_t row_words = p.tiles_n * tile_words;  // one row of tiles along N
+  const uint32_t* at =
+      p.qweight + e * p.words_per_expert + (a8 ? n >> 5 : n >> 6) * tile_words + word;
   const uint32_t mask = (1u << bits) - 1u;
   const bool grouped = p.grouped_scales != 0;
   const int64_t sc = marlin::scale_chunk(grouped);  // 64 or 32
@@ -566,34 +574,31 @@ MOEPACK_HD void kind_weight_span(const MarlinParams& p, const ProjReader&, int64
   const uint32_t* zeros = p.qzeros ? p.qzeros + e * p.groups * (Np >> pf_shift) : nullptr;
   const int32_t* gs = p.g_idx ? p.g_idx + e * p.kp : nullptr;
   const uint32_t gsize = p.group_size > 0 ? static_cast<uint32_t>(p.group_size) : 0u;
-  int64_t g_plain = gsize ? static_cast<uint32_t>(k0) / gsize : 0;
-  int64_t next = gsize ? (g_plain + 1) * gsize : k0 + len;
-  int64_t g = -1;
+  int64_t g_plain = 0, next = 0, g = -1;
   float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
   MOEPACK_UNROLL
-  for (int t = 0; t < len; ++t) {
-    const int64_t kk = k0 + t;
-    if (gsize && kk == next) {
-      ++g_plain;
-      next += gsize;
+  for (int j = 0; j < count; ++j) {
+    const int64_t kk = k0 + kStrideCols * j;
+    if (gsize && kk >= next) {
+      g_plain = static_cast<uint32_t>(kk) / gsize;
+      next = (g_plain + 1) * gsize;
     }
     const int64_t gk = gs ? gs[kk] : g_plain;
     if (gk != g) {
       g = gk;
-      const int64_t j = g * Np + n;
+      const int64_t jj = g * Np + n;
       s = scale_at(
-          scales, (j & ~(sc - 1)) + marlin::scale_perm_dst(grouped, static_cast<int>(j & (sc - 1))),
+          scales,
+          (jj & ~(sc - 1)) + marlin::scale_perm_dst(grouped, static_cast<int>(jj & (sc - 1))),
           p.scale_type);
       if (zeros) {
         const int64_t zpos =
-            (j & ~int64_t{63}) + marlin::zero_point_dst(bits, a8, static_cast<int>(j & 63));
+            (jj & ~int64_t{63}) + marlin::zero_point_dst(bits, a8, static_cast<int>(jj & 63));
         z = static_cast<float>(
             (zeros[zpos >> pf_shift] >> (bits * (zpos & ((1 << pf_shift) - 1)))) & mask);
       }
     }
-    int word = 0, field = 0;
-    marlin::word_field_of(bits, a8, kk, n, &word, &field);
-    w[t] = (static_cast<float>((tile[word] >> (bits * field)) & mask) - z) * s;
+    w[j] = (static_cast<float>((at[(kk >> tk_shift) * row_words] >> shift) & mask) - z) * s;
   }
 }
 
@@ -946,22 +951,19 @@ MOEPACK_HD void weight_row(const ProjReader& r, int64_t e, int64_t n, float* w) 
   visit(r, [&](const auto& p) { kind_weight_row(p, r, e, n, w); });
 }
 
-// A kind without a span decoder of its own reads its span element by element.
+// A kind without a strided decoder of its own reads its columns element by element.
 template <class P>
-MOEPACK_HD void kind_weight_span(const P& p, const ProjReader& r, int64_t e, int64_t n, int64_t k0,
-                                 int len, float* w) {
-  for (int t = 0; t < len; ++t) w[t] = kind_weight(p, r, e, n, k0 + t);
+MOEPACK_HD void kind_weight_strided(const P& p, const ProjReader& r, int64_t e, int64_t n,
+                                    int64_t k0, int count, float* w) {
+  for (int j = 0; j < count; ++j) w[j] = kind_weight(p, r, e, n, k0 + kStrideCols * j);
 }
 
-// The widest span weight_span decodes, and the alignment of its first column.
-constexpr int kSpanMax = 16;
-
-// w[t] = weight(r, e, n, k0 + t) for t in [0, len): a span of a row with one dispatch, k0 a
-// multiple of kSpanMax, len <= kSpanMax and k0 + len <= r.k (the GPU runtime's lanes each take
-// one span of a row; bit for bit the same values: tests/test_util.cpp expect_reader_matches).
-MOEPACK_HD void weight_span(const ProjReader& r, int64_t e, int64_t n, int64_t k0, int len,
-                            float* w) {
-  visit(r, [&](const auto& p) { kind_weight_span(p, r, e, n, k0, len, w); });
+// w[j] = weight(r, e, n, k0 + kStrideCols * j) for j in [0, count), k0 + kStrideCols * (count - 1)
+// < r.k: the columns one lane of the GPU runtime's warps takes (lane l: l, l + 32, ...), with one
+// dispatch (bit for bit the same values: tests/test_util.cpp expect_reader_matches).
+MOEPACK_HD void weight_strided(const ProjReader& r, int64_t e, int64_t n, int64_t k0, int count,
+                               float* w) {
+  visit(r, [&](const auto& p) { kind_weight_strided(p, r, e, n, k0, count, w); });
 }
 
 // col[kk] = act_col(r, e, kk) for kk in [0, r.k).

@@ -1,7 +1,7 @@
 // Device code of the generic fused MoE: GEMM1 on w13 with the activation, GEMM2 on w2, and the
 // weighted combine, for any weight reader W (a functor with
 //   float   weight(int64_t e, int64_t n, int64_t kk)   dequantised W[e][n][column kk]
-//   void    weight_span(e, n, k0, len, float* w)       w[t] = weight(e, n, k0 + t), t < len
+//   void    weight_strided(e, n, k0, count, float* w)  w[j] = weight(e, n, k0 + 32 j), j < count
 //   int64_t act_col(int64_t e, int64_t kk)             activation column of column kk
 //   void    quantize_span(const float* x, len, out)    the activation quantisation of a unit
 // where e is the expert index within the uploaded chunk). Acc is float for the layout side (as
@@ -20,14 +20,14 @@
 //   combine_kernel       out[t, h] = sum_k w[t, k] * double(slot_out[t * top_k + k, h]), k in order
 //
 // Tiling: one warp per (expert, output), kWarps outputs a block; the warp walks its expert's rows
-// kRowTile at a time, and each lane a span of kSpan neighbouring columns of the output's weight
-// row at a time (lane l takes columns [16 l, 16 l + 16), then 512 further on, ...), decoded at
-// once by the reader's span decoder (reader::weight_span: the kind's index work -- Marlin's tile,
-// physical row, scale and zero point; the canonical reader's scale row and group -- done once per
-// span, no 64-bit division), so each weight is decoded once per row tile and multiplies kRowTile
-// rows from registers. A chunk of a few experts fills the device (thousands of warps). Each lane
-// sums its columns in order, the lanes' sums are added in a fixed order at the end: the result
-// does not depend on timing. Raw pointers only.
+// kRowTile at a time, its lanes the columns (lane l columns l, l + 32, ...: neighbouring weights
+// and activations, gathered through act_col), kStrided of a lane's columns decoded at once by the
+// reader's strided decoder (reader::weight_strided: for Marlin the physical row, and with it the
+// word and field in every tile, found once, the group's scale and zero point once a group; for
+// the canonical reader the scale row and group; no 64-bit division), each weight decoded once per
+// row tile and multiplied into every row of the tile from registers. A chunk of a few experts fills
+// the device (thousands of warps). Each lane sums its columns in order, the lanes' sums are added
+// in a fixed order at the end: the result does not depend on timing. Raw pointers only.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +44,9 @@ struct ReaderWeights {
   __device__ float weight(int64_t e, int64_t n, int64_t kk) const {
     return reader::weight(r, e, n, kk);
   }
-  // w[t] = weight(e, n, k0 + t), t < len.
-  __device__ void weight_span(int64_t e, int64_t n, int64_t k0, int len, float* w) const {
-    for (int t = 0; t < len; ++t) w[t] = reader::weight(r, e, n, k0 + t);
+  // w[j] = weight(e, n, k0 + 32 j), j < count.
+  __device__ void weight_strided(int64_t e, int64_t n, int64_t k0, int count, float* w) const {
+    for (int j = 0; j < count; ++j) w[j] = reader::weight(r, e, n, k0 + reader::kStrideCols * j);
   }
   __device__ int64_t act_col(int64_t e, int64_t kk) const { return reader::act_col(r, e, kk); }
   // The activation quantisation of columns [k0, k0 + len) of a row (x, out at column k0).
@@ -57,18 +57,19 @@ struct ReaderWeights {
 };
 
 // The hot reader kinds (takes()): Marlin's (int4 / int8, every variant of the kind) and the
-// canonical reader (the reference side), through their span decoders (reader::kind_weight_span,
-// the readers' formulas with the index work done once per span; equal to weight() bit for bit),
-// unrolled over a span of constant length so that the span stays in registers.
-struct SpanWeights : ReaderWeights {
+// canonical reader (the reference side), through their strided decoders
+// (reader::kind_weight_strided, the readers' formulas with the index work done once per row or
+// group; equal to weight() bit for bit), unrolled over a constant count so that the columns stay
+// in registers.
+struct StridedWeights : ReaderWeights {
   static bool takes(const reader::ProjReader& r) {
     return r.kind == reader::Kind::kMarlin || r.kind == reader::Kind::kCanonical;
   }
-  __device__ void weight_span(int64_t e, int64_t n, int64_t k0, int len, float* w) const {
+  __device__ void weight_strided(int64_t e, int64_t n, int64_t k0, int count, float* w) const {
     if (r.kind == reader::Kind::kMarlin)
-      reader::kind_weight_span(r.marlin, r, e, n, k0, len, w);
+      reader::kind_weight_strided(r.marlin, r, e, n, k0, count, w);
     else
-      reader::kind_weight_span(r.canonical, r, e, n, k0, len, w);
+      reader::kind_weight_strided(r.canonical, r, e, n, k0, count, w);
   }
   __device__ int64_t act_col(int64_t e, int64_t kk) const {
     return r.kind == reader::Kind::kMarlin ? reader::kind_act_col(r.marlin, r, e, kk) : kk;
@@ -78,7 +79,7 @@ struct SpanWeights : ReaderWeights {
 constexpr int kWarps = 4;  // warps per block: one output row each
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowTile = 8;
-constexpr int kSpan = reader::kSpanMax;  // columns a lane decodes at once
+constexpr int kStrided = 8;  // columns a lane decodes at once (32 apart)
 
 // The sum of v over the warp's lanes, in a fixed order (the result does not depend on timing).
 template <class Acc>
@@ -87,28 +88,35 @@ __device__ inline Acc warp_sum(Acc v) {
   return v;
 }
 
-// acc[r] += sum over columns kk in [k0, k0 + len) of wv[kk - k0] * x_r[act_col(kk)], in column
-// order, for the rows r < rows of the tile (x_r = xr[r], a row of the layer's activations or of the
-// intermediate). Len is kSpan (unrolled, the weights in registers) or a shorter tail.
+// acc[r] += sum over j < count of wv[j] * x_r[act_col(k0 + 32 j)], in column order, for the rows
+// r < rows of the tile (x_r = xr[r], a row of the layer's activations or of the intermediate).
+// count is kStrided (unrolled, the weights in registers) or fewer at the row's end.
 template <class W, class In, class Acc>
-__device__ inline void span_fma(const W& w, int64_t e, int64_t k0, int len, const float* wv,
-                                const In* const* xr, int rows, Acc* acc) {
+__device__ inline void strided_fma(const W& w, int64_t e, int64_t k0, int count, const float* wv,
+                                   const In* const* xr, int rows, Acc* acc) {
 #pragma unroll
-  for (int t = 0; t < kSpan; ++t) {
-    if (t >= len) break;
-    const int64_t col = w.act_col(e, k0 + t);
-    const Acc wt = static_cast<Acc>(wv[t]);
+  for (int j = 0; j < kStrided; ++j) {
+    if (j >= count) break;
+    const int64_t col = w.act_col(e, k0 + reader::kStrideCols * j);
+    const Acc wt = static_cast<Acc>(wv[j]);
 #pragma unroll
     for (int r = 0; r < kRowTile; ++r)
       if (r < rows) acc[r] += wt * static_cast<Acc>(xr[r][col]);
   }
 }
 
+// How many of the columns k0, k0 + 32, ... below k a lane takes at once: kStrided, or fewer at
+// the row's end.
+__device__ inline int strided_count(int64_t k0, int64_t k) {
+  const int64_t left = (k - k0 + reader::kStrideCols - 1) / reader::kStrideCols;
+  return left < kStrided ? static_cast<int>(left) : kStrided;
+}
+
 // grid (ceil(I / kWarps), experts of the chunk), kThreads threads. xq [T, H] (per token), a_out
 // [P, I] (per sorted position), bias [experts of the chunk, gated ? 2 I : I] or null. row_token[p]
 // = the token of sorted position p. One warp per output row i (gate row i and, gated, up row I +
-// i): its lanes walk spans of the columns, each span of weights decoded once per tile of
-// kRowTile rows and multiplied into every row of the tile; the lanes' sums are added at the end.
+// i): its lanes walk the columns kStrided at a time, each weight decoded once per tile of kRowTile
+// rows and multiplied into every row of the tile; the lanes' sums are added at the end.
 template <class W, class Acc>
 __global__ void __launch_bounds__(kThreads)
     gemm1_act_kernel(W w, int64_t first_expert, const int32_t* offsets, const int32_t* row_token,
@@ -128,25 +136,24 @@ __global__ void __launch_bounds__(kThreads)
       xr[r] = xq + static_cast<int64_t>(row_token[r0 + (r < rows ? r : 0)]) * hidden;
       g[r] = u[r] = Acc(0);
     }
-    for (int64_t k0 = int64_t{lane} * kSpan; k0 < hidden; k0 += 32 * kSpan) {
-      // A whole span has a constant length (its weights stay in registers); the row's tail
-      // where kSpan does not divide H.
-      const int len = hidden - k0 < kSpan ? static_cast<int>(hidden - k0) : kSpan;
-      if (len == kSpan) {
-        float wv[kSpan];
-        w.weight_span(le, i, k0, kSpan, wv);
-        span_fma(w, le, k0, kSpan, wv, xr, rows, g);
+    for (int64_t k0 = lane; k0 < hidden; k0 += reader::kStrideCols * kStrided) {
+      // A whole step has a constant count (its weights stay in registers); the row's end fewer.
+      const int count = strided_count(k0, hidden);
+      if (count == kStrided) {
+        float wv[kStrided];
+        w.weight_strided(le, i, k0, kStrided, wv);
+        strided_fma(w, le, k0, kStrided, wv, xr, rows, g);
         if (gated) {
-          w.weight_span(le, inter + i, k0, kSpan, wv);
-          span_fma(w, le, k0, kSpan, wv, xr, rows, u);
+          w.weight_strided(le, inter + i, k0, kStrided, wv);
+          strided_fma(w, le, k0, kStrided, wv, xr, rows, u);
         }
       } else {
-        float tail[kSpan];
-        w.weight_span(le, i, k0, len, tail);
-        span_fma(w, le, k0, len, tail, xr, rows, g);
+        float tail[kStrided];
+        w.weight_strided(le, i, k0, count, tail);
+        strided_fma(w, le, k0, count, tail, xr, rows, g);
         if (gated) {
-          w.weight_span(le, inter + i, k0, len, tail);
-          span_fma(w, le, k0, len, tail, xr, rows, u);
+          w.weight_strided(le, inter + i, k0, count, tail);
+          strided_fma(w, le, k0, count, tail, xr, rows, u);
         }
       }
     }
@@ -194,16 +201,16 @@ __global__ void __launch_bounds__(kThreads)
       ar[r] = aq + (r0 + (r < rows ? r : 0)) * inter;
       y[r] = Acc(0);
     }
-    for (int64_t k0 = int64_t{lane} * kSpan; k0 < inter; k0 += 32 * kSpan) {
-      const int len = inter - k0 < kSpan ? static_cast<int>(inter - k0) : kSpan;
-      if (len == kSpan) {  // as in gemm1_act_kernel
-        float wv[kSpan];
-        w.weight_span(le, n, k0, kSpan, wv);
-        span_fma(w, le, k0, kSpan, wv, ar, rows, y);
+    for (int64_t k0 = lane; k0 < inter; k0 += reader::kStrideCols * kStrided) {
+      const int count = strided_count(k0, inter);
+      if (count == kStrided) {  // as in gemm1_act_kernel
+        float wv[kStrided];
+        w.weight_strided(le, n, k0, kStrided, wv);
+        strided_fma(w, le, k0, kStrided, wv, ar, rows, y);
       } else {
-        float tail[kSpan];
-        w.weight_span(le, n, k0, len, tail);
-        span_fma(w, le, k0, len, tail, ar, rows, y);
+        float tail[kStrided];
+        w.weight_strided(le, n, k0, count, tail);
+        strided_fma(w, le, k0, count, tail, ar, rows, y);
       }
     }
     const Acc bn = bias ? static_cast<Acc>(bias[le * hidden + n]) : Acc(0);

@@ -465,8 +465,8 @@ struct MoeRuntime::Impl {
       xq = xq_buf;
     }
     timed(ref ? "gemm1 + activation (reference)" : "gemm1 + activation (layout)", compute, [&] {
-      if (kernels::SpanWeights::takes(w13))
-        gemm1(kernels::SpanWeights{W13}, first, last, xq, biases.w13, inter_buf);
+      if (kernels::StridedWeights::takes(w13))
+        gemm1(kernels::StridedWeights{W13}, first, last, xq, biases.w13, inter_buf);
       else
         gemm1(W13, first, last, xq, biases.w13, inter_buf);
       check_launch("gemm1_act_kernel");
@@ -481,8 +481,8 @@ struct MoeRuntime::Impl {
             });
     }
     timed(ref ? "gemm2 (reference)" : "gemm2 (layout)", compute, [&] {
-      if (kernels::SpanWeights::takes(w2))
-        gemm2(kernels::SpanWeights{W2}, first, last, inter_buf, biases.w2, slots);
+      if (kernels::StridedWeights::takes(w2))
+        gemm2(kernels::StridedWeights{W2}, first, last, inter_buf, biases.w2, slots);
       else
         gemm2(W2, first, last, inter_buf, biases.w2, slots);
       check_launch("gemm2_kernel");

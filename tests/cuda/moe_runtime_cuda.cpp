@@ -433,8 +433,9 @@ double worst_slot_error(const std::vector<double>& got, const std::vector<double
   return worst;
 }
 
-// The canonical reader on both sides, activations unquantised, at sizes no span divides (H = 40,
-// I = 24: every lane's last span is short) with groups of 24 that cross the spans, asymmetric codes
+// The canonical reader on both sides, activations unquantised, at sizes below a warp's step of
+// columns (H = 40, I = 24: each lane takes 2, 1 or no column: the short counts) with groups of
+// 24 that a lane's columns cross, asymmetric codes
 // packed two per byte on the reference side and act-order g_idx on one projection: the GPU's
 // reference MoE equals the CPU's moe_reference (1e-12) slot by slot, the fp32 side within 1e-5.
 TEST(MoeRuntimeCuda, KernelEdgeCasesCanonicalTailSpans) {
@@ -485,7 +486,7 @@ TEST(MoeRuntimeCuda, KernelEdgeCasesCanonicalTailSpans) {
   EXPECT_LE(worst_slot_error(out.ref_out, cpu.out, routing.tokens, H), 1e-12);
 }
 
-// The hot path (Marlin's span decoder, bf16 activations) at the smallest sizes the marlin row
+// The hot path (Marlin's strided decoder, bf16 activations) at the smallest sizes the marlin row
 // writes, for every GPTQ parameter set it takes (int4 / int8, groups, act-order): the layout side
 // within 5e-4 of the reference side, and each routed slot of the reference side within 1e-2 of the
 // CPU's moe_reference on the bf16-rounded tokens (the GPU also rounds the intermediate to bf16:

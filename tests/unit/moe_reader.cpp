@@ -170,16 +170,19 @@ void expect_canonical_equals_dequantize(const QuantTensor& q, const std::string&
               << what << (nibbles ? " packed" : "") << " e=" << e << " n=" << n << " k=" << k
               << ": " << got << " vs " << want;
         }
-      // The span decoder (the GPU runtime's) gives the same floats, span by span.
+      // The strided decoder (the GPU runtime's) gives the same floats, from every column.
       for (int64_t n = 0; n < q.n; ++n)
-        for (int64_t k0 = 0; k0 < q.k; k0 += reader::kSpanMax) {
-          float span[reader::kSpanMax];
-          const int len = static_cast<int>(std::min<int64_t>(reader::kSpanMax, q.k - k0));
-          reader::weight_span(r, e, n, k0, len, span);
-          for (int t = 0; t < len; ++t)
-            ASSERT_TRUE(same_float(span[t], d[static_cast<size_t>(n * q.k + k0 + t)]))
-                << what << (nibbles ? " packed" : "") << " weight_span e=" << e << " n=" << n
-                << " k=" << k0 + t;
+        for (int64_t k0 = 0; k0 < q.k; ++k0) {
+          float got[8];
+          const int count = static_cast<int>(
+              std::min<int64_t>(8, (q.k - k0 + reader::kStrideCols - 1) / reader::kStrideCols));
+          reader::weight_strided(r, e, n, k0, count, got);
+          for (int j = 0; j < count; ++j) {
+            const int64_t kk = k0 + reader::kStrideCols * j;
+            ASSERT_TRUE(same_float(got[j], d[static_cast<size_t>(n * q.k + kk)]))
+                << what << (nibbles ? " packed" : "") << " weight_strided e=" << e << " n=" << n
+                << " k=" << kk << " from " << k0;
+          }
         }
     }
   }
