@@ -159,6 +159,15 @@ int moepack_cli(const std::string& args, std::string* out, std::string* err) {
   return run_command(moepack_bin() + " " + args, out, err);
 }
 
+nlohmann::json moepack_json(const std::string& args, int expect_rc, std::string* err) {
+  std::string out, e;
+  EXPECT_EQ(moepack_cli(args + " --json", &out, &e), expect_rc) << args << "\n" << e;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << args << ": stdout is not JSON:\n" << out;
+  if (err) *err = e;
+  return j;
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);

@@ -74,6 +74,10 @@ struct TempDir {
 int run_command(const std::string& cmd, std::string* out = nullptr, std::string* err = nullptr);
 // Runs build/bin/moepack with `args` (shell syntax); returns its exit code, fills stdout/stderr.
 int moepack_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr);
+// `moepack ARGS --json`: expects exit code `expect_rc` (the failure names the args and shows
+// stderr) and a JSON document on stdout (every result and error is one); returns it, discarded
+// (is_discarded()) when stdout is not JSON. `err` receives stderr.
+nlohmann::json moepack_json(const std::string& args, int expect_rc, std::string* err = nullptr);
 // A JSON file's contents; a missing file or a parse error throws (the test fails naming it).
 nlohmann::json read_json_file(const std::string& path);
 

@@ -234,6 +234,36 @@ NibbleLocator nibbles(MoeRuntime& rt, const QuantTensor& q, int64_t first) {
   };
 }
 
+// The layer's experts through the runtime in two chunks, as verify runs them: the staging areas
+// alternate and the expert offsets are exercised; the second's reference codes go up packed
+// (nibbles).
+void run_in_two_chunks(MoeRuntime& rt, const TargetLayout& row, const LayoutOptions& o,
+                       const TensorMap& packed, int64_t E) {
+  const int64_t split = E / 2;
+  for (auto [e0, e1] : {std::make_pair(int64_t{0}, split), std::make_pair(split, E)}) {
+    rt.begin_chunk();
+    TensorMap part;
+    for (const auto& [name, t] : packed) {
+      Tensor c = t;
+      c.shape[0] = e1 - e0;
+      const size_t per = t.data.size() / static_cast<size_t>(E);
+      c.data.assign(t.data.begin() + static_cast<int64_t>(per) * e0,
+                    t.data.begin() + static_cast<int64_t>(per) * e1);
+      part.emplace(name, std::move(c));
+    }
+    const MoeExperts dec = row.unpack(o, part);
+    const ParamLocator locate = [&rt](const std::string&, const Tensor& t) {
+      return rt.upload(t.data.data(), t.data.size());
+    };
+    const BufferLocator locate_buffer = [&rt](const void* p, size_t n) { return rt.upload(p, n); };
+    const reader::ProjReader w13 = row.make_reader(o, part, MoeProj::kW13, locate);
+    const reader::ProjReader w2 = row.make_reader(o, part, MoeProj::kW2, locate);
+    rt.run_chunk(e0, e1, w13, w2,
+                 make_reference_reader(w13, dec.w13, locate_buffer, nibbles(rt, dec.w13, e0)),
+                 make_reference_reader(w2, dec.w2, locate_buffer, nibbles(rt, dec.w2, e0)));
+  }
+}
+
 // Every layout row, every codec it takes, random legal layers (gated and relu2): the fused MoE
 // through the layout's readers on the GPU against the CPU definitions.
 TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
@@ -298,34 +328,8 @@ TEST_P(LayoutRowsCuda, FusedMoeThroughReadersMatchesTheCpu) {
         layer.relu2 = !gated;
         const MoeDeviceRouting dr = rt.begin_layer(layer, ref::runtime_router_spec(router),
                                                    x.data(), T, rw.data(), nullptr, nullptr);
-        // Two chunks: the staging areas alternate and the expert offsets are exercised; the
-        // second's reference codes go up packed (nibbles).
-        const int64_t split = E / 2;
+        run_in_two_chunks(rt, row, o, packed, E);
         const reader::ActQuant act = row.act_quant(o);
-        for (auto [e0, e1] : {std::make_pair(int64_t{0}, split), std::make_pair(split, E)}) {
-          rt.begin_chunk();
-          TensorMap part;
-          for (const auto& [name, t] : packed) {
-            Tensor c = t;
-            c.shape[0] = e1 - e0;
-            const size_t per = t.data.size() / static_cast<size_t>(E);
-            c.data.assign(t.data.begin() + static_cast<int64_t>(per) * e0,
-                          t.data.begin() + static_cast<int64_t>(per) * e1);
-            part.emplace(name, std::move(c));
-          }
-          const MoeExperts dec = row.unpack(o, part);
-          const ParamLocator locate = [&rt](const std::string&, const Tensor& t) {
-            return rt.upload(t.data.data(), t.data.size());
-          };
-          const BufferLocator locate_buffer = [&rt](const void* p, size_t n) {
-            return rt.upload(p, n);
-          };
-          const reader::ProjReader w13 = row.make_reader(o, part, MoeProj::kW13, locate);
-          const reader::ProjReader w2 = row.make_reader(o, part, MoeProj::kW2, locate);
-          rt.run_chunk(e0, e1, w13, w2,
-                       make_reference_reader(w13, dec.w13, locate_buffer, nibbles(rt, dec.w13, e0)),
-                       make_reference_reader(w2, dec.w2, locate_buffer, nibbles(rt, dec.w2, e0)));
-        }
         const MoeLayerOutputs out = rt.finish_layer();
         ref::Routing routing;
         routing.tokens = T;

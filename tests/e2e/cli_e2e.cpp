@@ -27,18 +27,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_bin;
 using test::moepack_cli;
+using test::moepack_json;
 using test::read_json_file;
 using test::run_command;
 using test::TempDir;
 
 const char* kSmall = " --layers 2 --experts 4 --hidden 256 --inter 128 --seed 7";
-
-json run_json(const std::string& args, int expect_rc) {
-  std::string out, err;
-  const int rc = moepack_cli(args + " --json", &out, &err);
-  EXPECT_EQ(rc, expect_rc) << args << "\n" << err;
-  return json::parse(out, nullptr, false);
-}
 
 bool is_fp4_format(const std::string& format) {
   return format == "modelopt-nvfp4" || format == "ct-nvfp4" || format == "ct-nvfp4-w4a4" ||
@@ -73,7 +67,7 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
       moepack_cli("synth " + src + " --format " + c.format + " --family " + c.family + kSmall), 0);
 
   // inspect --json agrees with what synth was asked for.
-  const json ins = run_json("inspect " + src + " --target-arch " + arch_for(c.format), 0);
+  const json ins = moepack_json("inspect " + src + " --target-arch " + arch_for(c.format), 0);
   ASSERT_FALSE(ins.is_discarded());
   const std::map<std::string, std::string> method = {
       {"bf16", "none"},
@@ -126,10 +120,10 @@ TEST_P(SynthConvertVerify, AgreesAndVerifies) {
   std::string extra = c.format == "bf16" ? " --quantize mxfp8" : "";
   // vLLM 0.33 (the default target) takes no act-order MoE; the spec's commit does.
   if (c.format == "gptq-actorder") extra += " --vllm-target 2026-05";
-  const json conv =
-      run_json("convert " + src + " " + dst + " --target-arch " + arch_for(c.format) + extra, 0);
+  const json conv = moepack_json(
+      "convert " + src + " " + dst + " --target-arch " + arch_for(c.format) + extra, 0);
   ASSERT_EQ(conv["ok"], true);
-  const json ver = run_json("verify " + dst + " --source " + src + " --tokens 16", 0);
+  const json ver = moepack_json("verify " + dst + " --source " + src + " --tokens 16", 0);
   EXPECT_EQ(ver["passed"], true) << ver.dump(1);
   ASSERT_EQ(ver["layers"].size(), static_cast<size_t>(moe_layers));
   for (const auto& l : ver["layers"]) EXPECT_LT(l["norm_err"].get<double>(), 1e-4);
@@ -185,7 +179,7 @@ TEST_P(SynthConvertVerifyCuda, AgreesWithTheCpu) {
       0);
   for (const std::string& with : {" --source " + src, std::string()}) {
     SCOPED_TRACE(with.empty() ? "without --source" : "with --source");
-    const json cpu = run_json("verify " + dst + with + " --tokens 16", 0);
+    const json cpu = moepack_json("verify " + dst + with + " --tokens 16", 0);
     std::string gout, gerr;
     const int grc =
         moepack_cli("verify " + dst + with + " --tokens 16 --device cuda --json", &gout, &gerr);
@@ -241,7 +235,8 @@ TEST(Cli, DryRunWritesNothingAndPlansTheRealBytes) {
   const std::string src = tmp / "src", dst = tmp / "dst";
   ASSERT_EQ(moepack_cli("synth " + src + " --format gptq --family deepseek" + std::string(kSmall)),
             0);
-  const json plan = run_json("convert " + src + " " + dst + " --dry-run --max-shard-size 300KB", 0);
+  const json plan =
+      moepack_json("convert " + src + " " + dst + " --dry-run --max-shard-size 300KB", 0);
   EXPECT_FALSE(fs::exists(dst));
   for (const auto& e : fs::directory_iterator(tmp.path)) EXPECT_EQ(e.path().filename(), "src");
   ASSERT_EQ(plan["dry_run"], true);
@@ -309,7 +304,7 @@ TEST(Cli, ExitCodes) {
   EXPECT_NE(err.find("2026-05"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(tmp / "o3"));
   // A missing input is an input error; --json reports it on stdout.
-  const json j = run_json("inspect " + (tmp / "nope"), 5);
+  const json j = moepack_json("inspect " + (tmp / "nope"), 5);
   EXPECT_EQ(j["ok"], false);
   EXPECT_EQ(j["error"]["code"], "io");
 }
@@ -389,7 +384,7 @@ TEST(Cli, MalformedManifestGivesExit3NamingTheField) {
     EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 3) << out << err;
     EXPECT_NE(err.find(path + ": " + c.field), std::string::npos) << err;
     EXPECT_EQ(err.find("internal error"), std::string::npos) << err;
-    const json j = run_json("verify " + dst, 3);
+    const json j = moepack_json("verify " + dst, 3);
     EXPECT_EQ(j["ok"], false);
     EXPECT_EQ(j["error"]["code"], "bad_config");
     EXPECT_EQ(j["error"]["file"], path);
@@ -442,7 +437,7 @@ TEST(Cli, CompressedTensorsMxfp8ConvertsLikeModelOpt) {
            {{"num_bits", 8}, {"type", "float"}, {"strategy", "group"}, {"group_size", 32}}}}}}}};
   write_config(src, cfg);
   fs::remove(fs::path(src) / "hf_quant_config.json");
-  const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
+  const json ins = moepack_json("inspect " + src + " --target-arch sm100", 0);
   EXPECT_EQ(ins["format"]["method"], "compressed-tensors-mxfp8");
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100"), 0);
   EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src), 0);
@@ -467,7 +462,7 @@ TEST(Cli, NonGatedRelu2ExpertsConvertAndVerify) {
   json cfg = read_config(src);
   cfg["hidden_act"] = "relu2";
   write_config(src, cfg);
-  const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
+  const json ins = moepack_json("inspect " + src + " --target-arch sm100", 0);
   ASSERT_EQ(ins["moe"]["layers"], 1);
   EXPECT_EQ(ins["moe"]["layer_list"][0]["gated"], false);
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100"), 0);
@@ -475,7 +470,7 @@ TEST(Cli, NonGatedRelu2ExpertsConvertAndVerify) {
   const SafetensorsEntry* w13 = out.find("model.layers.0.mlp.experts.routed_experts.w13_weight");
   ASSERT_NE(w13, nullptr);
   EXPECT_EQ(w13->shape, (Shape{4, 128, 256}));
-  const json ver = run_json("verify " + dst + " --source " + src, 0);
+  const json ver = moepack_json("verify " + dst + " --source " + src, 0);
   EXPECT_EQ(ver["passed"], true) << ver.dump(1);
 }
 
@@ -843,7 +838,7 @@ TEST(MarlinFloat, AutoFollowsVllmAndTheOutputVerifies) {
                           " --layers 2 --experts 4 --hidden 256 --seed 3 --inter " + c.inter),
               0);
     const json conv =
-        run_json("convert " + src + " " + (tmp / "a") + " --target-arch " + c.arch_auto, 0);
+        moepack_json("convert " + src + " " + (tmp / "a") + " --target-arch " + c.arch_auto, 0);
     EXPECT_EQ(conv["backend"], c.layout) << conv.dump();
     for (const std::string& device : verify_devices())
       EXPECT_EQ(moepack_cli("verify " + (tmp / "a") + " --source " + src + " --device " + device),

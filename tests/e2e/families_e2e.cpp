@@ -25,17 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_cli;
+using test::moepack_json;
 using test::read_json_file;
 using test::TempDir;
 
 constexpr int64_t kE = 8, kH = 128, kI = 128;
-
-json run_json(const std::string& args, int expect_rc) {
-  std::string out, err;
-  const int rc = moepack_cli(args + " --json", &out, &err);
-  EXPECT_EQ(rc, expect_rc) << args << "\n" << err;
-  return json::parse(out, nullptr, false);
-}
 
 // The synth checkpoint's pieces: experts per projection, the router, everything else.
 struct Base {
@@ -273,10 +267,10 @@ TEST_P(FamilyConvertVerify, WithItsRouterAndActivation) {
   const Base b = make_base(tmp / "base");
   const std::string src = tmp / f.name, dst = tmp / "out";
   write_family(b, src, f.tensors(b), family_config(b, f.fields));
-  const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
+  const json ins = moepack_json("inspect " + src + " --target-arch sm100", 0);
   EXPECT_EQ(ins["moe"]["layers"], 1) << ins.dump(1);
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100 --quantize mxfp8"), 0);
-  const json v = run_json("verify " + dst + " --source " + src + " --tokens 32", 0);
+  const json v = moepack_json("verify " + dst + " --source " + src + " --tokens 32", 0);
   EXPECT_EQ(v["passed"], true) << v.dump(1);
   EXPECT_EQ(v["numerical_skipped"], false);
   EXPECT_EQ(v["router"].get<std::string>().rfind(f.router, 0), 0u) << v["router"];
@@ -296,8 +290,9 @@ TEST_P(FamilyConvertVerify, OnTheDevice) {
   const std::string src = tmp / f.name, dst = tmp / "out";
   write_family(b, src, f.tensors(b), family_config(b, f.fields));
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst + " --target-arch sm100 --quantize mxfp8"), 0);
-  const json cpu = run_json("verify " + dst + " --source " + src + " --tokens 32", 0);
-  const json gpu = run_json("verify " + dst + " --source " + src + " --tokens 32 --device cuda", 0);
+  const json cpu = moepack_json("verify " + dst + " --source " + src + " --tokens 32", 0);
+  const json gpu =
+      moepack_json("verify " + dst + " --source " + src + " --tokens 32 --device cuda", 0);
   EXPECT_EQ(gpu["passed"], true) << gpu.dump(1);
   EXPECT_EQ(gpu["activation"], f.activation);
   ASSERT_EQ(gpu["layers"].size(), 1u);
@@ -329,7 +324,7 @@ TEST(Families, ModelTypeWithoutARouterNeedsSkipNumerical) {
   EXPECT_EQ(moepack_cli("verify " + dst + " --source " + src, &out, &err), 4);
   EXPECT_NE(err.find("mystery_moe"), std::string::npos) << err;
   EXPECT_NE(err.find("--skip-numerical"), std::string::npos) << err;
-  const json v = run_json("verify " + dst + " --source " + src + " --skip-numerical", 0);
+  const json v = moepack_json("verify " + dst + " --source " + src + " --skip-numerical", 0);
   EXPECT_EQ(v["passed"], true) << v.dump(1);
   EXPECT_EQ(v["numerical_skipped"], true);
   EXPECT_TRUE(v["layers"].empty());

@@ -22,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_cli;
+using test::moepack_json;
 using test::read_json_file;
 using test::TempDir;
 
@@ -124,9 +125,7 @@ TEST(GptOssSynth, InspectConvertVerifyEveryLayout) {
                         " --format gpt-oss-mxfp4 --layers 2 --experts 5 --hidden 192 --inter 160 "
                         "--top-k 3 --seed 4"),
             0);
-  std::string out, err;
-  ASSERT_EQ(moepack_cli("inspect " + src + " --target-arch sm90 --json", &out, &err), 0) << err;
-  const json ins = json::parse(out);
+  const json ins = moepack_json("inspect " + src + " --target-arch sm90", 0);
   EXPECT_EQ(ins["format"]["method"], "gpt-oss-mxfp4");
   ASSERT_EQ(ins["moe"]["layers"], 2);
   for (const auto& l : ins["moe"]["layer_list"]) {
@@ -135,6 +134,7 @@ TEST(GptOssSynth, InspectConvertVerifyEveryLayout) {
     EXPECT_EQ(l["inter"], 160);
     EXPECT_EQ(l["family"], "gpt-oss");
   }
+  std::string out, err;
   struct Target {
     const char* arch;
     const char* extra;
@@ -216,12 +216,11 @@ TEST(GptOssSynth, Bf16VariantIsInspectedAndRefusedByConvert) {
                         " --family gpt_oss --format bf16 --layers 1 --experts 4 --hidden 128 "
                         "--inter 64"),
             0);
-  std::string out, err;
-  ASSERT_EQ(moepack_cli("inspect " + src + " --no-validate --json", &out, &err), 0) << err;
-  const json ins = json::parse(out);
+  const json ins = moepack_json("inspect " + src + " --no-validate", 0);
   EXPECT_EQ(ins["format"]["method"], "none");
-  EXPECT_EQ(ins["moe"]["layer_list"][0]["family"], "gpt-oss") << out;
-  EXPECT_EQ(ins["moe"]["layer_list"][0]["inter"], 64) << out;
+  EXPECT_EQ(ins["moe"]["layer_list"][0]["family"], "gpt-oss") << ins.dump();
+  EXPECT_EQ(ins["moe"]["layer_list"][0]["inter"], 64) << ins.dump();
+  std::string out, err;
   EXPECT_EQ(moepack_cli("convert " + src + " " + dst + " --quantize mxfp8 --target-arch sm100",
                         &out, &err),
             4)
@@ -277,11 +276,9 @@ TEST(GptOssSynth, Sm90ShapesTritonFailsOn) {
     ASSERT_EQ(
         moepack_cli("synth " + src + " --format gpt-oss-mxfp4 --layers 1 --experts 3 " + c.shape),
         0);
-    std::string out, err;
-    ASSERT_EQ(moepack_cli("inspect " + src + " --target-arch sm90 --json", &out, &err), 0) << err;
-    const json ins = json::parse(out);
+    const json ins = moepack_json("inspect " + src + " --target-arch sm90", 0);
     const json& d = ins["oracle"]["kinds"][0];
-    ASSERT_TRUE(d.is_object()) << out;
+    ASSERT_TRUE(d.is_object()) << ins.dump();
     EXPECT_EQ(d["chosen"], c.backend) << d.dump(1);
     EXPECT_EQ(d["vllm_would_pick"], "triton-mxfp4") << d.dump(1);
     bool triton_seen = false;
@@ -295,6 +292,7 @@ TEST(GptOssSynth, Sm90ShapesTritonFailsOn) {
         }
       }
     EXPECT_TRUE(triton_seen) << d.dump(1);
+    std::string out, err;
     if (*c.reason) {
       const std::string note = d["vllm_note"].get<std::string>();
       EXPECT_NE(note.find("whose kernel fails on this layer"), std::string::npos) << note;

@@ -14,26 +14,21 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_cli;
+using test::moepack_json;
 using test::TempDir;
 
 const char* kSmall = " --layers 2 --experts 4 --hidden 256 --inter 128";
-
-json run_json(const std::string& args, int expect_rc) {
-  std::string out, err;
-  EXPECT_EQ(moepack_cli(args + " --json", &out, &err), expect_rc) << args << "\n" << err;
-  return json::parse(out, nullptr, false);
-}
 
 TEST(ServabilityCli, AServedOutputSaysWhereAndHow) {
   TempDir tmp;
   const std::string src = tmp / "src", dst = tmp / "dst";
   ASSERT_EQ(moepack_cli("synth " + src + " --format gptq" + kSmall), 0);
   // Marlin named (sm90's default is Humming, served by another kernel builder).
-  const json ins = run_json("inspect " + src + " --vllm-target 0.33 --backend marlin", 0);
+  const json ins = moepack_json("inspect " + src + " --vllm-target 0.33 --backend marlin", 0);
   EXPECT_EQ(ins["serving"]["servable"], true) << ins["serving"];
   EXPECT_EQ(ins["oracle"]["kinds"][0]["serving"]["backend"], "marlin");
   const json conv =
-      run_json("convert " + src + " " + dst + " --backend marlin --require-servable", 0);
+      moepack_json("convert " + src + " " + dst + " --backend marlin --require-servable", 0);
   const json& s = conv["serving"];
   EXPECT_EQ(s["servable"], true) << s;
   EXPECT_EQ(s["plugin"], "moepack-vllm");
@@ -42,7 +37,7 @@ TEST(ServabilityCli, AServedOutputSaysWhereAndHow) {
   EXPECT_EQ(s["expert_parallel"], false);
   EXPECT_EQ(s["how"], "kernel builder wna16-marlin");
   // The converted checkpoint, as its moepack.json records it.
-  EXPECT_EQ(run_json("inspect " + dst + " --require-servable", 0)["serving"]["servable"], true);
+  EXPECT_EQ(moepack_json("inspect " + dst + " --require-servable", 0)["serving"]["servable"], true);
   std::string out, err;
   ASSERT_EQ(moepack_cli("inspect " + dst, &out, &err), 0);
   EXPECT_NE(out.find("serving        servable by moepack-vllm in vLLM 0.33"), std::string::npos)
@@ -60,14 +55,14 @@ TEST(ServabilityCli, AnUnservedOutputWarnsAndRequireServableRefusesIt) {
             std::string::npos)
       << err;
   EXPECT_FALSE(fs::exists(dst));
-  EXPECT_EQ(run_json("convert " + src + " " + dst + " --require-servable", 4)["error"]["code"],
+  EXPECT_EQ(moepack_json("convert " + src + " " + dst + " --require-servable", 4)["error"]["code"],
             "unsupported");
   EXPECT_FALSE(fs::exists(dst));
   // Without the flag: written, with a warning on stderr and the reason in the result.
   ASSERT_EQ(moepack_cli("convert " + src + " " + dst, &out, &err), 0) << err;
   EXPECT_NE(err.find("warning: the output will be NOT servable"), std::string::npos) << err;
   EXPECT_NE(out.find("serving: NOT servable by moepack-vllm"), std::string::npos) << out;
-  const json ins = run_json("inspect " + dst, 0);
+  const json ins = moepack_json("inspect " + dst, 0);
   EXPECT_EQ(ins["serving"]["servable"], false);
   EXPECT_NE(ins["serving"]["reason"].get<std::string>().find("W8A8 int8"), std::string::npos);
   EXPECT_EQ(moepack_cli("inspect " + dst + " --require-servable", &out, &err), 4);
@@ -82,7 +77,7 @@ TEST(ServabilityCli, AnotherVllmTargetIsNotServedAndSaysSo) {
   EXPECT_EQ(moepack_cli("convert " + src + " " + dst, &out, &err), 4);
   EXPECT_NE(err.find("--vllm-target 2026-05"), std::string::npos) << err;
   EXPECT_NE(err.find("no moepack-vllm serves that target"), std::string::npos) << err;
-  const json conv = run_json("convert " + src + " " + dst + " --vllm-target 2026-05", 0);
+  const json conv = moepack_json("convert " + src + " " + dst + " --vllm-target 2026-05", 0);
   EXPECT_EQ(conv["serving"]["servable"], false);
   EXPECT_NE(conv["serving"]["reason"].get<std::string>().find(
                 "moepack-vllm serves --vllm-target 0.33 only"),

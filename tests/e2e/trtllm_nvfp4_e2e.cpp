@@ -18,16 +18,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::moepack_cli;
+using test::moepack_json;
 using test::TempDir;
 
 const char* kShape = " --layers 2 --experts 4 --hidden 192 --inter 96 --seed 11";
-
-json run_json(const std::string& args, int expect_rc) {
-  std::string out, err;
-  const int rc = moepack_cli(args + " --json", &out, &err);
-  EXPECT_EQ(rc, expect_rc) << args << "\n" << err;
-  return json::parse(out, nullptr, false);
-}
 
 TEST(TrtllmNvfp4E2e, W4a4ConvertsForSm100AndVerifies) {
   for (const std::string format : {"modelopt-nvfp4", "ct-nvfp4-w4a4"}) {
@@ -35,15 +29,15 @@ TEST(TrtllmNvfp4E2e, W4a4ConvertsForSm100AndVerifies) {
     TempDir tmp;
     const std::string src = tmp / "src", dst = tmp / "dst";
     ASSERT_EQ(moepack_cli("synth " + src + " --format " + format + " --family qwen3" + kShape), 0);
-    const json ins = run_json("inspect " + src + " --target-arch sm100", 0);
+    const json ins = moepack_json("inspect " + src + " --target-arch sm100", 0);
     ASSERT_FALSE(ins.is_discarded());
     EXPECT_NE(ins.dump().find("trtllm-nvfp4"), std::string::npos) << ins.dump();
-    const json conv = run_json("convert " + src + " " + dst + " --target-arch sm100", 0);
+    const json conv = moepack_json("convert " + src + " " + dst + " --target-arch sm100", 0);
     EXPECT_EQ(conv["backend"], "trtllm-nvfp4") << conv.dump();
     const json man = test::read_json_file(dst + "/moepack.json");
     EXPECT_NE(man.dump().find("w13_input_scale"), std::string::npos)
         << "the layer's activation scales are recorded decisions";
-    const json ver = run_json("verify " + dst + " --source " + src, 0);
+    const json ver = moepack_json("verify " + dst + " --source " + src, 0);
     EXPECT_NE(ver.dump().find("input_scales"), std::string::npos) << "checked bit for bit";
     // The GPU runtime quantises both sides' activations as TRT-LLM does (kNvfp4Block16).
     if (cuda_device_info().available) {

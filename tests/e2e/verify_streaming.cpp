@@ -27,12 +27,7 @@ using test::moepack_cli;
 using test::TempDir;
 
 json verify_json(const std::string& args, int expect_rc) {
-  std::string out, err;
-  const int rc = moepack_cli("verify " + args + " --json", &out, &err);
-  EXPECT_EQ(rc, expect_rc) << args << "\n" << err;
-  json j = json::parse(out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << out;
-  return j;
+  return test::moepack_json("verify " + args, expect_rc);
 }
 
 std::vector<std::string> devices() {

@@ -95,12 +95,10 @@ TEST(VllmTargetsE2e, InspectJsonShowsVllmOrderAndPick) {
                         Want{"0.33", "sm100", "marlin", "MARLIN", "marlin"},
                         Want{"2026-05", "sm90", "marlin", "MARLIN", "marlin"}}) {
     SCOPED_TRACE(w.target + " " + w.arch);
-    std::string out;
-    ASSERT_EQ(moepack_cli("inspect " + src + " --json --no-validate --vllm-target " + w.target +
-                              " --target-arch " + w.arch + " --backend " + w.backend,
-                          &out),
-              0);
-    const json ins = json::parse(out);
+    const json ins =
+        test::moepack_json("inspect " + src + " --no-validate --vllm-target " + w.target +
+                               " --target-arch " + w.arch + " --backend " + w.backend,
+                           0);
     const json& kind = ins["oracle"]["kinds"].at(0);
     EXPECT_EQ(kind["scheme"], "wna16");
     EXPECT_EQ(kind["chosen"], w.chosen);
