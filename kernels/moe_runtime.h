@@ -15,10 +15,11 @@
 // Chunk stages (verify's pipeline): instead of begin_chunk + upload on the driving thread, any
 // thread may fill a chunk's pinned staging ahead of its turn. make_stages(n) makes a pool of n
 // slots (pinned host memory mirrored by device memory, grown to what a chunk needs and then
-// reused); acquire_stage() (thread-safe) takes a free slot once the kernels of the chunk that used
-// it last have finished; MoeChunkStage::upload / upload_nibbles copy into it on the calling thread
-// and return the device addresses; run_staged_chunk (the driving thread) only issues the slot's
-// host-to-device copies and the chunk's kernels, and gives the slot back to the pool.
+// reused; the host side is anonymous memory registered with CUDA, counted as the process's
+// anonymous memory); acquire_stage() (thread-safe) takes a free slot once the kernels of the chunk
+// that used it last have finished; MoeChunkStage::upload / upload_nibbles copy into it on the
+// calling thread and return the device addresses; run_staged_chunk (the driving thread) only issues
+// the slot's host-to-device copies and the chunk's kernels, and gives the slot back to the pool.
 //
 // Device buffers and pinned areas grow as needed and are reused across layers. Declared always;
 // without CUDA every entry point throws Error{kNoCuda} (kernels/src/stub.cpp). Not thread-safe

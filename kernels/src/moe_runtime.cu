@@ -2,9 +2,11 @@
 // and every CUDA status turned into moepack::Error (kNoCuda without a usable device, kInternal
 // otherwise). Device code lives in kernels/include/moe_{routing,sort,fused}.cuh.
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -66,24 +68,64 @@ struct StagingBlock {
   uint8_t* host = nullptr;
   uint8_t* device = nullptr;
   size_t capacity = 0, used = 0;
+  bool registered =
+      false;  // host: anonymous memory pinned by cudaHostRegister (else cudaHostAlloc)
 };
+
+// Pinned host memory that is the process's anonymous memory (mmap, then cudaHostRegister): it
+// counts as what it is -- RssAnon, and under `ulimit -d` -- where cudaHostAlloc's pages are the
+// driver's mapping of a device file (counted as file-backed).
+uint8_t* pinned_anonymous(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    throw Error(ErrorCode::kInternal, std::string("MoeRuntime: pinned staging of ") +
+                                          std::to_string(bytes) +
+                                          " bytes: " + std::strerror(errno));
+  const cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  if (err != cudaSuccess) {
+    ::munmap(p, bytes);
+    check_cuda(err, "pinned staging");
+  }
+  return static_cast<uint8_t*>(p);
+}
 struct StagingArea {
   std::vector<StagingBlock> blocks;
   size_t current = 0;
   cudaEvent_t done = nullptr;  // recorded after the last chunk that read this area
   uint64_t bytes = 0;          // bytes uploaded into it since it was last emptied
   // Empty again (its chunk's kernels finished).
+  bool anonymous = false;  // new blocks' host memory: pinned_anonymous (else cudaHostAlloc)
+  size_t first_block = 0;  // the size of the next first block (what the last chunk took)
   void clear() {
     for (StagingBlock& b : blocks) b.used = 0;
     current = 0;
     bytes = 0;
   }
-  void free_all() {
+  // A chunk stage that took several blocks for its chunk takes one block of that size for the
+  // next (chunks are alike): its memory stays what a chunk needs, not the sum of its growth.
+  void fit_to_last_chunk() {
+    if (blocks.size() < 2) return;
+    size_t used = 0;
+    for (const StagingBlock& b : blocks) used += b.used;
+    constexpr size_t kMiB = size_t{1} << 20;
+    first_block = (used + kMiB - 1) / kMiB * kMiB;
+    free_blocks();
+  }
+  void free_blocks() {
     for (StagingBlock& b : blocks) {
-      if (b.host) cudaFreeHost(b.host);
+      if (b.host && b.registered) {
+        cudaHostUnregister(b.host);
+        ::munmap(b.host, b.capacity);
+      } else if (b.host) {
+        cudaFreeHost(b.host);
+      }
       if (b.device) cudaFree(b.device);
     }
     blocks.clear();
+    current = 0;
+  }
+  void free_all() {
+    free_blocks();
     if (done) cudaEventDestroy(done);
     done = nullptr;
   }
@@ -104,13 +146,19 @@ std::pair<uint8_t*, uint8_t*> stage_in(StagingArea& a, size_t bytes, size_t min_
     size_t held = 0;
     for (const StagingBlock& b : a.blocks) held += b.capacity;
     StagingBlock b;
-    b.capacity = std::max({need, min_block, double_up ? held : size_t{0}});
-    check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&b.host), b.capacity, cudaHostAllocDefault),
-               "pinned staging");
+    b.capacity = std::max({need, min_block, double_up ? held : size_t{0},
+                           a.blocks.empty() ? a.first_block : size_t{0}});
+    if (a.anonymous) {
+      b.host = pinned_anonymous(b.capacity);
+      b.registered = true;
+    } else {
+      check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&b.host), b.capacity, cudaHostAllocDefault),
+                 "pinned staging");
+    }
     if (cudaMalloc(reinterpret_cast<void**>(&b.device), b.capacity) != cudaSuccess) {
-      cudaFreeHost(b.host);
-      check_cuda(cudaGetLastError(), "device staging");
-      throw Error(ErrorCode::kInternal, "MoeRuntime: device staging: out of memory");
+      a.blocks.push_back(b);  // freed with the area
+      cudaGetLastError();
+      throw Error(ErrorCode::kInternal, "MoeRuntime: device staging: out of device memory");
     }
     a.blocks.push_back(b);
   }
@@ -635,6 +683,7 @@ void MoeRuntime::make_stages(int slots) {
                 "make_stages(" + std::to_string(slots) + "): once, with at least one slot");
   for (int i = 0; i < slots; ++i) {
     m.stage_slots.push_back(std::make_unique<StagingArea>());
+    m.stage_slots.back()->anonymous = true;
     check_cuda(cudaEventCreateWithFlags(&m.stage_slots.back()->done, cudaEventDisableTiming),
                "event");
     m.free_slots.push_back(i);
@@ -657,6 +706,7 @@ MoeChunkStage MoeRuntime::acquire_stage() {
   StagingArea& a = *m.stage_slots[static_cast<size_t>(stage.slot_)];
   // The chunk that used this slot last: its copies and kernels have finished.
   check_cuda(cudaEventSynchronize(a.done), "chunk stage");
+  a.fit_to_last_chunk();
   a.clear();
   if (m.profile) {
     m.slot_wait_ns += steady_ns() - t0;
