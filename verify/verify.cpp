@@ -1494,11 +1494,16 @@ MoeDeviceRouting begin_device_layer(const LayerRun& run, MoeRuntime& rt, LayerJo
 // its own from verify's start, while the checkpoint is opened, the integrity checks run and the
 // chunk workers read and decode the first chunks. runtime() waits for it and rethrows what
 // making it threw (kNoCuda); the destructor waits for the thread.
+constexpr const char* kNoCudaDevice =
+    "--device cuda: no CUDA device (or moepack was built without CUDA)";
+
 class DeviceStartup {
  public:
   using Clock = std::chrono::steady_clock;
   DeviceStartup(int stage_slots, Clock::time_point verify_start)
-      : verify_start_(verify_start), ready_(made_.get_future().share()) {
+      : verify_start_(verify_start),
+        available_(found_.get_future().share()),
+        ready_(made_.get_future().share()) {
     try {
       thread_ = std::thread([this, stage_slots] { make(stage_slots); });
     } catch (const std::system_error&) {
@@ -1512,6 +1517,8 @@ class DeviceStartup {
   DeviceStartup& operator=(const DeviceStartup&) = delete;
 
   MoeRuntime& runtime() const { return *ready_.get(); }
+  // Whether a CUDA device is there (cuda_device_info on the startup thread).
+  bool available() const { return available_.get(); }
   // For the chunk workers (each waits on its own copy).
   std::shared_future<MoeRuntime*> ready() const { return ready_; }
   // The loop launches the first chunk's kernels now (the first call counts).
@@ -1530,7 +1537,10 @@ class DeviceStartup {
   }
   void make(int stage_slots) {
     const Clock::time_point t0 = Clock::now();
+    const bool available = cuda_device_info().available;
+    found_.set_value(available);
     try {
+      if (!available) throw Error(ErrorCode::kNoCuda, kNoCudaDevice);
       runtime_ = std::make_unique<MoeRuntime>();
       runtime_->make_stages(stage_slots);
       make_seconds_ = seconds_since(t0);
@@ -1542,6 +1552,8 @@ class DeviceStartup {
   }
 
   const Clock::time_point verify_start_;
+  std::promise<bool> found_;
+  std::shared_future<bool> available_;
   std::promise<MoeRuntime*> made_;
   std::shared_future<MoeRuntime*> ready_;
   std::unique_ptr<MoeRuntime> runtime_;
@@ -1718,9 +1730,41 @@ bool device_error(const Error& e) {
 // metrics (ref::compare_moe). Host memory: the chunks in flight (workers + 2, each 1 / workers of
 // the chunk rule's, their host bytes dropped once staged), the pool of stages (workers + 3 slots,
 // each a chunk's packed and reference bytes).
+// The host's comparison of a layer's outputs (compare_moe, device_layer_result) on a thread of its
+// own while the loop starts the next layer on the device, which would otherwise wait for it (H100,
+// 28 layers of 64 tokens: ~6 ms of a layer's ~46). Results enter the report in the loop's order:
+// a pending one before any later entry (flush()).
+class PendingLayerResult {
+ public:
+  explicit PendingLayerResult(VerifyReport* report) : report_(report) {}
+  ~PendingLayerResult() {
+    if (pending_.valid()) pending_.wait();  // the thread reads the caller's run and manifest
+  }
+  void start(const LayerRun& run, const ManifestLayer& ml, MoeLayerOutputs outputs,
+             MoeDeviceRouting routing) {
+    flush();
+    auto compute = [&run, &ml, o = std::move(outputs), rt = std::move(routing)] {
+      return device_layer_result(run, ml, o, rt);
+    };
+    try {
+      pending_ = std::async(std::launch::async, std::move(compute));
+    } catch (const std::system_error&) {
+      report_->layers.push_back(compute());  // no thread to spare: compared here
+    }
+  }
+  void flush() {
+    if (pending_.valid()) report_->layers.push_back(pending_.get());
+  }
+
+ private:
+  VerifyReport* report_;
+  std::future<LayerResult> pending_;
+};
+
 void verify_layers_cuda(LayerRun& run) {
   VerifyReport& r = *run.report;
   DeviceStartup& device = *run.device;
+  PendingLayerResult result(&r);
   const std::vector<ManifestLayer>& layers = run.manifest->layers;
   std::vector<LayerJob> jobs;
   std::vector<std::optional<Error>> job_error;
@@ -1751,6 +1795,7 @@ void verify_layers_cuda(LayerRun& run) {
     run.progress(li, 0);
     run.hasher->reached(li);
     if (job_error[li]) {
+      result.flush();
       run.broken(ml, "parameters", *job_error[li]);
       chunks.finish_layer(li);
       continue;
@@ -1760,6 +1805,7 @@ void verify_layers_cuda(LayerRun& run) {
       routing = begin_device_layer(run, rt, job);
     } catch (const Error& e) {
       if (device_error(e)) throw;
+      result.flush();
       run.broken(ml, "parameters", e);
       chunks.finish_layer(li);  // what was prepared of it is dropped (the CPU path reads none)
       continue;
@@ -1769,6 +1815,7 @@ void verify_layers_cuda(LayerRun& run) {
     for (size_t i = 0, n = chunks.chunks(li); ok && i < n; ++i) {
       PreparedChunk c = chunks.next(li);
       if (c.failure) {
+        result.flush();
         run.broken(ml, experts_label("decode", c.e0, c.e1), *c.failure);
         ok = false;
         break;
@@ -1786,6 +1833,7 @@ void verify_layers_cuda(LayerRun& run) {
         if (e.code() == ErrorCode::kUnsupported)
           throw Error(ErrorCode::kUnsupported, e.file(), e.tensor(),
                       "--device cuda: " + e.message() + "; use --device cpu");
+        result.flush();
         run.broken(ml, experts_label("evaluation", c.e0, c.e1), e);
         ok = false;
         break;
@@ -1795,8 +1843,9 @@ void verify_layers_cuda(LayerRun& run) {
     round_trip.report(r);
     if (!ok) continue;
     StageTimer evaluating(&run.clock->evaluate_ns);
-    r.layers.push_back(device_layer_result(run, ml, rt.finish_layer(), routing));
+    result.start(run, ml, rt.finish_layer(), std::move(routing));
   }
+  result.flush();
   r.timing.device_seconds = rt.kernel_seconds();
   print_device_profile(rt, device);
 }
@@ -2079,21 +2128,20 @@ VerifyReport run_verify(const VerifyOptions& opts) {
   r.seed = opts.seed;
   r.tokens = opts.tokens;
   r.tolerance = opts.tolerance;
-  if (opts.device == "cuda") {
-    if (!cuda_device_info().available)
-      throw Error(ErrorCode::kNoCuda,
-                  "--device cuda: no CUDA device (or moepack was built without CUDA)");
-  }
   if (opts.device != "cpu" && opts.device != "cuda")
     throw Error(ErrorCode::kUsage, "--device must be cpu or cuda");
   if (opts.tokens < 1) throw Error(ErrorCode::kUsage, "--tokens must be >= 1");
 
-  const Manifest manifest = read_manifest(opts.dst);
   const int threads = resolve_threads(opts.threads);
-  // The CUDA runtime is made on a thread of its own from here on (verify_layers_cuda).
+  // The CUDA runtime is made on a thread of its own from verify's start (verify_layers_cuda):
+  // CUDA's initialisation overlaps the manifest's reading; no device is exit 4 right after it.
   std::optional<DeviceStartup> device;
-  if (opts.device == "cuda" && !opts.skip_numerical && !manifest.parallel)
+  if (opts.device == "cuda" && !opts.skip_numerical)
     device.emplace(device_stage_slots(pipeline_workers(threads)), verify_start);
+  const Manifest manifest = read_manifest(opts.dst);
+  if (opts.device == "cuda" && !(device ? device->available() : cuda_device_info().available))
+    throw Error(ErrorCode::kNoCuda, kNoCudaDevice);
+  if (manifest.parallel) device.reset();  // a parallel artifact is evaluated on the CPU
   const std::string mpath = manifest_path(opts.dst);
   r.backend = manifest.backend;
   const TargetLayout& layout = manifest_layout(manifest, mpath);
