@@ -203,6 +203,15 @@ bool device_routable(const RouterConfig& c) {
          !c.has_per_expert_scale && !c.weights_on_input;
 }
 
+Routing routing_from_device(const MoeDeviceRouting& d) {
+  Routing r;
+  r.tokens = d.tokens;
+  r.top_k = d.top_k;
+  r.expert_ids = d.expert_ids;
+  r.weights = d.weights;
+  return r;
+}
+
 MoeRouterSpec runtime_router_spec(const RouterConfig& c) {
   MoeRouterSpec s;
   s.experts = c.num_experts;

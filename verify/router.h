@@ -96,5 +96,7 @@ bool device_routable(const RouterConfig& c);
 
 // The router as the CUDA runtime's routing kernels take it (kernels/moe_runtime.h).
 MoeRouterSpec runtime_router_spec(const RouterConfig& c);
+// The device's routing (MoeRuntime::begin_layer) as the host's reference takes it.
+Routing routing_from_device(const MoeDeviceRouting& d);
 
 }  // namespace moepack::ref

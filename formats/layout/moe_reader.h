@@ -400,6 +400,27 @@ MOEPACK_HD float kind_weight(const CanonicalParams& p, const ProjReader& r, int6
 
 // The dequantised value of canonical code c with zero point zf (kCodeUint) and scale s: the
 // switch of kind_weight below.
+// The group of each column of a row as the strided decoders walk its columns in increasing
+// order: g_idx[kk] (act-order), else group g covers [g * group_size, (g + 1) * group_size), found
+// by a division only where a column passes the group's end (group_size <= 0: one group, 0).
+struct GroupWalk {
+  MOEPACK_HD GroupWalk(const int32_t* g_idx, int64_t group_size)
+      : g_idx_(g_idx), size_(group_size > 0 ? static_cast<uint32_t>(group_size) : 0u) {}
+  MOEPACK_HD int64_t of(int64_t kk) {
+    if (g_idx_) return g_idx_[kk];
+    if (size_ && kk >= next_) {
+      group_ = static_cast<uint32_t>(kk) / size_;
+      next_ = (group_ + 1) * size_;
+    }
+    return group_;
+  }
+
+ private:
+  const int32_t* g_idx_;
+  uint32_t size_;
+  int64_t group_ = 0, next_ = 0;
+};
+
 MOEPACK_HD float canonical_value(const CanonicalParams& p, uint8_t c, float zf, float s) {
   switch (p.code_type) {
     case kCodeUint:
@@ -427,20 +448,13 @@ MOEPACK_HD void kind_weight_strided(const CanonicalParams& p, const ProjReader& 
           ? p.global_scales[e * p.global_shards + un / static_cast<uint32_t>(p.global_shard_rows)]
           : 0.0f;
   const uint8_t* zrow = p.zeros ? p.zeros + row * G : nullptr;
-  const int32_t* gs = p.g_idx ? p.g_idx + e * K : nullptr;
-  // Without g_idx, group g covers [g * group_size, (g + 1) * group_size): found by a division
-  // where a column passes the group's end.
-  const uint32_t gsize = p.group_size > 0 ? static_cast<uint32_t>(p.group_size) : 0u;
-  int64_t g_plain = 0, next = 0, g = -1;
+  GroupWalk groups(p.g_idx ? p.g_idx + e * K : nullptr, p.group_size);
+  int64_t g = -1;
   float s = 0.0f, zf = static_cast<float>(1 << (p.bits - 1));
   MOEPACK_UNROLL
   for (int j = 0; j < count; ++j) {
     const int64_t kk = k0 + kStrideCols * j;
-    if (gsize && kk >= next) {
-      g_plain = static_cast<uint32_t>(kk) / gsize;
-      next = (g_plain + 1) * gsize;
-    }
-    const int64_t gk = gs ? gs[kk] : g_plain;
+    const int64_t gk = groups.of(kk);
     if (gk != g) {
       g = gk;
       s = scale_at(p.scales, srow + g, p.scale_type);
@@ -572,18 +586,13 @@ MOEPACK_HD void kind_weight_strided(const MarlinParams& p, const ProjReader&, in
   const uint16_t* scales = p.scales + e * p.groups * Np;
   const int pf_shift = bits == 4 ? 3 : 2;  // log2 of pack_factor: 8 or 4 fields a word
   const uint32_t* zeros = p.qzeros ? p.qzeros + e * p.groups * (Np >> pf_shift) : nullptr;
-  const int32_t* gs = p.g_idx ? p.g_idx + e * p.kp : nullptr;
-  const uint32_t gsize = p.group_size > 0 ? static_cast<uint32_t>(p.group_size) : 0u;
-  int64_t g_plain = 0, next = 0, g = -1;
+  GroupWalk groups(p.g_idx ? p.g_idx + e * p.kp : nullptr, p.group_size);
+  int64_t g = -1;
   float s = 0.0f, z = static_cast<float>(1 << (bits - 1));
   MOEPACK_UNROLL
   for (int j = 0; j < count; ++j) {
     const int64_t kk = k0 + kStrideCols * j;
-    if (gsize && kk >= next) {
-      g_plain = static_cast<uint32_t>(kk) / gsize;
-      next = (g_plain + 1) * gsize;
-    }
-    const int64_t gk = gs ? gs[kk] : g_plain;
+    const int64_t gk = groups.of(kk);
     if (gk != g) {
       g = gk;
       const int64_t jj = g * Np + n;

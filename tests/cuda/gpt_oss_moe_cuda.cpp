@@ -250,15 +250,6 @@ DeviceRun run_layer(MoeRuntime& rt, const Layer& L, reader::ActQuant act, GotSid
   return run;
 }
 
-ref::Routing host_routing(const MoeDeviceRouting& d) {
-  ref::Routing r;
-  r.tokens = d.tokens;
-  r.top_k = d.top_k;
-  r.expert_ids = d.expert_ids;
-  r.weights = d.weights;
-  return r;
-}
-
 // The CPU's definition of the layer on the device's routing: moe_reference with the biases and
 // the layer's activation.
 ref::MoeOutput cpu_reference(const Layer& L, const ref::Routing& routing) {
@@ -286,7 +277,7 @@ double norm_err(const ref::MoeOutput& want, const ref::MoeOutput& got, const ref
 // are). Returns the routing.
 ref::Routing expect_canonical_matches_cpu(MoeRuntime& rt, const Layer& L) {
   const DeviceRun run = run_layer(rt, L, reader::ActQuant::kNone, GotSide::kCanonical);
-  const ref::Routing routing = host_routing(run.routing);
+  const ref::Routing routing = ref::routing_from_device(run.routing);
   const std::vector<float> logits = ref::router_logits(
       L.x.data(), kTokens, L.H, L.router_weight.data(), L.E, L.router_bias.data());
   EXPECT_EQ(routing.expert_ids, ref::route(logits, {}, L.router).expert_ids);

@@ -394,15 +394,6 @@ MoeDeviceRouting edge_routing(test::Rng& rng) {
   return r;
 }
 
-ref::Routing host_routing(const MoeDeviceRouting& d) {
-  ref::Routing r;
-  r.tokens = d.tokens;
-  r.top_k = d.top_k;
-  r.expert_ids = d.expert_ids;
-  r.weights = d.weights;
-  return r;
-}
-
 // Both MoEs of the edge routing over chunks of 3 and 4 experts (odd counts; the first chunk holds
 // the expert without tokens), each chunk's readers made by make_readers(e0, e1).
 MoeLayerOutputs run_edge_layer(
@@ -482,7 +473,7 @@ TEST(MoeRuntimeCuda, KernelEdgeCasesCanonicalTailSpans) {
   ms.hidden = H;
   ms.intermediate = I;
   const ref::MoeOutput cpu = ref::moe_reference(
-      ms, host_routing(routing), x.data(),
+      ms, ref::routing_from_device(routing), x.data(),
       [&](int64_t e, MoeProj p) { return dequantize_expert(p == MoeProj::kW13 ? w13 : w2, e); });
   const int64_t slots = routing.tokens * routing.top_k;
   EXPECT_LE(worst_slot_error(out.ref_slots, cpu.slot_out, slots, H), 1e-12);
@@ -565,7 +556,7 @@ TEST(MoeRuntimeCuda, KernelEdgeCasesMarlinSmallestShapes) {
             return std::array<reader::ProjReader, 4>{a, b, make_reference_reader(a, dec.w13, up),
                                                      make_reference_reader(b, dec.w2, up)};
           });
-      const ref::Routing hr = host_routing(routing);
+      const ref::Routing hr = ref::routing_from_device(routing);
       EXPECT_LE(norm_err(output_of(out.ref_out, out.ref_slots, routing.tokens, H, 2),
                          output_of(out.got_out, out.got_slots, routing.tokens, H, 2), hr, E),
                 5e-4);
