@@ -14,6 +14,10 @@ class Sha256 {
   void update(const void* data, size_t len);
   std::array<uint8_t, 32> digest();  // finalises; call once
   std::string hex_digest();
+  // a.update(data_a, len) and b.update(data_b, len), the two messages' blocks computed together
+  // (twice one message's throughput a core with the SHA extensions, where both are at a block
+  // boundary): for a reader with two streams to hash.
+  static void update_pair(Sha256& a, const void* data_a, Sha256& b, const void* data_b, size_t len);
 
   // Use the CPU's SHA extensions when present (default). Tests turn it off to compare paths.
   static bool use_hardware;
