@@ -528,9 +528,13 @@ class TensorHasher {
     index_[v.data] = items_.size();
     items_.push_back({v, releasable, layer, {}});
   }
-  // `threads` hashing threads (those that start); their busy time is added to `busy_ns`.
+  // `threads` hashing threads (those that start); their busy time is added to `busy_ns`. The
+  // tensors are taken by layer, in the order tracked within a layer.
   void start(int threads, std::atomic<int64_t>* busy_ns) {
     busy_ns_ = busy_ns;
+    std::stable_sort(items_.begin(), items_.end(),
+                     [](const Item& a, const Item& b) { return a.layer < b.layer; });
+    for (size_t i = 0; i < items_.size(); ++i) index_[items_[i].view.data] = i;
     for (int t = 0; t < threads; ++t) {
       try {
         threads_.emplace_back([this] { work(); });
@@ -565,28 +569,63 @@ class TensorHasher {
     size_t layer;
     std::string hex;
   };
+  static constexpr size_t kPiece = size_t{1} << 20;
 
+  // A tensor being hashed by a hashing thread: its bytes up to `off` are in `sha`.
+  struct Stream {
+    Item* item = nullptr;
+    Sha256 sha;
+    size_t off = 0;
+    size_t left() const { return item->view.nbytes - off; }
+  };
+
+  // The next tensor into `s`, waiting for the layer gate where `wait`, else only if one is ready
+  // now. False: none (the run stopped, everything is taken, or none is ready and !wait).
+  bool take(Stream& s, bool wait) {
+    std::unique_lock<std::mutex> lock(m_);
+    const auto ready = [&] { return next_ < items_.size() && items_[next_].layer <= gate_; };
+    if (wait) cv_.wait(lock, [&] { return stop_ || next_ >= items_.size() || ready(); });
+    if (stop_ || !ready()) return false;
+    s.item = &items_[next_++];
+    s.sha = Sha256();
+    s.off = 0;
+    return true;
+  }
+
+  // The stream's next n bytes.
+  static const uint8_t* piece(const Stream& s) { return s.item->view.data + s.off; }
+  // n bytes of the stream hashed (by the caller) and their mapped pages dropped; a finished tensor
+  // gets its digest and the stream is free.
+  void advance(Stream& s, size_t n) {
+    const Item& it = *s.item;
+    if (it.releasable) release_mapped(it.view.data + s.off, n);
+    s.off += n;
+    if (s.left() == 0) {
+      s.item->hex = s.sha.hex_digest();
+      s.item = nullptr;
+    }
+  }
+
+  // Each thread hashes two tensors at once where two are ready (Sha256::update_pair: the SHA
+  // extensions' rounds of two messages interleaved), a megabyte of each at a time.
   void work() {
+    Stream a, b;
     for (;;) {
-      size_t i = 0;
-      {
-        std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock,
-                 [&] { return stop_ || next_ >= items_.size() || items_[next_].layer <= gate_; });
-        if (stop_ || next_ >= items_.size()) return;
-        i = next_++;
-      }
+      if (!a.item && !take(a, !b.item) && !b.item) return;
+      if (!a.item) std::swap(a, b);
+      if (!b.item) take(b, false);
+      if (stop_.load(std::memory_order_relaxed)) return;  // no digest: hashed at the end
       StageTimer busy(busy_ns_);
-      Item& it = items_[i];
-      Sha256 sha;
-      constexpr size_t kPiece = size_t{1} << 20;
-      for (size_t off = 0; off < it.view.nbytes; off += kPiece) {
-        const size_t n = std::min<size_t>(kPiece, it.view.nbytes - off);
-        sha.update(it.view.data + off, n);
-        if (it.releasable) release_mapped(it.view.data + off, n);
-        if (stop_.load(std::memory_order_relaxed)) return;  // no digest: hashed at the end
+      if (b.item) {
+        const size_t n = std::min({kPiece, a.left(), b.left()});
+        Sha256::update_pair(a.sha, piece(a), b.sha, piece(b), n);
+        advance(a, n);
+        advance(b, n);
+        continue;
       }
-      it.hex = sha.hex_digest();
+      const size_t n = std::min(kPiece, a.left());
+      a.sha.update(piece(a), n);
+      advance(a, n);
     }
   }
 
@@ -1057,12 +1096,13 @@ struct ChunkItem {
   int64_t e0, e1;
 };
 
-// How many threads hash the converted parameters beside the layer loop: half of them. With the
-// reference codes decoded on the device the workers only copy chunks into pinned memory, and
-// SHA-256 is the largest CPU cost left (H100 host, 16 threads, 9.75 GB: 9.2 busy-s of hashing on
-// 4 hashers was the critical path of a 2.97 s run while the workers waited 3.9 s for free slots).
+// How many threads hash the converted parameters beside the layer loop: five eighths of them, at
+// most 12. SHA-256 is the largest CPU cost of verify: on the H100 host's Xeon the SHA extensions
+// hash 0.9 GB/s a core (two messages at once no faster there), so a 9.75 GB model is ~11 busy-s;
+// with half of 16 threads hashing, the hashers were the critical path (the loop waited for them
+// at the end) while the workers waited for free chunk stages (2026-11-26, bench/RESULTS.md).
 int hashing_threads(int threads) {
-  return std::clamp(threads / 2, 1, 8);
+  return std::clamp(threads * 5 / 8, 1, 12);
 }
 
 // How many threads prepare chunks ahead of the layer loop (read, decode, compare with the
@@ -1108,6 +1148,11 @@ std::vector<ChunkItem> plan_chunks(const LayerRun& run, int workers, std::vector
     for (int64_t e0 = 0; e0 < layers[i].experts; e0 += job.chunk)
       items.push_back({i, e0, std::min(layers[i].experts, e0 + job.chunk)});
   }
+  // The other tensors (embeddings, attention, norms, the router, what a layer failed to take)
+  // with the first layer: hashed while the first chunks are prepared and the device starts, not
+  // after the last layer (H100, 9.75 GB model: their 1.2 GB took 0.27 s of a 2.0 s run there).
+  for (const auto& [name, shard] : run.out->where)
+    run.hasher->track(run.out->view(name), run.out->shards.at(shard).mapped(), 0);
   return items;
 }
 
@@ -1442,20 +1487,55 @@ void verify_layers_round_trip(LayerRun& run) {
   }
 }
 
-ref::Routing routing_from_device(const MoeDeviceRouting& d) {
-  ref::Routing r;
-  r.tokens = d.tokens;
-  r.top_k = d.top_k;
-  r.expert_ids = d.expert_ids;
-  r.weights = d.weights;
-  return r;
-}
+// The layers' routers and hidden states (load_layer_inputs) loaded a layer ahead of the CUDA
+// loop, on a thread of their own while the loop runs the layer before: drawing the hidden states
+// is host work the device would otherwise wait for at every layer's start (H100 host, 64 tokens
+// of H=2048: ~4 ms of a ~42 ms layer). take(li) waits for layer li's inputs (loading them itself
+// where no thread had them) and rethrows what loading them threw, then starts layer li + 1's.
+class LayerInputsAhead {
+ public:
+  LayerInputsAhead(const LayerRun& run, std::vector<LayerJob>& jobs,
+                   const std::vector<std::optional<Error>>& job_error)
+      : run_(run), jobs_(jobs), job_error_(job_error) {}
+  ~LayerInputsAhead() {
+    if (pending_.valid()) pending_.wait();  // the thread writes into jobs_
+  }
+  LayerInputsAhead(const LayerInputsAhead&) = delete;
+  LayerInputsAhead& operator=(const LayerInputsAhead&) = delete;
 
-// The layer's router and hidden states, checked, and the device's routing of them (begins the
-// layer on the device). Throws Error: a misshapen router is the layer failing; kNoCuda and
-// kInternal are the device's.
+  // Layer li's inputs loaded on a thread (nothing for a layer past the end or whose job failed).
+  void start(size_t li) {
+    if (li >= jobs_.size() || job_error_[li] || pending_.valid()) return;
+    LayerJob* job = &jobs_[li];
+    try {
+      pending_ = std::async(std::launch::async, [this, job] { load_layer_inputs(run_, job); });
+      pending_layer_ = li;
+    } catch (const std::system_error&) {
+      // no thread to spare: take() loads it
+    }
+  }
+  void take(size_t li) {
+    std::future<void> mine;
+    if (pending_.valid() && pending_layer_ == li) mine = std::move(pending_);
+    start(li + 1);
+    if (mine.valid())
+      mine.get();
+    else
+      load_layer_inputs(run_, &jobs_[li]);
+  }
+
+ private:
+  const LayerRun& run_;
+  std::vector<LayerJob>& jobs_;
+  const std::vector<std::optional<Error>>& job_error_;
+  std::future<void> pending_;
+  size_t pending_layer_ = 0;
+};
+
+// The layer's router and hidden states (loaded: LayerInputsAhead), checked, and the device's
+// routing of them (begins the layer on the device). Throws Error: a misshapen router is the layer
+// failing; kNoCuda and kInternal are the device's.
 MoeDeviceRouting begin_device_layer(const LayerRun& run, MoeRuntime& rt, LayerJob& job) {
-  load_layer_inputs(run, &job);
   job.spec.validate();
   ref::check_router_shapes(job.spec, run.router, job.router.weight, job.router.bias);
   run.router.validate();
@@ -1682,7 +1762,7 @@ void run_device_chunk(MoeRuntime& rt, DeviceStartup& device, PreparedChunk& c) {
 // The layer's device outputs compared on the host with the CPU path's metrics.
 LayerResult device_layer_result(const LayerRun& run, const ManifestLayer& ml,
                                 const MoeLayerOutputs& o, const MoeDeviceRouting& routing) {
-  const ref::Routing routing_host = routing_from_device(routing);
+  const ref::Routing routing_host = ref::routing_from_device(routing);
   ref::MoeOutput ref_out, got_out;
   for (ref::MoeOutput* m : {&ref_out, &got_out}) {
     m->tokens = run.opts->tokens;
@@ -1787,6 +1867,8 @@ void verify_layers_cuda(LayerRun& run) {
   };
   ChunkPipeline chunks(run, jobs, items, workers, stage);
   run.report->timing.lanes = workers;
+  LayerInputsAhead inputs(run, jobs, job_error);
+  inputs.start(0);
   // The workers read and decode the first chunks while the runtime is made.
   MoeRuntime& rt = device.runtime();
   for (size_t li = 0; li < layers.size(); ++li) {
@@ -1802,6 +1884,7 @@ void verify_layers_cuda(LayerRun& run) {
     }
     MoeDeviceRouting routing;
     try {
+      inputs.take(li);
       routing = begin_device_layer(run, rt, job);
     } catch (const Error& e) {
       if (device_error(e)) throw;
