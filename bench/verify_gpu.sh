@@ -9,7 +9,7 @@
 # Synthesises a Qwen3-30B-A3B-shaped GPTQ int4 g128 checkpoint (E=128, H=2048, I=768; LAYERS=29
 # gives 28 MoE layers, 9.75 GB converted), converts it to BACKEND (default marlin: the issue's
 # layout, named because `auto` picks humming for sm90 since the vLLM 0.33 order has it first),
-# then with a warm page cache (the files are read once first) times `cat` of the converted shards
+# then with a warm page cache (the files are read once first) times `cat` of the converted shards (CAT_RUNS times, the median)
 # and `verify` (without --source: integrity + the layout's MoE against its decoding) and prints
 # the ratio, the peak resident memory (/usr/bin/time's maximum RSS of the timed run, and
 # verify's own sampled anonymous / file-backed peaks) and where verify's time went (the stages of
@@ -22,8 +22,10 @@
 #   SOURCE=1     also time `verify --source` on each device
 #   BACKEND=...  the layout converted to (default marlin)
 #   THREADS=N    verify --threads (default 0: every CPU)
-#   PROFILE=0    no per-kernel profile of --device cuda (default on: MOEPACK_VERIFY_PROFILE=1,
-#                each kernel and upload timed by its own CUDA events; printed under the stages)
+#   PROFILE=0    no per-kernel profile of --device cuda (default on: after the timed runs, one
+#                more run of each device with MOEPACK_VERIFY_PROFILE=1, each kernel and upload
+#                timed by its own CUDA events, printed under its stages; that run's seconds are
+#                not the ratio: the events and their per-layer synchronisation cost time)
 set -euo pipefail
 M=${1:-build-gpu/bin/moepack}
 work=${2:-/tmp/verify-bench}
@@ -59,19 +61,27 @@ fi
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee -a "$log"
 cat "$dst"/*.safetensors > /dev/null  # warm the page cache for every run
-t0=$(date +%s.%N)
-cat "$dst"/*.safetensors > /dev/null
-t1=$(date +%s.%N)
-cat_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-echo "cat: $cat_s s" | tee -a "$log"
+# cat timed CAT_RUNS times (default 3; one cat of a warm 10 GB varies by 20 % on the H100 host):
+# the ratio is to their median.
+cats=()
+for _ in $(seq "${CAT_RUNS:-3}"); do
+  t0=$(date +%s.%N)
+  cat "$dst"/*.safetensors > /dev/null
+  t1=$(date +%s.%N)
+  cats+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')")
+done
+cat_s=$(printf '%s\n' "${cats[@]}" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
+echo "cat: $cat_s s (median of ${cats[*]})" | tee -a "$log"
 
 # One timed verify: seconds, exit code, maximum RSS, verify's own peaks and stages.
 timed_verify() {
   local name=$1
   shift
   local json="$OUT/verify_$name.json" tv="$OUT/verify_${name}_time.txt" rc=0 a b
+  local profile=0
+  case $name in *_profiled) profile=1 ;; esac
   a=$(date +%s.%N)
-  MOEPACK_VERIFY_PROFILE=${PROFILE:-1} /usr/bin/time -v "$M" verify "$dst" "$@" \
+  MOEPACK_VERIFY_PROFILE=$profile /usr/bin/time -v "$M" verify "$dst" "$@" \
     --threads "$THREADS" --json > "$json" 2> "$tv" || rc=$?
   b=$(date +%s.%N)
   python3 - "$json" "$tv" "$a" "$b" "$cat_s" "$rc" "$name" <<'EOF' | tee -a "$log"
@@ -113,4 +123,9 @@ for d in $DEVICES; do
     timed_verify "${d}_source" --device "$d" --source "$src"
   fi
 done
+if [ "${PROFILE:-1}" != 0 ]; then
+  for d in $DEVICES; do
+    timed_verify "${d}_profiled" --device "$d"
+  done
+fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$log"
