@@ -515,9 +515,9 @@ class StageTimer {
 // A tensor's hash is sequential, so it is not tied to the chunks the layers take: the chunks are
 // then prepared in any order, by any number of threads. The hashers keep within kLayersAhead
 // layers of the layer loop (reached()), so that a model larger than RAM is hashed while its
-// pages are in the page cache for the chunks too. A tensor not hashed (no thread could start,
-// or the run stopped) has no digest; integrity 1 hashes it at the end, as the tensors that are
-// no layer's parameters.
+// pages are in the page cache for the chunks too; the tensors that are no layer's parameters go
+// with the first layer (plan_chunks). A tensor not hashed (no thread could start, or the run
+// stopped) has no digest; integrity 1 hashes it at the end.
 class TensorHasher {
  public:
   static constexpr size_t kLayersAhead = 4;
@@ -1956,9 +1956,9 @@ const TargetLayout& manifest_layout(const Manifest& manifest, const std::string&
 
 // Integrity 1: every manifest tensor present in its shard with its dtype, shape and sha256, and
 // nothing else in the shards. The converted parameters' checksums were computed by the hashers
-// while the layers were read (TensorHasher); the other tensors, and any parameter no hasher
-// hashed, are hashed here on all threads from the mapping (their pages dropped after). The first
-// problem in the manifest's order is reported.
+// while the layers were read (TensorHasher, the other tensors with the first layer); any tensor
+// no hasher hashed is hashed here on all threads from the mapping (its pages dropped after). The
+// first problem in the manifest's order is reported.
 IntegrityCheck check_manifest_tensors(const Manifest& manifest, const Output& out, int threads,
                                       TensorHasher& digests) {
   digests.finish();  // every parameter the hashers had is hashed
