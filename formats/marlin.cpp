@@ -962,10 +962,14 @@ MoeExperts unpack_marlin_moe_scalar(const LayoutOptions& opts, const TensorMap& 
   return unpack_marlin(opts, params, false);
 }
 
+bool marlin_without_codes_reads_codes(const LayoutOptions& opts, int64_t param_inter) {
+  return opts.inter > 0 && opts.inter < param_inter;
+}
+
 MoeExperts unpack_marlin_moe_without_codes(const LayoutOptions& opts, const TensorMap& params) {
   const LayerView L = read_layer(opts, params);
   // Cropping vLLM 0.33's padded I reads the codes: decoded as unpack_marlin_moe decodes them.
-  if (opts.inter > 0 && opts.inter < L.I)
+  if (marlin_without_codes_reads_codes(opts, L.I))
     return crop_intermediate(opts, unpack_padded(opts, L, opts.inter, true), opts.inter);
   return unpack_padded(opts, L, L.I, false, false);
 }

@@ -650,12 +650,50 @@ class TensorHasher {
   std::atomic<int64_t>* busy_ns_ = nullptr;
 };
 
+// Buffers of the sizes of the parameters a chunk stages straight from the mapped shard
+// (param_chunk's `direct`): a stand-in's bytes are never read, so a buffer freed by one chunk
+// serves the next chunk's stand-in of its size, neither copied into nor zero-filled again. At
+// most `kept` buffers wait for reuse (the chunks in flight hold the rest).
+class StandInBuffers {
+ public:
+  explicit StandInBuffers(size_t kept) : kept_(kept) {}
+  std::vector<uint8_t> take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      const auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        std::vector<uint8_t> v = std::move(it->second);
+        free_.erase(it);
+        return v;
+      }
+    }
+    return std::vector<uint8_t>(bytes);  // the first of its size: filled once
+  }
+  void give(std::vector<uint8_t>&& v) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (free_.size() < kept_) free_.emplace(v.size(), std::move(v));
+  }
+
+ private:
+  std::mutex m_;
+  std::multimap<size_t, std::vector<uint8_t>> free_;
+  size_t kept_;
+};
+
+// Where the chunk's parameters named in param_chunk's `direct` are in the mapped shard (by name):
+// the stage copies them from there (stage_device_chunk).
+using MappedParams = std::map<std::string, const uint8_t*>;
+
 // Experts [first, last) of each parameter (every layout parameter leads with the expert
 // dimension), copied out of the mapped shard, whose pages are dropped after (the hashers read
 // them on their own, TensorHasher): only the chunk is ever held. The parameters on up to
-// `threads` threads.
+// `threads` threads. A parameter named in `direct` is not copied: its tensor is a stand-in of
+// its size from `stand_ins` (whose bytes are not the parameter's) and `mapped` says where its
+// bytes are, for the device path to stage them from the mapping in one copy (the host reads only
+// the shape and size of the Marlin codes it decodes on the device: LayerJob::device_codes).
 TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int64_t first,
-                      int64_t last, int threads) {
+                      int64_t last, int threads, const std::set<std::string>* direct = nullptr,
+                      StandInBuffers* stand_ins = nullptr, MappedParams* mapped = nullptr) {
   TensorMap out;
   std::vector<std::pair<const TensorView*, Tensor*>> work;
   for (const TensorView& v : views) {
@@ -664,6 +702,13 @@ TensorMap param_chunk(const std::vector<TensorView>& views, int64_t experts, int
     t.dtype = v.dtype;
     t.shape = v.shape;
     t.shape[0] = last - first;
+    const uint64_t per = v.nbytes / static_cast<uint64_t>(experts);
+    if (direct && direct->count(v.name)) {
+      t.data = stand_ins->take(static_cast<size_t>(per * static_cast<uint64_t>(last - first)));
+      (*mapped)[v.name] = v.data + per * static_cast<uint64_t>(first);
+      out.emplace(t.name, std::move(t));
+      continue;
+    }
     work.emplace_back(&v, &out.emplace(t.name, std::move(t)).first->second);
   }
   parallel_for(static_cast<int64_t>(work.size()), threads, [&](int64_t b, int64_t e) {
@@ -697,7 +742,8 @@ struct LayerRun {
   VerifyReport* report;
   TensorHasher* hasher;
   StageClock* clock;
-  DeviceStartup* device = nullptr;  // --device cuda: the runtime, made from verify's start
+  DeviceStartup* device = nullptr;      // --device cuda: the runtime, made from verify's start
+  StandInBuffers* stand_ins = nullptr;  // --device cuda: LayerJob::staged_direct's stand-ins
   // Threads within one chunk (its copy, unpack, the source's load): all of them where the loop
   // prepares its chunks (0), threads / workers beside a pool of workers, which already keeps
   // every core busy (more would only start threads per chunk).
@@ -768,6 +814,9 @@ struct LayerJob {
   // codes (unpack_marlin_moe_without_codes) and the reference's codes decoded on the device
   // (stage_device_chunk, device_reference_codes).
   bool device_codes = false;
+  // The parameters staged straight from the mapped shard (param_chunk's `direct`): the Marlin
+  // codes (qweight) of a device_codes job, which the host never reads. Empty elsewhere.
+  std::set<std::string> staged_direct;
   // The router and the hidden states; the experts' input where the router changes it
   // (route_layer: Llama-4 scales it by the weight), else empty.
   ref::RouterTensors router;
@@ -811,6 +860,25 @@ void refuse_expert_biases(const Output& out, const Manifest& manifest, const Che
 void refuse_unverifiable_biases(const Output& out, const Manifest& manifest,
                                 const Checkpoint* src) {
   for (const ManifestLayer& ml : manifest.layers) refuse_expert_biases(out, manifest, src, ml);
+}
+
+// The Marlin codes (qweight) of a device_codes job, by name, where the host never reads them
+// (marlin_without_codes_reads_codes: not where the padded I is cropped): the device path stages
+// them straight from the mapped shard. Empty when a name or shape is not the layout's (unpack
+// then names what is wrong, from the copied parameters).
+std::set<std::string> marlin_codes_staged_direct(const LayerJob& job) {
+  std::set<std::string> names;
+  for (const MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
+    const std::string name = job.lo.prefix + marlin_param_names(job.lo.source_method, proj).qweight;
+    const auto v = std::find_if(job.views.begin(), job.views.end(),
+                                [&name](const TensorView& t) { return t.name == name; });
+    if (v == job.views.end() || v->shape.size() != 3) return {};
+    // w2's K rows (16 a tile row) are the intermediate size the parameters carry.
+    if (proj == MoeProj::kW2 && marlin_without_codes_reads_codes(job.lo, v->shape[1] * 16))
+      return {};
+    names.insert(name);
+  }
+  return names;
 }
 
 // The layer's job without its router and hidden states (load_layer_inputs). Throws Error for
@@ -858,6 +926,7 @@ LayerJob make_layer_job(const LayerRun& run, const ManifestLayer& ml) {
     else
       job.views.push_back(v);
   }
+  if (job.device_codes && run.stand_ins) job.staged_direct = marlin_codes_staged_direct(job);
   return job;
 }
 
@@ -896,6 +965,7 @@ struct DeviceChunk {
 struct PreparedChunk {
   int64_t e0 = 0, e1 = 0;
   TensorMap params;
+  MappedParams mapped;  // where the job's staged_direct parameters are (params holds stand-ins)
   // A parallel output: each rank's parameters of the chunk (its experts among [e0, e1), by the
   // layout's names) and their decoding; `decoded` is then the ranks' reassembled.
   std::vector<TensorMap> rank_params;
@@ -1006,7 +1076,9 @@ PreparedChunk prepare_chunk(const LayerRun& run, const LayerJob& job, int64_t e0
     } else {
       {
         StageTimer t(&run.clock->read_ns);
-        c.params = param_chunk(job.views, E, e0, e1, run.within_chunk());
+        c.params = param_chunk(job.views, E, e0, e1, run.within_chunk(),
+                               job.staged_direct.empty() ? nullptr : &job.staged_direct,
+                               run.stand_ins, &c.mapped);
       }
       StageTimer t(&run.clock->decode_ns);
       c.decoded = job.device_codes ? unpack_marlin_moe_without_codes(job.lo, c.params)
@@ -1650,7 +1722,8 @@ int device_stage_slots(int workers) {
 
 // Chunk c on its way to the device, on the worker that prepared it: a slot of the runtime's
 // pinned staging taken (acquire_stage: the kernels that read it last have finished), the layout's
-// readers built over it (make_reader's locator copies each parameter into the slot) and the
+// readers built over it (make_reader's locator copies each parameter into the slot: a stand-in's
+// bytes from the mapped shard, LayerJob::staged_direct) and the
 // reference's canonical readers beside them (its codes of <= 4 bits packed two per byte into the
 // slot, half the canonical bytes), the expert biases (gpt-oss) of both sides after them. The loop
 // thread then only issues the slot's copy up and the kernels (MoeRuntime::run_staged_chunk). The
@@ -1707,8 +1780,14 @@ void stage_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job
     d->stage = rt.acquire_stage();
     MoeChunkStage& st = d->stage;
     std::map<std::string, const void*> located;  // each staged parameter's device address
-    const ParamLocator locate_param = [&st, &located](const std::string& name, const Tensor& t) {
-      const void* at = st.upload(t.data.data(), t.data.size());
+    // A stand-in's bytes come from the mapping (one copy: mapped page cache -> pinned slot),
+    // whose pages are dropped after as param_chunk drops those it copies.
+    const ParamLocator locate_param = [&st, &located, &c](const std::string& name,
+                                                          const Tensor& t) {
+      const auto direct = c.mapped.find(name);
+      const uint8_t* from = direct == c.mapped.end() ? t.data.data() : direct->second;
+      const void* at = st.upload(from, t.data.size());
+      if (direct != c.mapped.end()) release_mapped(from, t.data.size());
       located[name] = at;
       return at;
     };
@@ -1744,7 +1823,12 @@ void stage_device_chunk(const LayerRun& run, MoeRuntime& rt, const LayerJob& job
   } catch (const Error& e) {
     c.stage_failure = e;
   }
+  for (const auto& [name, from] : c.mapped) {
+    const auto t = c.params.find(name);
+    if (t != c.params.end()) run.stand_ins->give(std::move(t->second.data));
+  }
   c.params = TensorMap{};
+  c.mapped.clear();
   c.decoded = MoeExperts{};
   c.source = MoeExperts{};
 }
@@ -1852,6 +1936,8 @@ void verify_layers_cuda(LayerRun& run) {
   run.chunk_threads = std::max(1, run.threads / workers);
   const char* host_decode = std::getenv("MOEPACK_VERIFY_HOST_DECODE");
   run.device_codes = !run.src && !(host_decode && *host_decode && std::string(host_decode) != "0");
+  StandInBuffers stand_ins(2 * static_cast<size_t>(device_stage_slots(workers)));
+  run.stand_ins = &stand_ins;
   const std::vector<ChunkItem> items = plan_chunks(run, workers, &jobs, &job_error);
   run.hasher->start(hashing_threads(run.threads), &run.clock->read_ns);
   const auto stage = [&run, ready = device.ready()](const LayerJob& job, PreparedChunk& c) {

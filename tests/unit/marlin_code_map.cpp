@@ -133,6 +133,72 @@ TEST(MarlinCodeMap, WithoutCodesIsUnpackLessTheCodes) {
   EXPECT_TRUE(got.w2.scales == want.w2.scales);
 }
 
+// verify --device cuda stages the qweight straight from the mapped shard and hands the host
+// stand-ins of its size (LayerJob::staged_direct): where marlin_without_codes_reads_codes says
+// no, the codes-less unpack and the reader's layout must not depend on the qweight's bytes; where
+// it says yes (the padded I cropped), they must.
+TEST(MarlinCodeMap, WithoutCodesReadsNoQweightByteUnlessItSaysSo) {
+  test::Rng rng(2705);
+  const TargetLayout* row = find_target_layout("marlin");
+  std::vector<test::MarlinCase> cases = test::marlin_cases();
+  cases.push_back(test::marlin_padded_case());
+  for (const test::MarlinCase& c : cases) {
+    const test::MarlinArtifact a = test::random_marlin_artifact(rng, c);
+    const std::string name = test::marlin_case_name(c);
+    const auto qweight = [&a](MoeProj proj) {
+      return a.lo.prefix + marlin_param_names(a.lo.source_method, proj).qweight;
+    };
+    const int64_t param_inter = a.params.at(qweight(MoeProj::kW2)).shape[1] * 16;
+    const bool reads = marlin_without_codes_reads_codes(a.lo, param_inter);
+    EXPECT_EQ(reads, a.lo.inter > 0 && a.lo.inter < param_inter) << name;
+    TensorMap stand_ins = a.params;
+    for (const MoeProj proj : {MoeProj::kW13, MoeProj::kW2})
+      for (uint8_t& b : stand_ins.at(qweight(proj)).data) b = static_cast<uint8_t>(rng());
+    const MoeExperts want = unpack_marlin_moe_without_codes(a.lo, a.params);
+    if (reads) {
+      // The codes decoded: the stand-ins' bytes are refused (padding not zero) or read.
+      bool refused = false;
+      MoeExperts got;
+      try {
+        got = unpack_marlin_moe_without_codes(a.lo, stand_ins);
+      } catch (const Error& e) {
+        refused = e.code() == ErrorCode::kBadValue;
+      }
+      EXPECT_TRUE(refused || got.w13.codes != want.w13.codes) << name;
+      continue;
+    }
+    const MoeExperts got = unpack_marlin_moe_without_codes(a.lo, stand_ins);
+    EXPECT_TRUE(got.w13.codes.empty() && got.w2.codes.empty()) << name;
+    EXPECT_TRUE(got.w13.scales == want.w13.scales && got.w2.scales == want.w2.scales) << name;
+    EXPECT_TRUE(got.w13.zeros == want.w13.zeros && got.w2.g_idx == want.w2.g_idx) << name;
+    for (const MoeProj proj : {MoeProj::kW13, MoeProj::kW2}) {
+      const reader::ProjReader x = row->make_reader(a.lo, a.params, proj, host_param);
+      const reader::ProjReader y = row->make_reader(a.lo, stand_ins, proj, host_param);
+      EXPECT_NE(x.marlin.qweight, y.marlin.qweight) << name;  // each over its own bytes
+      const auto fields = [](const reader::ProjReader& r) {
+        const reader::MarlinParams& m = r.marlin;
+        return std::vector<int64_t>{r.experts,
+                                    r.n,
+                                    r.k,
+                                    m.bits,
+                                    m.a8,
+                                    m.scale_type,
+                                    m.grouped_scales,
+                                    m.padded_w13,
+                                    m.kp,
+                                    m.np,
+                                    m.groups,
+                                    m.group_size,
+                                    m.inter,
+                                    m.padded_inter,
+                                    m.tiles_n,
+                                    m.words_per_expert};
+      };
+      EXPECT_EQ(fields(x), fields(y)) << name;
+    }
+  }
+}
+
 TEST(MarlinCodeMap, WithoutCodesRefusesWhatUnpackRefuses) {
   test::Rng rng(2703);
   const TargetLayout* row = find_target_layout("marlin");
