@@ -8,7 +8,7 @@
 # 384 for MXFP8 so the bytes are alike), and gpt-oss MXFP4 -> triton-mxfp4 / marlin-mxfp4 (sm90)
 # on one synthetic gpt-oss of ~1.7 GB (4 MoE layers x 32 experts at gpt-oss-120b's H = I = 2880): `cp -r` of the source and a convert at the default
 # threads, both with a warm page cache (the source is read once first) and both ending on disk
-# (sync; convert fsyncs), their ratio, MB/s (source bytes / convert time), peak anonymous and
+# (sync; convert fsyncs), the ratio of their medians over REPS runs, MB/s (source bytes / convert time), peak anonymous and
 # file-backed RSS (convert --json, sampled in-process every 10 ms) and peak total RSS (the
 # kernel's maximum RSS of the process; cp's too), the 1-minute load average just before the
 # cp and just after the convert of each ratio, the stage busy times, then convert at
@@ -18,7 +18,8 @@
 #   bench/bench_convert.sh [WORKDIR] [extra synth flags]     (sources are kept in WORKDIR)
 # Environment: PATHS="gptq ct awq mxfp8 gptoss-triton gptoss-marlin" (a subset), THREADS="1 2 4 8
 # 16", SHAPE (synth's --family/--layers/--experts/--hidden/--vocab), INTER_INT4=768,
-# INTER_MXFP8=384, GPT_OSS_SHAPE (the gpt-oss paths' synth shape).
+# INTER_MXFP8=384, GPT_OSS_SHAPE (the gpt-oss paths' synth shape), REPS=3 (cp -r and convert
+# pairs per path, the ratio of their medians; every run's seconds in the "runs" table).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 M=${MOEPACK:-$here/build/bin/moepack}
@@ -26,6 +27,7 @@ work=${1:-/tmp/moepack-bench}
 shift || true
 PATHS=${PATHS:-gptq ct awq mxfp8 gptoss-triton gptoss-marlin}
 THREADS=${THREADS:-1 2 4 8 16}
+REPS=${REPS:-3}
 SHAPE=${SHAPE:---family qwen3 --layers 9 --experts 64 --hidden 2048 --vocab 32000}
 INTER_INT4=${INTER_INT4:-768}
 INTER_MXFP8=${INTER_MXFP8:-384}
@@ -89,6 +91,9 @@ print("%.3f %d %s" % (dt, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 PY
 }
 
+# The median of the arguments (the lower middle of an even count).
+median() { printf '%s\n' "$@" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+
 # SHA-256 of every file of an output, as one digest.
 tree_sha() { (cd "$1" && find . -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16); }
 
@@ -99,6 +104,7 @@ echo
 main_rows=()
 scale_rows=()
 stage_rows=()
+runs_rows=()
 for p in $PATHS; do
   src=$(path_src "$p")
   if [ ! -f "$src/config.json" ]; then
@@ -108,13 +114,23 @@ for p in $PATHS; do
   fi
   src_bytes=$(du -sb "$src" | awk '{print $1}')
   cat "$src"/*.safetensors >/dev/null  # warm the page cache for every run
-  rm -rf "$work/cp" "$work/out"
   load_before=$(cut -d' ' -f1 /proc/loadavg)
-  read -r cp_s cp_kib _ <<<"$(timed cp -r "$src" "$work/cp")"
-  rm -rf "$work/cp"
-  # shellcheck disable=SC2046
-  read -r cv_s hwm_kib json <<<"$(timed "$M" convert "$src" "$work/out" $(path_convert "$p") --json \
-    --progress none)"
+  # REPS pairs of (cp -r, convert), each timed run starting with nothing dirty (the sync before
+  # it: a timed run's own sync must flush its own writes only, not synth's or the run before's);
+  # the ratio is of the medians. The convert's --json is the last run's.
+  cps=() cvs=()
+  for _ in $(seq "$REPS"); do
+    rm -rf "$work/cp" "$work/out"
+    sync
+    read -r cp_s cp_kib _ <<<"$(timed cp -r "$src" "$work/cp")"
+    rm -rf "$work/cp"
+    sync
+    # shellcheck disable=SC2046
+    read -r cv_s hwm_kib json <<<"$(timed "$M" convert "$src" "$work/out" $(path_convert "$p") \
+      --json --progress none)"
+    cps+=("$cp_s") cvs+=("$cv_s")
+  done
+  cp_s=$(median "${cps[@]}") cv_s=$(median "${cvs[@]}")
   load_after=$(cut -d' ' -f1 /proc/loadavg)
   ref_sha=$(tree_sha "$work/out")
   read -r anon file stages <<<"$(echo "$json" | python3 -c '
@@ -129,10 +145,12 @@ print(j["peak_rss_anon_bytes"] >> 20, j["peak_rss_file_bytes"] >> 20,
     printf "| %s | %.2f GB | %.2f | %.2f | **%.2f** | %s -> %s | %.0f | %d | %d | %d | %d |", l,
       sb / 1e9, c, v, v / c, lb, la, sb / 1e6 / v, ch / 1024, a, f, h / 1024 }')")
   stage_rows+=("| $(path_label "$p") | $stages |")
+  runs_rows+=("| $(path_label "$p") | ${cps[*]} | ${cvs[*]} |")
   row="| $(path_label "$p") |"
   same=yes
   for t in $THREADS; do
     rm -rf "$work/out-t"
+    sync
     # shellcheck disable=SC2046
     read -r s _ <<<"$(timed "$M" convert "$src" "$work/out-t" $(path_convert "$p") --threads "$t" \
       --progress none)"
@@ -145,7 +163,7 @@ done
 
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| path | source | cp -r s | convert s | convert / cp | load average (1 min) before cp -> after convert | MB/s | cp -r peak RSS MiB | convert peak anon MiB | peak file MiB | peak total MiB |"
+echo "| path | source | cp -r s (median) | convert s (median) | convert / cp | load average (1 min) before cp -> after convert | MB/s | cp -r peak RSS MiB | convert peak anon MiB | peak file MiB | peak total MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${main_rows[@]}"
 echo
@@ -162,3 +180,7 @@ echo
 echo "| path | stage busy seconds (convert at the default threads) |"
 echo "|---|---|"
 printf '%s\n' "${stage_rows[@]}"
+echo
+echo "| path | cp -r s (each run) | convert s (each run) |"
+echo "|---|---|---|"
+printf '%s\n' "${runs_rows[@]}"
