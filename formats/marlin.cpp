@@ -962,14 +962,15 @@ MoeExperts unpack_marlin_moe_scalar(const LayoutOptions& opts, const TensorMap& 
   return unpack_marlin(opts, params, false);
 }
 
-bool marlin_without_codes_reads_codes(const LayoutOptions& opts, int64_t param_inter) {
+bool marlin_without_codes_reads_codes(const LayoutOptions& opts, const Shape& w2_qweight_shape) {
+  const int64_t param_inter = w2_qweight_shape.size() == 3 ? w2_qweight_shape[1] * 16 : 0;
   return opts.inter > 0 && opts.inter < param_inter;
 }
 
 MoeExperts unpack_marlin_moe_without_codes(const LayoutOptions& opts, const TensorMap& params) {
   const LayerView L = read_layer(opts, params);
   // Cropping vLLM 0.33's padded I reads the codes: decoded as unpack_marlin_moe decodes them.
-  if (marlin_without_codes_reads_codes(opts, L.I))
+  if (marlin_without_codes_reads_codes(opts, L.p[1].qweight->shape))
     return crop_intermediate(opts, unpack_padded(opts, L, opts.inter, true), opts.inter);
   return unpack_padded(opts, L, L.I, false, false);
 }

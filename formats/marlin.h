@@ -31,10 +31,11 @@ MoeExperts unpack_marlin_moe_scalar(const LayoutOptions& opts, const TensorMap& 
 // crops, the codes are held (the caller tells by codes.empty()).
 MoeExperts unpack_marlin_moe_without_codes(const LayoutOptions& opts,
                                            const TensorMap& params_by_name);
-// Whether unpack_marlin_moe_without_codes reads the codes (qweight) of a layer whose parameters
-// carry intermediate size `param_inter` (w2's K: the padded I): where it crops the padding, the
-// one case it decodes them on the host. Elsewhere it reads only qweight's shape and size.
-bool marlin_without_codes_reads_codes(const LayoutOptions& opts, int64_t param_inter);
+// Whether unpack_marlin_moe_without_codes reads the codes (qweight) of a layer whose w2 qweight
+// has shape `w2_qweight_shape` ([E, K/16, ...]: its K is the intermediate size the parameters
+// carry, the padded I): where it crops the padding, the one case it decodes them on the host.
+// Elsewhere it reads only qweight's shape and size.
+bool marlin_without_codes_reads_codes(const LayoutOptions& opts, const Shape& w2_qweight_shape);
 std::vector<std::string> marlin_deviations_from_vllm(const LayoutOptions& opts,
                                                      const MoeShape& shape);
 std::vector<std::string> marlin_option_deviations(const LayoutOptions& opts);

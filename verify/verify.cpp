@@ -873,9 +873,7 @@ std::set<std::string> marlin_codes_staged_direct(const LayerJob& job) {
     const auto v = std::find_if(job.views.begin(), job.views.end(),
                                 [&name](const TensorView& t) { return t.name == name; });
     if (v == job.views.end() || v->shape.size() != 3) return {};
-    // w2's K rows (16 a tile row) are the intermediate size the parameters carry.
-    if (proj == MoeProj::kW2 && marlin_without_codes_reads_codes(job.lo, v->shape[1] * 16))
-      return {};
+    if (proj == MoeProj::kW2 && marlin_without_codes_reads_codes(job.lo, v->shape)) return {};
     names.insert(name);
   }
   return names;

@@ -149,7 +149,8 @@ TEST(MarlinCodeMap, WithoutCodesReadsNoQweightByteUnlessItSaysSo) {
       return a.lo.prefix + marlin_param_names(a.lo.source_method, proj).qweight;
     };
     const int64_t param_inter = a.params.at(qweight(MoeProj::kW2)).shape[1] * 16;
-    const bool reads = marlin_without_codes_reads_codes(a.lo, param_inter);
+    const bool reads =
+        marlin_without_codes_reads_codes(a.lo, a.params.at(qweight(MoeProj::kW2)).shape);
     EXPECT_EQ(reads, a.lo.inter > 0 && a.lo.inter < param_inter) << name;
     TensorMap stand_ins = a.params;
     for (const MoeProj proj : {MoeProj::kW13, MoeProj::kW2})
